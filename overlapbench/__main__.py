@@ -1,0 +1,3 @@
+from overlapbench.cli import main
+
+main()

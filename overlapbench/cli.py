@@ -1,0 +1,184 @@
+"""The command line: `overlapbench sweep | tune | report | strategies | models | env`.
+
+No logic lives here: each command parses its options and calls one module.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from overlapbench.errors import UserError
+
+app = typer.Typer(
+    help="Benchmark and autotune compute/communication overlap for tensor-parallel LLM inference.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+REPO = Path(__file__).resolve().parent.parent
+QUICK_SPEC = REPO / "sweeps" / "quick.yaml"
+
+
+def user_errors(fn):
+    """Bad input ends the command with one line on stderr and exit code 2, no traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:
+            err_console.print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
+            raise typer.Exit(UserError.exit_code) from None
+
+    return wrapper
+
+
+@app.command()
+@user_errors
+def sweep(
+    spec: Optional[Path] = typer.Argument(None, help="Sweep spec (YAML). Default: sweeps/quick.yaml."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Results file (.jsonl). Default: the spec's 'output', else results/<name>.jsonl."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep: skip points already in the results file."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="Processes to launch when not under torchrun. Default: all local GPUs, or 2 on CPU."),
+) -> None:
+    """Measure every strategy x knob setting x batch of a spec; append one row per point.
+
+    Under torchrun it runs as launched (any number of nodes); started plainly it re-launches
+    itself on all local GPUs (or 2 gloo processes on CPU). Every point is checked against
+    baseline's output before it is timed.
+    """
+    from overlapbench import launch, spec as spec_mod
+    from overlapbench.results import ResultStore
+
+    path = spec or QUICK_SPEC
+    if launch.under_torchrun():
+        import torch
+
+        world = int(__import__("os").environ["WORLD_SIZE"])
+        loaded = spec_mod.load(path, cuda=torch.cuda.is_available())
+        from overlapbench import sweep as sweep_mod
+
+        sweep_mod.run(loaded, output or loaded.output_path(), resume)
+        return
+    if nproc is not None and nproc < 1:
+        raise UserError(f"--nproc: must be at least 1, got {nproc}")
+    world = nproc or launch.default_nproc()
+    loaded = spec_mod.load(path, cuda=launch.local_gpus() > 0)
+    loaded.points(world, cuda=launch.local_gpus() > 0)  # validates tp against the world size
+    out = output or loaded.output_path()
+    ResultStore(out).open(resume)  # refuses a busy or existing store before any launch
+    ResultStore(out).close()
+    args = ["sweep", str(path), "--output", str(out)] + (["--resume"] if resume else [])
+    code = launch.relaunch(args, world)
+    if code:
+        err_console.print(f"[bold red]sweep failed[/bold red] (exit {code}); finished rows are in {out}; `--resume` continues")
+        raise typer.Exit(code)
+
+
+@app.command()
+@user_errors
+def tune(
+    results: Optional[List[Path]] = typer.Argument(None, help="Results files. Default: the latest in results/."),
+    out_dir: Path = typer.Option(Path("results/tuned"), "--out-dir", help="Where the tuned YAMLs go."),
+) -> None:
+    """Choose the best strategy and knobs per token range; write one tuned YAML per
+    (device, world size, tp, shape, dtype). A strategy beats baseline only by more than the noise."""
+    from overlapbench import results as results_mod, tune as tune_mod
+
+    paths = results or [results_mod.latest()]
+    for path in tune_mod.run(paths, out_dir, console):
+        console.print(f"wrote {path}")
+
+
+@app.command()
+@user_errors
+def report(
+    results: Optional[List[Path]] = typer.Argument(None, help="Results files. Default: the latest in results/."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table | markdown | csv | json"),
+) -> None:
+    """Compare strategies per token count: per-layer ms, speedup over baseline, share of the
+    exposed communication hidden; the winner marked, noisy cells flagged."""
+    from overlapbench import report as report_mod, results as results_mod
+
+    paths = results or [results_mod.latest()]
+    report_mod.run(paths, fmt, console)
+
+
+@app.command("strategies")
+def list_strategies() -> None:
+    """List the strategies, where they run, and their knobs with domains and help."""
+    from overlapbench.strategies import all_strategies
+
+    for cls in all_strategies():
+        needs = cls.needs
+        where = "CUDA" if needs.cuda else "CPU (gloo) and CUDA"
+        if needs.symmetric_memory:
+            where += ", symmetric memory"
+        if needs.min_world_size > 1:
+            where += f", >= {needs.min_world_size} ranks"
+        table = Table(title=f"[bold]{cls.name}[/bold]: {cls.summary}\n[dim]runs on {where}; workloads: {', '.join(needs.workloads)}[/dim]", title_justify="left", show_edge=False)
+        table.add_column("knob")
+        table.add_column("domain")
+        table.add_column("default")
+        table.add_column("what it does")
+        for knob in cls.knobs:
+            table.add_row(knob.name, knob.domain(), str(knob.default), knob.help)
+        if not cls.knobs:
+            table.add_row("-", "-", "-", "no knobs")
+        console.print(table)
+        console.print()
+
+
+@app.command()
+def models() -> None:
+    """List the model presets and their shapes."""
+    from overlapbench.models import PRESETS
+
+    table = Table("preset", "hidden", "ffn", "heads", "kv_heads", "head_dim", "eps", "rope_theta")
+    for name, s in PRESETS.items():
+        table.add_row(name, *(str(v) for v in (s.hidden, s.ffn, s.heads, s.kv_heads, s.head_dim, s.eps, s.rope_theta)))
+    console.print(table)
+
+
+@app.command()
+def env(as_json: bool = typer.Option(False, "--json", help="Print the facts as JSON.")) -> None:
+    """What the tool sees: devices and their links, versions, symmetric memory, multicast
+    settings, world size. The same facts go into every result row."""
+    import os
+
+    from overlapbench import environment
+
+    facts = environment.local_devices() | {
+        "versions": environment.versions(),
+        "git": environment.git_commit(),
+        "world_size": int(os.environ.get("WORLD_SIZE", 1)),
+    }
+    if as_json:
+        console.print_json(json.dumps(facts))
+        return
+    topology = facts.pop("topology", None)
+    table = Table("fact", "value", show_header=False)
+    for key, value in facts.items():
+        table.add_row(key, json.dumps(value) if isinstance(value, (dict, list)) else str(value))
+    console.print(table)
+    if topology:
+        console.print(topology)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,17 @@
+"""The one error type users see: a single line naming the field and the fix, exit code 2."""
+
+from __future__ import annotations
+
+import difflib
+
+
+class UserError(Exception):
+    """Bad input from the user: printed as one line, never with a traceback."""
+
+    exit_code = 2
+
+
+def did_you_mean(word: str, choices) -> str:
+    """' (did you mean 'x'?)' when a close match exists, else ''."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""

@@ -1,0 +1,404 @@
+"""The workload: a stack of Llama-style pre-norm decoder layers, sharded Megatron style.
+
+Every strategy runs the same arithmetic from this module; strategies only decide which rows are
+computed when, on which stream, and how the row-parallel partial sums are reduced. A *chunk* is a
+contiguous range of rows of the stack's token layout (all of them for the baseline, one half for a
+split); its *segments* say which sequence each run of rows belongs to, so attention of a chunk
+that continues a sequence sees the earlier chunk's keys and values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
+
+from overlapbench.models import ModelShape
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights
+
+
+@dataclass
+class LayerWeights:
+    """One layer's weights on one rank, nn.Linear layout ([out, in])."""
+
+    attn_norm: torch.Tensor  # [hidden]
+    wqkv: torch.Tensor  # [(heads + 2 kv_heads) / tp * head_dim, hidden]: this rank's q | k | v
+    wo: torch.Tensor  # [hidden, heads / tp * head_dim]
+    mlp_norm: torch.Tensor  # [hidden]
+    w_gate_up: torch.Tensor  # [2 ffn / tp, hidden]: this rank's gate | up
+    w_down: torch.Tensor  # [hidden, ffn / tp]
+
+
+@dataclass
+class Stack:
+    """A rank's shard of the layer stack (tp=1: the whole, unsharded stack)."""
+
+    shape: ModelShape
+    tp: int
+    layers: list[LayerWeights]
+    final_norm: torch.Tensor
+
+    @property
+    def heads(self) -> int:
+        return self.shape.heads // self.tp
+
+    @property
+    def kv_heads(self) -> int:
+        return self.shape.kv_heads // self.tp
+
+    @property
+    def device(self) -> torch.device:
+        return self.final_norm.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.final_norm.dtype
+
+    def norm_after(self, layer: int) -> torch.Tensor:
+        """The norm applied to the residual leaving `layer`: the next layer's, or the final one."""
+        return self.layers[layer + 1].attn_norm if layer + 1 < len(self.layers) else self.final_norm
+
+
+def _random(shape: tuple[int, ...], seed: int, device: torch.device, scale: float) -> torch.Tensor:
+    generator = torch.Generator(device=device).manual_seed(seed)
+    return torch.randn(shape, generator=generator, device=device, dtype=torch.float32) * scale
+
+
+def _seed(seed: int, layer: int, name: str, shard: int) -> int:
+    """A stable per-(layer, weight, shard) seed, so shards can be made independently."""
+    code = sum((i + 1) * ord(c) for i, c in enumerate(name))
+    return (seed * 1_000_003 + layer * 10_007 + code * 101 + shard) % (2**62)
+
+
+def _shard(shape: ModelShape, tp: int, layer: int, shard: int, seed: int, device) -> dict:
+    """Shard `shard` of `tp` of one layer's weights, in fp32."""
+    h, d = shape.hidden, shape.head_dim
+    q, kv, f = shape.heads // tp * d, shape.kv_heads // tp * d, shape.ffn // tp
+
+    def make(name: str, rows: int, cols: int) -> torch.Tensor:
+        return _random((rows, cols), _seed(seed, layer, name, shard), device, cols**-0.5)
+
+    return {
+        "wq": make("wq", q, h),
+        "wk": make("wk", kv, h),
+        "wv": make("wv", kv, h),
+        "wo": make("wo", h, q),
+        "gate": make("gate", f, h),
+        "up": make("up", f, h),
+        "down": make("down", h, f),
+    }
+
+
+def _norm_weight(hidden: int, seed: int, layer: int, name: str, device) -> torch.Tensor:
+    return 1.0 + _random((hidden,), _seed(seed, layer, name, 0), device, 0.1)
+
+
+def build_stack(
+    shape: ModelShape,
+    num_layers: int,
+    tp: int,
+    rank: int | None,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int = 0,
+) -> Stack:
+    """Rank `rank`'s shard of the stack; `rank=None` builds the unsharded stack from all shards.
+
+    The full stack is the concatenation of the tp shards, so the single-process reference and
+    the sharded ranks compute the same function from the same seed.
+    """
+    shape.check_tp(tp)
+    shards = range(tp) if rank is None else [rank]
+    layers = []
+    for i in range(num_layers):
+        parts = [_shard(shape, tp, i, s, seed, device) for s in shards]
+
+        def cat(name: str, dim: int = 0) -> torch.Tensor:
+            return torch.cat([p[name] for p in parts], dim=dim)
+
+        layers.append(
+            LayerWeights(
+                attn_norm=_norm_weight(shape.hidden, seed, i, "attn_norm", device),
+                wqkv=torch.cat([cat("wq"), cat("wk"), cat("wv")]),
+                wo=cat("wo", dim=1),
+                mlp_norm=_norm_weight(shape.hidden, seed, i, "mlp_norm", device),
+                w_gate_up=torch.cat([cat("gate"), cat("up")]),
+                w_down=cat("down", dim=1),
+            )
+        )
+        del parts
+    final = _norm_weight(shape.hidden, seed, num_layers, "final_norm", device)
+    stack = Stack(shape, 1 if rank is None else tp, layers, final)
+    for w in stack.layers:
+        for name, t in vars(w).items():
+            setattr(w, name, t.to(dtype).contiguous())
+    stack.final_norm = final.to(dtype)
+    return stack
+
+
+def random_input(tokens: int, hidden: int, seed: int, dtype, device) -> torch.Tensor:
+    """The stack's input hidden states: the same on every rank for the same seed and tokens."""
+    return _random((tokens, hidden), _seed(seed, tokens, "input", 0), device, 1.0).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Batches, chunks and segments
+
+
+@dataclass(frozen=True)
+class Segment:
+    """`length` query rows at `row` of a chunk: positions [start, start+length) of one sequence.
+
+    The sequence's keys and values live at rows [kv_row, kv_row + seq_len) of the layer's KV
+    buffer; attention of this segment reads positions [0, start + length) of them.
+    """
+
+    row: int
+    length: int
+    start: int
+    seq_len: int
+    kv_row: int
+
+    @property
+    def needs_kv_buffer(self) -> bool:
+        """Whether keys/values cross chunk boundaries (written to or read from the KV buffer)."""
+        return self.start > 0 or self.start + self.length < self.seq_len
+
+
+@dataclass
+class Chunk:
+    """Rows [begin, end) of the stack's token layout, with their sequences and positions."""
+
+    begin: int
+    end: int
+    segments: tuple[Segment, ...]
+    positions: torch.Tensor  # [rows] position of each row in its sequence
+
+    @property
+    def rows(self) -> slice:
+        return slice(self.begin, self.end)
+
+    @property
+    def size(self) -> int:
+        return self.end - self.begin
+
+
+def sequence_starts(seq_lens: tuple[int, ...]) -> list[int]:
+    starts, total = [], 0
+    for n in seq_lens:
+        starts.append(total)
+        total += n
+    return starts
+
+
+def make_chunk(
+    seq_lens: tuple[int, ...], pieces: list[tuple[int, int, int]], begin: int, device
+) -> Chunk:
+    """A chunk beginning at layout row `begin` made of `pieces` (sequence, start, end), in order.
+
+    The KV buffer is kept in the batch's natural layout (sequences back to back), whatever
+    order the chunks put the query rows in.
+    """
+    starts = sequence_starts(seq_lens)
+    segments, positions, row = [], [], 0
+    for seq, start, end in pieces:
+        if end <= start:
+            continue
+        segments.append(Segment(row, end - start, start, seq_lens[seq], starts[seq]))
+        positions.append(torch.arange(start, end))
+        row += end - start
+    pos = torch.cat(positions) if positions else torch.empty(0, dtype=torch.long)
+    return Chunk(begin, begin + row, tuple(segments), pos.to(device))
+
+
+def whole_batch(seq_lens: tuple[int, ...], device) -> Chunk:
+    return make_chunk(seq_lens, [(i, 0, n) for i, n in enumerate(seq_lens)], 0, device)
+
+
+def token_range(seq_lens: tuple[int, ...], begin: int, end: int, device) -> Chunk:
+    """The rows [begin, end) of the flattened batch: cuts sequences wherever the range does."""
+    pieces = []
+    for seq, (first, n) in enumerate(zip(sequence_starts(seq_lens), seq_lens)):
+        lo, hi = max(begin, first), min(end, first + n)
+        if lo < hi:
+            pieces.append((seq, lo - first, hi - first))
+    return make_chunk(seq_lens, pieces, begin, device)
+
+
+# ---------------------------------------------------------------------------------------------
+# Arithmetic
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * weight.float()).to(x.dtype)
+
+
+def add_rms_norm(
+    partial: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """residual += partial (in place); returns rmsnorm(residual) * weight."""
+    residual += partial
+    return rms_norm(residual, weight, eps)
+
+
+class RopeTable:
+    """cos/sin of rotary embeddings for positions 0..max_pos-1 (rotate-half convention)."""
+
+    def __init__(self, shape: ModelShape, max_pos: int, device) -> None:
+        half = shape.head_dim // 2
+        inv = shape.rope_theta ** (-torch.arange(half, dtype=torch.float64, device=device) / half)
+        angles = torch.arange(max_pos, dtype=torch.float64, device=device)[:, None] * inv
+        self.cos = angles.cos().float()
+        self.sin = angles.sin().float()
+
+    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: [rows, heads, head_dim]."""
+        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+class KVBuffer:
+    """Keys and values of the whole batch in its natural layout, for sequences split across chunks."""
+
+    def __init__(self, tokens: int, kv_heads: int, head_dim: int, dtype, device) -> None:
+        self.k = torch.empty(tokens, kv_heads, head_dim, dtype=dtype, device=device)
+        self.v = torch.empty_like(self.k)
+
+    def store(self, chunk: Chunk, k: torch.Tensor, v: torch.Tensor) -> None:
+        for s in chunk.segments:
+            if s.needs_kv_buffer:
+                rows = slice(s.kv_row + s.start, s.kv_row + s.start + s.length)
+                self.k[rows] = k[s.row : s.row + s.length]
+                self.v[rows] = v[s.row : s.row + s.length]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal GQA attention of the last q.shape[0] positions over all k.shape[0] positions.
+
+    q: [Lq, Hq, D], k/v: [Lk, Hkv, D] -> [Lq, Hq * D]. Equal lengths take the flash path; a
+    suffix attending to its prefix needs the lower-right-aligned causal mask.
+    """
+    lq, lk = q.shape[0], k.shape[0]
+    q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+    if lq == lk:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    else:
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(lq, lk))
+    return out.squeeze(0).transpose(0, 1).reshape(lq, -1)
+
+
+def attention_partial(
+    stack: Stack,
+    layer: int,
+    normed: torch.Tensor,
+    chunk: Chunk,
+    rope: RopeTable,
+    kv: KVBuffer | None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """QKV -> RoPE -> causal attention -> O-proj of one chunk: this rank's partial sum."""
+    w, d = stack.layers[layer], stack.shape.head_dim
+    qkv = normed @ w.wqkv.t()
+    q, k, v = qkv.split([stack.heads * d, stack.kv_heads * d, stack.kv_heads * d], dim=-1)
+    q = rope.apply(q.view(-1, stack.heads, d), chunk.positions)
+    k = rope.apply(k.view(-1, stack.kv_heads, d), chunk.positions)
+    v = v.view(-1, stack.kv_heads, d)
+    if kv is not None:
+        kv.store(chunk, k, v)
+    attn = torch.empty(chunk.size, stack.heads * d, dtype=normed.dtype, device=normed.device)
+    for s in chunk.segments:
+        rows = slice(s.row, s.row + s.length)
+        if s.needs_kv_buffer:
+            assert kv is not None, "a chunk that splits a sequence needs a KV buffer"
+            keys = slice(s.kv_row, s.kv_row + s.start + s.length)
+            attn[rows] = _attend(q[rows], kv.k[keys], kv.v[keys])
+        else:
+            attn[rows] = _attend(q[rows], k[rows], v[rows])
+    return torch.matmul(attn, w.wo.t(), out=out)
+
+
+def mlp_partial(
+    stack: Stack, layer: int, normed: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """gate/up -> SiLU * up -> down of one chunk: this rank's partial sum."""
+    w = stack.layers[layer]
+    gate, up = (normed @ w.w_gate_up.t()).chunk(2, dim=-1)
+    return torch.matmul(F.silu(gate) * up, w.w_down.t(), out=out)
+
+
+# ---------------------------------------------------------------------------------------------
+# The unsplit stack forward, with a pluggable reduction
+
+
+class Reducer(Protocol):
+    """Turns a chunk's row-parallel partial sum into the next normed input.
+
+    `out_buffer` says where the GEMM should write the partial (a symmetric-memory buffer, say),
+    None to let it allocate. The call sums the partial over ranks, adds it into `residual` (the
+    chunk's rows, in place) and returns rmsnorm(residual) * weight for those rows.
+    """
+
+    def out_buffer(self, chunk: Chunk) -> torch.Tensor | None: ...
+
+    def __call__(
+        self, partial: torch.Tensor, chunk: Chunk, residual: torch.Tensor, weight: torch.Tensor
+    ) -> torch.Tensor: ...
+
+
+@dataclass
+class LocalReducer:
+    """No communication: the single-process reference, and the no_comm bound."""
+
+    eps: float
+    all_reduce: Callable[[torch.Tensor], None] | None = None
+
+    def out_buffer(self, chunk: Chunk) -> torch.Tensor | None:
+        return None
+
+    def __call__(self, partial, chunk, residual, weight):
+        if self.all_reduce is not None:
+            self.all_reduce(partial)
+        return add_rms_norm(partial, residual, weight, self.eps)
+
+
+def forward_stack(
+    stack: Stack, x: torch.Tensor, chunk: Chunk, rope: RopeTable, reduce: Reducer
+) -> torch.Tensor:
+    """The plain TP forward: compute, reduce, add + norm, layer after layer; returns the final
+    normed hidden states."""
+    residual = x.clone()
+    normed = rms_norm(residual, stack.layers[0].attn_norm, stack.shape.eps)
+    for i in range(len(stack.layers)):
+        partial = attention_partial(stack, i, normed, chunk, rope, None, reduce.out_buffer(chunk))
+        normed = reduce(partial, chunk, residual, stack.layers[i].mlp_norm)
+        partial = mlp_partial(stack, i, normed, reduce.out_buffer(chunk))
+        normed = reduce(partial, chunk, residual, stack.norm_after(i))
+    return normed
+
+
+def reference_forward(
+    shape: ModelShape,
+    num_layers: int,
+    tp: int,
+    seq_lens: tuple[int, ...],
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> torch.Tensor:
+    """The unsharded stack on one process: what every TP strategy must reproduce."""
+    device = torch.device(device)
+    stack = build_stack(shape, num_layers, tp, None, dtype, device, seed)
+    x = random_input(sum(seq_lens), shape.hidden, seed, dtype, device)
+    rope = RopeTable(shape, max(seq_lens), device)
+    return forward_stack(stack, x, whole_batch(seq_lens, device), rope, LocalReducer(shape.eps))

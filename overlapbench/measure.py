@@ -1,0 +1,116 @@
+"""Timing and statistics: CUDA events over graph replays on GPU, wall clocks on CPU.
+
+A layer is as slow as its slowest rank, so each iteration's time is the max over ranks.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from overlapbench.strategies.base import Step
+
+NOISY_CV = 0.02  # cells above this coefficient of variation are flagged as noisy
+
+
+@dataclass
+class Timing:
+    samples_ms: list[float]  # per iteration: the stack's time, max over ranks
+    graphs: bool  # whether CUDA-graph replay was timed
+    graph_error: str | None = None  # why capture failed, when it fell back to eager
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative Frobenius error ||out - ref|| / ||ref||, in fp32; inf for NaN/inf output."""
+    out, ref = out.float(), ref.float()
+    err = torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref)
+    return float(err) if torch.isfinite(err) else float("inf")
+
+
+def _capture(step: Step, x: torch.Tensor):
+    """A replay function for the step's CUDA graph (warm-up on a side stream first, as CUDA
+    graphs require)."""
+    warm = torch.cuda.Stream()
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm):
+        for _ in range(2):
+            step.forward(x)
+    torch.cuda.current_stream().wait_stream(warm)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step.forward(x)
+    torch.cuda.synchronize()
+    return graph.replay
+
+
+def _agree(ok: bool, device) -> bool:
+    flag = torch.tensor([0 if ok else 1], device=device)
+    dist.all_reduce(flag)
+    return int(flag.item()) == 0
+
+
+def time_step(step: Step, x: torch.Tensor, warmup: int, iters: int, graphs: bool) -> Timing:
+    if x.device.type != "cuda":
+        return _time_wall(step, x, warmup, iters)
+    run, used_graphs, error = (lambda: step.forward(x)), False, None
+    if graphs and step.graphable:
+        try:
+            replay = _capture(step, x)
+            ok = True
+        except Exception as e:  # noqa: BLE001 -- any capture failure falls back to eager
+            error, ok = f"{type(e).__name__}: {e}".splitlines()[0][:300], False
+        if _agree(ok, x.device):
+            run, used_graphs = replay, True
+        elif error is None:
+            error = "capture failed on another rank"
+    for _ in range(warmup):
+        run()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    dist.barrier()
+    for start, end in zip(starts, ends):
+        start.record()
+        run()
+        end.record()
+    torch.cuda.synchronize()
+    local = torch.tensor([s.elapsed_time(e) for s, e in zip(starts, ends)], device=x.device)
+    return Timing(_max_over_ranks(local), used_graphs, error)
+
+
+def _time_wall(step: Step, x: torch.Tensor, warmup: int, iters: int) -> Timing:
+    for _ in range(warmup):
+        step.forward(x)
+    samples = []
+    for _ in range(iters):
+        dist.barrier()
+        t0 = time.perf_counter()
+        step.forward(x)
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return Timing(_max_over_ranks(torch.tensor(samples)), graphs=False)
+
+
+def _max_over_ranks(local: torch.Tensor) -> list[float]:
+    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, local)
+    return torch.stack(gathered).max(dim=0).values.tolist()
+
+
+def summarize(samples_ms: list[float], per: int = 1) -> dict:
+    """Median, p10, p90, IQR (ms, divided by `per`, e.g. the layer count) and CV of samples."""
+    xs = sorted(s / per for s in samples_ms)
+    if len(xs) == 1:
+        return {"ms": xs[0], "p10_ms": xs[0], "p90_ms": xs[0], "iqr_ms": 0.0, "cv": 0.0}
+    q = statistics.quantiles(xs, n=20, method="inclusive")  # 5% steps
+    quartiles = statistics.quantiles(xs, n=4, method="inclusive")
+    mean = statistics.fmean(xs)
+    return {
+        "ms": statistics.median(xs),
+        "p10_ms": q[1],
+        "p90_ms": q[17],
+        "iqr_ms": quartiles[2] - quartiles[0],
+        "cv": statistics.stdev(xs) / mean if mean > 0 else 0.0,
+    }

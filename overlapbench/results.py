@@ -1,0 +1,132 @@
+"""Result rows and their JSONL store: one object per line, appended and flushed per point.
+
+A crash loses at most the point in flight; `--resume` skips the points already in the file. A
+lock file keeps two sweeps from interleaving lines in one store.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+from typing import Iterable
+
+from overlapbench.errors import UserError
+
+SCHEMA = "overlapbench/result-v1"
+STATUSES = ("ok", "failed", "skipped")
+
+# Stable columns every consumer may rely on (DESIGN.md); renaming one bumps SCHEMA.
+COLUMNS = (
+    "schema", "run_id", "time", "spec", "status", "error", "workload", "strategy", "knobs",
+    "model", "shape", "layers", "dtype", "batch", "tokens", "tp", "world_size", "device",
+    "backend", "versions", "git", "ms", "p10_ms", "p90_ms", "cv", "iters", "graphs", "rel_err",
+)
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """Every row of a store; a one-line UserError for anything that is not one of ours."""
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines(keepends=True)
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such results file; run `overlapbench sweep` first") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read ({e.__class__.__name__})") from None
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if not line.endswith("\n"):
+            raise UserError(
+                f"{path}:{n}: the last line is truncated (a crash mid-write); "
+                f"delete that line and run `overlapbench sweep --resume` to redo its point"
+            )
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise UserError(f"{path}:{n}: not a JSON line; this is not an overlapbench results file") from None
+        if not isinstance(row, dict) or "schema" not in row:
+            raise UserError(f"{path}:{n}: no 'schema' field; this is not an overlapbench results file")
+        if row["schema"] != SCHEMA:
+            raise UserError(
+                f"{path}:{n}: schema is {row['schema']!r}, this overlapbench reads {SCHEMA!r}; "
+                f"re-run the sweep with this version"
+            )
+        rows.append(row)
+    return rows
+
+
+def latest(results_dir: str | Path = "results") -> Path:
+    """The most recently written store under `results_dir`."""
+    stores = sorted(Path(results_dir).rglob("*.jsonl"), key=lambda p: p.stat().st_mtime)
+    if not stores:
+        raise UserError(f"{results_dir}/: no results yet; run `overlapbench sweep` first, or name a file")
+    return stores[-1]
+
+
+def load(paths: Iterable[str | Path] | str | Path):
+    """Rows of one or more stores as a pandas DataFrame with the stable columns (for notebooks)."""
+    import pandas as pd
+
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    rows = [row for p in paths for row in read_rows(p)]
+    frame = pd.DataFrame(rows)
+    for column in COLUMNS:
+        if column not in frame:
+            frame[column] = None
+    return frame
+
+
+class ResultStore:
+    """The append-only JSONL file of one sweep, held under an exclusive lock while it runs."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lock = None
+
+    def open(self, resume: bool) -> set[str]:
+        """Lock the store and return the keys of points already done (when resuming)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            lock = open(self.path.with_name(self.path.name + ".lock"), "w")
+        except OSError as e:
+            raise UserError(f"output: cannot write to {self.path} ({e.strerror}); choose another --output") from None
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            raise UserError(
+                f"output: another sweep is writing to {self.path}; wait for it or choose another --output"
+            ) from None
+        self._lock = lock
+        exists = self.path.exists() and self.path.stat().st_size > 0
+        if exists and not resume:
+            self.close()
+            raise UserError(
+                f"output: {self.path} already holds results; pass --resume to continue that sweep, "
+                f"or --output NEW.jsonl to start another"
+            )
+        if not exists:
+            return set()
+        try:
+            rows = read_rows(self.path)
+        except UserError:
+            self.close()
+            raise
+        return {row["key"] for row in rows if "key" in row and row["status"] in ("ok", "skipped")}
+
+    def append(self, row: dict) -> None:
+        line = json.dumps(row, sort_keys=False, default=str) + "\n"
+        with open(self.path, "a") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def close(self) -> None:
+        if self._lock is not None:
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+            self._lock.close()
+            self._lock = None

@@ -1,0 +1,107 @@
+"""Process groups, devices and streams: what the strategies run on."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from overlapbench.layer import RopeTable, Stack
+from overlapbench.strategies.base import DEFAULT
+
+# NVLink multicast stays off unless the user explicitly turned it on: our kernels never need
+# it, and on shared hosts it can take the GPUs down.
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def apply_safe_env(env: dict = os.environ) -> None:
+    for key, value in SAFE_ENV.items():
+        env.setdefault(key, value)
+
+
+@dataclass
+class Runtime:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+    _groups: dict = field(default_factory=dict)
+    _resources: dict = field(default_factory=dict)
+    _side_stream: Any = None
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def group(self, max_ctas: int | str = DEFAULT) -> dist.ProcessGroup | None:
+        """The world group, or one whose NCCL kernels are capped at `max_ctas` CTAs (the SM
+        budget of NCCL). Created on first use; every rank asks for the same ones in order."""
+        if max_ctas == DEFAULT or not self.is_cuda:
+            return None
+        if max_ctas not in self._groups:
+            options = dist.ProcessGroupNCCL.Options()
+            options.config.max_ctas = int(max_ctas)
+            options.config.min_ctas = 1
+            self._groups[max_ctas] = dist.new_group(backend="nccl", pg_options=options)
+        return self._groups[max_ctas]
+
+    def side_stream(self) -> "torch.cuda.Stream":
+        """The high-priority stream communication overlaps on."""
+        if self._side_stream is None:
+            self._side_stream = torch.cuda.Stream(device=self.device, priority=-1)
+        return self._side_stream
+
+    def resource(self, key: Any, make: Callable[[], Any]) -> Any:
+        """A per-run object (symmetric buffers, say) made once and reused by later points."""
+        if key not in self._resources:
+            self._resources[key] = make()
+        return self._resources[key]
+
+    def drop_resources(self) -> None:
+        self._resources.clear()
+
+    def max_over_ranks(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+
+def init(timeout_s: int) -> Runtime:
+    """Join the process group torchrun set up: NCCL on GPUs, gloo on CPU."""
+    apply_safe_env()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        kwargs = {"device_id": device} if backend == "nccl" else {}
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **kwargs)
+    return Runtime(rank, world, local_rank, device, backend)
+
+
+@dataclass
+class BuildContext:
+    """Everything a strategy needs to build a step for one point."""
+
+    runtime: Runtime
+    stack: Stack
+    seq_lens: tuple[int, ...]
+    rope: RopeTable
+    max_tokens: int  # the largest batch of the run: size buffers once, for all points
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.seq_lens)
+
+    @property
+    def eps(self) -> float:
+        return self.stack.shape.eps

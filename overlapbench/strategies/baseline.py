@@ -1,0 +1,50 @@
+"""The two references: `baseline` (how engines run TP today) and `no_comm` (the ideal bound)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from overlapbench.strategies import register
+from overlapbench.strategies.base import DEFAULT, Knob, Step, Strategy
+
+NCCL_MAX_CTAS = Knob(
+    "nccl_max_ctas",
+    int,
+    DEFAULT,
+    "SM budget of NCCL: max CTAs of its kernels (a process group created with that max_ctas)",
+    bounds=(1, 64),
+    library_default=True,
+)
+
+
+@register
+class Baseline(Strategy):
+    name = "baseline"
+    summary = "compute, blocking all-reduce, then residual add + RMSNorm (vLLM/Megatron)"
+    knobs = (NCCL_MAX_CTAS,)
+
+    @classmethod
+    def build(cls, ctx, knobs):
+        import torch.distributed as dist
+
+        from overlapbench.layer import LocalReducer, forward_stack, whole_batch
+
+        group = ctx.runtime.group(knobs["nccl_max_ctas"])
+        reducer = LocalReducer(ctx.eps, partial(dist.all_reduce, group=group))
+        chunk = whole_batch(ctx.seq_lens, ctx.runtime.device)
+        return Step(lambda x: forward_stack(ctx.stack, x, chunk, ctx.rope, reducer))
+
+
+@register
+class NoComm(Strategy):
+    name = "no_comm"
+    summary = "baseline with every collective removed: the ideal bound, not a correct result"
+    checked = False
+
+    @classmethod
+    def build(cls, ctx, knobs):
+        from overlapbench.layer import LocalReducer, forward_stack, whole_batch
+
+        reducer = LocalReducer(ctx.eps)
+        chunk = whole_batch(ctx.seq_lens, ctx.runtime.device)
+        return Step(lambda x: forward_stack(ctx.stack, x, chunk, ctx.rope, reducer))

@@ -1,0 +1,225 @@
+"""The point loop, on every rank: build the workload, check each strategy, time it, store a row."""
+
+from __future__ import annotations
+
+import datetime as dt
+import gc
+import itertools
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from overlapbench import environment, measure, runtime, strategies
+from overlapbench.errors import UserError
+from overlapbench.layer import RopeTable, Stack, build_stack, random_input
+from overlapbench.results import SCHEMA, ResultStore
+from overlapbench.spec import Point, SweepSpec
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass
+class Workload:
+    """What all strategies at one batch share: weights, input, and the baseline's output."""
+
+    ctx: runtime.BuildContext
+    x: torch.Tensor
+    reference: torch.Tensor | None
+    reference_error: str | None
+
+
+def _reference_knobs() -> dict:
+    return strategies.get("baseline").check_knobs({}, "baseline")
+
+
+def build_workload(rt: runtime.Runtime, point: Point, stack: Stack, max_tokens: int) -> Workload:
+    dtype = TORCH_DTYPES[point.dtype]
+    ctx = runtime.BuildContext(rt, stack, point.batch, RopeTable(point.shape, max(point.batch), rt.device), max_tokens)
+    x = random_input(point.tokens, point.shape.hidden, point.seed, dtype, rt.device)
+    dist.broadcast(x, src=0)  # identical input on every rank, whatever the RNG does per device
+    try:
+        step = strategies.get("baseline").build(ctx, _reference_knobs())
+        reference = step.to_full(step.forward(x)).clone()
+        return Workload(ctx, x, reference, None)
+    except torch.OutOfMemoryError as e:
+        return Workload(ctx, x, None, f"baseline reference: {_one_line(e)}")
+
+
+def _one_line(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}".strip().splitlines()
+    return text[0][:400] if text else type(e).__name__
+
+
+def _skip_reason(cls: type[strategies.Strategy], rt: runtime.Runtime, point: Point) -> str | None:
+    if point.workload not in cls.needs.workloads:
+        return f"{cls.name} does not run the {point.workload} workload"
+    if cls.needs.cuda and not rt.is_cuda:
+        return f"{cls.name} needs CUDA GPUs"
+    if cls.needs.min_world_size > rt.world_size:
+        return f"{cls.name} needs at least {cls.needs.min_world_size} ranks"
+    return None
+
+
+def measure_point(rt: runtime.Runtime, point: Point, work: Workload, spec: SweepSpec) -> dict:
+    """Check, then time one point on this rank; the result fields of its row."""
+    cls = strategies.get(point.strategy)
+    reason = _skip_reason(cls, rt, point)
+    if reason:
+        return {"status": "skipped", "error": reason}
+    if work.reference is None:
+        return {"status": "failed", "error": work.reference_error}
+    is_reference = point.strategy == "baseline" and point.knobs == _reference_knobs()
+    try:
+        step = cls.build(work.ctx, point.knobs)
+        out = step.to_full(step.forward(work.x))
+        err = None if not cls.checked or is_reference else measure.rel_err(out, work.reference)
+        del out
+        tolerance = spec.tolerance(point.dtype)
+        fields = {"rel_err": err, "tolerance": tolerance}
+        if err is not None and not err <= tolerance:
+            return fields | {"status": "failed", "error": f"wrong result: rel_err {err:.3g} > tolerance {tolerance:g}"}
+        m = spec.measure
+        timing = measure.time_step(step, work.x, m.warmup, m.iters, m.graphs)
+    except UserError as e:  # the strategy cannot run this point here
+        return {"status": "skipped", "error": str(e)}
+    except (dist.DistError, KeyboardInterrupt):  # a dead peer or an interrupt ends the sweep
+        raise
+    except Exception as e:  # noqa: BLE001 -- OOM, a kernel error: a failed row, and go on
+        return {"status": "failed", "error": _one_line(e)}
+    per_layer = [s / point.layers for s in timing.samples_ms]
+    return fields | measure.summarize(per_layer) | {
+        "status": "ok",
+        "error": None,
+        "samples_ms": [round(s, 6) for s in per_layer],
+        "graphs": timing.graphs,
+        "graph_error": timing.graph_error,
+    }
+
+
+def _agree(result: dict, rt: runtime.Runtime) -> dict:
+    """All ranks' results for a point, merged: one failing rank fails the point for everyone."""
+    results: list = [None] * rt.world_size
+    dist.all_gather_object(results, result)
+    for rank, r in enumerate(results):
+        if r["status"] != "ok":
+            return r | {"error": f"rank {rank}: {r['error']}"}
+    return result
+
+
+def make_row(point: Point, result: dict, run_id: str, env: dict, spec: SweepSpec) -> dict:
+    row = {
+        "schema": SCHEMA,
+        "run_id": run_id,
+        "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "spec": point.spec,
+        "key": point.key(),
+        "status": result["status"],
+        "error": result.get("error"),
+        "workload": point.workload,
+        "strategy": point.strategy,
+        "knobs": point.knobs,
+        "model": point.model,
+        "shape": point.shape.as_dict(),
+        "layers": point.layers,
+        "dtype": point.dtype,
+        "batch": list(point.batch),
+        "tokens": point.tokens,
+        "tp": point.tp,
+        "seed": point.seed,
+        "world_size": env["world_size"],
+        "device": env["device"],
+        "backend": env["backend"],
+        "hosts": env["hosts"],
+        "rank_hosts": env["rank_hosts"],
+        "gpus_per_host": env["gpus_per_host"],
+        "versions": env["versions"],
+        "git": env["git"],
+        "multicast_env": env["multicast_env"],
+        "warmup": spec.measure.warmup,
+        "iters": spec.measure.iters,
+    }
+    for key in ("ms", "p10_ms", "p90_ms", "iqr_ms", "cv", "graphs", "graph_error", "rel_err", "tolerance", "samples_ms"):
+        row[key] = result.get(key)
+    return row
+
+
+def _describe(point: Point) -> str:
+    knobs = " ".join(f"{k}={v}" for k, v in point.knobs.items())
+    return f"{point.strategy} tokens={point.tokens} {knobs}".strip()
+
+
+def run(spec: SweepSpec, output: Path, resume: bool) -> int:
+    """The sweep on this rank; returns the number of rows written."""
+    rt = runtime.init(spec.measure.timeout_s)
+    console = Console(quiet=rt.rank != 0, stderr=False)
+    env = environment.run_environment(rt)
+    points = spec.points(rt.world_size, rt.is_cuda)
+
+    store = ResultStore(output) if rt.rank == 0 else None
+    opened: list = [None, uuid.uuid4().hex[:12]]
+    if store is not None:
+        try:
+            opened[0] = sorted(store.open(resume))
+        except UserError as e:
+            opened[0] = str(e)
+    dist.broadcast_object_list(opened, src=0)
+    if isinstance(opened[0], str):
+        raise UserError(opened[0])
+    done, run_id = set(opened[0]), opened[1]
+    todo = [p for p in points if p.key() not in done]
+    if done:
+        console.print(f"resuming {output}: {len(points) - len(todo)} of {len(points)} points already done")
+    max_tokens = max(p.tokens for p in points)
+
+    written = 0
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+    try:
+        with Progress(*columns, console=console, transient=True) as progress:
+            task = progress.add_task("sweep", total=len(todo))
+            stacks: dict = {}
+            for key, group in itertools.groupby(todo, key=lambda p: p.workload_key):
+                group = list(group)
+                first = group[0]
+                stack_key = (first.shape, first.tp, first.dtype, first.layers, first.seed)
+                if stack_key not in stacks:
+                    stacks.clear()
+                    gc.collect()
+                    stacks[stack_key] = build_stack(
+                        first.shape, first.layers, first.tp, rt.rank, TORCH_DTYPES[first.dtype], rt.device, first.seed
+                    )
+                work = build_workload(rt, first, stacks[stack_key], max_tokens)
+                for point in group:
+                    progress.update(task, description=_describe(point))
+                    result = _agree(measure_point(rt, point, work, spec), rt)
+                    if store is not None:
+                        store.append(make_row(point, result, run_id, env, spec))
+                        written += 1
+                    progress.console.print(_summary_line(point, result))
+                    progress.advance(task)
+                    _release(rt)
+                del work
+                _release(rt)
+    finally:
+        if store is not None:
+            store.close()
+    console.print(f"[bold]wrote {written} rows to {output}[/bold] (run {run_id})")
+    dist.barrier()
+    return written
+
+
+def _release(rt: runtime.Runtime) -> None:
+    gc.collect()
+    if rt.is_cuda:
+        torch.cuda.empty_cache()
+
+
+def _summary_line(point: Point, result: dict) -> str:
+    if result["status"] != "ok":
+        return f"  [yellow]{result['status']:>7}[/yellow] {_describe(point)}: {result['error']}"
+    err = "" if result.get("rel_err") is None else f" err {result['rel_err']:.1e}"
+    return f"  [green]{'ok':>7}[/green] {_describe(point)}: {result['ms']:.4f} ms/layer cv {result['cv']:.1%}{err}"
