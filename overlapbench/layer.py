@@ -242,11 +242,24 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def add_rms_norm(
-    partial: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    partial: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """residual += partial (in place); returns rmsnorm(residual) * weight."""
+    """residual += partial (in place); returns rmsnorm(residual) * weight (into `out` if given).
+
+    On GPUs this is one fused Triton kernel, as in the engines the baseline stands for; the
+    torch version is the CPU path and the kernel's test oracle.
+    """
+    if partial.is_cuda:
+        from kernels.rmsnorm import fused_add_rmsnorm
+
+        return fused_add_rmsnorm(partial, residual, weight, eps, out=out)
     residual += partial
-    return rms_norm(residual, weight, eps)
+    normed = rms_norm(residual, weight, eps)
+    return normed if out is None else out.copy_(normed)
 
 
 class RopeTable:
@@ -352,24 +365,32 @@ class Reducer(Protocol):
     def out_buffer(self, chunk: Chunk) -> torch.Tensor | None: ...
 
     def __call__(
-        self, partial: torch.Tensor, chunk: Chunk, residual: torch.Tensor, weight: torch.Tensor
+        self,
+        partial: torch.Tensor,
+        chunk: Chunk,
+        residual: torch.Tensor,
+        weight: torch.Tensor,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
 
 @dataclass
 class LocalReducer:
-    """No communication: the single-process reference, and the no_comm bound."""
+    """A reduction through `all_reduce` (in place on the partial), then the fused add + norm.
+
+    Without `all_reduce`: the single-process reference, and the no_comm bound.
+    """
 
     eps: float
-    all_reduce: Callable[[torch.Tensor], None] | None = None
+    all_reduce: Callable[[torch.Tensor], object] | None = None
 
     def out_buffer(self, chunk: Chunk) -> torch.Tensor | None:
         return None
 
-    def __call__(self, partial, chunk, residual, weight):
+    def __call__(self, partial, chunk, residual, weight, out=None):
         if self.all_reduce is not None:
             self.all_reduce(partial)
-        return add_rms_norm(partial, residual, weight, self.eps)
+        return add_rms_norm(partial, residual, weight, self.eps, out)
 
 
 def forward_stack(

@@ -38,22 +38,25 @@ class Runtime:
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
 
-    def group(self, max_ctas: int | str = DEFAULT) -> dist.ProcessGroup | None:
-        """The world group, or one whose NCCL kernels are capped at `max_ctas` CTAs (the SM
-        budget of NCCL). Created on first use; every rank asks for the same ones in order."""
-        if max_ctas == DEFAULT or not self.is_cuda:
+    def group(self, max_ctas: int | str = DEFAULT, high_priority: bool = False) -> dist.ProcessGroup | None:
+        """The world group (None), or a copy of it whose NCCL kernels are capped at `max_ctas`
+        CTAs (the SM budget of NCCL) and/or run on a high-priority stream (for overlap).
+        Created on first use; every rank asks for the same ones in the same order."""
+        if not self.is_cuda or (max_ctas == DEFAULT and not high_priority):
             return None
-        if max_ctas not in self._groups:
-            options = dist.ProcessGroupNCCL.Options()
-            options.config.max_ctas = int(max_ctas)
-            options.config.min_ctas = 1
-            self._groups[max_ctas] = dist.new_group(backend="nccl", pg_options=options)
-        return self._groups[max_ctas]
+        key = (max_ctas, high_priority)
+        if key not in self._groups:
+            options = dist.ProcessGroupNCCL.Options(is_high_priority_stream=high_priority)
+            if max_ctas != DEFAULT:
+                options.config.max_ctas = int(max_ctas)
+                options.config.min_ctas = 1
+            self._groups[key] = dist.new_group(backend="nccl", pg_options=options)
+        return self._groups[key]
 
     def side_stream(self) -> "torch.cuda.Stream":
-        """The high-priority stream communication overlaps on."""
+        """The stream communication overlaps on, at the highest priority the device has."""
         if self._side_stream is None:
-            self._side_stream = torch.cuda.Stream(device=self.device, priority=-1)
+            self._side_stream = torch.cuda.Stream(device=self.device, priority=-100)
         return self._side_stream
 
     def resource(self, key: Any, make: Callable[[], Any]) -> Any:

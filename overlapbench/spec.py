@@ -89,10 +89,9 @@ class StrategyGrid:
         for combo in combos:
             knobs = cls.check_knobs(dict(zip(names, combo)), where)
             key = json.dumps(knobs, sort_keys=True)
-            if key in seen:
-                raise UserError(f"{where}: the grid repeats the setting {key}; remove the duplicate")
-            seen.add(key)
-            out.append(knobs)
+            if key not in seen:  # knobs that do not apply to a setting are reset: one point
+                seen.add(key)
+                out.append(knobs)
         return out
 
 
@@ -116,6 +115,9 @@ def _strategy_grids(data: Any) -> tuple[StrategyGrid, ...]:
             values = tuple(values) if isinstance(values, list) else (values,)
             if not values:
                 raise UserError(f"{where}.{knob}: empty list; give at least one value")
+            repeated = [v for i, v in enumerate(values) if v in values[:i]]
+            if repeated:
+                raise UserError(f"{where}.{knob}: {repeated[0]!r} is listed twice; remove the duplicate")
             grid[knob] = values
         grids.append(StrategyGrid(name, grid))
     return tuple(grids)

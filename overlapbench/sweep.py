@@ -62,7 +62,7 @@ def _skip_reason(cls: type[strategies.Strategy], rt: runtime.Runtime, point: Poi
         return f"{cls.name} needs CUDA GPUs"
     if cls.needs.min_world_size > rt.world_size:
         return f"{cls.name} needs at least {cls.needs.min_world_size} ranks"
-    return None
+    return cls.skip_reason(point.knobs, rt.is_cuda)
 
 
 def measure_point(rt: runtime.Runtime, point: Point, work: Workload, spec: SweepSpec) -> dict:

@@ -30,6 +30,6 @@ def all_strategies() -> list[type[Strategy]]:
 
 
 # Registration order is the order `overlapbench strategies` and reports list them in.
-from overlapbench.strategies import baseline as _baseline  # noqa: E402,F401
+from overlapbench.strategies import baseline, fused_norm, iso, token_split  # noqa: E402,F401
 
 __all__ = ["DEFAULT", "Knob", "Needs", "Step", "Strategy", "all_strategies", "get", "register"]

@@ -37,9 +37,9 @@ class Knob:
         parts = []
         if self.choices is not None:
             parts.append(" | ".join(map(str, self.choices)))
-        elif self.bounds is not None:
+        if self.bounds is not None:
             parts.append(f"{self.type.__name__} in [{self.bounds[0]}, {self.bounds[1]}]")
-        else:
+        if self.choices is None and self.bounds is None:
             parts.append(self.type.__name__)
         if self.library_default:
             parts.append(DEFAULT)
@@ -53,12 +53,14 @@ class Knob:
             return None
         if value == DEFAULT and self.library_default:
             return DEFAULT
+        if self.choices is not None and value in self.choices and not isinstance(value, bool):
+            return value
+        if self.bounds is None and self.choices is not None:
+            raise UserError(f"{where}: {value!r} is not one of {self.domain()}")
         if self.type is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, self.type) or (self.type is int and isinstance(value, bool)):
             raise UserError(f"{where}: {value!r} is not a {self.domain()}")
-        if self.choices is not None and value not in self.choices:
-            raise UserError(f"{where}: {value!r} is not one of {self.domain()}")
         if self.bounds is not None and not self.bounds[0] <= value <= self.bounds[1]:
             raise UserError(f"{where}: {value!r} is outside {self.domain()}")
         return value
@@ -121,7 +123,13 @@ class Strategy:
 
     @classmethod
     def check_combination(cls, knobs: dict, where: str) -> None:
-        """Cross-knob rules (alternatives, dependencies); raise UserError."""
+        """Cross-knob rules (alternatives, dependencies): raise UserError, or reset in place
+        knobs that the others make irrelevant."""
+
+    @classmethod
+    def skip_reason(cls, knobs: dict, cuda: bool) -> str | None:
+        """Why this knob setting cannot run here (beyond `needs`), or None."""
+        return None
 
     @classmethod
     def build(cls, ctx: "BuildContext", knobs: dict) -> Step:

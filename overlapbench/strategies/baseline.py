@@ -5,16 +5,8 @@ from __future__ import annotations
 from functools import partial
 
 from overlapbench.strategies import register
-from overlapbench.strategies.base import DEFAULT, Knob, Step, Strategy
-
-NCCL_MAX_CTAS = Knob(
-    "nccl_max_ctas",
-    int,
-    DEFAULT,
-    "SM budget of NCCL: max CTAs of its kernels (a process group created with that max_ctas)",
-    bounds=(1, 64),
-    library_default=True,
-)
+from overlapbench.strategies.base import Step, Strategy
+from overlapbench.strategies.common_knobs import NCCL_MAX_CTAS
 
 
 @register

@@ -1,0 +1,105 @@
+"""`iso` (ISO): cut every prefill sequence at the same fraction; chunk 1 holds the prefixes,
+chunk 2 the suffixes, whose attention reads the prefixes' keys and values (lower-right causal
+mask). The overlap schedule is split.py's; only the cut lives here.
+
+`split_ratio: balanced` picks the fraction that gives both chunks the same FLOPs. A prefix of c
+tokens of a sequence costs  g*c + a*c^2/2,  its suffix  g*(L-c) + a*(L^2-c^2)/2,  where g is the
+per-token GEMM FLOPs of a layer on one rank and a the attention FLOPs per (query, key) pair; the
+balanced ratio solves  sum over sequences of (prefix - suffix) = 0  by bisection.
+"""
+
+from __future__ import annotations
+
+from overlapbench.errors import UserError
+from overlapbench.models import ModelShape
+from overlapbench.strategies import register
+from overlapbench.strategies.base import Knob, Strategy
+from overlapbench.strategies.common_knobs import COMM, NCCL_MAX_CTAS, comm_ctas, fused_needs_cuda, normalize_comm
+
+ALIGN = Knob("align", int, 64, "round each sequence's cut to a multiple of this many tokens", bounds=(1, 4096))
+SPLIT_RATIO = Knob(
+    "split_ratio", float, "balanced",
+    "fraction of every sequence in chunk 1, or 'balanced': equal FLOPs in both chunks",
+    choices=("balanced",), bounds=(0.05, 0.95),
+)
+
+
+def layer_flops(shape: ModelShape, tp: int) -> tuple[float, float]:
+    """(GEMM FLOPs per token, attention FLOPs per query-key pair) of one layer on one rank."""
+    q, kv = shape.heads // tp * shape.head_dim, shape.kv_heads // tp * shape.head_dim
+    gemm = 2 * shape.hidden * (q + 2 * kv + q + 3 * shape.ffn // tp)
+    attention = 4 * q  # QK^T and PV, a multiply-add each
+    return gemm, attention
+
+
+def balanced_ratio(shape: ModelShape, tp: int, seq_lens: tuple[int, ...]) -> float:
+    g, a = layer_flops(shape, tp)
+
+    def imbalance(r: float) -> float:
+        total = 0.0
+        for n in seq_lens:
+            c = r * n
+            total += (g * c + a * c * c / 2) - (g * (n - c) + a * (n * n - c * c) / 2)
+        return total
+
+    lo, hi = 0.0, 1.0  # imbalance rises with r: negative at 0, positive at 1
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if imbalance(mid) < 0 else (lo, mid)
+    return (lo + hi) / 2
+
+
+def cuts(seq_lens: tuple[int, ...], ratio: float, align: int) -> list[int]:
+    """Prefix length of each sequence: ratio * length rounded to `align`, kept inside (0, length)
+    (unaligned where alignment cannot); a 1-token sequence stays whole in chunk 1."""
+    out = []
+    for n in seq_lens:
+        if n < 2:
+            out.append(n)
+            continue
+        c = round(ratio * n / align) * align
+        if not 0 < c < n:
+            c = min(max(round(ratio * n), 1), n - 1)
+        out.append(c)
+    return out
+
+
+@register
+class Iso(Strategy):
+    name = "iso"
+    summary = "ISO: every sequence cut in two chunks; chunk 2 attends to chunk 1's KV; one chunk's all-reduce overlaps the other's compute"
+    knobs = (SPLIT_RATIO, ALIGN, COMM, comm_ctas("comm_ctas", "(comm=fused)"), NCCL_MAX_CTAS)
+
+    @classmethod
+    def check_combination(cls, knobs, where):
+        normalize_comm(knobs, ("comm_ctas",))
+
+    @classmethod
+    def skip_reason(cls, knobs, cuda):
+        return fused_needs_cuda(knobs, cuda)
+
+    @classmethod
+    def build(cls, ctx, knobs):
+        import torch
+
+        from overlapbench.layer import make_chunk, sequence_starts
+        from overlapbench.strategies import reducers
+        from overlapbench.strategies.split import SplitPlan, split_step
+
+        seq_lens, device = ctx.seq_lens, ctx.runtime.device
+        if ctx.tokens < 2:
+            raise UserError("iso: a single token cannot be split")
+        ratio = knobs["split_ratio"]
+        if ratio == "balanced":
+            ratio = balanced_ratio(ctx.stack.shape, ctx.stack.tp, seq_lens)
+        prefix = cuts(seq_lens, ratio, knobs["align"])
+        first = make_chunk(seq_lens, [(i, 0, c) for i, c in enumerate(prefix)], 0, device)
+        second = make_chunk(seq_lens, [(i, c, n) for i, (c, n) in enumerate(zip(prefix, seq_lens))], first.end, device)
+        order = None
+        if len(seq_lens) > 1:  # prefixes first, then suffixes: gather rows into that layout
+            starts = sequence_starts(seq_lens)
+            rows = [torch.arange(s, s + c) for s, c in zip(starts, prefix)]
+            rows += [torch.arange(s + c, s + n) for s, c, n in zip(starts, prefix, seq_lens)]
+            order = torch.cat(rows).to(device)
+        cta = {"comm_ctas_attn": knobs["comm_ctas"], "comm_ctas_mlp": knobs["comm_ctas"]}
+        return split_step(ctx, SplitPlan(first, second, order), reducers.for_split(ctx, knobs | cta))

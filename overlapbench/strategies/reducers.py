@@ -1,0 +1,66 @@
+"""How a chunk's row-parallel partial sum becomes the next normed input (see layer.Reducer).
+
+`nccl`: an NCCL (gloo on CPU) all-reduce in place, then the fused residual add + RMSNorm.
+`fused`: one few-CTA Triton kernel over symmetric memory that reduces, adds and normalizes;
+the GEMM writes its partial straight into the symmetric buffer, so no copy is made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.distributed as dist
+
+from overlapbench.layer import Chunk, LocalReducer
+from overlapbench.runtime import BuildContext
+from overlapbench.strategies.base import DEFAULT
+
+
+def collective(ctx: BuildContext, nccl_max_ctas=DEFAULT, high_priority: bool = False) -> LocalReducer:
+    group = ctx.runtime.group(nccl_max_ctas, high_priority)
+    return LocalReducer(ctx.eps, partial(dist.all_reduce, group=group))
+
+
+@dataclass
+class SymmetricReducer:
+    """The fused all-reduce + residual + RMSNorm kernel on `num_ctas` CTAs."""
+
+    kernel: object  # kernels.allreduce_norm.AllReduceNorm
+    eps: float
+    num_ctas: int
+
+    def out_buffer(self, chunk: Chunk) -> torch.Tensor:
+        return self.kernel.partial(chunk.begin, chunk.end)
+
+    def __call__(self, partial, chunk, residual, weight, out=None):
+        if out is None:
+            out = torch.empty_like(residual)
+        return self.kernel(chunk.begin, chunk.end, residual, weight, self.eps, out, self.num_ctas)
+
+
+def allreduce_norm_kernel(ctx: BuildContext):
+    """The run's symmetric buffers, made once and sized for its largest batch."""
+    from kernels.allreduce_norm import AllReduceNorm
+
+    shape, rt = ctx.stack.shape, ctx.runtime
+    key = ("allreduce_norm", shape.hidden, ctx.stack.dtype)
+    return rt.resource(
+        key,
+        lambda: AllReduceNorm(dist.group.WORLD, ctx.max_tokens, shape.hidden, ctx.stack.dtype, rt.device),
+    )
+
+
+def symmetric(ctx: BuildContext, num_ctas: int) -> SymmetricReducer:
+    return SymmetricReducer(allreduce_norm_kernel(ctx), ctx.eps, num_ctas)
+
+
+
+def for_split(ctx: BuildContext, knobs: dict) -> tuple:
+    """(after attention, after MLP) reducers, as the split knobs `comm`, `comm_ctas_attn`,
+    `comm_ctas_mlp` and `nccl_max_ctas` ask."""
+    if knobs["comm"] == "nccl":
+        reducer = collective(ctx, knobs["nccl_max_ctas"], high_priority=True)
+        return reducer, reducer
+    return symmetric(ctx, knobs["comm_ctas_attn"]), symmetric(ctx, knobs["comm_ctas_mlp"])

@@ -1,0 +1,140 @@
+"""The two-way split overlap that `token_split` and `iso` share.
+
+The batch's rows are cut into chunks A and B. Compute runs on the main stream, communication on
+a high-priority side stream, so one chunk's reduction hides under the other's compute. Per
+layer (TokenWeave's schedule):
+
+    comm: reduce(B, previous MLP)   ||  compute: attention(A)
+    comm: reduce(A, attention)      ||  compute: attention(B)
+    comm: reduce(B, attention)      ||  compute: MLP(A)
+    comm: reduce(A, MLP)            ||  compute: MLP(B)
+
+so B's MLP reduction is carried into the next layer, and only the last one is exposed. B's
+attention reads A's keys and values where a sequence straddles the cut. Strategies differ only
+in how they cut (a `SplitPlan`); the schedule is written once, here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from overlapbench.layer import Chunk, KVBuffer, Reducer, attention_partial, mlp_partial, rms_norm
+from overlapbench.runtime import BuildContext
+from overlapbench.strategies.base import Step
+
+
+@dataclass
+class SplitPlan:
+    """Two chunks covering the batch's rows in the split layout.
+
+    `order[j]` is the natural row (sequences back to back) of layout row j, or None when the
+    layout is the natural one (a single cut of the flattened batch).
+    """
+
+    first: Chunk
+    second: Chunk
+    order: torch.Tensor | None = None
+
+
+class Lanes:
+    """Compute on the current stream, communication on the side stream, ordered by events.
+
+    On CPU both lanes run inline, in program order: the same arithmetic, no overlap.
+    """
+
+    def __init__(self, ctx: BuildContext) -> None:
+        self.cuda = ctx.runtime.is_cuda
+        self.side = ctx.runtime.side_stream() if self.cuda else None
+        self.ready: dict[str, object] = {}  # chunk name -> event after its last reduction
+        self.produced: dict[str, object] = {}  # chunk name -> event after its last GEMM
+
+    def _record(self, stream=None):
+        if not self.cuda:
+            return None
+        event = torch.cuda.Event()
+        event.record(stream)
+        return event
+
+    def compute(self, name: str, fn):
+        if self.cuda and name in self.ready:
+            torch.cuda.current_stream().wait_event(self.ready[name])
+        result = fn()
+        self.produced[name] = self._record()
+        return result
+
+    def communicate(self, name: str, fn) -> None:
+        if not self.cuda:
+            fn()
+            return
+        self.side.wait_event(self.produced[name])
+        with torch.cuda.stream(self.side):
+            fn()
+        self.ready[name] = self._record(self.side)
+
+    def join(self) -> None:
+        if self.cuda:
+            torch.cuda.current_stream().wait_stream(self.side)
+
+
+class SplitForward:
+    """The stack forward over two chunks with the interleaved schedule above.
+
+    Buffers that cross streams (residual, normed input, partial sums) are made once, at build,
+    so the caching allocator never hands a block in use on one stream to the other.
+    """
+
+    def __init__(self, ctx: BuildContext, plan: SplitPlan, reducers: tuple[Reducer, Reducer]) -> None:
+        self.ctx, self.plan = ctx, plan
+        self.after_attention, self.after_mlp = reducers
+        tokens, hidden = ctx.tokens, ctx.stack.shape.hidden
+        make = lambda: torch.empty(tokens, hidden, dtype=ctx.stack.dtype, device=ctx.runtime.device)  # noqa: E731
+        self.residual, self.normed, self.partials = make(), make(), make()
+        self.kv = KVBuffer(tokens, ctx.stack.kv_heads, ctx.stack.shape.head_dim, ctx.stack.dtype, ctx.runtime.device)
+
+    def _partial_out(self, chunk: Chunk) -> torch.Tensor:
+        buffer = self.after_attention.out_buffer(chunk)  # both reducers share one buffer
+        return self.partials[chunk.rows] if buffer is None else buffer
+
+    def _attention(self, layer: int, chunk: Chunk) -> torch.Tensor:
+        stack, rope = self.ctx.stack, self.ctx.rope
+        return attention_partial(stack, layer, self.normed[chunk.rows], chunk, rope, self.kv, self._partial_out(chunk))
+
+    def _mlp(self, layer: int, chunk: Chunk) -> torch.Tensor:
+        return mlp_partial(self.ctx.stack, layer, self.normed[chunk.rows], self._partial_out(chunk))
+
+    def _reduce(self, reducer: Reducer, partial: torch.Tensor, chunk: Chunk, weight: torch.Tensor) -> None:
+        rows = chunk.rows
+        reducer(partial, chunk, self.residual[rows], weight, self.normed[rows])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        stack, (a, b) = self.ctx.stack, (self.plan.first, self.plan.second)
+        order = self.plan.order
+        self.residual.copy_(x if order is None else x[order])
+        self.normed.copy_(rms_norm(self.residual, stack.layers[0].attn_norm, stack.shape.eps))
+        lanes = Lanes(self.ctx)
+        attn, mlp = self.after_attention, self.after_mlp
+        carried = None  # B's MLP partial from the previous layer
+        for i, w in enumerate(stack.layers):
+            if carried is not None:
+                lanes.communicate("B", lambda p=carried: self._reduce(mlp, p, b, w.attn_norm))
+            pa = lanes.compute("A", lambda: self._attention(i, a))
+            lanes.communicate("A", lambda: self._reduce(attn, pa, a, w.mlp_norm))
+            pb = lanes.compute("B", lambda: self._attention(i, b))
+            lanes.communicate("B", lambda: self._reduce(attn, pb, b, w.mlp_norm))
+            pa = lanes.compute("A", lambda: self._mlp(i, a))
+            lanes.communicate("A", lambda p=pa: self._reduce(mlp, p, a, stack.norm_after(i)))
+            carried = lanes.compute("B", lambda: self._mlp(i, b))
+        lanes.communicate("B", lambda: self._reduce(mlp, carried, b, stack.final_norm))
+        lanes.join()
+        if order is None:
+            return self.normed
+        out = torch.empty_like(self.normed)
+        out[order] = self.normed
+        return out
+
+
+def split_step(ctx: BuildContext, plan: SplitPlan, reducers: tuple[Reducer, Reducer]) -> Step:
+    return Step(SplitForward(ctx, plan, reducers))

@@ -1,0 +1,55 @@
+"""Run a function on N gloo processes (CPU) and collect each rank's return value."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import traceback
+
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, fn, args, queue) -> None:
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+    )
+    try:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        result = fn(rank, world, *args)
+        dist.destroy_process_group()
+        queue.put((rank, "ok", pickle.dumps(result)))  # by value: no shared-memory handles
+    except BaseException:  # noqa: BLE001 -- report any failure to the parent
+        queue.put((rank, "error", traceback.format_exc()))
+
+
+def run(fn, *args, world: int = 2, timeout: float = 120):
+    """fn(rank, world, *args) on `world` processes; returns [result of rank 0, rank 1, ...]."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, fn, args, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results: dict = {}
+    try:
+        for _ in range(world):
+            rank, status, value = queue.get(timeout=timeout)
+            if status != "ok":
+                raise AssertionError(f"rank {rank} failed:\n{value}")
+            results[rank] = pickle.loads(value)
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    return [results[r] for r in range(world)]

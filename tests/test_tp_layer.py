@@ -1,0 +1,86 @@
+"""The sharded TP stack, under every strategy that runs on CPU, equals the single-process
+reference (2 gloo processes, fp32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from overlapbench.layer import reference_forward
+from overlapbench.models import PRESETS, ModelShape
+from tests import distributed
+
+SHAPE = PRESETS["tiny"]
+LAYERS = 2
+
+
+def _rank_forward(rank: int, world: int, strategy: str, knobs: dict, seq_lens: tuple, shape: ModelShape, seed: int):
+    from overlapbench import runtime, strategies
+    from overlapbench.layer import RopeTable, build_stack, random_input
+
+    rt = runtime.init(timeout_s=60)
+    stack = build_stack(shape, LAYERS, world, rank, torch.float32, rt.device, seed)
+    ctx = runtime.BuildContext(rt, stack, seq_lens, RopeTable(shape, max(seq_lens), rt.device), sum(seq_lens))
+    cls = strategies.get(strategy)
+    step = cls.build(ctx, cls.check_knobs(knobs, strategy))
+    x = random_input(sum(seq_lens), shape.hidden, seed, torch.float32, rt.device)
+    first = step.to_full(step.forward(x)).clone()
+    second = step.to_full(step.forward(x)).clone()  # a step must be re-runnable (graphs replay it)
+    return first, second
+
+
+def _check(strategy: str, knobs: dict, seq_lens: tuple, shape: ModelShape = SHAPE, seed: int = 0) -> None:
+    ref = reference_forward(shape, LAYERS, 2, seq_lens, seed=seed)
+    for first, second in distributed.run(_rank_forward, strategy, knobs, seq_lens, shape, seed):
+        for out in (first, second):
+            err = (torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref)).item()
+            assert err < 1e-5, f"{strategy} {knobs} {seq_lens}: rel err {err:.2e}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seq_lens", [(37,), (24, 13, 5)])
+def test_baseline_matches_reference(seq_lens):
+    _check("baseline", {}, seq_lens)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "knobs, seq_lens",
+    [
+        ({}, (37,)),  # aligned cut beyond the tokens falls back to an unaligned one
+        ({"align": 8}, (61,)),
+        ({"align": 8, "split_offset": -8}, (24, 13, 5)),  # the cut lands inside a sequence
+        ({"split_ratio": 0.3, "align": 1}, (10, 30)),
+    ],
+)
+def test_token_split_matches_reference(knobs, seq_lens):
+    _check("token_split", knobs, seq_lens)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "knobs, seq_lens",
+    [
+        ({}, (61,)),
+        ({"split_ratio": 0.3, "align": 8}, (45,)),  # 45 is no multiple of the alignment
+        ({"split_ratio": 0.6, "align": 4}, (24, 13, 1, 7)),  # several sequences: permuted layout
+        ({"split_ratio": "balanced", "align": 1}, (30, 9)),
+    ],
+)
+def test_iso_matches_reference(knobs, seq_lens):
+    _check("iso", knobs, seq_lens)
+
+
+@pytest.mark.slow
+def test_no_comm_is_not_the_reference():
+    """The check can fail: dropping the all-reduces changes the result."""
+    with pytest.raises(AssertionError, match="rel err"):
+        _check("no_comm", {}, (37,))
+
+
+@pytest.mark.slow
+def test_reference_depends_on_the_seed():
+    a = reference_forward(SHAPE, LAYERS, 2, (20,), seed=0)
+    b = reference_forward(SHAPE, LAYERS, 2, (20,), seed=1)
+    assert not torch.allclose(a, b)
+    assert torch.equal(a, reference_forward(SHAPE, LAYERS, 2, (20,), seed=0))
