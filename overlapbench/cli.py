@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
+import os
 from pathlib import Path
 from typing import List, Optional
 
@@ -38,7 +38,8 @@ def user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except UserError as e:
-            err_console.print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
+            if os.environ.get("RANK", "0") == "0":  # under torchrun, say it once
+                err_console.print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
             raise typer.Exit(UserError.exit_code) from None
 
     return wrapper
@@ -48,8 +49,8 @@ def user_errors(fn):
 @user_errors
 def sweep(
     spec: Optional[Path] = typer.Argument(None, help="Sweep spec (YAML). Default: sweeps/quick.yaml."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Results file (.jsonl). Default: the spec's 'output', else results/<name>.jsonl."),
-    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep: skip points already in the results file."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Results file (.jsonl). Default: the spec's 'output', else a new results/<name>-<time>.jsonl."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep (the --output file, else the newest results/<name>-*.jsonl): skip points already done."),
     nproc: Optional[int] = typer.Option(None, "--nproc", help="Processes to launch when not under torchrun. Default: all local GPUs, or 2 on CPU."),
 ) -> None:
     """Measure every strategy x knob setting x batch of a spec; append one row per point.
@@ -63,20 +64,17 @@ def sweep(
 
     path = spec or QUICK_SPEC
     if launch.under_torchrun():
-        import torch
-
-        world = int(__import__("os").environ["WORLD_SIZE"])
-        loaded = spec_mod.load(path, cuda=torch.cuda.is_available())
         from overlapbench import sweep as sweep_mod
 
-        sweep_mod.run(loaded, output or loaded.output_path(), resume)
+        loaded = spec_mod.load(path, cuda=launch.local_gpus() > 0)
+        sweep_mod.run(loaded, output or loaded.output_path(resume), resume)
         return
     if nproc is not None and nproc < 1:
         raise UserError(f"--nproc: must be at least 1, got {nproc}")
     world = nproc or launch.default_nproc()
     loaded = spec_mod.load(path, cuda=launch.local_gpus() > 0)
     loaded.points(world, cuda=launch.local_gpus() > 0)  # validates tp against the world size
-    out = output or loaded.output_path()
+    out = output or loaded.output_path(resume)
     ResultStore(out).open(resume)  # refuses a busy or existing store before any launch
     ResultStore(out).close()
     args = ["sweep", str(path), "--output", str(out)] + (["--resume"] if resume else [])
@@ -89,30 +87,40 @@ def sweep(
 @app.command()
 @user_errors
 def tune(
-    results: Optional[List[Path]] = typer.Argument(None, help="Results files. Default: the latest in results/."),
+    results: Optional[List[Path]] = typer.Argument(None, help="Results files, read in order (a later row for a point wins). Default: the latest in results/."),
     out_dir: Path = typer.Option(Path("results/tuned"), "--out-dir", help="Where the tuned YAMLs go."),
 ) -> None:
     """Choose the best strategy and knobs per token range; write one tuned YAML per
-    (device, world size, tp, shape, dtype). A strategy beats baseline only by more than the noise."""
+    (device, world size, tp, shape, dtype). A strategy beats baseline only by more than the
+    noise (95% bootstrap interval of the speedup above 1); ties go to the simpler strategy."""
     from overlapbench import results as results_mod, tune as tune_mod
 
     paths = results or [results_mod.latest()]
     for path in tune_mod.run(paths, out_dir, console):
-        console.print(f"wrote {path}")
+        console.print(f"wrote {path}", highlight=False)
 
 
 @app.command()
 @user_errors
 def report(
-    results: Optional[List[Path]] = typer.Argument(None, help="Results files. Default: the latest in results/."),
-    fmt: str = typer.Option("table", "--format", "-f", help="table | markdown | csv | json"),
+    results: Optional[List[Path]] = typer.Argument(None, help="Results files, read in order (a later row for a point wins). Default: the latest in results/."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table | markdown | csv | json (csv/json: one record per cell, to stdout)."),
+    sensitivity: Optional[str] = typer.Option(None, "--sensitivity", metavar="STRATEGY", help="Show one strategy's knob grid (ms per setting) at --tokens."),
+    tokens: Optional[int] = typer.Option(None, "--tokens", metavar="N", help="The token count for --sensitivity."),
+    plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE.png", help="Also draw per-layer time vs tokens to a PNG (needs the 'plot' extra: matplotlib)."),
+    plot_metric: str = typer.Option("ms", "--plot-metric", help="ms | speedup: what --plot draws."),
+    compare: Optional[tuple[Path, Path]] = typer.Option(None, "--compare", metavar="OLD NEW", help="Per point (matched by key) the ratio NEW/OLD of per-layer ms."),
+    fail_above: Optional[float] = typer.Option(None, "--fail-above", metavar="PCT", help="With --compare: exit 1 when any point got slower by more than PCT percent."),
 ) -> None:
     """Compare strategies per token count: per-layer ms, speedup over baseline, share of the
     exposed communication hidden; the winner marked, noisy cells flagged."""
     from overlapbench import report as report_mod, results as results_mod
 
-    paths = results or [results_mod.latest()]
-    report_mod.run(paths, fmt, console)
+    paths = results or ([] if compare else [results_mod.latest()])
+    code = report_mod.run(paths, fmt, console, sensitivity=sensitivity, tokens=tokens, plot_path=plot,
+                          plot_metric=plot_metric, compare_paths=compare, fail_above=fail_above)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command("strategies")
@@ -155,8 +163,6 @@ def models() -> None:
 def env(as_json: bool = typer.Option(False, "--json", help="Print the facts as JSON.")) -> None:
     """What the tool sees: devices and their links, versions, symmetric memory, multicast
     settings, world size. The same facts go into every result row."""
-    import os
-
     from overlapbench import environment
 
     facts = environment.local_devices() | {

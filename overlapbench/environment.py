@@ -82,11 +82,18 @@ def run_environment(rt) -> dict:
     import torch.distributed as dist
 
     facts = local_devices()
-    hosts: list = [None] * rt.world_size
-    dist.all_gather_object(hosts, facts["host"])
+    me = {
+        "rank": rt.rank,
+        "host": facts["host"],
+        "node": int(os.environ.get("GROUP_RANK", 0)),  # torchrun's node rank
+        "local_rank": rt.local_rank,
+    }
+    ranks: list = [None] * rt.world_size
+    dist.all_gather_object(ranks, me)
     return {
-        "hosts": sorted(set(hosts)),
-        "rank_hosts": hosts,
+        "hosts": sorted({r["host"] for r in ranks}),
+        "nodes": len({r["node"] for r in ranks}),
+        "ranks": ranks,
         "device": facts["device"],
         "gpus_per_host": facts["gpus"],
         "world_size": rt.world_size,

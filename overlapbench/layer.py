@@ -76,22 +76,29 @@ def _seed(seed: int, layer: int, name: str, shard: int) -> int:
     return (seed * 1_000_003 + layer * 10_007 + code * 101 + shard) % (2**62)
 
 
-def _shard(shape: ModelShape, tp: int, layer: int, shard: int, seed: int, device) -> dict:
-    """Shard `shard` of `tp` of one layer's weights, in fp32."""
+def _shard(shape: ModelShape, tp: int, layer: int, shard: int, seed: int, num_layers: int, device) -> dict:
+    """Shard `shard` of `tp` of one layer's weights, in fp32.
+
+    Weights are N(0, 1/fan_in); the output projections (O, down) are scaled down by
+    sqrt(2 * num_layers) as in Megatron's and GPT-2's initialization, so each block adds a
+    small update to a residual stream that dominates, as in trained models. (With unscaled
+    outputs, bf16 rounding differences between two correct schedules compound to ~1e-2.)
+    """
     h, d = shape.hidden, shape.head_dim
     q, kv, f = shape.heads // tp * d, shape.kv_heads // tp * d, shape.ffn // tp
+    out_scale = (2 * num_layers) ** -0.5
 
-    def make(name: str, rows: int, cols: int) -> torch.Tensor:
-        return _random((rows, cols), _seed(seed, layer, name, shard), device, cols**-0.5)
+    def make(name: str, rows: int, cols: int, scale: float = 1.0) -> torch.Tensor:
+        return _random((rows, cols), _seed(seed, layer, name, shard), device, scale * cols**-0.5)
 
     return {
         "wq": make("wq", q, h),
         "wk": make("wk", kv, h),
         "wv": make("wv", kv, h),
-        "wo": make("wo", h, q),
+        "wo": make("wo", h, q, out_scale),
         "gate": make("gate", f, h),
         "up": make("up", f, h),
-        "down": make("down", h, f),
+        "down": make("down", h, f, out_scale),
     }
 
 
@@ -117,7 +124,7 @@ def build_stack(
     shards = range(tp) if rank is None else [rank]
     layers = []
     for i in range(num_layers):
-        parts = [_shard(shape, tp, i, s, seed, device) for s in shards]
+        parts = [_shard(shape, tp, i, s, seed, num_layers, device) for s in shards]
 
         def cat(name: str, dim: int = 0) -> torch.Tensor:
             return torch.cat([p[name] for p in parts], dim=dim)
@@ -286,6 +293,13 @@ class KVBuffer:
         self.k = torch.empty(tokens, kv_heads, head_dim, dtype=dtype, device=device)
         self.v = torch.empty_like(self.k)
 
+    @classmethod
+    def holding(cls, k: torch.Tensor, v: torch.Tensor) -> "KVBuffer":
+        """A buffer over keys and values already computed for the whole batch (natural layout)."""
+        kv = cls.__new__(cls)
+        kv.k, kv.v = k, v
+        return kv
+
     def store(self, chunk: Chunk, k: torch.Tensor, v: torch.Tensor) -> None:
         for s in chunk.segments:
             if s.needs_kv_buffer:
@@ -311,6 +325,45 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return out.squeeze(0).transpose(0, 1).reshape(lq, -1)
 
 
+def rope_qkv(
+    stack: Stack, qkv: torch.Tensor, positions: torch.Tensor, rope: RopeTable
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows of the QKV projection, split into heads, with RoPE on q and k:
+    q [rows, heads, head_dim], k and v [rows, kv_heads, head_dim]."""
+    d = stack.shape.head_dim
+    q, k, v = qkv.split([stack.heads * d, stack.kv_heads * d, stack.kv_heads * d], dim=-1)
+    q = rope.apply(q.view(-1, stack.heads, d), positions)
+    k = rope.apply(k.view(-1, stack.kv_heads, d), positions)
+    return q, k, v.view(-1, stack.kv_heads, d)
+
+
+def attend(
+    stack: Stack,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    chunk: Chunk,
+    kv: KVBuffer | None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of a chunk's rows over their sequences -> [rows, heads * head_dim].
+
+    Segments that continue or are continued by other chunks read their keys and values
+    from `kv`; whole sequences use the chunk's own k and v.
+    """
+    if out is None:
+        out = torch.empty(chunk.size, stack.heads * stack.shape.head_dim, dtype=q.dtype, device=q.device)
+    for s in chunk.segments:
+        rows = slice(s.row, s.row + s.length)
+        if s.needs_kv_buffer:
+            assert kv is not None, "a chunk that splits a sequence needs a KV buffer"
+            keys = slice(s.kv_row, s.kv_row + s.start + s.length)
+            out[rows] = _attend(q[rows], kv.k[keys], kv.v[keys])
+        else:
+            out[rows] = _attend(q[rows], k[rows], v[rows])
+    return out
+
+
 def attention_partial(
     stack: Stack,
     layer: int,
@@ -321,24 +374,17 @@ def attention_partial(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """QKV -> RoPE -> causal attention -> O-proj of one chunk: this rank's partial sum."""
-    w, d = stack.layers[layer], stack.shape.head_dim
-    qkv = normed @ w.wqkv.t()
-    q, k, v = qkv.split([stack.heads * d, stack.kv_heads * d, stack.kv_heads * d], dim=-1)
-    q = rope.apply(q.view(-1, stack.heads, d), chunk.positions)
-    k = rope.apply(k.view(-1, stack.kv_heads, d), chunk.positions)
-    v = v.view(-1, stack.kv_heads, d)
+    w = stack.layers[layer]
+    q, k, v = rope_qkv(stack, normed @ w.wqkv.t(), chunk.positions, rope)
     if kv is not None:
         kv.store(chunk, k, v)
-    attn = torch.empty(chunk.size, stack.heads * d, dtype=normed.dtype, device=normed.device)
-    for s in chunk.segments:
-        rows = slice(s.row, s.row + s.length)
-        if s.needs_kv_buffer:
-            assert kv is not None, "a chunk that splits a sequence needs a KV buffer"
-            keys = slice(s.kv_row, s.kv_row + s.start + s.length)
-            attn[rows] = _attend(q[rows], kv.k[keys], kv.v[keys])
-        else:
-            attn[rows] = _attend(q[rows], k[rows], v[rows])
-    return torch.matmul(attn, w.wo.t(), out=out)
+    return torch.matmul(attend(stack, q, k, v, chunk, kv), w.wo.t(), out=out)
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up of the gate/up projection's rows."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 def mlp_partial(
@@ -346,8 +392,7 @@ def mlp_partial(
 ) -> torch.Tensor:
     """gate/up -> SiLU * up -> down of one chunk: this rank's partial sum."""
     w = stack.layers[layer]
-    gate, up = (normed @ w.w_gate_up.t()).chunk(2, dim=-1)
-    return torch.matmul(F.silu(gate) * up, w.w_down.t(), out=out)
+    return torch.matmul(swiglu(normed @ w.w_gate_up.t()), w.w_down.t(), out=out)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,9 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from overlapbench.analysis import NOISY_CV  # noqa: F401 -- one definition, re-exported
 from overlapbench.strategies.base import Step
-
-NOISY_CV = 0.02  # cells above this coefficient of variation are flagged as noisy
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -78,11 +79,12 @@ class StrategyGrid:
 
     name: str
     grid: dict[str, tuple]
+    where: str  # the spec field it came from, for error messages
 
     def settings(self) -> list[dict]:
         """Every knob combination, validated and with defaults filled in."""
         cls = strategies.get(self.name)
-        where = f"strategies.{self.name}"
+        where = self.where
         names = list(self.grid)
         combos = itertools.product(*(self.grid[n] for n in names)) if names else [()]
         out, seen = [], set()
@@ -95,7 +97,23 @@ class StrategyGrid:
         return out
 
 
+def _grid(name: str, knobs: Any, where: str) -> StrategyGrid:
+    if not isinstance(knobs, dict):
+        raise UserError(f"{where}: must map knob names to values or lists of values")
+    grid = {}
+    for knob, values in knobs.items():
+        values = tuple(values) if isinstance(values, list) else (values,)
+        if not values:
+            raise UserError(f"{where}.{knob}: empty list; give at least one value")
+        repeated = [v for i, v in enumerate(values) if v in values[:i]]
+        if repeated:
+            raise UserError(f"{where}.{knob}: {repeated[0]!r} is listed twice; remove the duplicate")
+        grid[knob] = values
+    return StrategyGrid(name, grid, where)
+
+
 def _strategy_grids(data: Any) -> tuple[StrategyGrid, ...]:
+    """{strategy: grid} or {strategy: [grid, grid, ...]} (grids expand separately), or names."""
     if isinstance(data, list):
         data = {name: {} for name in data}
     if not isinstance(data, dict) or not data:
@@ -107,19 +125,12 @@ def _strategy_grids(data: Any) -> tuple[StrategyGrid, ...]:
     for name, knobs in data.items():
         where = f"strategies.{name}"
         strategies.get(name, where)
-        knobs = knobs or {}
-        if not isinstance(knobs, dict):
-            raise UserError(f"{where}: must map knob names to values or lists of values")
-        grid = {}
-        for knob, values in knobs.items():
-            values = tuple(values) if isinstance(values, list) else (values,)
-            if not values:
-                raise UserError(f"{where}.{knob}: empty list; give at least one value")
-            repeated = [v for i, v in enumerate(values) if v in values[:i]]
-            if repeated:
-                raise UserError(f"{where}.{knob}: {repeated[0]!r} is listed twice; remove the duplicate")
-            grid[knob] = values
-        grids.append(StrategyGrid(name, grid))
+        if isinstance(knobs, list):
+            if not knobs:
+                raise UserError(f"{where}: empty list of grids; give at least one {{knob: values}}")
+            grids += [_grid(name, k or {}, f"{where}[{i}]") for i, k in enumerate(knobs)]
+        else:
+            grids.append(_grid(name, knobs or {}, where))
     return tuple(grids)
 
 
@@ -196,13 +207,29 @@ class SweepSpec:
     def tolerance(self, dtype: str) -> float:
         return self.measure.tolerance or DEFAULT_TOLERANCE[dtype]
 
-    def output_path(self, results_dir: Path = Path("results")) -> Path:
-        return Path(self.output) if self.output else results_dir / f"{self.name}.jsonl"
+    def output_path(self, resume: bool = False, results_dir: Path = Path("results")) -> Path:
+        """The spec's `output`, else a new results/<name>-<UTC time>.jsonl; when resuming,
+        the newest of those."""
+        if self.output:
+            return Path(self.output)
+        if resume:
+            runs = sorted(results_dir.glob(f"{self.name}-*.jsonl"))
+            if not runs:
+                raise UserError(f"--resume: no earlier results/{self.name}-*.jsonl to continue; drop --resume or give --output")
+            return runs[-1]
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        return results_dir / f"{self.name}-{stamp}.jsonl"
 
     def points(self, world_size: int, cuda: bool) -> list[Point]:
         """All points, grouped by batch so each batch's weights and reference are made once."""
         tp, dtype = self.resolved_tp(world_size), self.resolved_dtype(cuda)
-        settings = [(g.name, knobs) for g in self.strategies for knobs in g.settings()]
+        settings, seen = [], set()
+        for grid in self.strategies:
+            for knobs in grid.settings():
+                key = (grid.name, json.dumps(knobs, sort_keys=True))
+                if key not in seen:
+                    seen.add(key)
+                    settings.append((grid.name, knobs))
         return [
             Point(self.name, self.model, self.shape, tp, dtype, self.layers, self.seed,
                   batch, name, knobs)

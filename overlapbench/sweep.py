@@ -77,10 +77,11 @@ def measure_point(rt: runtime.Runtime, point: Point, work: Workload, spec: Sweep
     try:
         step = cls.build(work.ctx, point.knobs)
         out = step.to_full(step.forward(work.x))
-        err = None if not cls.checked or is_reference else measure.rel_err(out, work.reference)
+        checked = cls.is_checked(point.knobs)
+        err = None if not checked or is_reference else measure.rel_err(out, work.reference)
         del out
         tolerance = spec.tolerance(point.dtype)
-        fields = {"rel_err": err, "tolerance": tolerance}
+        fields = {"rel_err": err, "tolerance": tolerance, "checked": checked}
         if err is not None and not err <= tolerance:
             return fields | {"status": "failed", "error": f"wrong result: rel_err {err:.3g} > tolerance {tolerance:g}"}
         m = spec.measure
@@ -135,7 +136,8 @@ def make_row(point: Point, result: dict, run_id: str, env: dict, spec: SweepSpec
         "device": env["device"],
         "backend": env["backend"],
         "hosts": env["hosts"],
-        "rank_hosts": env["rank_hosts"],
+        "nodes": env["nodes"],
+        "ranks": env["ranks"],
         "gpus_per_host": env["gpus_per_host"],
         "versions": env["versions"],
         "git": env["git"],
@@ -143,7 +145,9 @@ def make_row(point: Point, result: dict, run_id: str, env: dict, spec: SweepSpec
         "warmup": spec.measure.warmup,
         "iters": spec.measure.iters,
     }
-    for key in ("ms", "p10_ms", "p90_ms", "iqr_ms", "cv", "graphs", "graph_error", "rel_err", "tolerance", "samples_ms"):
+    # checked: the output equals baseline's within tolerance (baseline itself: the reference);
+    # False for bounds that are not correct results (no_comm, comm=none): never a tuned choice.
+    for key in ("ms", "p10_ms", "p90_ms", "iqr_ms", "cv", "graphs", "graph_error", "rel_err", "tolerance", "checked", "samples_ms"):
         row[key] = result.get(key)
     return row
 
@@ -209,6 +213,7 @@ def run(spec: SweepSpec, output: Path, resume: bool) -> int:
             store.close()
     console.print(f"[bold]wrote {written} rows to {output}[/bold] (run {run_id})")
     dist.barrier()
+    dist.destroy_process_group()
     return written
 
 

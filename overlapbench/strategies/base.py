@@ -127,6 +127,11 @@ class Strategy:
         knobs that the others make irrelevant."""
 
     @classmethod
+    def is_checked(cls, knobs: dict) -> bool:
+        """Whether this setting's output is meant to equal baseline's (and so is checked)."""
+        return cls.checked
+
+    @classmethod
     def skip_reason(cls, knobs: dict, cuda: bool) -> str | None:
         """Why this knob setting cannot run here (beyond `needs`), or None."""
         return None

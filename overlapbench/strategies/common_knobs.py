@@ -12,8 +12,9 @@ NCCL_MAX_CTAS = Knob(
 )
 COMM = Knob(
     "comm", str, "nccl",
-    "nccl: async NCCL all-reduce + fused add/RMSNorm; fused: one symmetric-memory all-reduce+norm kernel",
-    choices=("nccl", "fused"),
+    "nccl: async NCCL all-reduce + fused add/RMSNorm; fused: one symmetric-memory all-reduce+norm "
+    "kernel; none: no reduction (a bound, not a correct result: what the split alone costs)",
+    choices=("nccl", "fused", "none"),
 )
 ALIGN = Knob("align", int, 256, "round the cut to a multiple of this many tokens", bounds=(1, 4096))
 
@@ -31,8 +32,12 @@ def fused_needs_cuda(knobs: dict, cuda: bool) -> str | None:
 def normalize_comm(knobs: dict, cta_knobs: tuple[str, ...]) -> None:
     """Knobs that do not apply to the chosen `comm` are reset, so a grid over both comm
     paths does not measure the same setting twice."""
-    if knobs["comm"] == "nccl":
+    if knobs["comm"] != "fused":
         for name in cta_knobs:
             knobs[name] = None
-    else:
+    if knobs["comm"] != "nccl":
         knobs["nccl_max_ctas"] = DEFAULT
+
+
+def split_is_checked(knobs: dict) -> bool:
+    return knobs["comm"] != "none"

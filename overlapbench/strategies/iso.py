@@ -14,7 +14,7 @@ from overlapbench.errors import UserError
 from overlapbench.models import ModelShape
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Knob, Strategy
-from overlapbench.strategies.common_knobs import COMM, NCCL_MAX_CTAS, comm_ctas, fused_needs_cuda, normalize_comm
+from overlapbench.strategies.common_knobs import COMM, NCCL_MAX_CTAS, comm_ctas, fused_needs_cuda, normalize_comm, split_is_checked
 
 ALIGN = Knob("align", int, 64, "round each sequence's cut to a multiple of this many tokens", bounds=(1, 4096))
 SPLIT_RATIO = Knob(
@@ -73,6 +73,10 @@ class Iso(Strategy):
     @classmethod
     def check_combination(cls, knobs, where):
         normalize_comm(knobs, ("comm_ctas",))
+
+    @classmethod
+    def is_checked(cls, knobs):
+        return split_is_checked(knobs)
 
     @classmethod
     def skip_reason(cls, knobs, cuda):

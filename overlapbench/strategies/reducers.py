@@ -60,7 +60,7 @@ def symmetric(ctx: BuildContext, num_ctas: int) -> SymmetricReducer:
 def for_split(ctx: BuildContext, knobs: dict) -> tuple:
     """(after attention, after MLP) reducers, as the split knobs `comm`, `comm_ctas_attn`,
     `comm_ctas_mlp` and `nccl_max_ctas` ask."""
-    if knobs["comm"] == "nccl":
-        reducer = collective(ctx, knobs["nccl_max_ctas"], high_priority=True)
+    if knobs["comm"] != "fused":
+        reducer = LocalReducer(ctx.eps) if knobs["comm"] == "none" else collective(ctx, knobs["nccl_max_ctas"], high_priority=True)
         return reducer, reducer
     return symmetric(ctx, knobs["comm_ctas_attn"]), symmetric(ctx, knobs["comm_ctas_mlp"])

@@ -8,7 +8,7 @@ import math
 from overlapbench.errors import UserError
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Knob, Strategy
-from overlapbench.strategies.common_knobs import ALIGN, COMM, NCCL_MAX_CTAS, comm_ctas, fused_needs_cuda, normalize_comm
+from overlapbench.strategies.common_knobs import ALIGN, COMM, NCCL_MAX_CTAS, comm_ctas, fused_needs_cuda, normalize_comm, split_is_checked
 
 
 def split_point(tokens: int, align: int, offset: int = 0, ratio: float | None = None) -> int:
@@ -52,6 +52,10 @@ class TokenSplit(Strategy):
         if knobs["split_ratio"] is not None and knobs["split_offset"] != 0:
             raise UserError(f"{where}: split_ratio and split_offset are alternatives; set one of them")
         normalize_comm(knobs, ("comm_ctas_attn", "comm_ctas_mlp"))
+
+    @classmethod
+    def is_checked(cls, knobs):
+        return split_is_checked(knobs)
 
     @classmethod
     def skip_reason(cls, knobs, cuda):

@@ -1,0 +1,235 @@
+"""How tune and report read result stores, written once so that both read them the same way.
+
+Which rows count (the last row per point key, status ok, workload `layer`), how they group
+(device, world size, tp, model shape, dtype), the best knob setting per strategy at a token
+count, and the two references every number is measured against: `baseline` with default knobs,
+and `no_comm`, the bound. No torch and no pandas here: `tune` and `report` must start fast.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from overlapbench import results
+from overlapbench.errors import UserError
+from overlapbench.strategies.base import DEFAULT
+
+NOISY_CV = 0.02  # a point whose per-iteration CV exceeds this is flagged as noisy
+REFERENCE = "baseline"
+BOUND = "no_comm"  # the ideal, not a correct result: a bound to compare with, never a choice
+WORKLOAD = "layer"
+_KEY_FIELDS = ("workload", "shape", "tp", "dtype", "layers", "seed", "batch", "strategy", "knobs")
+_REQUIRED = ("strategy", "knobs", "tokens", "ms", "device", "world_size", "tp", "shape", "dtype")
+
+
+@dataclass(frozen=True)
+class Group:
+    """What one tuned config covers: rows comparable with each other."""
+
+    device: str
+    world_size: int
+    tp: int
+    shape: tuple  # the shape's (field, value) pairs, sorted: hashable
+    dtype: str
+    model: str = field(default="custom", compare=False)  # a name for people; the shape decides
+
+    @classmethod
+    def of(cls, row: dict) -> "Group":
+        shape = tuple(sorted(row["shape"].items()))
+        return cls(row["device"], row["world_size"], row["tp"], shape, row["dtype"], row.get("model") or "custom")
+
+    @property
+    def shape_dict(self) -> dict:
+        return dict(self.shape)
+
+    def label(self) -> str:
+        ranks = "" if self.world_size == self.tp else f" (world {self.world_size})"
+        return f"{self.model} tp{self.tp}{ranks} {self.device} {self.dtype}"
+
+    def fields(self) -> dict:
+        """The group as record fields (report's machine formats)."""
+        return {"model": self.model, "shape": self.shape_dict, "device": self.device,
+                "world_size": self.world_size, "tp": self.tp, "dtype": self.dtype}
+
+
+@dataclass(frozen=True, eq=False)
+class Measured:
+    """One ok layer row: a strategy with one knob setting at one token count, and its timing."""
+
+    group: Group
+    strategy: str
+    knobs: dict
+    tokens: int
+    ms: float  # median per-layer milliseconds
+    p10_ms: float | None
+    p90_ms: float | None
+    cv: float | None
+    samples: tuple[float, ...]  # per-iteration per-layer ms (max over ranks); may be empty
+    checked: bool  # a correct result (checked against baseline, or baseline itself); not a bound
+    key: str
+    run_id: str | None
+    git: str | None
+    source: str
+
+    @classmethod
+    def of(cls, row: dict, source: str) -> "Measured":
+        return cls(
+            group=Group.of(row), strategy=row["strategy"], knobs=dict(row["knobs"] or {}),
+            tokens=int(row["tokens"]), ms=float(row["ms"]), p10_ms=row.get("p10_ms"),
+            p90_ms=row.get("p90_ms"), cv=row.get("cv"), samples=tuple(row.get("samples_ms") or ()),
+            checked=_is_checked(row), key=row_key(row), run_id=row.get("run_id"), git=row.get("git"), source=source,
+        )
+
+    @property
+    def setting(self) -> tuple[str, str]:
+        """Strategy and knobs as one comparable value: equal settings merge into one range."""
+        return self.strategy, json.dumps(self.knobs, sort_keys=True)
+
+    @property
+    def noisy(self) -> bool:
+        return self.cv is not None and self.cv > NOISY_CV
+
+    def knob_text(self) -> str:
+        return knob_text(self.knobs)
+
+    def describe(self) -> str:
+        return f"{self.strategy} {self.knob_text()}".strip()
+
+
+@dataclass
+class Store:
+    """Rows of one or more stores, the last row per point key kept."""
+
+    sources: list[Path]
+    rows: list[dict]  # every kept row, any status or workload
+    measured: list[Measured]  # the ok layer rows among them
+
+    def statuses(self) -> Counter:
+        return Counter(row.get("status") for row in self.rows)
+
+    def errors(self) -> list[tuple[dict, str]]:
+        """(row, error) for each failed or skipped row."""
+        return [(r, r.get("error") or "") for r in self.rows if r.get("status") != "ok"]
+
+
+def _is_checked(row: dict) -> bool:
+    checked = row.get("checked")
+    return row["strategy"] != BOUND if checked is None else bool(checked)
+
+
+def knob_text(knobs: dict) -> str:
+    """Knobs set to something other than the library's choice, as `name=value` (may be empty)."""
+    return " ".join(f"{k}={v}" for k, v in knobs.items() if v not in (DEFAULT, None))
+
+
+def row_key(row: dict) -> str:
+    """The point's identity: the row's `key`, or the same fields when an older row lacks one."""
+    if row.get("key"):
+        return row["key"]
+    return json.dumps({name: row.get(name) for name in _KEY_FIELDS}, sort_keys=True)
+
+
+def last_per_key(rows: Iterable[tuple[dict, str]]) -> list[tuple[dict, str]]:
+    """A resumed sweep appends a new row for a point that failed: the last one is the truth."""
+    kept: dict[str, tuple[dict, str]] = {}
+    for row, source in rows:
+        key = row_key(row)
+        kept.pop(key, None)  # re-insert, so the order is that of the last occurrences
+        kept[key] = (row, source)
+    return list(kept.values())
+
+
+def _is_measured(row: dict) -> bool:
+    return row.get("status") == "ok" and row.get("workload", WORKLOAD) == WORKLOAD
+
+
+def _check(row: dict, source: str) -> None:
+    missing = [name for name in _REQUIRED if row.get(name) is None]
+    if missing:
+        raise UserError(f"{source}: an ok row of {row.get('strategy')!r} has no '{missing[0]}'; the store is damaged")
+
+
+def read(paths: Iterable[str | Path], require_ok: bool = True) -> Store:
+    """Read stores in order (a later file's row for a point overrides an earlier one's).
+
+    With `require_ok`, a store with no ok layer row is a UserError naming it: tuning it would
+    silently write nothing.
+    """
+    paths = [Path(p) for p in paths]
+    tagged = []
+    for path in paths:
+        mine = last_per_key((row, str(path)) for row in results.read_rows(path))
+        if require_ok and not any(_is_measured(row) for row, _ in mine):
+            raise UserError(f"{path}: no ok rows of the layer workload; {_status_text([row for row, _ in mine])}")
+        tagged += mine
+    kept = last_per_key(tagged)
+    for row, source in kept:
+        if _is_measured(row):
+            _check(row, source)
+    measured = [Measured.of(row, source) for row, source in kept if _is_measured(row)]
+    return Store(paths, [row for row, _ in kept], measured)
+
+
+def _status_text(rows: list[dict]) -> str:
+    if not rows:
+        return "the file is empty"
+    counts = Counter(r.get("status") for r in rows)
+    return "it holds " + ", ".join(f"{n} {status}" for status, n in counts.items()) + " rows"
+
+
+def by_point(measured: Iterable[Measured]) -> dict[Group, dict[int, list[Measured]]]:
+    """Rows by group, then by token count (both sorted), the unit every choice is made in."""
+    out: dict[Group, dict[int, list[Measured]]] = {}
+    for m in measured:
+        out.setdefault(m.group, {}).setdefault(m.tokens, []).append(m)
+    ordered = sorted(out.items(), key=lambda item: (item[0].label(), item[0].shape))
+    return {group: dict(sorted(points.items())) for group, points in ordered}
+
+
+def best_per_strategy(rows: Iterable[Measured]) -> dict[str, Measured]:
+    """Each strategy's fastest knob setting (lowest median) among rows at one point; settings
+    that are bounds rather than correct results (a split with comm=none) never count as best,
+    while no_comm stands for itself."""
+    best: dict[str, Measured] = {}
+    for m in rows:
+        if not (m.checked or m.strategy == BOUND):
+            continue
+        if m.strategy not in best or m.ms < best[m.strategy].ms:
+            best[m.strategy] = m
+    return best
+
+
+def is_default(m: Measured) -> bool:
+    return all(value in (DEFAULT, None) for value in m.knobs.values())
+
+
+def reference(rows: Iterable[Measured]) -> Measured | None:
+    """What speedups are measured against: baseline with default knobs (how engines run
+    today); where none was measured, the fastest baseline row."""
+    baselines = [m for m in rows if m.strategy == REFERENCE]
+    defaults = [m for m in baselines if is_default(m)]
+    pool = defaults or baselines
+    return min(pool, key=lambda m: m.ms) if pool else None
+
+
+def bound(rows: Iterable[Measured]) -> Measured | None:
+    """The fastest `no_comm` row: the time with communication free."""
+    bounds = [m for m in rows if m.strategy == BOUND]
+    return min(bounds, key=lambda m: m.ms) if bounds else None
+
+
+def speedup(m: Measured, ref: Measured | None) -> float | None:
+    return ref.ms / m.ms if ref is not None and m.ms > 0 else None
+
+
+def hidden(m: Measured, ref: Measured | None, free: Measured | None) -> float | None:
+    """Share of the exposed communication a strategy hides: (t_baseline - t) / (t_baseline -
+    t_no_comm); 1.0 hides all of it, above 1 beats the bound. None without both references, or
+    where the bound is not faster than baseline (nothing exposed to hide)."""
+    if ref is None or free is None or ref.ms <= free.ms:
+        return None
+    return (ref.ms - m.ms) / (ref.ms - free.ms)

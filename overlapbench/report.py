@@ -1,0 +1,450 @@
+"""Report: strategies compared per token count, in the terminal and in machine-readable forms.
+
+Four views of the same rows (read as tune reads them, `analysis`):
+- the overview: per group, one line per token count, a column per strategy at its best knob
+  setting: per-layer ms, speedup over baseline, share of the exposed communication hidden; tune's
+  choice starred, noisy cells flagged; failed and skipped rows counted below;
+- `--sensitivity S --tokens N`: one strategy's knob grid at one token count;
+- `--compare OLD NEW`: per point, NEW/OLD, and with `--fail-above PCT` exit 1 on a regression;
+- `--plot FILE.png`: per-layer time (or speedup) against tokens, one line per strategy.
+Formats: `table` (rich), `markdown`, `csv` (pandas) and `json` (a list of records).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from overlapbench import analysis, tune, tuned
+from overlapbench.analysis import Group, Measured, Store
+from overlapbench.errors import UserError, did_you_mean
+
+FORMATS = ("table", "markdown", "csv", "json")
+PLOT_METRICS = ("ms", "speedup")
+STAR, NOISY, SLOWER = "★", "~", "▲"
+LEGEND = (
+    f"{STAR} tune's choice (faster than baseline beyond the noise, else baseline) · "
+    f"{NOISY} noisy (cv > {analysis.NOISY_CV:.0%}) · hidden = share of baseline's exposed "
+    f"communication (baseline - no_comm) removed · each strategy at its best knobs"
+)
+
+SENSITIVITY_LEGEND = f"{STAR} fastest setting · {NOISY} noisy (cv > {analysis.NOISY_CV:.0%}) · speedup over baseline with default knobs"
+
+
+# -- what is shown -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One strategy's best knob setting at one token count, with the figures derived from it."""
+
+    m: Measured
+    speedup: float | None
+    hidden: float | None
+    winner: bool
+
+    def lines(self) -> list[str]:
+        figures = [] if self.speedup is None else [f"{self.speedup:.3f}x"]
+        if self.hidden is not None and self.m.strategy != analysis.BOUND:
+            figures.append(f"{round(self.hidden, 2) + 0.0:.0%} hidden")  # no "-0%"
+        return [f"{_ms(self.m.ms)} ms", " ".join(figures), self.m.knob_text()]
+
+    def record(self) -> dict:
+        m = self.m
+        return m.group.fields() | {
+            "tokens": m.tokens, "strategy": m.strategy, "knobs": m.knobs, "ms": m.ms,
+            "p10_ms": m.p10_ms, "p90_ms": m.p90_ms, "cv": m.cv, "noisy": m.noisy,
+            "speedup": self.speedup, "hidden": self.hidden, "winner": self.winner,
+        }
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A grid cell as text lines, bold and starred when best, with a warning mark (NOISY, SLOWER)."""
+
+    lines: tuple[str, ...]
+    best: bool = False
+    mark: str = ""
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A titled table of Shown cells: rendered by rich or as markdown."""
+
+    title: str
+    header: list[str]
+    rows: list[list[Shown]]
+
+
+def _ms(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def _shown(text: str) -> Shown:
+    return Shown((text,))
+
+
+def cells_at(rows: list[Measured]) -> dict[str, Cell]:
+    """Per strategy at one point: tune's choice where it is that strategy, else its best knobs."""
+    ref, free, choice = analysis.reference(rows), analysis.bound(rows), tune.pick(rows)
+    best = analysis.best_per_strategy(rows)
+    if choice is not None:
+        best[choice.chosen.strategy] = choice.chosen
+    return {
+        s: Cell(m, analysis.speedup(m, ref), analysis.hidden(m, ref, free), choice is not None and m is choice.chosen)
+        for s, m in sorted(best.items(), key=lambda item: column_order(item[0]))
+    }
+
+
+def column_order(strategy: str) -> tuple:
+    """Simplest first, as tune prefers them; the bound last."""
+    return (strategy == analysis.BOUND, *tune.simplicity(strategy))
+
+
+def overview(store: Store) -> dict[Group, dict[int, dict[str, Cell]]]:
+    return {
+        group: {tokens: cells_at(rows) for tokens, rows in points.items()}
+        for group, points in analysis.by_point(store.measured).items()
+    }
+
+
+def overview_grid(group: Group, points: dict[int, dict[str, Cell]]) -> Grid:
+    strategies = sorted({s for cells in points.values() for s in cells}, key=column_order)
+    rows = []
+    for tokens, cells in points.items():
+        shown = [_overview_cell(cells.get(s)) for s in strategies]
+        rows.append([_shown(str(tokens)), *shown])
+    return Grid(group.label(), ["tokens", *strategies], rows)
+
+
+def _overview_cell(cell: Cell | None) -> Shown:
+    return Shown(tuple(cell.lines()), cell.winner, NOISY if cell.m.noisy else "") if cell else _shown("-")
+
+
+def footer(store: Store) -> list[str]:
+    """Counts by status, and the distinct reasons rows failed or were skipped."""
+    counts = store.statuses()
+    lines = [", ".join(f"{counts[s]} {s}" for s in ("ok", "failed", "skipped") if counts[s]) + " rows"]
+    others = sum(1 for r in store.rows if r.get("workload", analysis.WORKLOAD) != analysis.WORKLOAD)
+    if others:
+        lines[0] += f" ({others} of other workloads, not shown)"
+    reasons: dict[str, list[str]] = {}
+    for row, error in store.errors():
+        reasons.setdefault(f"{row.get('status')}: {error}", []).append(f"{row.get('strategy')}@{row.get('tokens')}")
+    for reason, where in list(reasons.items())[:8]:
+        lines.append(f"  {reason} ({', '.join(where[:4])}{' ...' if len(where) > 4 else ''})")
+    return lines
+
+
+# -- sensitivity: one strategy's knob grid at one token count -------------------------------
+
+
+def sensitivity_rows(store: Store, strategy: str, tokens: int) -> list[dict]:
+    layer = [r for r in store.rows if r.get("workload", analysis.WORKLOAD) == analysis.WORKLOAD]
+    measured = sorted({r["strategy"] for r in layer})
+    if strategy not in measured:
+        raise UserError(f"--sensitivity: '{strategy}' is not in the results{did_you_mean(strategy, measured)}; measured: {', '.join(measured)}")
+    rows = [r for r in layer if r["strategy"] == strategy and r.get("tokens") == tokens]
+    if not rows:
+        counts = sorted({r.get("tokens") for r in layer if r["strategy"] == strategy})
+        raise UserError(f"--tokens: {strategy} was measured at {', '.join(map(str, counts))} tokens, not at {tokens}")
+    return rows
+
+
+def varying(knob_sets: list[dict]) -> list[str]:
+    """The knobs whose value differs between settings: the grid's axes."""
+    names = list(dict.fromkeys(k for knobs in knob_sets for k in knobs))
+    return [k for k in names if len({json.dumps(knobs.get(k)) for knobs in knob_sets}) > 1]
+
+
+def _value_order(v) -> tuple:
+    return (0, v, "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0, str(v))
+
+
+def sensitivity_grid(group: Group, rows: list[dict], ref: Measured | None) -> Grid:
+    """A line per combination of the varying knobs but the last, a column per value of the
+    last (one `ms` column when only one knob varies, one cell when none does)."""
+    axes = varying([r["knobs"] for r in rows])
+    outer, inner = (axes[:-1], axes[-1:]) if len(axes) > 1 else (axes, [])
+    fastest = min((r["ms"] for r in rows if r.get("status") == "ok"), default=None)
+    cols = _sorted_coords({_coord(r, inner) for r in rows})
+    grid_rows = []
+    for line in _sorted_coords({_coord(r, outer) for r in rows}):
+        label = _label(outer, line) or analysis.knob_text(rows[0]["knobs"]) or "defaults"
+        cells = [_knob_cell([r for r in rows if _coord(r, outer) == line and _coord(r, inner) == col], ref, fastest)
+                 for col in cols]
+        grid_rows.append([_shown(label), *cells])
+    header = [" / ".join(outer) or "knobs", *(f"{inner[0]}={_label(inner, col)}" if inner else "ms" for col in cols)]
+    return Grid(f"{group.label()}: {rows[0]['strategy']} at {rows[0]['tokens']} tokens", header, grid_rows)
+
+
+def _coord(row: dict, names: list[str]) -> tuple[str, ...]:
+    """A row's position along some knob axes (JSON text, so any value type compares)."""
+    return tuple(json.dumps(row["knobs"].get(k)) for k in names)
+
+
+def _sorted_coords(coords: set[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    return sorted(coords, key=lambda c: [_value_order(json.loads(v)) for v in c])
+
+
+def _label(names: list[str], coord: tuple[str, ...]) -> str:
+    """`128` on a single axis (its name is in the header), `a=1 b=2` on several."""
+    values = [json.loads(v) for v in coord]
+    return str(values[0]) if len(names) == 1 else " ".join(f"{k}={v}" for k, v in zip(names, values))
+
+
+def _knob_cell(match: list[dict], ref: Measured | None, fastest: float | None) -> Shown:
+    ok = [r for r in match if r.get("status") == "ok"]
+    if not ok:
+        return _shown(match[0]["status"] if match else "-")
+    best = min(ok, key=lambda r: r["ms"])
+    speedup = [] if ref is None else [f"{ref.ms / best['ms']:.3f}x"]
+    noisy = best.get("cv") is not None and best["cv"] > analysis.NOISY_CV
+    return Shown((f"{_ms(best['ms'])} ms", *speedup), best["ms"] == fastest, NOISY if noisy else "")
+
+
+def sensitivity_record(row: dict, ref: Measured | None) -> dict:
+    ok = row.get("status") == "ok"
+    return Group.of(row).fields() | {
+        "tokens": row["tokens"], "strategy": row["strategy"], "knobs": row["knobs"], "status": row["status"],
+        "ms": row.get("ms"), "cv": row.get("cv"),
+        "speedup": ref.ms / row["ms"] if ok and ref is not None else None, "error": row.get("error"),
+    }
+
+
+def sensitivity_view(store: Store, strategy: str, tokens: int) -> tuple[list[Grid], list[dict]]:
+    rows = sensitivity_rows(store, strategy, tokens)
+    points = analysis.by_point(store.measured)
+    grids, records = [], []
+    for group in sorted({Group.of(r) for r in rows}, key=lambda g: g.label()):
+        mine = [r for r in rows if Group.of(r) == group]
+        ref = analysis.reference(points.get(group, {}).get(tokens, []))
+        grids.append(sensitivity_grid(group, mine, ref))
+        records += [sensitivity_record(r, ref) for r in mine]
+    return grids, records
+
+
+# -- compare: NEW against OLD, point by point ----------------------------------------------
+
+
+def compare_records(old: Store, new: Store, limit: float | None) -> list[dict]:
+    """NEW/OLD per point in both stores (matched by key); a regression where it exceeds `limit`."""
+    before = {m.key: m for m in old.measured}
+    pairs = [(before[m.key], m) for m in new.measured if m.key in before]
+    if not pairs:
+        raise UserError(
+            f"--compare: {old.sources[0]} and {new.sources[0]} share no points "
+            f"(matched by point key: shape, tp, dtype, layers, seed, batch, strategy, knobs)"
+        )
+    records = [
+        n.group.fields() | {
+            "tokens": n.tokens, "strategy": n.strategy, "knobs": n.knobs, "old_ms": o.ms, "new_ms": n.ms,
+            "ratio": n.ms / o.ms, "regression": limit is not None and n.ms / o.ms > limit,
+        }
+        for o, n in pairs
+    ]
+    return sorted(records, key=lambda r: (r["model"], r["tp"], r["dtype"], r["tokens"], column_order(r["strategy"])))
+
+
+def compare_grid(records: list[dict]) -> Grid:
+    rows = []
+    for r in records:
+        setting = f"{r['strategy']} {analysis.knob_text(r['knobs'])}".strip()
+        rows.append([_shown(f"{r['model']} tp{r['tp']} {r['dtype']}"), _shown(str(r["tokens"])), _shown(setting),
+                     _shown(_ms(r["old_ms"])), _shown(_ms(r["new_ms"])),
+                     Shown((f"{r['ratio']:.3f}",), mark=SLOWER if r["regression"] else "")])
+    return Grid("NEW / OLD per-layer ms", ["group", "tokens", "strategy", "old ms", "new ms", "new/old"], rows)
+
+
+def compare(old: Path, new: Path, fmt: str, console: Console, fail_above: float | None) -> int:
+    """Exit code 1 when some point got slower than OLD by more than `fail_above` percent."""
+    limit = None if fail_above is None else 1 + fail_above / 100
+    records = compare_records(analysis.read([old]), analysis.read([new]), limit)
+    regressions = [r for r in records if r["regression"]]
+    legend = None if limit is None else f"{SLOWER} slower than OLD by more than {fail_above:g}% (new/old > {limit:.3f})"
+    emit([compare_grid(records)], records, fmt, console, legend)
+    if limit is not None:
+        _stderr().print(f"{len(regressions)} of {len(records)} points slower than OLD by more than {fail_above:g}%", highlight=False)
+    for r in regressions:
+        setting = f"{r['strategy']} {analysis.knob_text(r['knobs'])}".strip()
+        _stderr().print(f"  regression: {setting} at {r['tokens']} tokens: "
+                        f"{r['old_ms']:.4g} -> {r['new_ms']:.4g} ms ({r['ratio']:.3f}x)", highlight=False)
+    return 1 if regressions else 0
+
+
+# -- rendering -----------------------------------------------------------------------------
+
+
+def to_rich(grid: Grid) -> Table:
+    multiline = any(sum(1 for line in c.lines if line) > 1 for row in grid.rows for c in row)
+    table = Table(title=Text(grid.title, style="bold"), title_justify="left", show_lines=multiline)
+    for i, name in enumerate(grid.header):
+        table.add_column(name, justify="right" if i == 0 else "left")
+    for row in grid.rows:
+        table.add_row(*(_rich_cell(c) for c in row))
+    return table
+
+
+def _rich_cell(cell: Shown) -> Text:
+    text = Text("\n".join(line for line in cell.lines if line), style="bold" if cell.best else "")
+    if cell.best:
+        text.append(f" {STAR}", style="bold green")
+    if cell.mark:
+        text.append(f" {cell.mark}", style="yellow" if cell.mark == NOISY else "bold red")
+    return text
+
+
+def to_markdown(grid: Grid) -> str:
+    def cell(c: Shown) -> str:
+        body = ", ".join(line for line in c.lines if line).replace("|", "\\|")
+        body = f"**{body}** {STAR}" if c.best else body
+        return body + (f" {c.mark}" if c.mark else "")
+
+    lines = ["| " + " | ".join(grid.header) + " |", "|" + "|".join(["---:"] + ["---"] * (len(grid.header) - 1)) + "|"]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in grid.rows]
+    return f"### {grid.title}\n\n" + "\n".join(lines) + "\n"
+
+
+def to_csv(records: list[dict]) -> str:
+    import pandas as pd
+
+    flat = [{k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in r.items()} for r in records]
+    return pd.DataFrame(flat).to_csv(index=False)
+
+
+def emit(grids: list[Grid], records: list[dict], fmt: str, console: Console,
+         legend: str | None = None, notes: Iterable[str] = ()) -> None:
+    """Print in the asked format. The legend and notes (row counts, failures) go under tables;
+    with csv and json stdout holds the data alone and the notes go to stderr."""
+    notes = list(notes)
+    if fmt == "table":
+        for grid in grids:
+            console.print(to_rich(grid))
+        for note in ([legend] if legend else []) + notes:
+            console.print(Text(note, style="dim"))
+    elif fmt == "markdown":
+        text = "\n".join(to_markdown(g) for g in grids)
+        text += f"\n{legend}\n" if legend else ""
+        text += "".join(f"\n- {n.strip()}" for n in notes)
+        console.out(text, highlight=False)
+    else:
+        text = to_csv(records) if fmt == "csv" else json.dumps(records, indent=2, default=str) + "\n"
+        console.file.write(text)
+        console.file.flush()
+        for note in notes:
+            _stderr().print(note, highlight=False)
+
+
+def _stderr() -> Console:
+    return Console(stderr=True)
+
+
+# -- plot ----------------------------------------------------------------------------------
+
+
+def plot(views: dict[Group, dict[int, dict[str, Cell]]], path: Path, metric: str) -> Path:
+    """One panel per group: per-layer ms (or speedup) against tokens on a log2 axis, one line
+    per strategy at its best knobs; no_comm dashed, as the bound."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise UserError("--plot: needs matplotlib; pip install 'overlapbench[plot]' (or pip install matplotlib)") from None
+    fig = Figure(figsize=(8, 4.5 * len(views)), layout="constrained")
+    FigureCanvasAgg(fig)
+    for ax, (group, points) in zip(fig.subplots(len(views), 1, squeeze=False)[:, 0], views.items()):
+        _panel(ax, group, points, metric)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
+    return tuned.write_atomic(path, buffer.getvalue())
+
+
+def _panel(ax, group: Group, points: dict[int, dict[str, Cell]], metric: str) -> None:
+    strategies = sorted({s for cells in points.values() for s in cells}, key=column_order)
+    for s in strategies:
+        xs = [t for t, cells in points.items() if s in cells]
+        ys = [cells[s].m.ms if metric == "ms" else cells[s].speedup for t, cells in points.items() if s in cells]
+        if metric == "speedup" and None in ys:
+            continue
+        bound = s == analysis.BOUND
+        ax.plot(xs, ys, linestyle="--" if bound else "-", marker="" if bound else "o",
+                color="gray" if bound else None, label=f"{s} (bound)" if bound else s)
+    if metric == "speedup":
+        ax.axhline(1.0, color="black", linewidth=0.5)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("ms per layer" if metric == "ms" else "speedup over baseline")
+    ax.set_title(group.label())
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+
+
+# -- the command ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Options:
+    """The report command's options, checked together because they constrain each other."""
+
+    fmt: str = "table"
+    sensitivity: str | None = None
+    tokens: int | None = None
+    plot_path: Path | None = None
+    plot_metric: str = "ms"
+    compare_paths: tuple[Path, Path] | None = None
+    fail_above: float | None = None
+
+    def check(self, paths: list[Path]) -> None:
+        if self.fmt not in FORMATS:
+            raise UserError(f"--format: '{self.fmt}' is not one of {', '.join(FORMATS)}{did_you_mean(self.fmt, FORMATS)}")
+        if self.plot_metric not in PLOT_METRICS:
+            raise UserError(f"--plot-metric: '{self.plot_metric}' is not one of {', '.join(PLOT_METRICS)}")
+        if (self.sensitivity is None) != (self.tokens is None):
+            raise UserError("--sensitivity and --tokens go together: --sensitivity STRATEGY --tokens N")
+        if self.plot_path is not None and self.plot_path.suffix.lower() != ".png":
+            raise UserError(f"--plot: {self.plot_path} must end in .png")
+        if self.fail_above is not None and self.compare_paths is None:
+            raise UserError("--fail-above: only with --compare OLD NEW")
+        if self.fail_above is not None and not self.fail_above >= 0:
+            raise UserError(f"--fail-above: a percentage >= 0, got {self.fail_above}")
+        if self.compare_paths is not None and paths:
+            raise UserError("--compare: takes its two files (--compare OLD NEW); leave out the RESULTS arguments")
+        if self.compare_paths is not None and (self.sensitivity is not None or self.plot_path is not None):
+            raise UserError("--compare: cannot be combined with --sensitivity or --plot")
+
+
+def _require_measured(store: Store) -> None:
+    if not store.measured:
+        first = next((e for _, e in store.errors() if e), "no rows")
+        names = ", ".join(map(str, store.sources))
+        raise UserError(f"{names}: no ok rows of the layer workload to report ({dict(store.statuses())}; first error: {first})")
+
+
+def run(paths: Iterable[Path], fmt: str = "table", console: Console | None = None, **options) -> int:
+    """The report command; returns the exit code (1: a regression above --fail-above).
+    `options`: the fields of Options (sensitivity, tokens, plot_path, plot_metric,
+    compare_paths, fail_above)."""
+    console, paths, opts = console or Console(), list(paths), Options(fmt, **options)
+    opts.check(paths)
+    if opts.compare_paths is not None:
+        return compare(*opts.compare_paths, fmt, console, opts.fail_above)
+    store = analysis.read(paths, require_ok=False)
+    _require_measured(store)
+    views = overview(store)
+    if opts.sensitivity is not None:
+        emit(*sensitivity_view(store, opts.sensitivity, opts.tokens), fmt, console, SENSITIVITY_LEGEND)
+    else:
+        grids = [overview_grid(group, points) for group, points in views.items()]
+        records = [c.record() for points in views.values() for cells in points.values() for c in cells.values()]
+        emit(grids, records, fmt, console, LEGEND, footer(store))
+    if opts.plot_path is not None:
+        written = plot(views, opts.plot_path, opts.plot_metric)
+        (console if fmt == "table" else _stderr()).print(f"wrote {written}", highlight=False)
+    return 0

@@ -1,0 +1,282 @@
+"""Selection: the best strategy and knobs per token range, written as tuned YAML configs.
+
+The rule, per (device, world size, tp, model shape, dtype) and token count:
+
+1. Each strategy's candidate is its fastest knob setting there (lowest median; rows of other
+   batches with the same token count are pooled). `no_comm` is never a candidate: it computes
+   the wrong result.
+2. The incumbent starts as the reference: `baseline` with default knobs (else the fastest
+   baseline row). Candidates challenge it in order of simplicity (`SIMPLICITY`); a challenger
+   replaces the incumbent only when it is faster by more than the noise, so ties go to the
+   simpler strategy.
+3. "Faster by more than the noise": the 95% bootstrap confidence interval of the speedup
+   (incumbent median / challenger median; each row's per-iteration samples resampled
+   `RESAMPLES` times, fixed seed) lies entirely above 1. A row without at least two samples
+   falls back to its p10/p90: the interval is [p10_inc / p90_ch, p90_inc / p10_ch], so the
+   challenger must be faster with their central 80% ranges not overlapping.
+
+Ranges: neighbouring measured token counts with the same choice (strategy and knobs) merge.
+Between two measured counts a and b with different choices the boundary is floor(sqrt(a * b)),
+the geometric midpoint rounded down (token counts are swept in powers of two): a's range ends
+there and b's starts one above. The first range starts at 1; the last ends at the largest
+measured count (above it, an engine gets the last rule, flagged `clamped`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.text import Text
+
+from overlapbench import analysis, tuned
+from overlapbench.analysis import Group, Measured
+from overlapbench.errors import UserError
+
+# Ties go to the earlier name; names not listed come after these, alphabetically.
+SIMPLICITY = ("baseline", "fused_norm", "token_split", "iso", "sp_baseline", "async_tp", "flash_agrs")
+RESAMPLES = 2000
+LEVEL = 0.95
+SEED = 0
+METHOD = (
+    f"per token count, a strategy's fastest knob setting replaces the simpler choice only if the "
+    f"{LEVEL:.0%} bootstrap CI ({RESAMPLES} resamples, seed {SEED}) of the ratio of medians lies above 1 "
+    f"(no samples: p10/p90 ranges must not overlap); boundaries at floor(sqrt(a*b)) between measured counts"
+)
+
+
+def simplicity(strategy: str) -> tuple[int, str]:
+    """Sort key: SIMPLICITY order, unknown names last (alphabetically, for a stable order)."""
+    rank = SIMPLICITY.index(strategy) if strategy in SIMPLICITY else len(SIMPLICITY)
+    return rank, strategy
+
+
+@dataclass(frozen=True)
+class Gain:
+    """How much faster a challenger is than an incumbent: the speedup and its interval."""
+
+    speedup: float  # incumbent median / challenger median
+    lo: float
+    hi: float
+    method: str  # "bootstrap" or "p10/p90"
+
+    @property
+    def beats_noise(self) -> bool:
+        return self.lo > 1.0
+
+    def text(self) -> str:
+        return f"{self.speedup:.3f}x [{self.lo:.3f}, {self.hi:.3f}]"
+
+
+@dataclass(frozen=True)
+class Pick:
+    """The choice at one measured token count, and why."""
+
+    tokens: int
+    chosen: Measured
+    reference: Measured
+    gain: Gain | None  # chosen over the reference; None when the reference itself is chosen
+    why: str
+
+    @property
+    def speedup(self) -> float:
+        return self.reference.ms / self.chosen.ms
+
+
+@dataclass(frozen=True)
+class Span:
+    """Neighbouring measured token counts with the same choice, and the range they answer for."""
+
+    lo: int
+    hi: int
+    picks: tuple[Pick, ...]
+
+
+def gain(challenger: Measured, incumbent: Measured) -> Gain:
+    point = incumbent.ms / challenger.ms
+    if len(challenger.samples) >= 2 and len(incumbent.samples) >= 2:
+        lo, hi = _bootstrap(incumbent.samples, challenger.samples)
+        return Gain(point, lo, hi, "bootstrap")
+    inc_lo, inc_hi = _spread(incumbent)
+    ch_lo, ch_hi = _spread(challenger)
+    return Gain(point, inc_lo / ch_hi, inc_hi / ch_lo, "p10/p90")
+
+
+def _spread(m: Measured) -> tuple[float, float]:
+    """p10 and p90; a row with neither counts as noise-free (a single iteration, say)."""
+    return (m.p10_ms if m.p10_ms is not None else m.ms), (m.p90_ms if m.p90_ms is not None else m.ms)
+
+
+def _bootstrap(incumbent: tuple[float, ...], challenger: tuple[float, ...]) -> tuple[float, float]:
+    """Percentile interval of median(incumbent) / median(challenger) over resampled samples."""
+    import numpy as np  # only here: report's table and tune pay for it, `--help` does not
+
+    rng = np.random.default_rng(SEED)
+    a, b = np.asarray(incumbent, dtype=float), np.asarray(challenger, dtype=float)
+    ratios = np.median(rng.choice(a, (RESAMPLES, a.size)), axis=1) / np.median(rng.choice(b, (RESAMPLES, b.size)), axis=1)
+    tail = (1 - LEVEL) / 2
+    lo, hi = np.quantile(ratios, [tail, 1 - tail])
+    return float(lo), float(hi)
+
+
+def pick(rows: list[Measured]) -> Pick | None:
+    """The choice at one token count of one group; None without a baseline row to compare to."""
+    ref = analysis.reference(rows)
+    if ref is None:
+        return None
+    best = analysis.best_per_strategy(m for m in rows if m.strategy != analysis.BOUND)
+    challengers = sorted((m for m in best.values() if m is not ref), key=lambda m: simplicity(m.strategy))
+    winner = ref
+    for challenger in challengers:
+        if gain(challenger, winner).beats_noise:
+            winner = challenger
+    if winner is ref:
+        return Pick(ref.tokens, ref, ref, None, _kept_why(ref, challengers))
+    g = gain(winner, ref)
+    return Pick(ref.tokens, winner, ref, g, f"{g.text()} over {_ref_name(ref)}, beats noise")
+
+
+def _ref_name(ref: Measured) -> str:
+    return "baseline" if analysis.is_default(ref) else ref.describe()
+
+
+def _kept_why(ref: Measured, challengers: list[Measured]) -> str:
+    if not challengers:
+        return f"{_ref_name(ref)}: nothing else measured"
+    closest = min(challengers, key=lambda m: m.ms)
+    g = gain(closest, ref)
+    verdict = "within noise" if g.speedup > 1 else "slower"
+    return f"{_ref_name(ref)} kept; best challenger {closest.describe()} {g.text()}, {verdict}"
+
+
+def merge(picks: list[Pick]) -> list[Span]:
+    """Merge neighbours with equal choices; ranges cover 1..max (see the module docstring)."""
+    picks = sorted(picks, key=lambda p: p.tokens)
+    runs: list[list[Pick]] = []
+    for p in picks:
+        if runs and runs[-1][-1].chosen.setting == p.chosen.setting:
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    spans, lo = [], 1
+    for run, following in zip(runs, runs[1:] + [None]):
+        hi = boundary(run[-1].tokens, following[0].tokens) if following else run[-1].tokens
+        spans.append(Span(lo, hi, tuple(run)))
+        lo = hi + 1
+    return spans
+
+
+def boundary(a: int, b: int) -> int:
+    """The last token count answered like `a` when `b` (> a) is measured next: the geometric
+    midpoint rounded down; it is at least a and below b, so each measured count keeps its choice."""
+    return math.isqrt(a * b)
+
+
+def rule(span: Span) -> tuned.Rule:
+    """A tuned rule; ms and speedup are those at the span's largest measured token count."""
+    last = span.picks[-1]
+    return tuned.Rule(
+        span.lo, span.hi, last.chosen.strategy, dict(last.chosen.knobs),
+        ms=_sig(last.chosen.ms), speedup=round(last.speedup, 4),
+        extra={"measured": [p.tokens for p in span.picks], "why": "; ".join(f"{p.tokens}: {p.why}" for p in span.picks)},
+    )
+
+
+def _sig(x: float) -> float:
+    return float(f"{x:.5g}")
+
+
+def config(group: Group, picks: list[Pick], rows: list[Measured]) -> tuned.TunedConfig:
+    spans = merge(picks)
+    provenance = {
+        "sources": sorted({m.source for m in rows}),
+        "run_ids": sorted({m.run_id for m in rows if m.run_id}),
+        "git": sorted({m.git for m in rows if m.git}),
+        "method": METHOD,
+    }
+    return tuned.TunedConfig(
+        device=group.device, world_size=group.world_size, tp=group.tp, model=group.model,
+        shape=group.shape_dict, dtype=group.dtype, rules=tuple(rule(s) for s in spans),
+        extra={"provenance": provenance},
+    )
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-") or "unknown"
+
+
+def file_names(groups: list[Group]) -> dict[Group, str]:
+    """`<model>-tp<tp>-<device>-<dtype>.yaml`; groups that would share a name (two custom
+    shapes, say) get a short hash of their identity appended."""
+    stems = {g: f"{slug(g.model)}-tp{g.tp}-{slug(g.device)}-{slug(g.dtype)}" for g in groups}
+    counts: dict[str, int] = {}
+    for stem in stems.values():
+        counts[stem] = counts.get(stem, 0) + 1
+    return {g: (f"{s}-{_digest(g)}" if counts[s] > 1 else s) + ".yaml" for g, s in stems.items()}
+
+
+def _digest(group: Group) -> str:
+    identity = json.dumps([group.device, group.world_size, group.tp, group.shape, group.dtype])
+    return hashlib.sha1(identity.encode()).hexdigest()[:8]
+
+
+def picks_of(points: dict[int, list[Measured]]) -> tuple[list[Pick], list[int]]:
+    """Picks per measured token count, and the counts skipped for lack of a baseline row."""
+    picks, skipped = [], []
+    for tokens, rows in points.items():
+        p = pick(rows)
+        if p is None:
+            skipped.append(tokens)
+        else:
+            picks.append(p)
+    return picks, skipped
+
+
+def run(paths: list[Path], out_dir: Path, console: Console) -> list[Path]:
+    """Tune every group in the stores; write one YAML each; return the paths written."""
+    store = analysis.read(paths)
+    grouped = analysis.by_point(store.measured)
+    names = file_names(list(grouped))
+    written = []
+    for group, points in grouped.items():
+        picks, skipped = picks_of(points)
+        if skipped:
+            console.print(f"[yellow]{group.label()}: no baseline row at {_join(skipped)} tokens; skipped there[/yellow]")
+        if not picks:
+            continue
+        rows = [m for ms in points.values() for m in ms]
+        cfg = config(group, picks, rows)
+        console.print(explain(group, cfg, picks))
+        written.append(_save(cfg, Path(out_dir) / names[group]))
+    if not written:
+        raise UserError(f"{_join(map(str, paths))}: no token count has a baseline row; sweep 'baseline' to tune against it")
+    return written
+
+
+def _save(cfg: tuned.TunedConfig, path: Path) -> Path:
+    try:
+        return tuned.save(cfg, path)
+    except OSError as e:
+        raise UserError(f"--out-dir: cannot write {path} ({e.strerror or e}); choose another --out-dir") from None
+
+
+def _join(items) -> str:
+    return ", ".join(str(i) for i in items)
+
+
+def explain(group: Group, cfg: tuned.TunedConfig, picks: list[Pick]) -> Text:
+    """Each range, its choice, and why each measured token count in it got that choice."""
+    by_tokens = {p.tokens: p for p in picks}
+    text = Text(group.label(), style="bold")
+    for r in cfg.rules:
+        choice = by_tokens[r.extra["measured"][-1]]
+        text.append(f"\n  {r.lo}..{r.hi} tokens: ")
+        text.append(choice.chosen.describe(), style="bold green" if choice.gain else "bold")
+        for tokens in r.extra["measured"]:
+            text.append(f"\n    {tokens}: {by_tokens[tokens].why}", style="" if by_tokens[tokens].gain else "dim")
+    return text

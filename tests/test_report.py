@@ -1,0 +1,304 @@
+"""Report: every format parses, the figures are right, plots are PNGs, compare gates on a threshold;
+and tune and report through the CLI on a synthetic store."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import sys
+
+import pandas as pd
+import pytest
+import yaml
+from rich.console import Console
+from typer.testing import CliRunner
+
+from overlapbench import analysis, report, tuned
+from overlapbench.cli import app
+from overlapbench.errors import UserError
+from tests import synthetic
+
+TOKENS = (512, 2048, 8192)
+OFFSETS, CTAS = (0, 128, 256), (2, 4)
+
+
+@pytest.fixture
+def store(tmp_path):
+    """Baseline (default and 8 CTAs), fused_norm (noisy), a token_split knob grid, no_comm; plus a
+    failed and a skipped row."""
+    rng = random.Random(21)
+    rows = []
+    for tokens in TOKENS:
+        base = tokens / 1000
+        rows.append(synthetic.row("baseline", tokens, samples=synthetic.draw(base, 0.005, rng)))
+        rows.append(synthetic.row("baseline", tokens, {"nccl_max_ctas": 8}, samples=synthetic.draw(base * 1.02, 0.005, rng)))
+        rows.append(synthetic.row("fused_norm", tokens, samples=synthetic.draw(base * 0.99, 0.06, rng)))
+        for offset in OFFSETS:
+            for ctas in CTAS:
+                speed = (0.9 if tokens >= 2048 else 1.01) + offset / 1e4 + ctas / 1e3
+                rows.append(synthetic.row("token_split", tokens, {"split_offset": offset, "comm_ctas": ctas},
+                                          samples=synthetic.draw(base * speed, 0.005, rng)))
+        rows.append(synthetic.row("no_comm", tokens, samples=synthetic.draw(base * 0.8, 0.005, rng)))
+    rows.append(synthetic.failed("iso", 2048))
+    rows.append(synthetic.row("async_tp", 2048, status="skipped", error="async_tp needs CUDA GPUs"))
+    return synthetic.write(tmp_path / "store.jsonl", rows)
+
+
+def captured(paths, fmt="table", **options) -> tuple[int, str]:
+    out = io.StringIO()
+    code = report.run(paths, fmt, Console(file=out, width=200), **options)
+    return code, out.getvalue()
+
+
+def records(store, **options) -> list[dict]:
+    return json.loads(captured([store], "json", **options)[1])
+
+
+def cell(recs, tokens, strategy) -> dict:
+    (match,) = [r for r in recs if r["tokens"] == tokens and r["strategy"] == strategy]
+    return match
+
+
+def median(store, tokens, strategy, knobs) -> float:
+    return next(m.ms for m in analysis.read([store]).measured if (m.tokens, m.strategy, m.knobs) == (tokens, strategy, knobs))
+
+
+# -- the overview ------------------------------------------------------------------------
+
+
+def test_json_is_one_record_per_strategy_and_token_count(store):
+    recs = records(store)
+    assert len(recs) == len(TOKENS) * 4
+    assert {r["strategy"] for r in recs} == {"baseline", "fused_norm", "token_split", "no_comm"}
+    ts = cell(recs, 8192, "token_split")
+    assert ts["knobs"] == {"split_offset": 0, "comm_ctas": 2}  # its best knobs
+    assert ts["winner"] and sum(r["winner"] for r in recs if r["tokens"] == 8192) == 1
+    assert cell(recs, 512, "baseline")["winner"] and cell(recs, 512, "baseline")["knobs"] == {"nccl_max_ctas": "default"}
+
+
+def test_speedup_and_hidden_follow_their_definitions(store):
+    recs = records(store)
+    base = median(store, 2048, "baseline", {"nccl_max_ctas": "default"})
+    free = median(store, 2048, "no_comm", {})
+    ts = cell(recs, 2048, "token_split")
+    assert ts["speedup"] == pytest.approx(base / ts["ms"])
+    assert ts["hidden"] == pytest.approx((base - ts["ms"]) / (base - free))
+    assert 0.3 < ts["hidden"] < 0.6
+    assert cell(recs, 2048, "no_comm")["hidden"] == pytest.approx(1.0)
+
+
+def test_noisy_cells_are_flagged(store):
+    recs = records(store)
+    assert cell(recs, 512, "fused_norm")["noisy"] and cell(recs, 512, "fused_norm")["cv"] > analysis.NOISY_CV
+    assert not cell(recs, 512, "baseline")["noisy"]
+    _, text = captured([store], "markdown")
+    assert "~" in text and "noisy" in text
+
+
+def test_csv_parses_with_pandas(store):
+    _, text = captured([store], "csv")
+    frame = pd.read_csv(io.StringIO(text))
+    assert len(frame) == len(TOKENS) * 4
+    assert {"tokens", "strategy", "knobs", "ms", "speedup", "hidden", "winner", "noisy", "device"} <= set(frame.columns)
+    assert json.loads(frame.loc[frame.strategy == "token_split", "knobs"].iloc[0])["comm_ctas"] in CTAS
+
+
+def markdown_tables(text: str) -> list[list[list[str]]]:
+    """Each markdown table as rows of cells (header and separator included)."""
+    tables, current = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            current.append([c.strip() for c in line.strip().strip("|").split("|")])
+        elif current:
+            tables.append(current)
+            current = []
+    return tables
+
+
+def test_markdown_is_a_well_formed_table_per_group(store):
+    _, text = captured([store], "markdown")
+    (table,) = markdown_tables(text)
+    header, separator, *rows = table
+    assert header == ["tokens", "baseline", "fused_norm", "token_split", "no_comm"]
+    assert all(set(c) <= set("-:") and c for c in separator)
+    assert [r[0] for r in rows] == [str(t) for t in TOKENS]
+    assert {len(r) for r in table} == {len(header)}
+    assert "**" in rows[2][3] and "★" in rows[2][3]  # the winner at 8192: token_split
+    assert "1 failed" in text and "1 skipped" in text
+
+
+def test_the_table_shows_winners_and_the_failures(store):
+    code, text = captured([store])
+    assert code == 0
+    assert "token_split" in text and "★" in text and "hidden" in text
+    assert "1 failed" in text and "OutOfMemoryError: synthetic" in text and "async_tp needs CUDA GPUs" in text
+
+
+def test_groups_get_separate_tables(store, tmp_path):
+    synthetic.append(store, [synthetic.row("baseline", 1024, model="llama3-70b", tp=4)])
+    _, text = captured([store], "markdown")
+    assert len(markdown_tables(text)) == 2 and "llama3-70b tp4" in text
+
+
+def test_a_store_with_nothing_ok_is_a_user_error(tmp_path):
+    path = synthetic.write(tmp_path / "bad.jsonl", [synthetic.failed("baseline", 64)])
+    with pytest.raises(UserError, match=r"bad\.jsonl: no ok rows.*OutOfMemoryError"):
+        report.run([path], "table", Console(quiet=True))
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"fmt": "xml"}, "--format"),
+    ({"sensitivity": "token_split"}, "--tokens"),
+    ({"fail_above": 5.0}, "--fail-above"),
+    ({"plot_path": "out.svg"}, ".png"),
+    ({"plot_metric": "cv"}, "--plot-metric"),
+])
+def test_bad_options_are_user_errors(store, options, message):
+    fmt = options.pop("fmt", "table")
+    if "plot_path" in options:
+        options["plot_path"] = store.parent / options["plot_path"]
+    with pytest.raises(UserError, match=message):
+        report.run([store], fmt, Console(quiet=True), **options)
+
+
+# -- sensitivity ---------------------------------------------------------------------------
+
+
+def test_sensitivity_is_the_knob_grid(store):
+    _, text = captured([store], "markdown", sensitivity="token_split", tokens=8192)
+    (table,) = markdown_tables(text)
+    header, _, *rows = table
+    assert header == ["split_offset", *(f"comm_ctas={c}" for c in CTAS)]
+    assert [r[0] for r in rows] == [str(o) for o in OFFSETS]
+    best = median(store, 8192, "token_split", {"split_offset": 0, "comm_ctas": 2})
+    assert rows[0][1].startswith(f"**{best:.4g} ms") and "★" in rows[0][1]
+    assert sum("★" in c for r in rows for c in r) == 1
+
+
+def test_sensitivity_records(store):
+    recs = records(store, sensitivity="token_split", tokens=512)
+    assert len(recs) == len(OFFSETS) * len(CTAS)
+    assert {(r["knobs"]["split_offset"], r["knobs"]["comm_ctas"]) for r in recs} == {(o, c) for o in OFFSETS for c in CTAS}
+    assert all(r["status"] == "ok" and r["speedup"] < 1.0 for r in recs)
+
+
+def test_sensitivity_shows_failed_settings(store):
+    _, text = captured([store], "markdown", sensitivity="iso", tokens=2048)
+    assert "failed" in text
+
+
+@pytest.mark.parametrize("strategy, tokens, message", [
+    ("token_splt", 512, "did you mean 'token_split'"),
+    ("token_split", 1000, "measured at 512, 2048, 8192 tokens"),
+])
+def test_sensitivity_names_what_was_measured(store, strategy, tokens, message):
+    with pytest.raises(UserError, match=message):
+        report.run([store], "table", Console(quiet=True), sensitivity=strategy, tokens=tokens)
+
+
+# -- plot ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("metric", ["ms", "speedup"])
+def test_the_plot_is_a_png(store, tmp_path, metric):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "plots" / "layer.png"
+    code, _ = captured([store], "csv", plot_path=path, plot_metric=metric)
+    assert code == 0
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_the_plot_without_matplotlib_says_how_to_install_it(store, tmp_path, monkeypatch):
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
+    with pytest.raises(UserError, match=r"pip install 'overlapbench\[plot\]'"):
+        report.run([store], "table", Console(quiet=True), plot_path=tmp_path / "x.png")
+    assert not (tmp_path / "x.png").exists()
+
+
+# -- compare -------------------------------------------------------------------------------
+
+
+def slower_copy(store, tmp_path, factor: float):
+    """The same store with token_split at 2048 tokens `factor` times slower."""
+    rows = [json.loads(line) for line in store.read_text().splitlines()]
+    for row in rows:
+        if row["strategy"] == "token_split" and row["tokens"] == 2048 and row["status"] == "ok":
+            row["samples_ms"] = [s * factor for s in row["samples_ms"]]
+            row["ms"] *= factor
+    return synthetic.write(tmp_path / "new.jsonl", rows)
+
+
+@pytest.mark.parametrize("fail_above, code", [(None, 0), (9.0, 1), (9.9, 1), (10.1, 0), (50.0, 0)])
+def test_compare_exit_code_flips_at_the_threshold(store, tmp_path, fail_above, code):
+    new = slower_copy(store, tmp_path, 1.10)
+    got, text = captured([], "json", compare_paths=(store, new), fail_above=fail_above)
+    assert got == code
+    recs = json.loads(text)
+    assert len(recs) == len(TOKENS) * (2 + 1 + len(OFFSETS) * len(CTAS) + 1)
+    slowed = [r for r in recs if r["ratio"] > 1.0 + 1e-9]
+    assert len(slowed) == len(OFFSETS) * len(CTAS) and all(r["ratio"] == pytest.approx(1.10) for r in slowed)
+    assert sum(r["regression"] for r in recs) == (len(slowed) if code else 0)
+
+
+def test_compare_needs_points_in_common(store, tmp_path):
+    other = synthetic.write(tmp_path / "other.jsonl", [synthetic.row("baseline", 64, model="tiny", tp=2, dtype="fp32")])
+    with pytest.raises(UserError, match="share no points"):
+        report.run([], "table", Console(quiet=True), compare_paths=(store, other))
+
+
+# -- the CLI -------------------------------------------------------------------------------
+
+
+runner = CliRunner()
+
+
+def test_cli_tune_then_load(store, tmp_path):
+    out = tmp_path / "tuned"
+    result = runner.invoke(app, ["tune", str(store), "--out-dir", str(out)])
+    assert result.exit_code == 0, result.output
+    (path,) = out.iterdir()
+    assert f"wrote {path}" in result.stdout.replace("\n", "")
+    cfg = tuned.load(path)
+    assert cfg.choose(512).strategy == "baseline" and cfg.choose(8192).strategy == "token_split"
+    assert cfg.choose(10**6).clamped
+    assert yaml.safe_load(path.read_text())["schema"] == "overlapbench/tuned-v1"
+
+
+def test_cli_tune_on_a_store_without_ok_rows_exits_2(tmp_path):
+    bad = synthetic.write(tmp_path / "bad.jsonl", [synthetic.failed("baseline", 64)])
+    result = runner.invoke(app, ["tune", str(bad), "--out-dir", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert "bad.jsonl" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown", "csv", "json"])
+def test_cli_report_formats(store, fmt):
+    result = runner.invoke(app, ["report", str(store), "--format", fmt])
+    assert result.exit_code == 0, result.output
+    if fmt == "csv":
+        assert len(pd.read_csv(io.StringIO(result.stdout))) == len(TOKENS) * 4
+    elif fmt == "json":
+        assert len(json.loads(result.stdout)) == len(TOKENS) * 4
+    elif fmt == "markdown":
+        assert len(markdown_tables(result.stdout)) == 1
+    else:
+        assert "token_split" in result.stdout
+
+
+def test_cli_report_sensitivity_and_compare(store, tmp_path):
+    result = runner.invoke(app, ["report", str(store), "--sensitivity", "token_split", "--tokens", "2048", "-f", "json"])
+    assert result.exit_code == 0 and len(json.loads(result.stdout)) == len(OFFSETS) * len(CTAS)
+    new = slower_copy(store, tmp_path, 1.2)
+    result = runner.invoke(app, ["report", "--compare", str(store), str(new), "--fail-above", "5"])
+    assert result.exit_code == 1
+    assert "regression: token_split" in result.stderr
+    result = runner.invoke(app, ["report", "--compare", str(store), str(new), "--fail-above", "25"])
+    assert result.exit_code == 0
+
+
+def test_cli_report_bad_option_exits_2(store):
+    result = runner.invoke(app, ["report", str(store), "--format", "xml"])
+    assert result.exit_code == 2 and "--format" in result.output

@@ -1,0 +1,162 @@
+"""Spec validation: every bad input is one UserError naming the field; good specs expand right."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from overlapbench import spec
+from overlapbench.errors import UserError
+
+GOOD = {
+    "name": "t",
+    "model": "tiny",
+    "tp": 2,
+    "layers": 2,
+    "tokens": [16, 33],
+    "strategies": {"baseline": {"nccl_max_ctas": ["default", 4, 8]}, "no_comm": {}},
+}
+
+
+def parse(overrides: dict | None = None, drop: tuple = (), cuda: bool = False) -> spec.SweepSpec:
+    data = {k: v for k, v in GOOD.items() if k not in drop} | (overrides or {})
+    return spec.from_dict(data, "file", cuda)
+
+
+def test_good_spec_expands_the_grid():
+    points = parse().points(world_size=2, cuda=False)
+    assert len(points) == 2 * (3 + 1)
+    assert [p.tokens for p in points[:4]] == [16] * 4  # grouped by batch
+    assert {p.knobs["nccl_max_ctas"] for p in points if p.strategy == "baseline"} == {"default", 4, 8}
+    assert all(p.dtype == "fp32" for p in points)
+    assert parse(cuda=True).points(2, cuda=True)[0].dtype == "bf16"
+    assert len({p.key() for p in points}) == len(points)
+
+
+def test_device_section_overrides():
+    s = parse({"model": "llama3-8b", "tokens": [4096], "cpu": {"model": "tiny", "tokens": [8]}})
+    assert s.model == "tiny" and s.batches == ((8,),)
+    s = parse({"model": "llama3-8b", "tokens": [4096], "cpu": {"model": "tiny", "tokens": [8]}}, cuda=True)
+    assert s.model == "llama3-8b" and s.batches == ((4096,),)
+
+
+def test_grid_of_two_knobs_is_a_product():
+    s = parse({"strategies": {"token_split": {"split_offset": [0, 128], "align": [128, 256]}}})
+    assert len(s.points(2, False)) == 2 * 4
+
+
+def test_irrelevant_knobs_do_not_double_points():
+    s = parse({"strategies": {"token_split": {"comm": ["nccl", "fused"], "comm_ctas_attn": [4, 8]}}})
+    knobs = [p.knobs for p in s.points(2, False) if p.tokens == 16]
+    assert len(knobs) == 3  # nccl once, fused with 4 and 8
+
+
+@pytest.mark.parametrize(
+    "overrides, drop, field",
+    [
+        ({"modle": "tiny"}, (), "modle"),  # unknown key
+        ({"model": "llama-70b"}, (), "model"),  # unknown preset
+        ({"strategies": {"tokensplit": {}}}, (), "strategies"),  # unknown strategy
+        ({"strategies": {"baseline": {"max_ctas": 4}}}, (), "strategies.baseline.max_ctas"),
+        ({"strategies": {"baseline": {"nccl_max_ctas": 0}}}, (), "strategies.baseline.nccl_max_ctas"),
+        ({"strategies": {"baseline": {"nccl_max_ctas": "lots"}}}, (), "strategies.baseline.nccl_max_ctas"),
+        ({"strategies": {"token_split": {"comm": "mpi"}}}, (), "strategies.token_split.comm"),
+        ({"strategies": {"token_split": {"split_ratio": 0.5, "split_offset": 128}}}, (), "strategies.token_split"),
+        ({"strategies": {"iso": {"split_ratio": 1.5}}}, (), "strategies.iso.split_ratio"),
+        ({"strategies": {"baseline": {"nccl_max_ctas": []}}}, (), "strategies.baseline.nccl_max_ctas"),
+        ({"strategies": {"baseline": {"nccl_max_ctas": [4, 4]}}}, (), "strategies.baseline.nccl_max_ctas"),
+        ({"strategies": {}}, (), "strategies"),
+        ({"tokens": [16, -1]}, (), "tokens[1]"),
+        ({"tokens": [0]}, (), "tokens[0]"),
+        ({"tokens": [16, 16]}, (), "tokens"),
+        ({"tokens": []}, (), "tokens"),
+        ({"batches": [[8, 0]]}, (), "batches[0][1]"),
+        ({"layers": 0}, (), "layers"),
+        ({"dtype": "int8"}, (), "dtype"),
+        ({"tp": 0}, (), "tp"),
+        ({"measure": {"iters": 0}}, (), "measure.iters"),
+        ({"measure": {"warmpu": 3}}, (), "measure.warmpu"),
+        ({"measure": {"tolerance": -1}}, (), "measure.tolerance"),
+        ({"shape": {"hidden": 64}}, ("model",), "shape.ffn"),
+        ({"shape": {"hidden": 64, "ffn": 128, "heads": 4, "kv_heads": 3, "head_dim": 16}}, ("model",), "shape.kv_heads"),
+        ({"shape": {"hidden": -64, "ffn": 128, "heads": 4, "kv_heads": 2, "head_dim": 16}}, ("model",), "shape.hidden"),
+        ({"output": "results/x.csv"}, (), "output"),
+        ({"cpu": {"bogus": 1}}, (), "cpu.bogus"),
+    ],
+)
+def test_bad_input_names_the_field(overrides, drop, field):
+    with pytest.raises(UserError) as info:
+        parse(overrides, drop)
+    message = str(info.value)
+    assert message.startswith(field), message
+    assert "\n" not in message
+
+
+def test_did_you_mean():
+    with pytest.raises(UserError, match="did you mean 'model'"):
+        parse({"modle": "tiny"})
+
+
+@pytest.mark.parametrize(
+    "tp, world, field",
+    [(3, 3, "tp: 3 does not divide"), (4, 2, "tp: 4 but the sweep runs on 2")],
+)
+def test_tp_must_fit_shape_and_world(tp, world, field):
+    with pytest.raises(UserError, match=field):
+        parse({"tp": tp}).points(world_size=world, cuda=False)
+
+
+def test_auto_tp_is_the_world_size():
+    assert {p.tp for p in parse({"tp": "auto"}).points(2, False)} == {2}
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", "the spec is empty"),
+        ("a: [1, 2", "not valid YAML"),
+        ("- 1\n- 2\n", "must be a YAML mapping"),
+    ],
+)
+def test_bad_files(tmp_path: Path, text: str, message: str):
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    with pytest.raises(UserError, match=message):
+        spec.load(path, cuda=False)
+    with pytest.raises(UserError, match="no such spec file"):
+        spec.load(tmp_path / "missing.yaml", cuda=False)
+
+
+def test_every_committed_spec_validates():
+    for path in sorted(Path(__file__).parent.parent.glob("sweeps/*.yaml")):
+        for cuda in (False, True):
+            s = spec.load(path, cuda)
+            world = s.tp if isinstance(s.tp, int) else 2
+            assert s.points(world, cuda), path
+
+
+def test_spec_from_yaml_text(tmp_path: Path):
+    path = tmp_path / "mine.yaml"
+    path.write_text(textwrap.dedent("""
+        model: tiny
+        tokens: [8]
+        strategies: [baseline, no_comm]
+    """))
+    s = spec.load(path, cuda=False)
+    assert s.name == "mine" and s.output_path().name.startswith("mine-")
+    with pytest.raises(UserError, match="--resume: no earlier"):
+        s.output_path(resume=True, results_dir=tmp_path)
+    (tmp_path / "mine-20260101-000000.jsonl").write_text("")
+    (tmp_path / "mine-20260102-000000.jsonl").write_text("")
+    assert s.output_path(resume=True, results_dir=tmp_path).name == "mine-20260102-000000.jsonl"
+    assert [p.strategy for p in s.points(2, False)] == ["baseline", "no_comm"]
+
+
+def test_a_strategy_may_list_several_grids():
+    s = parse({"strategies": {"token_split": [{"comm": "nccl", "nccl_max_ctas": ["default", 8]}, {"comm": "fused", "comm_ctas_attn": [4, 8]}, {}]}})
+    knobs = [p.knobs for p in s.points(2, False) if p.tokens == 16]
+    assert len(knobs) == 4  # the empty grid is the nccl default, already listed
+    with pytest.raises(UserError, match=r"strategies.token_split\[1\].comm"):
+        parse({"strategies": {"token_split": [{}, {"comm": "x"}]}})

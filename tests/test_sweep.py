@@ -1,0 +1,122 @@
+"""The sweep end to end on CPU: launch, rows, resume, refusal, two-node rendezvous."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from overlapbench.cli import app
+from overlapbench.results import SCHEMA, ResultStore, read_rows
+from tests.distributed import free_port
+
+SPEC = """
+name: tiny-test
+model: tiny
+layers: 2
+tokens: [16, 29]
+strategies:
+  baseline: {}
+  no_comm: {}
+  token_split: {align: 8}
+measure: {warmup: 1, iters: 3, timeout_s: 60}
+"""
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def spec_file(tmp_path: Path) -> Path:
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC)
+    return path
+
+
+def sweep(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "overlapbench", "sweep", *args],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+        env=os.environ | {"PYTHONPATH": str(REPO)},
+    )
+
+
+@pytest.mark.slow
+def test_sweep_writes_checked_rows_then_resumes(spec_file: Path, tmp_path: Path):
+    out = tmp_path / "r.jsonl"
+    done = sweep(str(spec_file), "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = read_rows(out)
+    assert len(rows) == 6 and all(r["schema"] == SCHEMA for r in rows)
+    assert {r["status"] for r in rows} == {"ok"}
+    by_strategy = {r["strategy"]: r for r in rows if r["tokens"] == 29}
+    assert by_strategy["token_split"]["rel_err"] < 1e-5
+    assert by_strategy["baseline"]["rel_err"] is None and by_strategy["no_comm"]["rel_err"] is None
+    for r in rows:
+        assert len(r["samples_ms"]) == 3 and r["p10_ms"] <= r["ms"] <= r["p90_ms"]
+        assert r["world_size"] == 2 and r["backend"] == "gloo" and r["device"] == "cpu"
+        assert r["versions"]["torch"] and r["batch"] == [r["tokens"]]
+
+    # Without --resume an existing store is refused, untouched.
+    before = out.read_text()
+    refused = sweep(str(spec_file), "--output", str(out))
+    assert refused.returncode == 2 and "--resume" in refused.stderr
+    assert "Traceback" not in refused.stderr and out.read_text() == before
+
+    # Drop the last two rows (as if the sweep died there): --resume redoes exactly those.
+    lines = before.splitlines(keepends=True)
+    out.write_text("".join(lines[:4]))
+    resumed = sweep(str(spec_file), "--output", str(out), "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    rows = read_rows(out)
+    assert len(rows) == 6 and [json.loads(x) for x in lines[:4]] == rows[:4]
+    assert {(r["strategy"], r["tokens"]) for r in rows} == {(s, t) for s in ("baseline", "no_comm", "token_split") for t in (16, 29)}
+    assert rows[4]["run_id"] != rows[0]["run_id"]
+
+
+def test_busy_store_is_refused(tmp_path: Path):
+    holder = ResultStore(tmp_path / "r.jsonl")
+    holder.open(resume=False)
+    try:
+        from overlapbench.errors import UserError
+
+        with pytest.raises(UserError, match="another sweep is writing"):
+            ResultStore(tmp_path / "r.jsonl").open(resume=True)
+    finally:
+        holder.close()
+
+
+def test_bad_spec_is_one_line_exit_2(tmp_path: Path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("model: tiny\ntokens: [8]\nstrategies: {baseline: {nccl_max_ctas: 999}}\n")
+    result = CliRunner().invoke(app, ["sweep", str(path)])
+    assert result.exit_code == 2
+    assert "strategies.baseline.nccl_max_ctas" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_two_node_launch(spec_file: Path, tmp_path: Path):
+    """Two torchrun agents (one process each) rendezvous on localhost as two nodes."""
+    out = tmp_path / "two-node.jsonl"
+    port = free_port()
+    env = os.environ | {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    agents = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "ob-test",
+             "-m", "overlapbench", "sweep", str(spec_file), "--output", str(out)],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for _ in range(2)
+    ]
+    logs = [a.communicate(timeout=300)[0] for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], logs
+    rows = read_rows(out)
+    assert len(rows) == 6
+    ranks = rows[0]["ranks"]
+    assert rows[0]["nodes"] == 2 and sorted(r["node"] for r in ranks) == [0, 1]
+    assert [r["rank"] for r in ranks] == [0, 1]
