@@ -52,6 +52,7 @@ def sweep(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Results file (.jsonl). Default: the spec's 'output', else a new results/<name>-<time>.jsonl."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep (the --output file, else the newest results/<name>-*.jsonl): skip points already done."),
     nproc: Optional[int] = typer.Option(None, "--nproc", help="Processes to launch when not under torchrun. Default: all local GPUs, or 2 on CPU."),
+    profile: Optional[Path] = typer.Option(None, "--profile", help="Also profile each point (GPU): a kernel table per point into this folder."),
 ) -> None:
     """Measure every strategy x knob setting x batch of a spec; append one row per point.
 
@@ -67,7 +68,15 @@ def sweep(
         from overlapbench import sweep as sweep_mod
 
         loaded = spec_mod.load(path, cuda=launch.local_gpus() > 0)
-        sweep_mod.run(loaded, output or loaded.output_path(resume), resume)
+        out = output or loaded.output_path(resume)
+        if profile is not None:
+            profile.mkdir(parents=True, exist_ok=True)
+        try:
+            sweep_mod.run(loaded, out, resume, profile)
+        except KeyboardInterrupt:
+            if os.environ.get("RANK") == "0":
+                err_console.print(f"interrupted; finished rows are in {out}; `--resume` continues")
+            raise typer.Exit(130) from None
         return
     if nproc is not None and nproc < 1:
         raise UserError(f"--nproc: must be at least 1, got {nproc}")
@@ -78,9 +87,49 @@ def sweep(
     ResultStore(out).open(resume)  # refuses a busy or existing store before any launch
     ResultStore(out).close()
     args = ["sweep", str(path), "--output", str(out)] + (["--resume"] if resume else [])
-    code = launch.relaunch(args, world)
+    args += ["--profile", str(profile)] if profile is not None else []
+    try:
+        code = launch.relaunch(args, world)
+    except KeyboardInterrupt:
+        code = 130
     if code:
         err_console.print(f"[bold red]sweep failed[/bold red] (exit {code}); finished rows are in {out}; `--resume` continues")
+        raise typer.Exit(code)
+
+
+@app.command()
+@user_errors
+def comm(
+    min_bytes: Optional[str] = typer.Option(None, "-b", "--min-bytes", help="Smallest size, bytes or with K/M/G (binary). Default: 1M on GPUs, 1K on CPU."),
+    max_bytes: Optional[str] = typer.Option(None, "-e", "--max-bytes", help="Largest size. Default: 1G on GPUs, 64K on CPU."),
+    factor: int = typer.Option(2, "-f", "--factor", help="Each size is the previous one times this."),
+    ops: Optional[str] = typer.Option(None, "--ops", help="Comma list of all_reduce, all_gather, reduce_scatter. Default: all."),
+    paths: Optional[str] = typer.Option(None, "--paths", help="Comma list of nccl (gloo on CPU), symm_one_shot, symm_two_shot, fused_norm, copy_engine. Default: all."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on GPUs, fp32 on CPU) | bf16 | fp16 | fp32."),
+    nccl_max_ctas: Optional[str] = typer.Option(None, "--nccl-max-ctas", help="NCCL CTA budgets (max_ctas), 'default' or 1..64. Default: default,4,8,16,32."),
+    comm_ctas: Optional[str] = typer.Option(None, "--comm-ctas", help="CTA budgets of the fused all-reduce+RMSNorm kernel. Default: 1,2,4,8,16,32,64."),
+    hidden: int = typer.Option(8192, "--hidden", help="fused_norm measures rows x hidden: a size becomes size / (hidden x dtype bytes) rows."),
+    iters: int = typer.Option(20, "--iters", help="Timed samples per size (small sizes repeat the op within a sample)."),
+    warmup: int = typer.Option(5, "--warmup", help="Untimed samples first."),
+    graphs: bool = typer.Option(True, "--graphs/--no-graphs", help="Time CUDA-graph replays (falls back to eager where capture fails)."),
+    fmt: str = typer.Option("table", "--format", help="table | csv | json (to stdout; progress goes to stderr)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Results file (.jsonl). Default: results/comm-<device>-<world>.jsonl."),
+    resume: bool = typer.Option(False, "--resume", help="Continue: skip the cases already in the results file."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="Processes to launch when not under torchrun. Default: all local GPUs, or 2 on CPU."),
+) -> None:
+    """Collective microbenchmarks in nccl-tests' terms: size, count, type, time, algbw, busbw,
+    #wrong, for NCCL under CTA budgets, symmetric-memory one-/two-shot all-reduce, the fused
+    all-reduce + RMSNorm kernel, and a copy-engine all-gather. Each size is checked (#wrong,
+    exact integer inputs) before it is timed; rows go to a results file like sweep's."""
+    from overlapbench import comm as comm_mod
+
+    opts = comm_mod.Options.parse(
+        min_bytes=min_bytes, max_bytes=max_bytes, factor=factor, ops=ops, paths=paths, dtype=dtype,
+        nccl_max_ctas=nccl_max_ctas, comm_ctas=comm_ctas, hidden=hidden, iters=iters, warmup=warmup,
+        graphs=graphs, fmt=fmt, output=output, resume=resume, nproc=nproc,
+    )
+    code = comm_mod.main(opts, console, err_console)
+    if code:
         raise typer.Exit(code)
 
 
@@ -124,10 +173,12 @@ def report(
 
 
 @app.command("strategies")
+@user_errors
 def list_strategies() -> None:
     """List the strategies, where they run, and their knobs with domains and help."""
-    from overlapbench.strategies import all_strategies
+    from overlapbench.strategies import all_strategies, load_plugins
 
+    load_plugins()
     for cls in all_strategies():
         needs = cls.needs
         where = "CUDA" if needs.cuda else "CPU (gloo) and CUDA"

@@ -52,7 +52,19 @@ def _agree(ok: bool, device) -> bool:
     return int(flag.item()) == 0
 
 
-def time_step(step: Step, x: torch.Tensor, warmup: int, iters: int, graphs: bool) -> Timing:
+MAX_ITERS = 2000
+
+
+def time_step(
+    step: Step, x: torch.Tensor, warmup: int, iters: int, graphs: bool,
+    warmup_s: float = 0.0, min_time_s: float = 0.0,
+) -> Timing:
+    """Per-iteration times of `step`, max over ranks.
+
+    Warm-up runs at least `warmup` iterations and `warmup_s` seconds, so clocks settle into
+    the steady state the timed loop sees; the timed loop runs at least `iters` iterations and
+    `min_time_s` seconds (at most MAX_ITERS), the same count on every rank.
+    """
     if x.device.type != "cuda":
         return _time_wall(step, x, warmup, iters)
     run, used_graphs, error = (lambda: step.forward(x)), False, None
@@ -66,8 +78,8 @@ def time_step(step: Step, x: torch.Tensor, warmup: int, iters: int, graphs: bool
             run, used_graphs = replay, True
         elif error is None:
             error = "capture failed on another rank"
-    for _ in range(warmup):
-        run()
+    per_iter_s = _warm_up(run, warmup, warmup_s)
+    iters = _iterations(iters, min_time_s, per_iter_s, x.device)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     dist.barrier()
@@ -78,6 +90,26 @@ def time_step(step: Step, x: torch.Tensor, warmup: int, iters: int, graphs: bool
     torch.cuda.synchronize()
     local = torch.tensor([s.elapsed_time(e) for s, e in zip(starts, ends)], device=x.device)
     return Timing(_max_over_ranks(local), used_graphs, error)
+
+
+def _warm_up(run, warmup: int, warmup_s: float) -> float:
+    """Run until both minimums are met; returns the seconds one iteration took."""
+    torch.cuda.synchronize()
+    t0, done = time.perf_counter(), 0
+    while done < max(warmup, 1) or time.perf_counter() - t0 < warmup_s:
+        run()
+        done += 1
+        if done % 4 == 0 or done >= warmup:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / done
+
+
+def _iterations(iters: int, min_time_s: float, per_iter_s: float, device) -> int:
+    wanted = max(iters, min(MAX_ITERS, int(min_time_s / max(per_iter_s, 1e-6)) + 1))
+    count = torch.tensor([wanted], device=device)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    return int(count.item())
 
 
 def _time_wall(step: Step, x: torch.Tensor, warmup: int, iters: int) -> Timing:
@@ -113,3 +145,17 @@ def summarize(samples_ms: list[float], per: int = 1) -> dict:
         "iqr_ms": quartiles[2] - quartiles[0],
         "cv": statistics.stdev(xs) / mean if mean > 0 else 0.0,
     }
+
+
+def profile_step(step: Step, x: torch.Tensor, path, iterations: int = 3) -> None:
+    """A few eager forwards under torch.profiler; the kernel table (by device time) to `path`
+    (None: profile, but write nothing: the other ranks join the collectives)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(iterations):
+            step.forward(x)
+        torch.cuda.synchronize()
+    if path is not None:
+        table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=90)
+        path.write_text(f"{iterations} eager forwards\n{table}\n")

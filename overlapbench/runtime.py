@@ -30,6 +30,7 @@ class Runtime:
     local_rank: int
     device: torch.device
     backend: str
+    control: dist.ProcessGroup | None = None  # gloo group for agreement, never blocked by GPU work
     _groups: dict = field(default_factory=dict)
     _resources: dict = field(default_factory=dict)
     _side_stream: Any = None
@@ -65,8 +66,28 @@ class Runtime:
             self._resources[key] = make()
         return self._resources[key]
 
-    def drop_resources(self) -> None:
-        self._resources.clear()
+    def cached(self, key: Any) -> Any:
+        return self._resources.get(key)
+
+    def replace_resource(self, key: Any, make: Callable[[], Any]) -> Any:
+        """Drop the object under `key` (its memory with it), then make a new one."""
+        self._resources.pop(key, None)
+        if self.is_cuda:
+            torch.cuda.empty_cache()
+        self._resources[key] = make()
+        return self._resources[key]
+
+    def first_failure(self, result: dict | None) -> dict | None:
+        """All ranks' outcomes of a phase (None: it went well); the first failure, named by
+        rank, or None when every rank succeeded. Runs on the control group."""
+        outcomes: list = [None] * self.world_size
+        dist.all_gather_object(outcomes, result, group=self.control)
+        for rank, outcome in enumerate(outcomes):
+            if outcome is not None:
+                if outcome["status"] == "failed" and self.world_size > 1:
+                    outcome = outcome | {"error": f"rank {rank}: {outcome['error']}"}
+                return outcome
+        return None
 
     def max_over_ranks(self, value: float) -> float:
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
@@ -85,10 +106,12 @@ def init(timeout_s: int) -> Runtime:
         backend = "nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
+    timeout = timedelta(seconds=timeout_s)
     if not dist.is_initialized():
         kwargs = {"device_id": device} if backend == "nccl" else {}
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **kwargs)
-    return Runtime(rank, world, local_rank, device, backend)
+        dist.init_process_group(backend, timeout=timeout, **kwargs)
+    control = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
+    return Runtime(rank, world, local_rank, device, backend, control)
 
 
 @dataclass

@@ -11,16 +11,18 @@ import json
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
 from overlapbench import models, strategies
+from overlapbench.comm import OPS as COMM_OPS, PATHS as COMM_PATHS, PATHS_BY_OP, comm_sizes
 from overlapbench.errors import UserError, did_you_mean
 
 DTYPES = ("auto", "bf16", "fp16", "fp32")
 DEFAULT_TOLERANCE = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}
 DEVICE_SECTIONS = ("cpu", "cuda")
+WORKLOADS = ("layer", "gemm_ag", "gemm_rs")  # the layer stack, or one GEMM with its all-gather / reduce-scatter
 
 
 def _reject_unknown(data: dict, allowed, where: str) -> None:
@@ -45,6 +47,8 @@ class Measure:
 
     warmup: int = 10
     iters: int = 50
+    warmup_s: float = 0.5  # and at least this long: GPU clocks settle before timing
+    min_time_s: float = 1.0  # timed iterations run at least this long (more iterations for small points)
     graphs: bool = True
     tolerance: float | None = None  # None: by dtype (DEFAULT_TOLERANCE)
     timeout_s: int = 600  # process-group timeout: a dead or hung rank stops the sweep by then
@@ -53,6 +57,10 @@ class Measure:
         if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) or self.warmup < 0:
             raise UserError(f"measure.warmup: must be an integer >= 0, got {self.warmup!r}")
         _positive_int(self.iters, "measure.iters")
+        for name in ("warmup_s", "min_time_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 600:
+                raise UserError(f"measure.{name}: must be a number of seconds in [0, 600], got {value!r}")
         _positive_int(self.timeout_s, "measure.timeout_s")
         if not isinstance(self.graphs, bool):
             raise UserError(f"measure.graphs: must be true or false, got {self.graphs!r}")
@@ -115,6 +123,8 @@ def _grid(name: str, knobs: Any, where: str) -> StrategyGrid:
 def _strategy_grids(data: Any) -> tuple[StrategyGrid, ...]:
     """{strategy: grid} or {strategy: [grid, grid, ...]} (grids expand separately), or names."""
     if isinstance(data, list):
+        if not all(isinstance(name, str) for name in data):
+            raise UserError("strategies: a list of strategies must hold names, e.g. [baseline, no_comm]")
         data = {name: {} for name in data}
     if not isinstance(data, dict) or not data:
         raise UserError(
@@ -124,6 +134,8 @@ def _strategy_grids(data: Any) -> tuple[StrategyGrid, ...]:
     grids = []
     for name, knobs in data.items():
         where = f"strategies.{name}"
+        if not isinstance(name, str):
+            raise UserError(f"{where}: a strategy name must be a string")
         strategies.get(name, where)
         if isinstance(knobs, list):
             if not knobs:
@@ -132,6 +144,14 @@ def _strategy_grids(data: Any) -> tuple[StrategyGrid, ...]:
         else:
             grids.append(_grid(name, knobs or {}, where))
     return tuple(grids)
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """The GEMM of a micro workload: [M, K] @ [K, N], M being the tokens."""
+
+    n: int
+    k: int
 
 
 @dataclass(frozen=True)
@@ -149,6 +169,7 @@ class Point:
     strategy: str
     knobs: dict
     workload: str = "layer"
+    gemm: Gemm | None = None  # a micro workload's N and K
 
     @property
     def tokens(self) -> int:
@@ -157,13 +178,14 @@ class Point:
     @property
     def workload_key(self) -> tuple:
         """Points sharing this key share weights, inputs and the baseline's reference output."""
-        return (self.workload, self.shape, self.tp, self.dtype, self.layers, self.seed, self.batch)
+        return (self.workload, self.gemm, self.shape, self.tp, self.dtype, self.layers, self.seed, self.batch)
 
     def key(self) -> str:
         """Identity of the point in a results file (what `--resume` matches on)."""
         return json.dumps(
             {
                 "workload": self.workload,
+                **({"gemm": {"n": self.gemm.n, "k": self.gemm.k}} if self.gemm else {}),
                 "shape": self.shape.as_dict(),
                 "tp": self.tp,
                 "dtype": self.dtype,
@@ -174,6 +196,77 @@ class Point:
                 "knobs": self.knobs,
             },
             sort_keys=True,
+        )
+
+
+def _items(value: Any, where: str) -> tuple:
+    """A YAML list, a scalar, or a comma-separated string, as a tuple without duplicates."""
+    if isinstance(value, str):
+        value = [int(s) if s.strip().isdigit() else s.strip() for s in value.split(",") if s.strip()]
+    items = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+    if not items:
+        raise UserError(f"{where}: empty; give at least one value")
+    repeated = [v for i, v in enumerate(items) if v in items[:i]]
+    if repeated:
+        raise UserError(f"{where}: {repeated[0]!r} is listed twice; remove the duplicate")
+    return items
+
+
+def _names(value: Any, allowed: tuple[str, ...], where: str) -> tuple[str, ...]:
+    items = _items(value, where)
+    for item in items:
+        if item not in allowed:
+            raise UserError(f"{where}: unknown {item!r}{did_you_mean(item, allowed)}; known: {', '.join(allowed)}")
+    return items
+
+
+@dataclass(frozen=True)
+class CommSpec:
+    """Collective microbenchmarks (`overlapbench comm`, overlapbench/comm.py) that a study runs
+    after its layer points, into the same results file."""
+
+    ops: tuple[str, ...]
+    paths: tuple[str, ...]
+    sizes: tuple[int, ...]  # bytes
+    nccl_max_ctas: tuple  # NCCL CTA budgets: "default" or ints
+    comm_ctas: tuple[int, ...]  # the fused kernel's CTA budgets
+    hidden: int | None = None  # fused_norm measures rows x hidden; None: the study's hidden
+
+    KEYS = ("ops", "paths", "sizes", "nccl_max_ctas", "comm_ctas", "hidden")
+    DEFAULT_NCCL_MAX_CTAS = (strategies.DEFAULT, 4, 8, 16, 32)
+    DEFAULT_COMM_CTAS = (1, 2, 4, 8, 16, 32, 64)
+
+    @classmethod
+    def build(cls, *, ops: Any, paths: Any, sizes: tuple[int, ...], nccl_max_ctas: Any, comm_ctas: Any,
+              hidden: Any, name: Callable[[str], str]) -> "CommSpec":
+        """Validated; `name(field)` is how an error names a field (comm.ops in a spec, --ops on
+        the command line)."""
+        from overlapbench.strategies.common_knobs import NCCL_MAX_CTAS, comm_ctas as comm_ctas_knob
+
+        ops, paths = _names(ops, COMM_OPS, name("ops")), _names(paths, COMM_PATHS, name("paths"))
+        if not any(p in paths for op in ops for p in PATHS_BY_OP[op]):
+            runs = "; ".join(f"{op}: {', '.join(PATHS_BY_OP[op])}" for op in ops)
+            raise UserError(f"{name('paths')}: none of {', '.join(paths)} runs the chosen ops ({runs})")
+        budget = comm_ctas_knob("comm_ctas", "")
+        nccl = tuple(NCCL_MAX_CTAS.check(v, name("nccl_max_ctas")) for v in _items(nccl_max_ctas, name("nccl_max_ctas")))
+        fused = tuple(budget.check(v, name("comm_ctas")) for v in _items(comm_ctas, name("comm_ctas")))
+        if hidden is not None:
+            _positive_int(hidden, name("hidden"))
+        return cls(ops, paths, tuple(sizes), nccl, fused, hidden)
+
+    @classmethod
+    def from_yaml(cls, data: Any, cuda: bool) -> "CommSpec":
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise UserError(f"comm: must be a mapping with any of {', '.join(cls.KEYS)} ({{}} for the defaults)")
+        _reject_unknown(data, cls.KEYS, "comm")
+        return cls.build(
+            ops=data.get("ops", COMM_OPS), paths=data.get("paths", COMM_PATHS),
+            sizes=comm_sizes(data.get("sizes"), cuda, "comm.sizes"),
+            nccl_max_ctas=data.get("nccl_max_ctas", cls.DEFAULT_NCCL_MAX_CTAS),
+            comm_ctas=data.get("comm_ctas", cls.DEFAULT_COMM_CTAS), hidden=data.get("hidden"),
+            name=lambda field: f"comm.{field}",
         )
 
 
@@ -190,6 +283,9 @@ class SweepSpec:
     strategies: tuple[StrategyGrid, ...]
     measure: Measure = field(default_factory=Measure)
     output: str | None = None
+    comm: CommSpec | None = None  # collective microbenchmarks after the layer points
+    workload: str = "layer"  # or a micro workload (WORKLOADS), whose GEMM is `gemm`
+    gemm: Gemm | None = None
 
     def resolved_dtype(self, cuda: bool) -> str:
         return ("bf16" if cuda else "fp32") if self.dtype == "auto" else self.dtype
@@ -223,6 +319,7 @@ class SweepSpec:
     def points(self, world_size: int, cuda: bool) -> list[Point]:
         """All points, grouped by batch so each batch's weights and reference are made once."""
         tp, dtype = self.resolved_tp(world_size), self.resolved_dtype(cuda)
+        layers = self.layers if self.workload == "layer" else 1  # a micro point is one GEMM
         settings, seen = [], set()
         for grid in self.strategies:
             for knobs in grid.settings():
@@ -231,8 +328,8 @@ class SweepSpec:
                     seen.add(key)
                     settings.append((grid.name, knobs))
         return [
-            Point(self.name, self.model, self.shape, tp, dtype, self.layers, self.seed,
-                  batch, name, knobs)
+            Point(self.name, self.model, self.shape, tp, dtype, layers, self.seed,
+                  batch, name, knobs, self.workload, self.gemm)
             for batch in self.batches
             for name, knobs in settings
         ]
@@ -240,7 +337,7 @@ class SweepSpec:
 
 TOP_KEYS = (
     "name", "model", "shape", "tp", "dtype", "layers", "seed", "tokens", "batches",
-    "strategies", "measure", "output", *DEVICE_SECTIONS,
+    "strategies", "measure", "output", "comm", "workload", "gemm", *DEVICE_SECTIONS,
 )
 
 
@@ -287,6 +384,28 @@ def _model(data: dict) -> tuple[str, models.ModelShape]:
     return name, models.preset(name)
 
 
+def _workload(data: dict, grids: tuple[StrategyGrid, ...]) -> tuple[str, Gemm | None]:
+    """The workload; for a micro one also its GEMM's N and K, and only strategies that run it."""
+    workload, gemm = data.get("workload", "layer"), data.get("gemm")
+    if workload not in WORKLOADS:
+        raise UserError(f"workload: {workload!r} is not one of {', '.join(map(str, WORKLOADS))}")
+    if workload == "layer":
+        if gemm is not None:
+            raise UserError("gemm: only for the micro workloads gemm_ag and gemm_rs; set 'workload' or drop 'gemm'")
+        return workload, None
+    if not isinstance(gemm, dict):
+        raise UserError(f"gemm: the {workload} workload needs 'gemm: {{n: N, k: K}}' (M is the tokens)")
+    _reject_unknown(gemm, ("n", "k"), "gemm")
+    for key in ("n", "k"):
+        if key not in gemm:
+            raise UserError(f"gemm.{key}: missing; the {workload} workload needs 'gemm: {{n: N, k: K}}'")
+    for grid in grids:
+        if workload not in strategies.get(grid.name).needs.workloads:
+            able = [s.name for s in strategies.all_strategies() if workload in s.needs.workloads]
+            raise UserError(f"strategies.{grid.name}: does not run the {workload} workload; these do: {', '.join(able)}")
+    return workload, Gemm(_positive_int(gemm["n"], "gemm.n"), _positive_int(gemm["k"], "gemm.k"))
+
+
 def from_dict(data: Any, name: str, cuda: bool) -> SweepSpec:
     """Validate a parsed YAML document; `cuda` picks the device section that applies."""
     if not isinstance(data, dict):
@@ -320,6 +439,8 @@ def from_dict(data: Any, name: str, cuda: bool) -> SweepSpec:
     output = data.get("output")
     if output is not None and (not isinstance(output, str) or not output.endswith(".jsonl")):
         raise UserError(f"output: must be a path ending in .jsonl, got {output!r}")
+    grids = _strategy_grids(data.get("strategies"))
+    workload, gemm = _workload(data, grids)
     spec = SweepSpec(
         name=spec_name,
         model=model,
@@ -329,9 +450,12 @@ def from_dict(data: Any, name: str, cuda: bool) -> SweepSpec:
         layers=layers,
         seed=seed,
         batches=_batches(data),
-        strategies=_strategy_grids(data.get("strategies")),
+        strategies=grids,
         measure=Measure.from_yaml(data.get("measure")),
         output=output,
+        comm=CommSpec.from_yaml(data["comm"], cuda) if "comm" in data else None,
+        workload=workload,
+        gemm=gemm,
     )
     for grid in spec.strategies:  # expand once now, so bad knobs fail before any launch
         grid.settings()
@@ -339,6 +463,7 @@ def from_dict(data: Any, name: str, cuda: bool) -> SweepSpec:
 
 
 def load(path: str | Path, cuda: bool) -> SweepSpec:
+    strategies.load_plugins()
     path = Path(path)
     try:
         text = path.read_text()

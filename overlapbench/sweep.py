@@ -19,6 +19,7 @@ from overlapbench.errors import UserError
 from overlapbench.layer import RopeTable, Stack, build_stack, random_input
 from overlapbench.results import SCHEMA, ResultStore
 from overlapbench.spec import Point, SweepSpec
+from overlapbench.watchdog import Watchdog, interrupt_on_sigterm
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -28,7 +29,7 @@ class Workload:
     """What all strategies at one batch share: weights, input, and the baseline's output."""
 
     ctx: runtime.BuildContext
-    x: torch.Tensor
+    x: torch.Tensor | None
     reference: torch.Tensor | None
     reference_error: str | None
 
@@ -37,17 +38,32 @@ def _reference_knobs() -> dict:
     return strategies.get("baseline").check_knobs({}, "baseline")
 
 
-def build_workload(rt: runtime.Runtime, point: Point, stack: Stack, max_tokens: int) -> Workload:
+def build_workload(rt: runtime.Runtime, point: Point, stack: Stack | None, max_tokens: int) -> Workload:
+    if point.workload != "layer":
+        return build_micro_workload(rt, point, max_tokens)
     dtype = TORCH_DTYPES[point.dtype]
     ctx = runtime.BuildContext(rt, stack, point.batch, RopeTable(point.shape, max(point.batch), rt.device), max_tokens)
-    x = random_input(point.tokens, point.shape.hidden, point.seed, dtype, rt.device)
-    dist.broadcast(x, src=0)  # identical input on every rank, whatever the RNG does per device
-    try:
+    try:  # a batch too large for the GPU fails its own points, not the sweep
+        x = random_input(point.tokens, point.shape.hidden, point.seed, dtype, rt.device)
+        dist.broadcast(x, src=0)  # identical input on every rank, whatever the RNG does per device
         step = strategies.get("baseline").build(ctx, _reference_knobs())
         reference = step.to_full(step.forward(x)).clone()
         return Workload(ctx, x, reference, None)
     except torch.OutOfMemoryError as e:
-        return Workload(ctx, x, None, f"baseline reference: {_one_line(e)}")
+        return Workload(ctx, None, None, f"baseline reference: {_one_line(e)}")
+
+
+def build_micro_workload(rt: runtime.Runtime, point: Point, max_tokens: int) -> Workload:
+    """One GEMM with its all-gather or reduce-scatter (micro.py); sp_baseline's output is the reference."""
+    from overlapbench import micro
+
+    ctx, x = micro.build(rt, point, TORCH_DTYPES[point.dtype], max_tokens)
+    cls = strategies.get(micro.REFERENCE)
+    try:
+        step = cls.build(ctx, cls.check_knobs({}, cls.name))
+        return Workload(ctx, x, step.to_full(step.forward(x)).clone(), None)
+    except torch.OutOfMemoryError as e:
+        return Workload(ctx, x, None, f"{cls.name} reference: {_one_line(e)}")
 
 
 def _one_line(e: BaseException) -> str:
@@ -65,8 +81,33 @@ def _skip_reason(cls: type[strategies.Strategy], rt: runtime.Runtime, point: Poi
     return cls.skip_reason(point.knobs, rt.is_cuda)
 
 
-def measure_point(rt: runtime.Runtime, point: Point, work: Workload, spec: SweepSpec) -> dict:
-    """Check, then time one point on this rank; the result fields of its row."""
+class PointFailed(Exception):
+    """A phase of a point failed on some rank: every rank stops the point with this result."""
+
+    def __init__(self, result: dict) -> None:
+        self.result = result
+
+
+def _phase(rt: runtime.Runtime, fn):
+    """Run one phase of a point on this rank, then agree with the others over the control
+    group: a build that fails on one rank fails the point on all, before any collective."""
+    value, result = None, None
+    try:
+        value = fn()
+    except UserError as e:  # the strategy cannot run this point here
+        result = {"status": "skipped", "error": str(e)}
+    except (dist.DistError, KeyboardInterrupt):  # a dead peer or an interrupt ends the sweep
+        raise
+    except Exception as e:  # noqa: BLE001 -- OOM, a kernel error: a failed row, and go on
+        result = {"status": "failed", "error": _one_line(e)}
+    verdict = rt.first_failure(result)
+    if verdict is not None:
+        raise PointFailed(verdict)
+    return value
+
+
+def measure_point(rt: runtime.Runtime, point: Point, work: Workload, spec: SweepSpec, profile_dir: Path | None = None) -> dict:
+    """Build, check, then time one point; the result fields of its row (the same on every rank)."""
     cls = strategies.get(point.strategy)
     reason = _skip_reason(cls, rt, point)
     if reason:
@@ -74,24 +115,24 @@ def measure_point(rt: runtime.Runtime, point: Point, work: Workload, spec: Sweep
     if work.reference is None:
         return {"status": "failed", "error": work.reference_error}
     is_reference = point.strategy == "baseline" and point.knobs == _reference_knobs()
+    checked = cls.is_checked(point.knobs)
+    tolerance = spec.tolerance(point.dtype)
+    fields = {"rel_err": None, "tolerance": tolerance, "checked": checked}
     try:
-        step = cls.build(work.ctx, point.knobs)
-        out = step.to_full(step.forward(work.x))
-        checked = cls.is_checked(point.knobs)
-        err = None if not checked or is_reference else measure.rel_err(out, work.reference)
+        step = _phase(rt, lambda: cls.build(work.ctx, point.knobs))
+        out = _phase(rt, lambda: step.to_full(step.forward(work.x)))
+        if checked and not is_reference:
+            fields["rel_err"] = rt.max_over_ranks(measure.rel_err(out, work.reference))
         del out
-        tolerance = spec.tolerance(point.dtype)
-        fields = {"rel_err": err, "tolerance": tolerance, "checked": checked}
-        if err is not None and not err <= tolerance:
-            return fields | {"status": "failed", "error": f"wrong result: rel_err {err:.3g} > tolerance {tolerance:g}"}
+        if fields["rel_err"] is not None and not fields["rel_err"] <= tolerance:
+            return fields | {"status": "failed", "error": f"wrong result: rel_err {fields['rel_err']:.3g} > tolerance {tolerance:g}"}
         m = spec.measure
-        timing = measure.time_step(step, work.x, m.warmup, m.iters, m.graphs)
-    except UserError as e:  # the strategy cannot run this point here
-        return {"status": "skipped", "error": str(e)}
-    except (dist.DistError, KeyboardInterrupt):  # a dead peer or an interrupt ends the sweep
-        raise
-    except Exception as e:  # noqa: BLE001 -- OOM, a kernel error: a failed row, and go on
-        return {"status": "failed", "error": _one_line(e)}
+        timing = _phase(rt, lambda: measure.time_step(step, work.x, m.warmup, m.iters, m.graphs, m.warmup_s, m.min_time_s))
+        if profile_dir is not None and rt.is_cuda:
+            path = profile_dir / f"{_slug(point)}.txt" if rt.rank == 0 else None
+            _phase(rt, lambda: measure.profile_step(step, work.x, path))
+    except PointFailed as failure:
+        return fields | failure.result
     per_layer = [s / point.layers for s in timing.samples_ms]
     return fields | measure.summarize(per_layer) | {
         "status": "ok",
@@ -100,16 +141,6 @@ def measure_point(rt: runtime.Runtime, point: Point, work: Workload, spec: Sweep
         "graphs": timing.graphs,
         "graph_error": timing.graph_error,
     }
-
-
-def _agree(result: dict, rt: runtime.Runtime) -> dict:
-    """All ranks' results for a point, merged: one failing rank fails the point for everyone."""
-    results: list = [None] * rt.world_size
-    dist.all_gather_object(results, result)
-    for rank, r in enumerate(results):
-        if r["status"] != "ok":
-            return r | {"error": f"rank {rank}: {r['error']}"}
-    return result
 
 
 def make_row(point: Point, result: dict, run_id: str, env: dict, spec: SweepSpec) -> dict:
@@ -143,7 +174,9 @@ def make_row(point: Point, result: dict, run_id: str, env: dict, spec: SweepSpec
         "git": env["git"],
         "multicast_env": env["multicast_env"],
         "warmup": spec.measure.warmup,
-        "iters": spec.measure.iters,
+        "warmup_s": spec.measure.warmup_s,
+        "min_time_s": spec.measure.min_time_s,
+        "iters": len(result["samples_ms"]) if result.get("samples_ms") else spec.measure.iters,
     }
     # checked: the output equals baseline's within tolerance (baseline itself: the reference);
     # False for bounds that are not correct results (no_comm, comm=none): never a tuned choice.
@@ -152,14 +185,21 @@ def make_row(point: Point, result: dict, run_id: str, env: dict, spec: SweepSpec
     return row
 
 
+def _slug(point: Point) -> str:
+    knobs = "-".join(f"{k}={v}" for k, v in point.knobs.items() if v not in (None, "default"))
+    return f"{point.strategy}-{point.tokens}" + (f"-{knobs}" if knobs else "")
+
+
 def _describe(point: Point) -> str:
     knobs = " ".join(f"{k}={v}" for k, v in point.knobs.items())
     return f"{point.strategy} tokens={point.tokens} {knobs}".strip()
 
 
-def run(spec: SweepSpec, output: Path, resume: bool) -> int:
+def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = None) -> int:
     """The sweep on this rank; returns the number of rows written."""
     rt = runtime.init(spec.measure.timeout_s)
+    interrupt_on_sigterm()
+    watchdog = Watchdog(spec.measure.timeout_s, rt.rank)
     console = Console(quiet=rt.rank != 0, stderr=False)
     env = environment.run_environment(rt)
     points = spec.points(rt.world_size, rt.is_cuda)
@@ -190,16 +230,18 @@ def run(spec: SweepSpec, output: Path, resume: bool) -> int:
                 group = list(group)
                 first = group[0]
                 stack_key = (first.shape, first.tp, first.dtype, first.layers, first.seed)
-                if stack_key not in stacks:
+                if first.workload == "layer" and stack_key not in stacks:
                     stacks.clear()
                     gc.collect()
                     stacks[stack_key] = build_stack(
                         first.shape, first.layers, first.tp, rt.rank, TORCH_DTYPES[first.dtype], rt.device, first.seed
                     )
-                work = build_workload(rt, first, stacks[stack_key], max_tokens)
+                with watchdog.guard(f"building the workload of {_describe(first)}"):
+                    work = build_workload(rt, first, stacks.get(stack_key), max_tokens)
                 for point in group:
                     progress.update(task, description=_describe(point))
-                    result = _agree(measure_point(rt, point, work, spec), rt)
+                    with watchdog.guard(f"point '{_describe(point)}'"):
+                        result = measure_point(rt, point, work, spec, profile_dir)
                     if store is not None:
                         store.append(make_row(point, result, run_id, env, spec))
                         written += 1
@@ -208,6 +250,10 @@ def run(spec: SweepSpec, output: Path, resume: bool) -> int:
                     _release(rt)
                 del work
                 _release(rt)
+        if spec.comm is not None:  # the study's collective microbenchmarks, into the same store
+            from overlapbench import comm
+
+            written += comm.run_in_sweep(rt, spec, store, done, run_id, env, console)
     finally:
         if store is not None:
             store.close()

@@ -1,4 +1,4 @@
-"""Run a function on N gloo processes (CPU) and collect each rank's return value."""
+"""Run a function on N gloo processes (CPU), or NCCL ones (GPUs), and collect each rank's return value."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, fn, args, queue) -> None:
+def _worker(rank: int, world: int, port: int, fn, args, queue, backend: str) -> None:
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
@@ -24,7 +24,11 @@ def _worker(rank: int, world: int, port: int, fn, args, queue) -> None:
     try:
         import torch.distributed as dist
 
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        if backend == "nccl":
+            import torch
+
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, rank=rank, world_size=world)
         result = fn(rank, world, *args)
         dist.destroy_process_group()
         queue.put((rank, "ok", pickle.dumps(result)))  # by value: no shared-memory handles
@@ -32,12 +36,13 @@ def _worker(rank: int, world: int, port: int, fn, args, queue) -> None:
         queue.put((rank, "error", traceback.format_exc()))
 
 
-def run(fn, *args, world: int = 2, timeout: float = 120):
-    """fn(rank, world, *args) on `world` processes; returns [result of rank 0, rank 1, ...]."""
+def run(fn, *args, world: int = 2, timeout: float = 120, backend: str = "gloo"):
+    """fn(rank, world, *args) on `world` processes; returns [result of rank 0, rank 1, ...].
+    Results travel by pickle: return CPU tensors."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, fn, args, queue)) for r in range(world)]
+    procs = [ctx.Process(target=_worker, args=(r, world, port, fn, args, queue, backend)) for r in range(world)]
     for p in procs:
         p.start()
     results: dict = {}

@@ -30,6 +30,20 @@ def all_strategies() -> list[type[Strategy]]:
 
 
 # Registration order is the order `overlapbench strategies` and reports list them in.
-from overlapbench.strategies import baseline, fused_norm, iso, token_split  # noqa: E402,F401
+from overlapbench.strategies import baseline, fused_norm, iso, token_split, sp_baseline, flash_agrs, async_tp  # noqa: E402,F401
+
+
+def load_plugins(names: str | None = None) -> None:
+    """Import the modules named in OVERLAPBENCH_PLUGINS (comma-separated): custom strategies
+    register themselves like the built-in ones."""
+    import importlib
+    import os
+
+    for name in filter(None, (names or os.environ.get("OVERLAPBENCH_PLUGINS", "")).split(",")):
+        try:
+            importlib.import_module(name.strip())
+        except ImportError as e:
+            raise UserError(f"OVERLAPBENCH_PLUGINS: cannot import '{name}' ({e}); check the module name and PYTHONPATH") from None
+
 
 __all__ = ["DEFAULT", "Knob", "Needs", "Step", "Strategy", "all_strategies", "get", "register"]

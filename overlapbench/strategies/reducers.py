@@ -41,15 +41,26 @@ class SymmetricReducer:
 
 
 def allreduce_norm_kernel(ctx: BuildContext):
-    """The run's symmetric buffers, made once and sized for its largest batch."""
+    """The run's symmetric buffers: made once, sized for its largest batch. Where that batch
+    does not fit in memory, sized for this one (and grown when a later point needs more)."""
     from kernels.allreduce_norm import AllReduceNorm
 
     shape, rt = ctx.stack.shape, ctx.runtime
     key = ("allreduce_norm", shape.hidden, ctx.stack.dtype)
-    return rt.resource(
-        key,
-        lambda: AllReduceNorm(dist.group.WORLD, ctx.max_tokens, shape.hidden, ctx.stack.dtype, rt.device),
-    )
+
+    def make(tokens: int):
+        return lambda: AllReduceNorm(dist.group.WORLD, tokens, shape.hidden, ctx.stack.dtype, rt.device)
+
+    kernel = rt.cached(key)
+    if kernel is not None and kernel.max_tokens >= ctx.tokens:
+        return kernel
+    if kernel is None and ctx.max_tokens > ctx.tokens:
+        try:
+            return rt.replace_resource(key, make(ctx.max_tokens))
+        except (torch.OutOfMemoryError, RuntimeError) as e:  # symmetric memory: "CUDA driver error: out of memory"
+            if "out of memory" not in str(e):
+                raise
+    return rt.replace_resource(key, make(ctx.tokens))
 
 
 def symmetric(ctx: BuildContext, num_ctas: int) -> SymmetricReducer:

@@ -1,0 +1,157 @@
+"""Fused all-reduce + residual + RMSNorm (few CTAs, symmetric memory) against NCCL all-reduce
+followed by the fused add + RMSNorm kernel, alone on the GPUs.
+
+    torchrun --nproc-per-node 2 kernels/bench_allreduce_norm.py --out bench.jsonl
+
+Each variant is one CUDA graph (as the strategies run it); inputs are refilled before every
+replay outside the timed events, so values never drift. Per iteration the slowest rank counts;
+the table shows the median. busbw = tokens * hidden * 2 bytes * 2(n-1)/n / time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+os.environ.update(SAFE_ENV)  # before NCCL or symmetric memory start: no NVLink multicast, ever
+if __package__ in (None, ""):  # run as a script: make `kernels` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import triton  # noqa: E402
+
+from kernels.allreduce_norm import STEP_BYTES, AllReduceNorm  # noqa: E402
+from kernels.rmsnorm import fused_add_rmsnorm  # noqa: E402
+
+EPS = 1e-5
+
+
+def parse_args() -> argparse.Namespace:
+    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True, help="JSON lines, one per (tokens, variant)")
+    p.add_argument("--tokens", type=ints, default=[1024, 2048, 4096, 8192, 16384, 32768])
+    p.add_argument("--hidden", type=int, default=8192)
+    p.add_argument("--ctas", type=ints, default=[4, 8, 16, 32, 64], help="CTA budgets of the fused kernel")
+    p.add_argument("--step-kib", type=ints, default=[STEP_BYTES // 1024], help="fused kernel's bytes per CTA step")
+    p.add_argument("--nccl-ctas", type=int, default=8, help="also NCCL capped at this many CTAs (0: skip)")
+    p.add_argument("--iters", type=int, default=60)
+    p.add_argument("--warmup", type=int, default=10)
+    return p.parse_args()
+
+
+def timed_graph(step, refill, iters: int, warmup: int) -> torch.Tensor:
+    """Per-iteration ms of one replay of `step` captured as a graph, max over ranks."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        refill()
+        step()  # compile and warm NCCL outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    dist.barrier()
+    torch.cuda._sleep(2_000_000)  # the CPU queues ahead while the GPU waits, so no launch gap is timed
+    for i in range(warmup + iters):
+        refill()
+        if i >= warmup:
+            events[i - warmup][0].record()
+        graph.replay()
+        if i >= warmup:
+            events[i - warmup][1].record()
+    torch.cuda.synchronize()
+    ms = torch.tensor([s.elapsed_time(e) for s, e in events], device="cuda")
+    dist.all_reduce(ms, op=dist.ReduceOp.MAX)
+    return ms.cpu()
+
+
+def main() -> None:
+    args = parse_args()
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    torch.cuda.set_device(dev)
+    dist.init_process_group("nccl", device_id=dev)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    hidden, dtype, max_tokens = args.hidden, torch.bfloat16, max(args.tokens)
+    ar = AllReduceNorm(dist.group.WORLD, max_tokens, hidden, dtype, dev)
+    groups = {"nccl": None}
+    if args.nccl_ctas:
+        opts = dist.ProcessGroupNCCL.Options()
+        opts.config.max_ctas = args.nccl_ctas
+        groups[f"nccl{args.nccl_ctas}"] = dist.new_group(backend="nccl", pg_options=opts)
+
+    g = torch.Generator(device=dev).manual_seed(1 + rank)
+    shared = torch.Generator(device=dev).manual_seed(0)
+    p0 = torch.randn(max_tokens, hidden, generator=g, device=dev).to(dtype)
+    r0 = torch.randn(max_tokens, hidden, generator=shared, device=dev).to(dtype)
+    weight = (1 + 0.1 * torch.randn(hidden, generator=shared, device=dev)).to(dtype)
+    x = torch.empty_like(p0)
+    residual, out = torch.empty_like(r0), torch.empty_like(r0)
+    meta = dict(bench="allreduce_norm", hidden=hidden, dtype="bfloat16", world_size=world,
+                device=torch.cuda.get_device_name(dev), torch=torch.__version__, triton=triton.__version__,
+                iters=args.iters)
+    if rank == 0:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        print(f"{world}x {meta['device']}, hidden {hidden} bf16, median of {args.iters} (slowest rank each)")
+        print(f"{'tokens':>7} {'variant':<20} {'ms':>8} {'p10':>8} {'p90':>8} {'busbw GB/s':>10} "
+              f"{'vs nccl':>7} {'rel_err':>8}", flush=True)
+    for n in args.tokens:
+        res, o, xn = residual[:n], out[:n], x[:n]
+
+        def refill_nccl(n=n, xn=xn, res=res):
+            xn.copy_(p0[:n])
+            res.copy_(r0[:n])
+
+        def refill_fused(n=n, res=res):
+            ar.partial(0, n).copy_(p0[:n])
+            res.copy_(r0[:n])
+
+        variants = []  # (name, ctas, step KiB, refill, step)
+        for name, group in groups.items():
+            variants.append((f"{name} AR", None, None, refill_nccl,
+                             lambda xn=xn, group=group: dist.all_reduce(xn, group=group)))
+            variants.append((f"{name} AR+norm", None, None, refill_nccl, lambda xn=xn, res=res, o=o, group=group: (
+                dist.all_reduce(xn, group=group), fused_add_rmsnorm(xn, res, weight, EPS, out=o))))
+        for kib in args.step_kib:
+            for c in args.ctas:
+                variants.append((f"fused c={c} {kib}K", c, kib, refill_fused,
+                                 lambda n=n, res=res, o=o, c=c: ar(0, n, res, weight, EPS, o, c)))
+
+        refill_nccl()  # the reference result, for the fused variants' error
+        variants[1][4]()
+        ref = o.float().clone()
+        base_ms = None  # nccl AR+norm, measured before every fused variant
+        for name, ctas, kib, refill, step in variants:
+            err = None
+            if kib is not None:
+                ar.step_bytes = kib * 1024  # read at launch, so also baked into the captured graph
+                refill()
+                step()
+                err = ((o.float() - ref).norm() / ref.norm()).item()
+            ms = timed_graph(step, refill, args.iters, args.warmup)
+            med = ms.median().item()
+            base_ms = med if name == "nccl AR+norm" else base_ms
+            speedup = None if base_ms is None else base_ms / med
+            busbw = n * hidden * 2 * 2 * (world - 1) / world / (med * 1e-3) / 1e9
+            row = dict(meta, tokens=n, variant=name, ctas=ctas, step_kib=kib, ms=med,
+                       p10_ms=ms.quantile(0.1).item(), p90_ms=ms.quantile(0.9).item(), busbw_gbps=busbw,
+                       speedup_vs_nccl_norm=speedup, rel_err=err)
+            if rank == 0:
+                with args.out.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                e = "" if err is None else f"{err:.1e}"
+                sp = "" if speedup is None else f"{speedup:.2f}"
+                print(f"{n:>7} {name:<20} {med:8.4f} {row['p10_ms']:8.4f} {row['p90_ms']:8.4f} {busbw:10.1f} "
+                      f"{sp:>7} {e:>8}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""The sequence-parallel (SP) variant of the stack, written once for every SP strategy.
+
+Between blocks each rank holds only its shard of the token rows (sp_schedule.ShardLayout:
+contiguous blocks, the last padded with zero rows). Each block is
+
+    all-gather(normed shard) -> column-parallel GEMM -> ... -> row-parallel GEMM -> reduce-scatter
+
+followed by the residual add and RMSNorm on the shard. The arithmetic is layer.py's; the
+strategies differ only in the `Exchange`: how a block's all-gather feeds its first GEMM and
+how its last GEMM feeds the reduce-scatter (blocking collectives, PyTorch's fused async-TP
+ops, or Flash-Overlap's rank-ordered point-to-point decomposition).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import torch
+import torch.distributed as dist
+
+from overlapbench.layer import KVBuffer, add_rms_norm, attend, rms_norm, rope_qkv, swiglu, token_range, whole_batch
+from overlapbench.runtime import BuildContext
+from overlapbench.strategies.base import Step
+from overlapbench.strategies.sp_schedule import ShardLayout
+
+ATTENTION, MLP = 0, 1  # the two blocks of a layer; an Exchange may keep separate buffers for each
+
+RowSource = Callable[[int, int], torch.Tensor]  # (lo, hi) -> the GEMM input's rows [lo, hi)
+
+
+class Exchange(Protocol):
+    """A block's all-gather -> GEMM and GEMM -> reduce-scatter along the token rows.
+
+    Weights are in nn.Linear layout ([out, in]); tensors span the padded layout.
+    """
+
+    layout: ShardLayout
+
+    def shard_buffer(self, block: int) -> torch.Tensor | None:
+        """Where the block's input shard should be written (its gather reads it there), or None."""
+
+    def gather_matmul(self, block: int, shard: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """all_gather(shard) @ weight.T: [padded, out]."""
+
+    def scatter_rows(self) -> list[tuple[int, int]]:
+        """The row ranges `matmul_scatter` asks its source for, so callers can prepare them."""
+
+    def matmul_scatter(self, block: int, rows: RowSource, weight: torch.Tensor) -> torch.Tensor:
+        """reduce_scatter(A @ weight.T) over ranks, this rank's shard: [shard, out]. A's rows
+        come from `rows(lo, hi)`, asked for in the ranges of `scatter_rows()`, in that order."""
+
+    def fence(self) -> None:
+        """Order this rank's next writes into shared buffers after every peer's reads of them.
+        The layer needs none (its two blocks alternate buffers, each guarded by the other's
+        synchronization); a call that reuses one block's buffers back to back does."""
+
+
+def gather_rows(shard: torch.Tensor, layout: ShardLayout, group=None) -> torch.Tensor:
+    """Every rank's shard, concatenated and cut to the real rows: [tokens, width]."""
+    full = shard.new_empty(layout.padded, shard.shape[1])
+    dist.all_gather_into_tensor(full, shard.contiguous(), group=group)
+    return full[: layout.tokens]
+
+
+class SequenceParallelForward:
+    """The stack forward with token-sharded activations between blocks."""
+
+    def __init__(self, ctx: BuildContext, exchange: Exchange) -> None:
+        self.ctx, self.ex = ctx, exchange
+        layout, stack, device = exchange.layout, ctx.stack, ctx.runtime.device
+        self.layout, self.tokens = layout, layout.tokens
+        self.own = layout.real_rows(ctx.runtime.rank)
+        hidden, dtype = stack.shape.hidden, stack.dtype
+        self.residual = torch.zeros(layout.shard, hidden, dtype=dtype, device=device)
+        # Attention output of the padded layout: its padding rows stay zero, so the O-proj
+        # sends zero partial sums for them.
+        self.attn = torch.zeros(layout.padded, stack.heads * stack.shape.head_dim, dtype=dtype, device=device)
+        self.positions = whole_batch(ctx.seq_lens, device).positions
+        # Query chunks of the rows the reduce-scatter asks for, made now: not while capturing.
+        self.query_chunks = {
+            (lo, hi): token_range(ctx.seq_lens, lo, min(hi, self.tokens), device)
+            for lo, hi in exchange.scatter_rows()
+            if lo < self.tokens
+        }
+
+    def _normed_into(self, block: int, normed: torch.Tensor) -> torch.Tensor:
+        target = self.ex.shard_buffer(block)
+        return normed if target is None else target.copy_(normed)
+
+    def _attention(self, layer: int, normed: torch.Tensor) -> torch.Tensor:
+        stack, w = self.ctx.stack, self.ctx.stack.layers[layer]
+        qkv = self.ex.gather_matmul(ATTENTION, normed, w.wqkv)
+        q, k, v = rope_qkv(stack, qkv[: self.tokens], self.positions, self.ctx.rope)
+        kv = KVBuffer.holding(k, v)
+
+        def attended(lo: int, hi: int) -> torch.Tensor:
+            end = min(hi, self.tokens)
+            if lo < end:
+                chunk = self.query_chunks[(lo, hi)]
+                attend(stack, q[lo:end], k[lo:end], v[lo:end], chunk, kv, out=self.attn[lo:end])
+            return self.attn[lo:hi]
+
+        return self.ex.matmul_scatter(ATTENTION, attended, w.wo)
+
+    def _mlp(self, layer: int, normed: torch.Tensor) -> torch.Tensor:
+        w = self.ctx.stack.layers[layer]
+        act = swiglu(self.ex.gather_matmul(MLP, normed, w.w_gate_up))
+        return self.ex.matmul_scatter(MLP, lambda lo, hi: act[lo:hi], w.w_down)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x: the full [tokens, hidden] input on every rank -> this rank's normed output shard."""
+        stack, eps = self.ctx.stack, self.ctx.eps
+        lo, hi = self.own
+        self.residual[: hi - lo].copy_(x[lo:hi])  # the padding rows were zeroed once and stay so
+        normed = self._normed_into(ATTENTION, rms_norm(self.residual, stack.layers[0].attn_norm, eps))
+        for i, w in enumerate(stack.layers):
+            partial = self._attention(i, normed)
+            normed = add_rms_norm(partial, self.residual, w.mlp_norm, eps, self.ex.shard_buffer(MLP))
+            partial = self._mlp(i, normed)
+            normed = add_rms_norm(partial, self.residual, stack.norm_after(i), eps, self.ex.shard_buffer(ATTENTION))
+        return normed
+
+
+@dataclass
+class CollectiveExchange:
+    """sp_baseline: a blocking all_gather_into_tensor, then one GEMM; one GEMM, then a
+    blocking reduce_scatter_tensor (NCCL on GPUs, gloo on CPU)."""
+
+    layout: ShardLayout
+    group: dist.ProcessGroup | None = None  # None: the world
+
+    def shard_buffer(self, block: int) -> None:
+        return None
+
+    def gather_matmul(self, block: int, shard: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        full = shard.new_empty(self.layout.padded, shard.shape[1])
+        dist.all_gather_into_tensor(full, shard, group=self.group)
+        return full @ weight.t()
+
+    def scatter_rows(self) -> list[tuple[int, int]]:
+        return [(0, self.layout.padded)]
+
+    def matmul_scatter(self, block: int, rows: RowSource, weight: torch.Tensor) -> torch.Tensor:
+        partial = rows(0, self.layout.padded) @ weight.t()
+        out = partial.new_empty(self.layout.shard, partial.shape[1])
+        dist.reduce_scatter_tensor(out, partial, group=self.group)
+        return out
+
+    def fence(self) -> None:
+        pass
+
+
+@dataclass
+class FusedExchange:
+    """async_tp: PyTorch's symmetric-memory ops, which decompose the all-gather / reduce-scatter
+    into copy-engine transfers pipelined with the GEMM's row blocks, one per rank."""
+
+    layout: ShardLayout
+    group_name: str
+    ops: object = field(default_factory=lambda: torch.ops.symm_mem)  # (tests: PyTorch's reference versions)
+
+    def shard_buffer(self, block: int) -> None:
+        return None
+
+    def gather_matmul(self, block: int, shard: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # return_A stays True: without it, PyTorch may take its NVLink-multicast path.
+        _, (out,) = self.ops.fused_all_gather_matmul(shard, [weight.t()], 0, self.group_name, return_A=True)
+        return out
+
+    def scatter_rows(self) -> list[tuple[int, int]]:
+        return [(0, self.layout.padded)]
+
+    def matmul_scatter(self, block: int, rows: RowSource, weight: torch.Tensor) -> torch.Tensor:
+        a = rows(0, self.layout.padded)
+        return self.ops.fused_matmul_reduce_scatter(a, weight.t(), "sum", 0, self.group_name)
+
+    def fence(self) -> None:
+        pass  # the fused ops synchronize their own workspace
+
+
+def sp_layout(ctx) -> ShardLayout:
+    """The token sharding of a point (the layer's tokens, or a micro workload's M)."""
+    return ShardLayout(ctx.tokens, ctx.runtime.world_size)
+
+
+def sp_io(ctx) -> tuple[int, int, torch.dtype]:
+    """Row widths of the all-gathered input and the reduce-scattered output, and the dtype."""
+    from overlapbench import micro
+
+    if isinstance(ctx, micro.MicroContext):
+        return (*ctx.widths, ctx.dtype)
+    hidden = ctx.stack.shape.hidden
+    return hidden, hidden, ctx.stack.dtype
+
+
+def sp_step(ctx, exchange: Exchange) -> Step:
+    """The step of an SP strategy: the layer stack, or a micro workload's single GEMM."""
+    from overlapbench import micro
+
+    if isinstance(ctx, micro.MicroContext):
+        return micro.step(ctx, exchange)
+    forward = SequenceParallelForward(ctx, exchange)
+    return Step(forward, lambda y: gather_rows(y, exchange.layout))

@@ -1,0 +1,244 @@
+"""The fused all-reduce + residual + RMSNorm kernel on 2 GPUs, against NCCL + the torch reference.
+
+One pair of processes (one per GPU, NCCL on a free localhost port) runs every scenario in
+lockstep and reports failures per scenario, so a broken case fails its own test and a hung
+kernel fails all of them after a timeout instead of hanging the session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs >= 2 CUDA GPUs"),
+]
+
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+WORLD = 2
+EPS = 1e-5
+TOKENS = [1, 3, 1000, 4097, 8192]
+CTAS = [1, 2, 3, 8, 16, 32, 64]
+CASES = [(dtype, hidden) for dtype in ("bfloat16", "float32") for hidden in (4096, 8192)]
+TOL = {"bfloat16": 1e-2, "float32": 1e-5}
+SCENARIOS = [f"sweep-{d}-{h}" for d, h in CASES] + ["two_ranges_with_writer", "graph_replays"]
+TIMEOUT_S = 150
+
+
+class Checker:
+    """Collects failures instead of raising: both ranks must keep issuing the same collectives."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+
+    def close(self, name: str, got, ref, tol: float, where: str) -> None:
+        err = ((got.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
+        if not err < tol:  # NaN fails too
+            self.errors.append(f"{name} rel err {err:.3g} >= {tol} ({where})")
+
+    def same_on_all_ranks(self, name: str, t, where: str) -> None:
+        import torch.distributed as dist
+
+        theirs = t.clone()
+        dist.broadcast(theirs, src=0)
+        if not torch.equal(theirs, t):
+            self.errors.append(f"{name} differs from rank 0 ({where})")
+
+
+def _inputs(seed: int, rows: int, hidden: int, dtype, rank: int):
+    """Fresh random partial (this rank's), residual and weight (the same on every rank)."""
+    dev = torch.device("cuda", rank)
+    shared = torch.Generator(device=dev).manual_seed(seed)
+    mine = torch.Generator(device=dev).manual_seed(seed * 100 + 1 + rank)
+    partial = torch.randn(rows, hidden, generator=mine, device=dev).to(dtype)
+    residual = torch.randn(rows, hidden, generator=shared, device=dev).to(dtype)
+    weight = (1 + 0.1 * torch.randn(hidden, generator=shared, device=dev)).to(dtype)
+    return partial, residual, weight
+
+
+def _reference(partial, residual, weight):
+    """NCCL all-reduce in fp32, then the torch reference in fp32."""
+    import torch.distributed as dist
+    from kernels.rmsnorm import add_rmsnorm_reference
+
+    total = partial.to(torch.float32, copy=True)  # never an alias of an fp32 input
+    dist.all_reduce(total)
+    res = residual.to(torch.float32, copy=True)
+    out = add_rmsnorm_reference(total, res, weight.float(), EPS)
+    return res, out
+
+
+def _check_call(chk: Checker, ar, a: int, b: int, seed: int, ctas: int, dtype, hidden: int, rank: int) -> None:
+    partial, residual, weight = _inputs(seed, b - a, hidden, dtype, rank)
+    ref_res, ref_out = _reference(partial, residual, weight)
+    ar.partial(a, b).copy_(partial)
+    out = torch.empty_like(residual)
+    ar(a, b, residual, weight, EPS, out, ctas)
+    torch.cuda.synchronize()
+    where = f"{dtype} hidden {hidden}, rows [{a}, {b}), {ctas} CTAs"
+    chk.close("residual", residual, ref_res, TOL[str(dtype).split(".")[-1]], where)
+    chk.close("out", out, ref_out, TOL[str(dtype).split(".")[-1]], where)
+    chk.same_on_all_ranks("residual", residual, where)
+    chk.same_on_all_ranks("out", out, where)
+
+
+def _sweep(chk: Checker, rank: int, dtype_name: str, hidden: int) -> None:
+    """Every token count x CTA budget, at a row offset (row_start > 0)."""
+    import torch.distributed as dist
+    from kernels.allreduce_norm import MAX_CTAS, AllReduceNorm
+
+    assert MAX_CTAS in CTAS
+    dtype, offset = getattr(torch, dtype_name), 5
+    ar = AllReduceNorm(dist.group.WORLD, max(TOKENS) + offset, hidden, dtype, torch.device("cuda", rank))
+    for i, tokens in enumerate(TOKENS):
+        for j, ctas in enumerate(CTAS):
+            _check_call(chk, ar, offset, offset + tokens, 1000 * i + j, ctas, dtype, hidden, rank)
+
+
+def _two_ranges_with_writer(chk: Checker, rank: int) -> None:
+    """A token split as a layer runs it: halves A and B back to back on a comm stream, while a
+    writer stream (the GEMMs) writes B's partial during A's kernel and the next round's A partial
+    during B's kernel, as soon as A's kernel has returned. No host sync between rounds."""
+    import torch.distributed as dist
+    from kernels.allreduce_norm import AllReduceNorm
+
+    hidden, dtype, cut, n, rounds = 8192, torch.bfloat16, 2304, 4097, 4
+    ar = AllReduceNorm(dist.group.WORLD, n, hidden, dtype, torch.device("cuda", rank))
+    ins = [(_inputs(10 * r + 1, cut, hidden, dtype, rank), _inputs(10 * r + 2, n - cut, hidden, dtype, rank))
+           for r in range(rounds)]
+    weight = ins[0][0][2]
+    refs = [(_reference(pa, ra, weight), _reference(pb, rb, weight)) for (pa, ra, _), (pb, rb, _) in ins]
+    outs = [(torch.empty_like(ra), torch.empty_like(rb)) for (_, ra, _), (_, rb, _) in ins]
+    comm, writer = torch.cuda.Stream(), torch.cuda.Stream()
+    ar.partial(0, cut).copy_(ins[0][0][0])
+    comm.wait_stream(torch.cuda.current_stream())
+    writer.wait_stream(torch.cuda.current_stream())
+    for r, ((_, ra, _), (pb, rb, _)) in enumerate(ins):
+        with torch.cuda.stream(comm):
+            ar(0, cut, ra, weight, EPS, outs[r][0], 8)
+            a_done = comm.record_event()
+        with torch.cuda.stream(writer):
+            torch.cuda._sleep(20_000)  # lands while A's kernel runs
+            ar.partial(cut, n).copy_(pb)
+            b_written = writer.record_event()
+        with torch.cuda.stream(comm):
+            comm.wait_event(b_written)
+            ar(cut, n, rb, weight, EPS, outs[r][1], 3)
+            b_done = comm.record_event()
+        with torch.cuda.stream(writer):
+            writer.wait_event(a_done)
+            if r + 1 < rounds:
+                ar.partial(0, cut).copy_(ins[r + 1][0][0])  # overlaps B's kernel
+            writer.wait_event(b_done)  # B's rows are free again only after B's kernel
+        comm.wait_stream(writer)
+    torch.cuda.synchronize()
+    for r in range(rounds):
+        for half, (res, out), (ref_res, ref_out) in zip("AB", ((ins[r][0][1], outs[r][0]), (ins[r][1][1], outs[r][1])),
+                                                        refs[r]):
+            where = f"round {r}, half {half}"
+            chk.close("residual", res, ref_res, TOL["bfloat16"], where)
+            chk.close("out", out, ref_out, TOL["bfloat16"], where)
+            chk.same_on_all_ranks("residual", res, where)
+            chk.same_on_all_ranks("out", out, where)
+
+
+def _graph_replays(chk: Checker, rank: int) -> None:
+    """Both halves captured in one CUDA graph; 20 replays on fresh inputs copied into the static
+    partial and residual buffers."""
+    import torch.distributed as dist
+    from kernels.allreduce_norm import AllReduceNorm
+
+    hidden, dtype, cut, n = 8192, torch.bfloat16, 1000, 3001
+    ar = AllReduceNorm(dist.group.WORLD, n, hidden, dtype, torch.device("cuda", rank))
+    _, _, weight = _inputs(7, 1, hidden, dtype, rank)
+    res, out = torch.zeros(n, hidden, dtype=dtype, device=weight.device), torch.empty(n, hidden, dtype=dtype,
+                                                                                        device=weight.device)
+    step = lambda: (ar(0, cut, res[:cut], weight, EPS, out[:cut], 8),  # noqa: E731
+                    ar(cut, n, res[cut:], weight, EPS, out[cut:], 16))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for rnd in range(20):
+        partial, residual, _ = _inputs(100 + rnd, n, hidden, dtype, rank)
+        ref_res, ref_out = _reference(partial, residual, weight)
+        ar.partial(0, n).copy_(partial)
+        res.copy_(residual)
+        graph.replay()
+        torch.cuda.synchronize()
+        chk.close("residual", res, ref_res, TOL["bfloat16"], f"replay {rnd}")
+        chk.close("out", out, ref_out, TOL["bfloat16"], f"replay {rnd}")
+        chk.same_on_all_ranks("out", out, f"replay {rnd}")
+
+
+def _worker(rank: int, port: int, out_dir: str) -> None:
+    os.environ.pop("TRITON_INTERPRET", None)  # the CPU tests may have set it in the parent
+    os.environ.update(SAFE_ENV)
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+                            device_id=torch.device("cuda", rank))
+    runs = {f"sweep-{d}-{h}": (lambda c, d=d, h=h: _sweep(c, rank, d, h)) for d, h in CASES}
+    runs["two_ranges_with_writer"] = lambda c: _two_ranges_with_writer(c, rank)
+    runs["graph_replays"] = lambda c: _graph_replays(c, rank)
+    report = {}
+    for name in SCENARIOS:
+        chk = Checker()
+        try:
+            runs[name](chk)
+        except Exception:  # an exception is as symmetric as the code that raised it
+            chk.errors.append(traceback.format_exc())
+        report[name] = chk.errors
+        torch.cuda.synchronize()
+        dist.barrier()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> dict[str, list[str]]:
+    import torch.multiprocessing as mp
+
+    os.environ.update(SAFE_ENV)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out_dir = tmp_path_factory.mktemp("allreduce_norm_gpu")
+    ctx = mp.start_processes(_worker, args=(port, str(out_dir)), nprocs=WORLD, join=False, start_method="spawn")
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        while not ctx.join(timeout=5):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    p.kill()
+                pytest.fail(f"workers still running after {TIMEOUT_S} s: a barrier never met?")
+    except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:
+        pytest.fail(f"a worker failed: {e}")
+    merged: dict[str, list[str]] = {name: [] for name in SCENARIOS}
+    for rank in range(WORLD):
+        path = out_dir / f"rank{rank}.json"
+        if not path.exists():
+            pytest.fail(f"rank {rank} wrote no report")
+        for name, errors in json.loads(path.read_text()).items():
+            merged[name] += [f"rank {rank}: {e}" for e in errors]
+    return merged
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_allreduce_norm_on_gpus(report: dict[str, list[str]], scenario: str) -> None:
+    errors = report[scenario]
+    assert not errors, f"{len(errors)} failures, first ones:\n" + "\n".join(errors[:10])

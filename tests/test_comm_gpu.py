@@ -1,0 +1,64 @@
+"""`overlapbench comm` on 2 GPUs: every path (NCCL under CTA budgets, symmetric-memory one- and
+two-shot all-reduce, the fused all-reduce + RMSNorm kernel, the copy-engine all-gather) gets
+every size exactly right (#wrong == 0), and is timed from CUDA-graph replays.
+
+Sizes are chosen so that row counts split unevenly over the ranks (3 rows), one size is below a
+row (the fused kernel skips it) and the CTA budgets include an odd one. One command run per
+dtype, shared by the tests below."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from overlapbench import comm
+from overlapbench.results import read_rows
+
+pytestmark = pytest.mark.gpu
+REPO = Path(__file__).resolve().parent.parent
+RUNS = {
+    "bf16": ("8192", "12K", "3M"),  # 12K < one 16 KiB row; then 3, 12, 48, 192 rows
+    "fp32": ("2048", "24K", "6M"),  # 3, 12, 48, 192, 768 rows of 8 KiB
+}
+
+
+@pytest.fixture(scope="module", params=sorted(RUNS))
+def run(request, tmp_path_factory) -> tuple[list[dict], list[dict]]:
+    """(the JSON records printed, the rows stored) of one `comm` run on 2 GPUs."""
+    hidden, lo, hi = RUNS[request.param]
+    out = tmp_path_factory.mktemp("comm") / "comm.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "overlapbench", "comm", "-b", lo, "-e", hi, "-f", "4", "--dtype", request.param,
+         "--hidden", hidden, "--nccl-max-ctas", "default,4", "--comm-ctas", "1,3,64",
+         "--iters", "3", "--warmup", "1", "--nproc", "2", "--format", "json", "--output", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=REPO, env=os.environ | {"PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout), read_rows(out)
+
+
+def test_every_path_is_exact(run):
+    records, rows = run
+    failed = [r for r in records if r["status"] == "failed"]
+    assert not failed, json.dumps(failed, indent=1)
+    ok = [r for r in records if r["status"] == "ok"]
+    assert all(r["wrong"] == 0 and r["time_us"] > 0 and r["busbw"] > 0 for r in ok)
+    measured = {(r["op"], r["path"]) for r in ok}
+    assert measured == {(op, path) for op, paths in comm.PATHS_BY_OP.items() for path in paths}, measured
+    assert {r["ctas"] for r in ok if r["path"] == "fused_norm"} == {1, 3, 64}
+    assert {r["ctas"] for r in ok if r["path"] == "nccl"} == {"default", 4}
+    skipped = [r for r in records if r["status"] == "skipped"]
+    assert all(r["path"] == "fused_norm" and "below one row" in r["error"] for r in skipped), skipped
+    assert {r["backend"] for r in rows} == {"nccl"} and {r["world_size"] for r in rows} == {2}
+    assert all(r["multicast_env"]["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" for r in rows)
+
+
+def test_every_path_is_timed_from_cuda_graphs(run):
+    _, rows = run
+    eager = {(r["op"], r["strategy"], r["graph_error"]) for r in rows if r["status"] == "ok" and not r["graphs"]}
+    assert not eager, f"fell back to eager timing: {eager}"

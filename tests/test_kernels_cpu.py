@@ -1,0 +1,218 @@
+"""Triton kernels on CPU, in Triton's interpreter.
+
+The all-reduce kernel runs for real: W forked processes play the W ranks, their buffers and
+signal pads in shared memory, exactly as the kernel sees peers through symmetric memory. The
+interpreter runs a grid's CTAs one after another, in the same order on every rank, so each
+per-CTA barrier meets its peers: a kernel whose CTA read rows that another CTA pushed would
+read them too early and fail here.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available():
+    # Flipping the whole session to the interpreter would break the GPU tests beside this file.
+    pytest.skip("interpreter tests run on CPU machines (tests/conftest.py sets TRITON_INTERPRET there)",
+                allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"  # before Triton sees a kernel
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+
+from kernels import allreduce_norm as arn  # noqa: E402
+from kernels.rmsnorm import add_rmsnorm_reference, fused_add_rmsnorm  # noqa: E402
+
+EPS = 1e-6
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+# ---------------------------------------------------------------- fused_add_rmsnorm
+
+
+@pytest.mark.parametrize("rows,hidden", [(1, 64), (3, 96), (17, 128), (33, 1000), (5, 4096)])
+def test_fused_add_rmsnorm_matches_reference(rows: int, hidden: int) -> None:
+    g = torch.Generator().manual_seed(rows * 7919 + hidden)
+    x, residual = torch.randn(rows, hidden, generator=g), torch.randn(rows, hidden, generator=g)
+    weight = torch.randn(hidden, generator=g)
+    ref_res, before = residual.clone(), residual.clone()
+    ref_out = add_rmsnorm_reference(x, ref_res, weight, EPS)
+    out = fused_add_rmsnorm(x, residual, weight, EPS)
+    assert rel_err(out, ref_out) < 1e-5
+    assert rel_err(residual, ref_res) < 1e-6, "residual must be updated in place"
+    assert rel_err(residual, before + x) < 1e-6
+
+
+def test_fused_add_rmsnorm_writes_into_out_with_row_strides() -> None:
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(7, 160, generator=g)[:, :96]  # row stride 160, not 96
+    residual, weight = torch.randn(7, 96, generator=g), torch.randn(96, generator=g)
+    out = torch.full((7, 128), float("nan"))[:, :96]
+    ref_res = residual.clone()
+    ref_out = add_rmsnorm_reference(x, ref_res, weight, EPS)
+    assert fused_add_rmsnorm(x, residual, weight, EPS, out=out).data_ptr() == out.data_ptr()
+    assert rel_err(out, ref_out) < 1e-5 and rel_err(residual, ref_res) < 1e-6
+
+
+# ---------------------------------------------------------------- index arithmetic
+
+
+@triton.jit
+def _row_block_probe(out_ptr, n_rows, WORLD: tl.constexpr, LANES: tl.constexpr):
+    q = tl.arange(0, LANES)
+    lo, hi = arn._row_block(q, n_rows, WORLD)
+    tl.store(out_ptr + 2 * q, lo, mask=q < WORLD)
+    tl.store(out_ptr + 2 * q + 1, hi, mask=q < WORLD)
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("n_rows", [1, 3, 1000, 4097])
+def test_row_blocks_partition_the_range(world: int, n_rows: int) -> None:
+    blocks = [arn.row_block(n_rows, world, r) for r in range(world)]
+    assert blocks[0][0] == 0 and blocks[-1][1] == n_rows
+    assert all(blocks[r][1] == blocks[r + 1][0] for r in range(world - 1)), "contiguous, no gap or overlap"
+    sizes = [hi - lo for lo, hi in blocks]
+    assert max(sizes) - min(sizes) <= 1 and max(sizes) <= arn.slot_rows(n_rows, world)
+    probe = torch.full((2 * world,), -1, dtype=torch.int32)
+    _row_block_probe[(1,)](probe, n_rows, WORLD=world, LANES=world)
+    assert probe.view(world, 2).tolist() == [list(b) for b in blocks], "kernel and host disagree"
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+@pytest.mark.parametrize("hidden,elem", [(64, 4), (96, 4), (4096, 2), (5120, 2), (8192, 2), (8192, 4), (16384, 2)])
+def test_tiling_steps_divide_and_fit(world: int, hidden: int, elem: int) -> None:
+    t = arn.tiling(world, hidden, elem)
+    pow2 = lambda x: x > 0 and x & (x - 1) == 0  # noqa: E731
+    assert t.block_h >= hidden and t.peers >= world - 1 and t.lanes >= world
+    for lanes, group in ((t.peers, t.scatter_lanes), (t.peers, t.reduce_lanes), (t.lanes, t.gather_lanes)):
+        assert pow2(group) and lanes % group == 0
+    for rows in (t.tile_rows, t.reduce_rows, t.gather_rows):
+        assert pow2(rows) and t.tile_rows % rows == 0, "sub-steps must not cross a tile (CTA ownership)"
+    row = t.block_h * elem
+    assert t.scatter_lanes * t.tile_rows * row <= max(arn.STEP_BYTES, row)
+    assert (t.reduce_lanes + 2) * t.reduce_rows * row <= max(arn.STEP_BYTES, 3 * row)
+    assert arn.MAX_CTAS * arn.MAX_WORLD * 4 <= 2048, "flags must fit the smallest signal pad"
+
+
+def test_buffer_has_room_for_every_staging_slot() -> None:
+    for world in (2, 4, 8):
+        for max_tokens in (1, 3, 1000, 4097):
+            slot = arn.slot_rows(max_tokens, world)
+            assert arn.buffer_rows(max_tokens, world) == max_tokens + (world - 1) * slot
+            assert all(hi - lo <= slot for lo, hi in (arn.row_block(n, world, r)
+                                                      for n in range(max_tokens + 1) for r in range(world)))
+
+
+# ---------------------------------------------------------------- the all-reduce kernel on W emulated ranks
+
+
+def _fresh(seed: int, *shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _partial(rnd: int, rank: int, a: int, b: int, hidden: int) -> torch.Tensor:
+    return _fresh(1_000_003 * rnd + 1009 * rank + a, b - a, hidden)
+
+
+def _residual(rnd: int, a: int, b: int, hidden: int) -> torch.Tensor:
+    return _fresh(7_000_001 * rnd + 31 * a + 5, b - a, hidden)
+
+
+def _rank_main(rank, world, max_tokens, hidden, calls, rounds, bufs, pads, weight, res_all, out_all) -> None:
+    """One emulated rank: like a layer, it writes fresh partials (as its GEMM would) right before
+    each call, also over rows whose previous call has just returned, then calls the kernel."""
+    torch.set_num_threads(1)
+    me = bufs[rank].data_ptr()
+    sym = arn.SymmetricRows(
+        buf=bufs[rank],
+        peer_off=torch.tensor([(b.data_ptr() - me) // 16 for b in bufs], dtype=torch.int64),
+        pad_ptrs=torch.tensor([p.data_ptr() for p in pads], dtype=torch.int64),
+        rank=rank, world=world, max_tokens=max_tokens,
+    )
+    for rnd in range(rounds):
+        for a, b, ctas in calls:
+            bufs[rank][a:b] = _partial(rnd, rank, a, b, hidden)
+            residual, out = _residual(rnd, a, b, hidden), torch.empty(b - a, hidden)
+            arn.reduce_norm(sym, a, b, residual, weight, EPS, out, ctas)
+            res_all[rnd, rank, a:b], out_all[rnd, rank, a:b] = residual, out
+
+
+def _emulate(world: int, hidden: int, calls: list[tuple[int, int, int]], rounds: int = 2) -> None:
+    max_tokens = max(b for _, b, _ in calls) + 2  # the last rows are never in a range
+    rows = arn.buffer_rows(max_tokens, world)
+    bufs = [_fresh(90 + r, rows, hidden).share_memory_() for r in range(world)]
+    untouched = [buf[max_tokens - 2:max_tokens].clone() for buf in bufs]
+    pads = [torch.zeros(arn.SIGNAL_SLOTS, dtype=torch.int32).share_memory_() for _ in range(world)]
+    weight = _fresh(77, hidden)
+    res_all = torch.full((rounds, world, max_tokens, hidden), float("nan")).share_memory_()
+    out_all = torch.full((rounds, world, max_tokens, hidden), float("nan")).share_memory_()
+
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_rank_main, args=(r, world, max_tokens, hidden, calls, rounds, bufs, pads,
+                                                   weight, res_all, out_all)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    hung = [p.pid for p in procs if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert not hung, f"ranks {hung} still waiting after 120 s: a barrier never met"
+    assert [p.exitcode for p in procs] == [0] * world, "a rank failed (its traceback is in the captured stderr)"
+
+    for rnd in range(rounds):
+        for a, b, ctas in calls:
+            total = sum(_partial(rnd, r, a, b, hidden) for r in range(world))
+            ref_res = _residual(rnd, a, b, hidden)
+            ref_out = add_rmsnorm_reference(total, ref_res, weight, EPS)
+            where = f"round {rnd}, rows [{a}, {b}), {ctas} CTAs"
+            for r in range(world):
+                assert rel_err(res_all[rnd, r, a:b], ref_res) < 1e-5, f"residual, rank {r}, {where}"
+                assert rel_err(out_all[rnd, r, a:b], ref_out) < 1e-5, f"out, rank {r}, {where}"
+                assert torch.equal(res_all[rnd, r, a:b], res_all[rnd, 0, a:b]), f"residual differs, rank {r}, {where}"
+                assert torch.equal(out_all[rnd, r, a:b], out_all[rnd, 0, a:b]), f"out differs, rank {r}, {where}"
+    assert all(int(p.count_nonzero()) == 0 for p in pads), "barrier flags must return to 0 (graph replay)"
+    assert all(torch.equal(buf[max_tokens - 2:max_tokens], u) for buf, u in zip(bufs, untouched)), \
+        "rows outside the ranges were written"
+
+
+# Token counts as ranges issued back to back, with CTA budgets from 1 to MAX_CTAS. Fewer rows and
+# CTAs on 4 and 8 ranks: every CTA's barriers make all interpreted ranks meet on the 2 cores of CI.
+_SMALL = [(0, 1, 1), (1, 4, 3)]
+
+
+@pytest.mark.parametrize("world,hidden,calls", [
+    (2, 64, _SMALL + [(4, 1004, 5), (1004, 5101, arn.MAX_CTAS)]),
+    (4, 96, _SMALL + [(4, 504, 5), (504, 517, 8)]),
+    (8, 64, _SMALL + [(4, 504, 5), (504, 517, 8)]),
+])
+def test_emulated_allreduce_norm_token_counts(world: int, hidden: int, calls: list) -> None:
+    _emulate(world, hidden, calls, rounds=1)
+
+
+@pytest.mark.parametrize("world,hidden", [(2, 1024), (3, 1024), (4, 2048), (8, 2048)])
+def test_emulated_allreduce_norm_wide_rows(world: int, hidden: int) -> None:
+    """Rows wide enough that steps split into sub-steps and lane groups; two rounds, so each
+    rank overwrites its partial rows right after the previous call on them returned."""
+    t = arn.tiling(world, hidden, 4)
+    assert t.reduce_rows < t.tile_rows or t.gather_lanes < t.lanes or t.reduce_lanes < t.peers
+    _emulate(world, hidden, [(0, 13, 2), (20, 29, 3), (29, 30, 8)], rounds=1 if world == 8 else 2)
+
+
+def test_emulated_allreduce_norm_rejects_bad_arguments() -> None:
+    buf = torch.zeros(arn.buffer_rows(8, 2), 64)
+    sym = arn.SymmetricRows(buf, torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64), 0, 2, 8)
+    res, w = torch.zeros(4, 64), torch.ones(64)
+    with pytest.raises(ValueError):
+        arn.reduce_norm(sym, 0, 4, res, w, EPS, torch.zeros(4, 64), arn.MAX_CTAS + 1)
+    with pytest.raises(ValueError):
+        arn.reduce_norm(sym, 6, 10, res, w, EPS, torch.zeros(4, 64), 1)
+    with pytest.raises(ValueError):
+        arn.reduce_norm(sym, 0, 4, res, w, EPS, torch.zeros(3, 64), 1)

@@ -1,0 +1,187 @@
+"""Nothing lost, nothing hangs: failing points, dying and hanging ranks, bad files, fuzzed specs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from overlapbench import spec
+from overlapbench.cli import app
+from overlapbench.errors import UserError
+from overlapbench.results import read_rows
+
+REPO = Path(__file__).resolve().parent.parent
+ENV = os.environ | {"PYTHONPATH": str(REPO), "OVERLAPBENCH_PLUGINS": "tests.fault_plugin"}
+
+
+def write_spec(tmp_path: Path, strategies: dict, tokens=(16, 29, 40), timeout_s: int = 60) -> Path:
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "robust", "model": "tiny", "layers": 1, "tokens": list(tokens),
+        "strategies": strategies, "measure": {"warmup": 0, "iters": 2, "timeout_s": timeout_s},
+    }))
+    return path
+
+
+def sweep(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "overlapbench", "sweep", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO, env=ENV)
+
+
+@pytest.mark.slow
+def test_a_failing_point_is_a_row_and_the_sweep_goes_on(tmp_path: Path):
+    path = write_spec(tmp_path, {"baseline": {}, "fault": {"mode": ["raise", "oom"], "at_tokens": 29}, "token_split": {"align": 8}})
+    out = tmp_path / "r.jsonl"
+    done = sweep(str(path), "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = read_rows(out)
+    assert len(rows) == 3 * 4
+    failed = [r for r in rows if r["status"] != "ok"]
+    assert [(r["strategy"], r["knobs"]["mode"], r["tokens"]) for r in failed] == [("fault", "raise", 29), ("fault", "oom", 29)]
+    assert failed[0]["error"] == "rank 1: RuntimeError: injected kernel error"
+    assert "OutOfMemoryError" in failed[1]["error"] and failed[0]["ms"] is None
+    assert all(r["status"] == "ok" for r in rows if r["tokens"] == 40)  # and it went on
+
+
+@pytest.mark.slow
+def test_a_dead_rank_stops_the_sweep_and_resume_completes_it(tmp_path: Path):
+    path = write_spec(tmp_path, {"baseline": {}, "fault": {"mode": "crash", "at_tokens": 29}, "no_comm": {}})
+    out = tmp_path / "r.jsonl"
+    start = time.monotonic()
+    died = sweep(str(path), "--output", str(out))
+    assert died.returncode != 0 and time.monotonic() - start < 120
+    assert "--resume" in died.stderr and "Traceback" not in died.stderr.splitlines()[-1]
+    rows = read_rows(out)  # every finished row intact, the point in flight absent
+    assert [(r["strategy"], r["tokens"]) for r in rows] == [("baseline", 16), ("fault", 16), ("no_comm", 16), ("baseline", 29)]
+
+    healed = write_spec(tmp_path, {"baseline": {}, "no_comm": {}})
+    resumed = sweep(str(healed), "--output", str(out), "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "4 of 6 points already done" not in resumed.stdout  # a different spec: 3 of 6 are done
+    rows = read_rows(out)
+    done = {(r["strategy"], r["tokens"]) for r in rows if r["status"] == "ok"}
+    assert {(s, t) for s in ("baseline", "no_comm") for t in (16, 29, 40)} <= done
+    assert len(rows) == 4 + 3
+
+
+@pytest.mark.slow
+def test_a_hanging_rank_stops_the_sweep_in_bounded_time(tmp_path: Path):
+    path = write_spec(tmp_path, {"baseline": {}, "fault": {"mode": "hang", "at_tokens": 29}}, timeout_s=15)
+    out = tmp_path / "r.jsonl"
+    start = time.monotonic()
+    hung = sweep(str(path), "--output", str(out), timeout=200)
+    elapsed = time.monotonic() - start
+    assert hung.returncode != 0 and elapsed < 100, (elapsed, hung.stderr[-2000:])
+    assert [(r["strategy"], r["tokens"]) for r in read_rows(out)] == [("baseline", 16), ("fault", 16), ("baseline", 29)]
+
+
+@pytest.mark.slow
+def test_same_spec_and_seed_give_the_same_numbers(tmp_path: Path):
+    path = write_spec(tmp_path, {"token_split": {"align": 8}, "iso": {}}, tokens=(29,))
+    errors = []
+    for name in ("a", "b"):
+        out = tmp_path / f"{name}.jsonl"
+        assert sweep(str(path), "--output", str(out)).returncode == 0
+        errors.append([r["rel_err"] for r in read_rows(out)])
+    assert errors[0] == errors[1] and all(e is not None for e in errors[0])
+
+
+# --- results files that are not (whole) ours -------------------------------------------------
+
+def ok_row() -> dict:
+    from tests import synthetic
+
+    return synthetic.row("baseline", 1024)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (lambda: json.dumps(ok_row()) + "\n" + json.dumps(ok_row())[:40], "truncated"),
+        (lambda: json.dumps(ok_row() | {"schema": "overlapbench/result-v0"}) + "\n", "schema is"),
+        (lambda: "time,ms\n1,2\n", "not a JSON line"),
+        (lambda: json.dumps({"hello": 1}) + "\n", "no 'schema' field"),
+        (lambda: json.dumps([1, 2]) + "\n", "no 'schema' field"),
+    ],
+)
+@pytest.mark.parametrize("command", ["tune", "report"])
+def test_bad_results_files_are_one_line_errors(tmp_path: Path, content, message: str, command: str):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content())
+    result = CliRunner().invoke(app, [command, str(path)])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and str(path) in result.output and "Traceback" not in result.output
+
+
+def test_resume_refuses_a_file_that_is_not_ours(tmp_path: Path):
+    from overlapbench.results import ResultStore
+
+    path = tmp_path / "r.jsonl"
+    path.write_text("this is a csv,not ours\n")
+    with pytest.raises(UserError, match="not a JSON line"):
+        ResultStore(path).open(resume=True)
+    assert path.read_text() == "this is a csv,not ours\n"  # nothing lost
+
+
+def test_unwritable_output_is_refused(tmp_path: Path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    path = write_spec(tmp_path, {"baseline": {}})
+    result = CliRunner().invoke(app, ["sweep", str(path), "--output", str(blocker / "r.jsonl")])
+    assert result.exit_code == 2 and "cannot write" in result.output
+
+
+# --- fuzzing spec validation -------------------------------------------------------------------
+
+GOOD = {"name": "f", "model": "tiny", "tp": 2, "layers": 1, "tokens": [16],
+        "strategies": {"baseline": {"nccl_max_ctas": [4, 8]}, "token_split": {"align": 8}}}
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 70000), st.floats(allow_nan=True),
+                    st.text(max_size=8), st.sampled_from(["default", "balanced", "nccl", "fused", "tiny"]))
+values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                        st.dictionaries(st.text(max_size=6), inner, max_size=3)), max_leaves=6)
+
+
+def _mutate(data, path: list, value):
+    if not path:
+        return value
+    if isinstance(data, dict) and data:
+        key = sorted(data, key=str)[path[0] % len(data)]
+        return data | {key: _mutate(data[key], path[1:], value)}
+    if isinstance(data, list) and data:
+        i = path[0] % len(data)
+        return data[:i] + [_mutate(data[i], path[1:], value)] + data[i + 1:]
+    return value
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(path=st.lists(st.integers(0, 10), max_size=4), value=values, extra=st.dictionaries(st.text(max_size=6), values, max_size=2))
+def test_mutated_specs_fail_only_with_a_clean_error(path, value, extra):
+    data = _mutate(GOOD, path, value)
+    if isinstance(data, dict):
+        data = data | extra
+    try:
+        s = spec.from_dict(data, "fuzz", cuda=False)
+        s.points(world_size=2, cuda=False)
+    except UserError as e:
+        assert str(e) and "\n" not in str(e)
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=st.text(max_size=200))
+def test_random_text_is_never_a_traceback(tmp_path_factory, text):
+    path = tmp_path_factory.mktemp("fuzz") / "s.yaml"
+    path.write_text(text)
+    try:
+        spec.load(path, cuda=False)
+    except UserError as e:
+        assert "\n" not in str(e)

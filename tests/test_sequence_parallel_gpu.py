@@ -1,0 +1,141 @@
+"""The SP strategies on 2 GPUs (NCCL, bf16): sp_baseline, async_tp and flash_agrs (both
+transports, both orders, over-decomposed) against the single-GPU reference, on a small shape
+and a Llama-3-8B-sized point, token counts the world size does not divide included; the micro
+workloads against their unsharded reference; and CUDA-graph replay of each strategy.
+
+One pair of processes runs every case in lockstep and reports a relative error or the error
+text per case, so each case fails on its own; a hang fails them all at the timeout.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from overlapbench.models import PRESETS, ModelShape  # noqa: E402
+from overlapbench.runtime import apply_safe_env  # noqa: E402
+from overlapbench.spec import Gemm, Point  # noqa: E402
+from tests import distributed  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs >= 2 CUDA GPUs"),
+]
+
+apply_safe_env()  # no NVLink multicast, in the spawned processes too
+TOL = 1e-2
+LAYERS = 2
+MAX_TOKENS = 8192  # sizes the symmetric buffers once for every case
+SHAPES = {"small": ModelShape(hidden=512, ffn=1024, heads=8, kv_heads=4, head_dim=64), "llama3-8b": PRESETS["llama3-8b"]}
+FLASH_SETTINGS = [
+    {"transport": t, "order": o} for t in ("copy_engine", "sm") for o in ("local_first_last", "ring")
+] + [
+    {"transport": "copy_engine", "chunks_per_rank": 4},
+    {"transport": "sm", "comm_ctas": 4, "order": "ring", "chunks_per_rank": 2},
+]
+ALL = [("sp_baseline", {}), ("async_tp", {})] + [("flash_agrs", k) for k in FLASH_SETTINGS]
+FEW = [("sp_baseline", {}), ("async_tp", {}), ("flash_agrs", {"chunks_per_rank": 2}), ("flash_agrs", {"transport": "sm", "comm_ctas": 16})]
+
+
+def _label(*parts) -> str:
+    return " ".join(str(p) for p in parts)
+
+
+# (label, shape, seq_lens, strategy, knobs)
+LAYER_CASES = [
+    (_label("small", lens, s, k), "small", lens, s, k)
+    for lens in [(1000,), (1023,), (300, 257, 5)]
+    for s, k in ALL
+] + [(_label("llama3-8b", (4097,), s, k), "llama3-8b", (4097,), s, k) for s, k in FEW]
+# (label, workload, m, n, k, strategy, knobs)
+MICRO_CASES = [
+    (_label(w, m, s, kn), w, m, n, k, s, kn)
+    for w, n, k in [("gemm_ag", 1536, 1024), ("gemm_rs", 1024, 1536)]
+    for m in (1023, 4096)
+    for s, kn in FEW + [("flash_agrs", {"order": "ring"})]
+]
+# Replayed from a CUDA graph, as the sweep times them.
+GRAPH_CASES = [(_label("graph", s, k), "small", (1023,), s, k) for s, k in FEW + [("flash_agrs", {"transport": "sm", "chunks_per_rank": 4})]]
+
+
+def _rel_err(out, ref) -> float:
+    out, ref = out.float(), ref.float()
+    err = (torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref)).item()
+    return err if err == err else float("inf")
+
+
+def _graph_forward(step, x):
+    """The step's output from a CUDA-graph replay (warm-up on a side stream, as measure does)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step.forward(x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = step.forward(x)
+    graph.replay()
+    graph.replay()
+    return y
+
+
+def _run_cases(rank: int, world: int) -> dict:
+    from overlapbench import micro, runtime, strategies
+    from overlapbench.layer import RopeTable, build_stack, random_input, reference_forward
+
+    rt = runtime.init(timeout_s=120)
+    errors: dict = {}
+
+    def build(ctx, strategy, knobs):
+        cls = strategies.get(strategy)
+        return cls.build(ctx, cls.check_knobs(knobs, strategy))
+
+    stacks, refs = {}, {}
+    for label, shape_name, lens, strategy, knobs in LAYER_CASES + GRAPH_CASES:
+        shape = SHAPES[shape_name]
+        try:
+            if shape_name not in stacks:
+                stacks.clear()
+                stacks[shape_name] = build_stack(shape, LAYERS, world, rank, torch.bfloat16, rt.device, seed=0)
+            if (shape_name, lens) not in refs:
+                refs[(shape_name, lens)] = reference_forward(shape, LAYERS, world, lens, torch.bfloat16, rt.device)
+            ref = refs[(shape_name, lens)]
+            ctx = runtime.BuildContext(rt, stacks[shape_name], lens, RopeTable(shape, max(lens), rt.device), MAX_TOKENS)
+            step = build(ctx, strategy, knobs)
+            x = random_input(sum(lens), shape.hidden, 0, torch.bfloat16, rt.device)
+            if label.startswith("graph"):
+                errors[label] = _rel_err(step.to_full(_graph_forward(step, x)), ref)
+            else:
+                first = _rel_err(step.to_full(step.forward(x)), ref)
+                errors[label] = max(first, _rel_err(step.to_full(step.forward(x)), ref))
+        except Exception as e:  # noqa: BLE001 -- reported per case
+            errors[label] = f"{type(e).__name__}: {e}".splitlines()[0][:500]
+        torch.cuda.synchronize()
+    stacks.clear()
+    refs.clear()
+
+    for label, workload, m, n, k, strategy, knobs in MICRO_CASES:
+        try:
+            point = Point("gpu", "custom", None, world, "bf16", 1, 0, (m,), strategy, knobs, workload, Gemm(n, k))
+            ctx, x = micro.build(rt, point, torch.bfloat16, MAX_TOKENS)
+            ref = micro.reference(workload, m, n, k, world, 0, torch.bfloat16, rt.device)[rank]
+            step = build(ctx, strategy, knobs)
+            errors[label] = _rel_err(step.to_full(step.forward(x)), ref)
+        except Exception as e:  # noqa: BLE001
+            errors[label] = f"{type(e).__name__}: {e}".splitlines()[0][:500]
+        torch.cuda.synchronize()
+    return errors
+
+
+@pytest.fixture(scope="module")
+def results() -> list[dict]:
+    return distributed.run(_run_cases, world=2, timeout=300, backend="nccl")
+
+
+@pytest.mark.parametrize("label", [c[0] for c in LAYER_CASES + GRAPH_CASES + MICRO_CASES])
+def test_case_matches_reference(results, label):
+    for rank, errors in enumerate(results):
+        err = errors[label]
+        assert isinstance(err, float), f"rank {rank}: {err}"
+        assert err < TOL, f"rank {rank}: rel err {err:.3g} >= {TOL}"
