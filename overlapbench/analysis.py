@@ -64,6 +64,7 @@ class Measured:
     strategy: str
     knobs: dict
     tokens: int
+    batch: tuple[int, ...]  # sequence lengths: rows are compared only within one batch
     ms: float  # median per-layer milliseconds
     p10_ms: float | None
     p90_ms: float | None
@@ -79,7 +80,7 @@ class Measured:
     def of(cls, row: dict, source: str) -> "Measured":
         return cls(
             group=Group.of(row), strategy=row["strategy"], knobs=dict(row["knobs"] or {}),
-            tokens=int(row["tokens"]), ms=float(row["ms"]), p10_ms=row.get("p10_ms"),
+            tokens=int(row["tokens"]), batch=tuple(row.get("batch") or (int(row["tokens"]),)), ms=float(row["ms"]), p10_ms=row.get("p10_ms"),
             p90_ms=row.get("p90_ms"), cv=row.get("cv"), samples=tuple(row.get("samples_ms") or ()),
             checked=_is_checked(row), key=row_key(row), run_id=row.get("run_id"), git=row.get("git"), source=source,
         )
@@ -188,6 +189,19 @@ def by_point(measured: Iterable[Measured]) -> dict[Group, dict[int, list[Measure
         out.setdefault(m.group, {}).setdefault(m.tokens, []).append(m)
     ordered = sorted(out.items(), key=lambda item: (item[0].label(), item[0].shape))
     return {group: dict(sorted(points.items())) for group, points in ordered}
+
+
+def by_batch(rows: Iterable[Measured]) -> dict[tuple[int, ...], list[Measured]]:
+    """Rows at one token count split by batch: different batches of equal size (one sequence
+    of 8192 tokens, or two of 4096) are different workloads, never compared with each other."""
+    out: dict[tuple[int, ...], list[Measured]] = {}
+    for m in rows:
+        out.setdefault(m.batch, []).append(m)
+    return dict(sorted(out.items(), key=lambda item: (len(item[0]), item[0])))
+
+
+def batch_label(m: Measured) -> str:
+    return str(m.tokens) if len(m.batch) == 1 else f"{m.tokens} {list(m.batch)}"
 
 
 def best_per_strategy(rows: Iterable[Measured]) -> dict[str, Measured]:

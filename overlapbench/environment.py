@@ -12,7 +12,10 @@ MULTICAST_VARS = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHM
 
 
 def git_commit() -> str | None:
-    """HEAD of the checkout the package runs from, '+dirty' when it has local changes."""
+    """HEAD of the checkout the package runs from, '+dirty' when it has local changes; where the
+    code was copied without its .git (a remote GPU box, a container), OVERLAPBENCH_GIT says it."""
+    if os.environ.get("OVERLAPBENCH_GIT"):
+        return os.environ["OVERLAPBENCH_GIT"]
     root = Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(

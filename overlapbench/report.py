@@ -59,7 +59,7 @@ class Cell:
     def record(self) -> dict:
         m = self.m
         return m.group.fields() | {
-            "tokens": m.tokens, "strategy": m.strategy, "knobs": m.knobs, "ms": m.ms,
+            "tokens": m.tokens, "batch": list(m.batch), "strategy": m.strategy, "knobs": m.knobs, "ms": m.ms,
             "p10_ms": m.p10_ms, "p90_ms": m.p90_ms, "cv": m.cv, "noisy": m.noisy,
             "speedup": self.speedup, "hidden": self.hidden, "winner": self.winner,
         }
@@ -108,19 +108,25 @@ def column_order(strategy: str) -> tuple:
     return (strategy == analysis.BOUND, *tune.simplicity(strategy))
 
 
-def overview(store: Store) -> dict[Group, dict[int, dict[str, Cell]]]:
+def overview(store: Store) -> dict[Group, dict[str, dict[str, Cell]]]:
+    """Cells per group and point; a point is a token count, or a token count and its batch
+    where several sequences make it up (batches are never compared with each other)."""
     return {
-        group: {tokens: cells_at(rows) for tokens, rows in points.items()}
+        group: {
+            analysis.batch_label(batch_rows[0]): cells_at(batch_rows)
+            for rows in points.values()
+            for batch_rows in analysis.by_batch(rows).values()
+        }
         for group, points in analysis.by_point(store.measured).items()
     }
 
 
-def overview_grid(group: Group, points: dict[int, dict[str, Cell]]) -> Grid:
+def overview_grid(group: Group, points: dict[str, dict[str, Cell]]) -> Grid:
     strategies = sorted({s for cells in points.values() for s in cells}, key=column_order)
     rows = []
-    for tokens, cells in points.items():
+    for label, cells in points.items():
         shown = [_overview_cell(cells.get(s)) for s in strategies]
-        rows.append([_shown(str(tokens)), *shown])
+        rows.append([_shown(label), *shown])
     return Grid(group.label(), ["tokens", *strategies], rows)
 
 
@@ -225,7 +231,8 @@ def sensitivity_view(store: Store, strategy: str, tokens: int) -> tuple[list[Gri
     grids, records = [], []
     for group in sorted({Group.of(r) for r in rows}, key=lambda g: g.label()):
         mine = [r for r in rows if Group.of(r) == group]
-        ref = analysis.reference(points.get(group, {}).get(tokens, []))
+        batch = tuple(mine[0].get("batch") or (tokens,))  # the reference must be of the same batch
+        ref = analysis.reference(m for m in points.get(group, {}).get(tokens, []) if m.batch == batch)
         grids.append(sensitivity_grid(group, mine, ref))
         records += [sensitivity_record(r, ref) for r in mine]
     return grids, records
@@ -349,7 +356,7 @@ def _stderr() -> Console:
 # -- plot ----------------------------------------------------------------------------------
 
 
-def plot(views: dict[Group, dict[int, dict[str, Cell]]], path: Path, metric: str) -> Path:
+def plot(views: dict[Group, dict[str, dict[str, Cell]]], path: Path, metric: str) -> Path:
     """One panel per group: per-layer ms (or speedup) against tokens on a log2 axis, one line
     per strategy at its best knobs; no_comm dashed, as the bound."""
     try:
@@ -366,11 +373,15 @@ def plot(views: dict[Group, dict[int, dict[str, Cell]]], path: Path, metric: str
     return tuned.write_atomic(path, buffer.getvalue())
 
 
-def _panel(ax, group: Group, points: dict[int, dict[str, Cell]], metric: str) -> None:
+def _panel(ax, group: Group, points: dict[str, dict[str, Cell]], metric: str) -> None:
+    # Lines run over single-sequence batches only: a line through batches of different shapes
+    # would mix workloads (a store of multi-sequence batches only is plotted as it is).
+    single = {label: cells for label, cells in points.items() if all(len(c.m.batch) == 1 for c in cells.values())}
+    points = single or points
     strategies = sorted({s for cells in points.values() for s in cells}, key=column_order)
     for s in strategies:
-        xs = [t for t, cells in points.items() if s in cells]
-        ys = [cells[s].m.ms if metric == "ms" else cells[s].speedup for t, cells in points.items() if s in cells]
+        xs = [cells[s].m.tokens for cells in points.values() if s in cells]
+        ys = [cells[s].m.ms if metric == "ms" else cells[s].speedup for cells in points.values() if s in cells]
         if metric == "speedup" and None in ys:
             continue
         bound = s == analysis.BOUND

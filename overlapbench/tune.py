@@ -125,7 +125,24 @@ def _bootstrap(incumbent: tuple[float, ...], challenger: tuple[float, ...]) -> t
 
 
 def pick(rows: list[Measured]) -> Pick | None:
-    """The choice at one token count of one group; None without a baseline row to compare to."""
+    """The choice at one token count of one group; None without a baseline row to compare to.
+
+    Each batch of that size is judged on its own; a strategy is chosen for the token count only
+    where every measured batch chose it, else baseline stays (the engine sees only the count).
+    """
+    picks = [p for p in map(_pick_in_batch, analysis.by_batch(rows).values()) if p is not None]
+    if not picks:
+        return None
+    if len({p.chosen.setting for p in picks}) == 1:
+        first = picks[0]
+        why = first.why if len(picks) == 1 else "; ".join(f"{list(p.reference.batch)}: {p.why}" for p in picks)
+        return Pick(first.tokens, first.chosen, first.reference, first.gain, why)
+    ref = picks[0].reference
+    why = "batches disagree (" + "; ".join(f"{list(p.reference.batch)}: {p.chosen.describe()}" for p in picks) + f"); {_ref_name(ref)} kept"
+    return Pick(ref.tokens, ref, ref, None, why)
+
+
+def _pick_in_batch(rows: list[Measured]) -> Pick | None:
     ref = analysis.reference(rows)
     if ref is None:
         return None

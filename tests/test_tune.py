@@ -294,3 +294,25 @@ def test_a_bound_setting_of_a_strategy_is_never_chosen():
     ]
     best = analysis.best_per_strategy(measured(*rows))
     assert best["token_split"].knobs == {"comm": "nccl"}
+
+
+def test_batches_of_equal_size_are_never_compared_with_each_other():
+    """One sequence of 4096 and four of 1024 are different workloads: a strategy measured on
+    one is not faster than baseline measured on the other, and they must agree to be chosen."""
+    rng = random.Random(11)
+    single, several = {"batch": (4096,)}, {"batch": (1024, 1024, 1024, 1024)}
+    rows = measured(
+        synthetic.row("baseline", 4096, median=1.0, rng=rng, **single),
+        synthetic.row("token_split", 4096, median=0.9, rng=rng, **single),
+        synthetic.row("baseline", 4096, median=0.5, rng=rng, **several),  # a cheaper workload
+        synthetic.row("token_split", 4096, median=0.6, rng=rng, **several),
+    )
+    choice = tune.pick(rows)
+    assert choice.chosen.strategy == "baseline" and "batches disagree" in choice.why
+    agreeing = measured(
+        synthetic.row("baseline", 4096, median=1.0, rng=rng, **single),
+        synthetic.row("token_split", 4096, median=0.9, rng=rng, **single),
+        synthetic.row("baseline", 4096, median=0.5, rng=rng, **several),
+        synthetic.row("token_split", 4096, median=0.45, rng=rng, **several),
+    )
+    assert tune.pick(agreeing).chosen.strategy == "token_split"
