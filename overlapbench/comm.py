@@ -27,7 +27,6 @@ import io
 import json
 import os
 import re
-import uuid
 import warnings
 from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
@@ -965,31 +964,12 @@ def main(opts: Options, console: "Console", err_console: "Console") -> int:
     return code
 
 
-def _open_store(rt: "Runtime", output: Path, resume: bool) -> tuple["ResultStore | None", set[str], str]:
-    """Rank 0 locks the store; every rank learns the keys already done and the run id."""
-    import torch.distributed as dist
-
-    from overlapbench.results import ResultStore
-
-    store = ResultStore(output) if rt.rank == 0 else None
-    opened: list = [None, uuid.uuid4().hex[:12]]
-    if store is not None:
-        try:
-            opened[0] = sorted(store.open(resume))
-        except UserError as e:
-            opened[0] = str(e)
-    dist.broadcast_object_list(opened, src=0)
-    if isinstance(opened[0], str):
-        raise UserError(opened[0])
-    return store, set(opened[0]), opened[1]
-
-
 def run_ranks(opts: Options, console: "Console") -> int:
     """The measurement on this rank: cases, the store, the rows; rank 0 prints them."""
     import torch.distributed as dist
     from rich.console import Console
 
-    from overlapbench import environment, runtime
+    from overlapbench import environment, results, runtime
 
     rt = runtime.init(TIMEOUT_S)
     progress = Console(stderr=True, quiet=rt.rank != 0)
@@ -997,7 +977,7 @@ def run_ranks(opts: Options, console: "Console") -> int:
     dtype = ("bf16" if rt.is_cuda else "fp32") if opts.dtype == "auto" else opts.dtype
     cases = make_cases(opts.bench(rt.is_cuda), rt.world_size, rt.backend, dtype, opts.hidden, len(env["hosts"]))
     output = opts.output or default_output(env["device"], rt.world_size)
-    store, done, run_id = _open_store(rt, output, opts.resume)
+    store, done, run_id = results.open_on_ranks(output, opts.resume, rt.rank)
     info = RunInfo("comm", run_id, env, opts.warmup, opts.iters, opts.graphs)
     try:
         progress.print(f"comm: {len(cases)} cases on {rt.world_size} x {env['device']} ({rt.backend}, {dtype}) -> {output}", highlight=False)

@@ -65,12 +65,12 @@ class Stack:
         return self.layers[layer + 1].attn_norm if layer + 1 < len(self.layers) else self.final_norm
 
 
-def _random(shape: tuple[int, ...], seed: int, device: torch.device, scale: float) -> torch.Tensor:
+def seeded_randn(shape: tuple[int, ...], seed: int, device: torch.device, scale: float) -> torch.Tensor:
     generator = torch.Generator(device=device).manual_seed(seed)
     return torch.randn(shape, generator=generator, device=device, dtype=torch.float32) * scale
 
 
-def _seed(seed: int, layer: int, name: str, shard: int) -> int:
+def stable_seed(seed: int, layer: int, name: str, shard: int) -> int:
     """A stable per-(layer, weight, shard) seed, so shards can be made independently."""
     code = sum((i + 1) * ord(c) for i, c in enumerate(name))
     return (seed * 1_000_003 + layer * 10_007 + code * 101 + shard) % (2**62)
@@ -89,7 +89,7 @@ def _shard(shape: ModelShape, tp: int, layer: int, shard: int, seed: int, num_la
     out_scale = (2 * num_layers) ** -0.5
 
     def make(name: str, rows: int, cols: int, scale: float = 1.0) -> torch.Tensor:
-        return _random((rows, cols), _seed(seed, layer, name, shard), device, scale * cols**-0.5)
+        return seeded_randn((rows, cols), stable_seed(seed, layer, name, shard), device, scale * cols**-0.5)
 
     return {
         "wq": make("wq", q, h),
@@ -103,7 +103,7 @@ def _shard(shape: ModelShape, tp: int, layer: int, shard: int, seed: int, num_la
 
 
 def _norm_weight(hidden: int, seed: int, layer: int, name: str, device) -> torch.Tensor:
-    return 1.0 + _random((hidden,), _seed(seed, layer, name, 0), device, 0.1)
+    return 1.0 + seeded_randn((hidden,), stable_seed(seed, layer, name, 0), device, 0.1)
 
 
 def build_stack(
@@ -151,7 +151,7 @@ def build_stack(
 
 def random_input(tokens: int, hidden: int, seed: int, dtype, device) -> torch.Tensor:
     """The stack's input hidden states: the same on every rank for the same seed and tokens."""
-    return _random((tokens, hidden), _seed(seed, tokens, "input", 0), device, 1.0).to(dtype)
+    return seeded_randn((tokens, hidden), stable_seed(seed, tokens, "input", 0), device, 1.0).to(dtype)
 
 
 # ---------------------------------------------------------------------------------------------

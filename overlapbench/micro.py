@@ -18,13 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
-from overlapbench.layer import _random, _seed, random_input
+from overlapbench.layer import random_input, seeded_randn, stable_seed
 from overlapbench.runtime import Runtime
 from overlapbench.strategies.base import Step
 from overlapbench.strategies.sp_schedule import ShardLayout
 
 WORKLOADS = ("gemm_ag", "gemm_rs")
-REFERENCE = "sp_baseline"  # the strategy whose output the others are checked against
 
 
 @dataclass
@@ -54,7 +53,7 @@ class MicroContext:
 
 
 def weight(workload: str, n: int, k: int, rank: int, seed: int, dtype, device) -> torch.Tensor:
-    return _random((n, k), _seed(seed, 0, f"{workload}_b", rank), device, k**-0.5).to(dtype)
+    return seeded_randn((n, k), stable_seed(seed, 0, f"{workload}_b", rank), device, k**-0.5).to(dtype)
 
 
 def operand(workload: str, m: int, k: int, world: int, rank: int, seed: int, dtype, device) -> torch.Tensor:
@@ -64,7 +63,7 @@ def operand(workload: str, m: int, k: int, world: int, rank: int, seed: int, dty
         lo, hi = layout.real_rows(rank)
         a, rows = random_input(m, k, seed, dtype, device)[lo:hi], layout.shard
     else:
-        a, rows = _random((m, k), _seed(seed, m, "gemm_rs_a", rank), device, 1.0).to(dtype), layout.padded
+        a, rows = seeded_randn((m, k), stable_seed(seed, m, "gemm_rs_a", rank), device, 1.0).to(dtype), layout.padded
     return torch.cat([a, a.new_zeros(rows - a.shape[0], k)])
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import uuid
 from pathlib import Path
 from typing import Iterable
 
@@ -130,3 +131,21 @@ class ResultStore:
             fcntl.flock(self._lock, fcntl.LOCK_UN)
             self._lock.close()
             self._lock = None
+
+
+def open_on_ranks(output: str | Path, resume: bool, rank: int) -> tuple["ResultStore | None", set[str], str]:
+    """Rank 0 locks the store; every rank learns the keys already done and the run id (a
+    collective: all ranks call it). A refusal is the same UserError on every rank."""
+    import torch.distributed as dist
+
+    store = ResultStore(output) if rank == 0 else None
+    opened: list = [None, uuid.uuid4().hex[:12]]
+    if store is not None:
+        try:
+            opened[0] = sorted(store.open(resume))
+        except UserError as e:
+            opened[0] = str(e)
+    dist.broadcast_object_list(opened, src=0)
+    if isinstance(opened[0], str):
+        raise UserError(opened[0])
+    return store, set(opened[0]), opened[1]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import gc
 import itertools
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,10 +13,10 @@ import torch.distributed as dist
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from overlapbench import environment, measure, runtime, strategies
+from overlapbench import environment, measure, results, runtime, strategies
 from overlapbench.errors import UserError
 from overlapbench.layer import RopeTable, Stack, build_stack, random_input
-from overlapbench.results import SCHEMA, ResultStore
+from overlapbench.results import SCHEMA
 from overlapbench.spec import Point, SweepSpec
 from overlapbench.watchdog import Watchdog, interrupt_on_sigterm
 
@@ -34,8 +33,13 @@ class Workload:
     reference_error: str | None
 
 
-def _reference_knobs() -> dict:
-    return strategies.get("baseline").check_knobs({}, "baseline")
+REFERENCE = {"layer": "baseline", "gemm_ag": "sp_baseline", "gemm_rs": "sp_baseline"}
+
+
+def reference_setting(workload: str) -> tuple[str, dict]:
+    """The strategy and knobs whose output every other strategy is checked against."""
+    name = REFERENCE[workload]
+    return name, strategies.get(name).check_knobs({}, name)
 
 
 def build_workload(rt: runtime.Runtime, point: Point, stack: Stack | None, max_tokens: int) -> Workload:
@@ -46,7 +50,8 @@ def build_workload(rt: runtime.Runtime, point: Point, stack: Stack | None, max_t
     try:  # a batch too large for the GPU fails its own points, not the sweep
         x = random_input(point.tokens, point.shape.hidden, point.seed, dtype, rt.device)
         dist.broadcast(x, src=0)  # identical input on every rank, whatever the RNG does per device
-        step = strategies.get("baseline").build(ctx, _reference_knobs())
+        name, knobs = reference_setting(point.workload)
+        step = strategies.get(name).build(ctx, knobs)
         reference = step.to_full(step.forward(x)).clone()
         return Workload(ctx, x, reference, None)
     except torch.OutOfMemoryError as e:
@@ -58,12 +63,12 @@ def build_micro_workload(rt: runtime.Runtime, point: Point, max_tokens: int) -> 
     from overlapbench import micro
 
     ctx, x = micro.build(rt, point, TORCH_DTYPES[point.dtype], max_tokens)
-    cls = strategies.get(micro.REFERENCE)
+    name, knobs = reference_setting(point.workload)
     try:
-        step = cls.build(ctx, cls.check_knobs({}, cls.name))
+        step = strategies.get(name).build(ctx, knobs)
         return Workload(ctx, x, step.to_full(step.forward(x)).clone(), None)
     except torch.OutOfMemoryError as e:
-        return Workload(ctx, x, None, f"{cls.name} reference: {_one_line(e)}")
+        return Workload(ctx, x, None, f"{name} reference: {_one_line(e)}")
 
 
 def _one_line(e: BaseException) -> str:
@@ -114,7 +119,7 @@ def measure_point(rt: runtime.Runtime, point: Point, work: Workload, spec: Sweep
         return {"status": "skipped", "error": reason}
     if work.reference is None:
         return {"status": "failed", "error": work.reference_error}
-    is_reference = point.strategy == "baseline" and point.knobs == _reference_knobs()
+    is_reference = (point.strategy, point.knobs) == reference_setting(point.workload)
     checked = cls.is_checked(point.knobs)
     tolerance = spec.tolerance(point.dtype)
     fields = {"rel_err": None, "tolerance": tolerance, "checked": checked}
@@ -204,17 +209,7 @@ def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = 
     env = environment.run_environment(rt)
     points = spec.points(rt.world_size, rt.is_cuda)
 
-    store = ResultStore(output) if rt.rank == 0 else None
-    opened: list = [None, uuid.uuid4().hex[:12]]
-    if store is not None:
-        try:
-            opened[0] = sorted(store.open(resume))
-        except UserError as e:
-            opened[0] = str(e)
-    dist.broadcast_object_list(opened, src=0)
-    if isinstance(opened[0], str):
-        raise UserError(opened[0])
-    done, run_id = set(opened[0]), opened[1]
+    store, done, run_id = results.open_on_ranks(output, resume, rt.rank)
     todo = [p for p in points if p.key() not in done]
     if done:
         console.print(f"resuming {output}: {len(points) - len(todo)} of {len(points)} points already done")

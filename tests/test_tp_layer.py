@@ -29,9 +29,9 @@ def _rank_forward(rank: int, world: int, strategy: str, knobs: dict, seq_lens: t
     return first, second
 
 
-def _check(strategy: str, knobs: dict, seq_lens: tuple, shape: ModelShape = SHAPE, seed: int = 0) -> None:
-    ref = reference_forward(shape, LAYERS, 2, seq_lens, seed=seed)
-    for first, second in distributed.run(_rank_forward, strategy, knobs, seq_lens, shape, seed):
+def _check(strategy: str, knobs: dict, seq_lens: tuple, shape: ModelShape = SHAPE, seed: int = 0, world: int = 2) -> None:
+    ref = reference_forward(shape, LAYERS, world, seq_lens, seed=seed)
+    for first, second in distributed.run(_rank_forward, strategy, knobs, seq_lens, shape, seed, world=world):
         for out in (first, second):
             err = (torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref)).item()
             assert err < 1e-5, f"{strategy} {knobs} {seq_lens}: rel err {err:.2e}"
@@ -84,3 +84,16 @@ def test_reference_depends_on_the_seed():
     b = reference_forward(SHAPE, LAYERS, 2, (20,), seed=1)
     assert not torch.allclose(a, b)
     assert torch.equal(a, reference_forward(SHAPE, LAYERS, 2, (20,), seed=0))
+
+
+WIDE = ModelShape(hidden=64, ffn=128, heads=8, kv_heads=4, head_dim=8)  # divisible by tp=4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "strategy, knobs",
+    [("baseline", {}), ("token_split", {"align": 8}), ("iso", {"split_ratio": 0.4, "align": 4})],
+)
+def test_four_ranks_match_the_reference(strategy, knobs):
+    """TP=4 on 4 gloo processes: the sharding and the splits hold beyond two ranks."""
+    _check(strategy, knobs, (29, 14), shape=WIDE, world=4)

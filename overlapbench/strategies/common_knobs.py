@@ -1,6 +1,6 @@
 """Knobs several strategies share, defined once."""
 
-from overlapbench.strategies.base import DEFAULT, Knob
+from overlapbench.strategies.base import DEFAULT, Knob, Strategy
 
 # The fused kernel's CTA budget limit; kernels.allreduce_norm checks the same number.
 MAX_COMM_CTAS = 64
@@ -41,3 +41,21 @@ def normalize_comm(knobs: dict, cta_knobs: tuple[str, ...]) -> None:
 
 def split_is_checked(knobs: dict) -> bool:
     return knobs["comm"] != "none"
+
+
+class SplitStrategy(Strategy):
+    """What token_split and iso share beyond the schedule: the comm knobs' rules."""
+
+    cta_knobs: tuple[str, ...] = ()  # the CTA budgets that only comm=fused uses
+
+    @classmethod
+    def check_combination(cls, knobs, where):
+        normalize_comm(knobs, cls.cta_knobs)
+
+    @classmethod
+    def is_checked(cls, knobs):
+        return split_is_checked(knobs)
+
+    @classmethod
+    def skip_reason(cls, knobs, cuda):
+        return fused_needs_cuda(knobs, cuda)

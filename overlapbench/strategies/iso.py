@@ -13,8 +13,8 @@ from __future__ import annotations
 from overlapbench.errors import UserError
 from overlapbench.models import ModelShape
 from overlapbench.strategies import register
-from overlapbench.strategies.base import Knob, Strategy
-from overlapbench.strategies.common_knobs import COMM, NCCL_MAX_CTAS, comm_ctas, fused_needs_cuda, normalize_comm, split_is_checked
+from overlapbench.strategies.base import Knob
+from overlapbench.strategies.common_knobs import COMM, NCCL_MAX_CTAS, SplitStrategy, comm_ctas
 
 ALIGN = Knob("align", int, 64, "round each sequence's cut to a multiple of this many tokens", bounds=(1, 4096))
 SPLIT_RATIO = Knob(
@@ -65,22 +65,12 @@ def cuts(seq_lens: tuple[int, ...], ratio: float, align: int) -> list[int]:
 
 
 @register
-class Iso(Strategy):
+class Iso(SplitStrategy):
     name = "iso"
     summary = "ISO: every sequence cut in two chunks; chunk 2 attends to chunk 1's KV; one chunk's all-reduce overlaps the other's compute"
     knobs = (SPLIT_RATIO, ALIGN, COMM, comm_ctas("comm_ctas", "(comm=fused)"), NCCL_MAX_CTAS)
 
-    @classmethod
-    def check_combination(cls, knobs, where):
-        normalize_comm(knobs, ("comm_ctas",))
-
-    @classmethod
-    def is_checked(cls, knobs):
-        return split_is_checked(knobs)
-
-    @classmethod
-    def skip_reason(cls, knobs, cuda):
-        return fused_needs_cuda(knobs, cuda)
+    cta_knobs = ("comm_ctas",)
 
     @classmethod
     def build(cls, ctx, knobs):

@@ -7,8 +7,8 @@ import math
 
 from overlapbench.errors import UserError
 from overlapbench.strategies import register
-from overlapbench.strategies.base import Knob, Strategy
-from overlapbench.strategies.common_knobs import ALIGN, COMM, NCCL_MAX_CTAS, comm_ctas, fused_needs_cuda, normalize_comm, split_is_checked
+from overlapbench.strategies.base import Knob
+from overlapbench.strategies.common_knobs import ALIGN, COMM, NCCL_MAX_CTAS, SplitStrategy, comm_ctas
 
 
 def split_point(tokens: int, align: int, offset: int = 0, ratio: float | None = None) -> int:
@@ -34,7 +34,7 @@ def split_point(tokens: int, align: int, offset: int = 0, ratio: float | None = 
 
 
 @register
-class TokenSplit(Strategy):
+class TokenSplit(SplitStrategy):
     name = "token_split"
     summary = "TokenWeave: the batch's tokens cut in two; each half's all-reduce+norm overlaps the other half's compute"
     knobs = (
@@ -47,19 +47,13 @@ class TokenSplit(Strategy):
         NCCL_MAX_CTAS,
     )
 
+    cta_knobs = ("comm_ctas_attn", "comm_ctas_mlp")
+
     @classmethod
     def check_combination(cls, knobs, where):
         if knobs["split_ratio"] is not None and knobs["split_offset"] != 0:
             raise UserError(f"{where}: split_ratio and split_offset are alternatives; set one of them")
-        normalize_comm(knobs, ("comm_ctas_attn", "comm_ctas_mlp"))
-
-    @classmethod
-    def is_checked(cls, knobs):
-        return split_is_checked(knobs)
-
-    @classmethod
-    def skip_reason(cls, knobs, cuda):
-        return fused_needs_cuda(knobs, cuda)
+        super().check_combination(knobs, where)
 
     @classmethod
     def build(cls, ctx, knobs):
