@@ -10,7 +10,8 @@ The rule, per (device, world size, tp, model shape, dtype) and token count:
    replaces the incumbent only when it is faster by more than the noise, so ties go to the
    simpler strategy.
 3. "Faster by more than the noise": the 95% bootstrap confidence interval of the speedup
-   (incumbent median / challenger median; each row's per-iteration samples resampled
+   (incumbent median / challenger median; each row's per-iteration samples resampled in moving
+   blocks of ceil(sqrt(n)) consecutive iterations, since drifting clocks correlate neighbours;
    `RESAMPLES` times, fixed seed) lies entirely above 1. A row without at least two samples
    falls back to its p10/p90: the interval is [p10_inc / p90_ch, p90_inc / p10_ch], so the
    challenger must be faster with their central 80% ranges not overlapping.
@@ -113,15 +114,31 @@ def _spread(m: Measured) -> tuple[float, float]:
 
 
 def _bootstrap(incumbent: tuple[float, ...], challenger: tuple[float, ...]) -> tuple[float, float]:
-    """Percentile interval of median(incumbent) / median(challenger) over resampled samples."""
+    """Percentile interval of median(incumbent) / median(challenger) over resampled samples.
+
+    Moving-block resampling (blocks of ceil(sqrt(n)) consecutive iterations): GPU clocks drift,
+    so neighbouring iterations are correlated, and resampling them one by one would claim a
+    precision the run does not have.
+    """
     import numpy as np  # only here: report's table and tune pay for it, `--help` does not
 
     rng = np.random.default_rng(SEED)
     a, b = np.asarray(incumbent, dtype=float), np.asarray(challenger, dtype=float)
-    ratios = np.median(rng.choice(a, (RESAMPLES, a.size)), axis=1) / np.median(rng.choice(b, (RESAMPLES, b.size)), axis=1)
+    ratios = np.median(_block_resample(a, rng), axis=1) / np.median(_block_resample(b, rng), axis=1)
     tail = (1 - LEVEL) / 2
     lo, hi = np.quantile(ratios, [tail, 1 - tail])
     return float(lo), float(hi)
+
+
+def _block_resample(x, rng):
+    """RESAMPLES series of len(x), each stitched from random runs of consecutive samples."""
+    import numpy as np
+
+    n = x.size
+    block = math.ceil(math.sqrt(n))
+    starts = rng.integers(0, n - block + 1, size=(RESAMPLES, math.ceil(n / block)))
+    index = (starts[:, :, None] + np.arange(block)).reshape(RESAMPLES, -1)[:, :n]
+    return x[index]
 
 
 def pick(rows: list[Measured]) -> Pick | None:

@@ -316,3 +316,26 @@ def test_batches_of_equal_size_are_never_compared_with_each_other():
         synthetic.row("token_split", 4096, median=0.45, rng=rng, **several),
     )
     assert tune.pick(agreeing).chosen.strategy == "token_split"
+
+
+def drifting(median: float, n: int, rng: random.Random, phi: float = 0.95, cv: float = 0.03) -> list[float]:
+    """Per-iteration times whose noise wanders slowly (AR(1)), as unlocked GPU clocks make it."""
+    out, x = [], 0.0
+    scale = cv * (1 - phi * phi) ** 0.5
+    for _ in range(n):
+        x = phi * x + rng.gauss(0, scale)
+        out.append(median * (1 + x))
+    return out
+
+
+def test_drifting_samples_widen_the_interval():
+    """Neighbouring iterations are correlated; the interval must not pretend they are not."""
+    rng = random.Random(5)
+    base, fast = drifting(1.0, 60, rng), drifting(0.99, 60, rng)
+    ordered = tune.gain(*measured(synthetic.row("token_split", 4096, samples=fast),
+                                  synthetic.row("baseline", 4096, samples=base)))
+    shuffled_fast, shuffled_base = fast[:], base[:]
+    rng.shuffle(shuffled_fast), rng.shuffle(shuffled_base)
+    independent = tune.gain(*measured(synthetic.row("token_split", 4096, samples=shuffled_fast),
+                                      synthetic.row("baseline", 4096, samples=shuffled_base)))
+    assert ordered.hi - ordered.lo > 1.5 * (independent.hi - independent.lo)
