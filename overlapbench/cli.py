@@ -62,7 +62,7 @@ def sweep(
     baseline's output before it is timed.
     """
     from overlapbench import launch, spec as spec_mod
-    from overlapbench.results import ResultStore
+    from overlapbench.results import check_writable
 
     path = spec or QUICK_SPEC
     if launch.under_torchrun():
@@ -81,12 +81,12 @@ def sweep(
         return
     if nproc is not None and nproc < 1:
         raise UserError(f"--nproc: must be at least 1, got {nproc}")
+    cuda = launch.local_gpus() > 0
     world = nproc or launch.default_nproc()
-    loaded = spec_mod.load(path, cuda=launch.local_gpus() > 0)
-    loaded.points(world, cuda=launch.local_gpus() > 0)  # validates tp against the world size
+    loaded = spec_mod.load(path, cuda=cuda)
+    loaded.points(world, cuda=cuda)  # validates tp against the world size
     out = output or loaded.output_path(resume)
-    ResultStore(out).open(resume)  # refuses a busy or existing store before any launch
-    ResultStore(out).close()
+    check_writable(out, resume)
     args = ["sweep", str(path), "--output", str(out)] + (["--resume"] if resume else [])
     args += ["--profile", str(profile)] if profile is not None else []
     try:

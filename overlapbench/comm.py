@@ -33,7 +33,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from overlapbench.errors import UserError, did_you_mean
+from overlapbench.errors import UserError, did_you_mean, one_line
 
 if TYPE_CHECKING:
     import torch
@@ -583,20 +583,6 @@ def _sum_over_ranks(value: int, rt: "Runtime") -> int:
     return int(total.item())
 
 
-def _one_line(e: BaseException) -> str:
-    text = f"{type(e).__name__}: {e}".strip().splitlines()
-    return text[0][:400] if text else type(e).__name__
-
-
-def _first_error(error: str | None, rt: "Runtime") -> str | None:
-    """Every rank learns whether any rank failed (so none walks alone into a collective)."""
-    import torch.distributed as dist
-
-    errors: list = [None] * rt.world_size
-    dist.all_gather_object(errors, error)
-    return next((f"rank {r}: {e}" for r, e in enumerate(errors) if e), None)
-
-
 @dataclass(frozen=True)
 class RunInfo:
     """What every row of a run shares."""
@@ -616,14 +602,14 @@ def measure_case(rt: "Runtime", case: Case, buffers: Buffers, info: RunInfo) -> 
 
     if case.skip:
         return {"status": "skipped", "error": case.skip}
-    bench, error = None, None
+    bench, failure = None, None
     try:
         bench = build(rt, case, buffers)
     except Exception as e:  # noqa: BLE001 -- OOM, an unsupported dtype: a failed row
-        error = _one_line(e)
-    error = _first_error(error, rt)
-    if error:
-        return {"status": "failed", "error": error}
+        failure = {"status": "failed", "error": one_line(e)}
+    failure = rt.first_failure(failure)  # every rank learns it: none walks alone into a collective
+    if failure:
+        return failure
     try:
         wrong = check(bench, case.seed, rt)
         if wrong:
@@ -632,7 +618,7 @@ def measure_case(rt: "Runtime", case: Case, buffers: Buffers, info: RunInfo) -> 
         step = Step(lambda _x: _repeat(bench.run, reps))
         timing = measure.time_step(step, bench.out(), info.warmup, info.iters, info.graphs)
     except Exception as e:  # noqa: BLE001 -- a kernel error: a failed row, and go on
-        return {"status": "failed", "error": _one_line(e)}
+        return {"status": "failed", "error": one_line(e)}
     stats = measure.summarize(timing.samples_ms, per=reps)
     seconds = stats["ms"] / 1e3
     return stats | {
@@ -949,15 +935,14 @@ def _local_device_name() -> str:
 def main(opts: Options, console: "Console", err_console: "Console") -> int:
     """Started plainly: check the store, re-launch under torchrun; under torchrun: measure."""
     from overlapbench import launch
-    from overlapbench.results import ResultStore
+    from overlapbench.results import check_writable
 
     if launch.under_torchrun():
         return run_ranks(opts, console)
     cuda = launch.local_gpus() > 0
     world = opts.nproc or launch.default_nproc()
     out = opts.output or default_output(_local_device_name(), world)
-    ResultStore(out).open(opts.resume)  # refuses a busy or existing store before any launch
-    ResultStore(out).close()
+    check_writable(out, opts.resume)
     code = launch.relaunch(opts.argv(cuda, out), world)
     if code:
         err_console.print(f"[bold red]comm failed[/bold red] (exit {code}); finished rows are in {out}; `--resume` continues")

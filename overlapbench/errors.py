@@ -15,3 +15,9 @@ def did_you_mean(word: str, choices) -> str:
     """' (did you mean 'x'?)' when a close match exists, else ''."""
     close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1)
     return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def one_line(e: BaseException, limit: int = 400) -> str:
+    """An exception as 'Type: first line of its message', for a result row or a log line."""
+    text = f"{type(e).__name__}: {e}".strip().splitlines()
+    return text[0][:limit] if text else type(e).__name__

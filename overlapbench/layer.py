@@ -106,6 +106,23 @@ def _norm_weight(hidden: int, seed: int, layer: int, name: str, device) -> torch
     return 1.0 + seeded_randn((hidden,), stable_seed(seed, layer, name, 0), device, 0.1)
 
 
+def _layer(shape: ModelShape, tp: int, layer: int, shards, seed: int, num_layers: int, device) -> LayerWeights:
+    """One layer's weights: the given shards joined along their sharded dimension."""
+    parts = [_shard(shape, tp, layer, s, seed, num_layers, device) for s in shards]
+
+    def cat(name: str, dim: int = 0) -> torch.Tensor:
+        return torch.cat([p[name] for p in parts], dim=dim)
+
+    return LayerWeights(
+        attn_norm=_norm_weight(shape.hidden, seed, layer, "attn_norm", device),
+        wqkv=torch.cat([cat("wq"), cat("wk"), cat("wv")]),
+        wo=cat("wo", dim=1),
+        mlp_norm=_norm_weight(shape.hidden, seed, layer, "mlp_norm", device),
+        w_gate_up=torch.cat([cat("gate"), cat("up")]),
+        w_down=cat("down", dim=1),
+    )
+
+
 def build_stack(
     shape: ModelShape,
     num_layers: int,
@@ -122,24 +139,7 @@ def build_stack(
     """
     shape.check_tp(tp)
     shards = range(tp) if rank is None else [rank]
-    layers = []
-    for i in range(num_layers):
-        parts = [_shard(shape, tp, i, s, seed, num_layers, device) for s in shards]
-
-        def cat(name: str, dim: int = 0) -> torch.Tensor:
-            return torch.cat([p[name] for p in parts], dim=dim)
-
-        layers.append(
-            LayerWeights(
-                attn_norm=_norm_weight(shape.hidden, seed, i, "attn_norm", device),
-                wqkv=torch.cat([cat("wq"), cat("wk"), cat("wv")]),
-                wo=cat("wo", dim=1),
-                mlp_norm=_norm_weight(shape.hidden, seed, i, "mlp_norm", device),
-                w_gate_up=torch.cat([cat("gate"), cat("up")]),
-                w_down=cat("down", dim=1),
-            )
-        )
-        del parts
+    layers = [_layer(shape, tp, i, shards, seed, num_layers, device) for i in range(num_layers)]
     final = _norm_weight(shape.hidden, seed, num_layers, "final_norm", device)
     stack = Stack(shape, 1 if rank is None else tp, layers, final)
     for w in stack.layers:

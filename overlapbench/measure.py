@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from overlapbench.analysis import NOISY_CV  # noqa: F401 -- one definition, re-exported
+from overlapbench.errors import one_line
 from overlapbench.strategies.base import Step
 
 
@@ -73,7 +74,7 @@ def time_step(
             replay = _capture(step, x)
             ok = True
         except Exception as e:  # noqa: BLE001 -- any capture failure falls back to eager
-            error, ok = f"{type(e).__name__}: {e}".splitlines()[0][:300], False
+            error, ok = one_line(e, limit=300), False
         if _agree(ok, x.device):
             run, used_graphs = replay, True
         elif error is None:

@@ -133,6 +133,13 @@ class ResultStore:
             self._lock = None
 
 
+def check_writable(output: str | Path, resume: bool) -> None:
+    """Refuse a busy or already-written store (per `resume`) before any process is launched."""
+    store = ResultStore(output)
+    store.open(resume)
+    store.close()
+
+
 def open_on_ranks(output: str | Path, resume: bool, rank: int) -> tuple["ResultStore | None", set[str], str]:
     """Rank 0 locks the store; every rank learns the keys already done and the run id (a
     collective: all ranks call it). A refusal is the same UserError on every rank."""

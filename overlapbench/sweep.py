@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from overlapbench import environment, measure, results, runtime, strategies
-from overlapbench.errors import UserError
+from overlapbench.errors import UserError, one_line
 from overlapbench.layer import RopeTable, Stack, build_stack, random_input
 from overlapbench.results import SCHEMA
 from overlapbench.spec import Point, SweepSpec
@@ -55,7 +55,7 @@ def build_workload(rt: runtime.Runtime, point: Point, stack: Stack | None, max_t
         reference = step.to_full(step.forward(x)).clone()
         return Workload(ctx, x, reference, None)
     except torch.OutOfMemoryError as e:
-        return Workload(ctx, None, None, f"baseline reference: {_one_line(e)}")
+        return Workload(ctx, None, None, f"baseline reference: {one_line(e)}")
 
 
 def build_micro_workload(rt: runtime.Runtime, point: Point, max_tokens: int) -> Workload:
@@ -68,12 +68,7 @@ def build_micro_workload(rt: runtime.Runtime, point: Point, max_tokens: int) -> 
         step = strategies.get(name).build(ctx, knobs)
         return Workload(ctx, x, step.to_full(step.forward(x)).clone(), None)
     except torch.OutOfMemoryError as e:
-        return Workload(ctx, x, None, f"{name} reference: {_one_line(e)}")
-
-
-def _one_line(e: BaseException) -> str:
-    text = f"{type(e).__name__}: {e}".strip().splitlines()
-    return text[0][:400] if text else type(e).__name__
+        return Workload(ctx, x, None, f"{name} reference: {one_line(e)}")
 
 
 def _skip_reason(cls: type[strategies.Strategy], rt: runtime.Runtime, point: Point) -> str | None:
@@ -104,7 +99,7 @@ def _phase(rt: runtime.Runtime, fn):
     except (dist.DistError, KeyboardInterrupt):  # a dead peer or an interrupt ends the sweep
         raise
     except Exception as e:  # noqa: BLE001 -- OOM, a kernel error: a failed row, and go on
-        result = {"status": "failed", "error": _one_line(e)}
+        result = {"status": "failed", "error": one_line(e)}
     verdict = rt.first_failure(result)
     if verdict is not None:
         raise PointFailed(verdict)

@@ -1,13 +1,30 @@
-"""Run a function on N gloo processes (CPU), or NCCL ones (GPUs), and collect each rank's return value."""
+"""Processes for the tests: a function on N gloo processes (CPU) or NCCL ones (GPUs), each
+rank's return value collected; and the command line run as a user runs it."""
 
 from __future__ import annotations
 
 import os
 import pickle
 import socket
+import subprocess
+import sys
 import traceback
+from pathlib import Path
 
 import torch.multiprocessing as mp
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def overlapbench(command: str, *args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m overlapbench COMMAND ARGS` from the repo root, output captured; `env` adds
+    variables to this process's environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "overlapbench", command, *args],
+        capture_output=True, text=True, timeout=timeout, cwd=REPO,
+        env=os.environ | {"PYTHONPATH": str(REPO)} | (env or {}),
+    )
 
 
 def free_port() -> int:

@@ -6,9 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +21,6 @@ from overlapbench.results import SCHEMA, read_rows
 from overlapbench.spec import CommSpec
 from tests import distributed
 
-REPO = Path(__file__).resolve().parent.parent
 K, M, G = 2**10, 2**20, 2**30
 
 
@@ -354,11 +351,7 @@ def test_options_forward_explicitly_to_the_ranks():
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "overlapbench", "comm", *args],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
-        env=os.environ | {"PYTHONPATH": str(REPO)},
-    )
+    return distributed.overlapbench("comm", *args)
 
 
 @pytest.mark.slow

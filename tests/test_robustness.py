@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,9 +17,9 @@ from overlapbench import spec
 from overlapbench.cli import app
 from overlapbench.errors import UserError
 from overlapbench.results import read_rows
+from tests import distributed
 
-REPO = Path(__file__).resolve().parent.parent
-ENV = os.environ | {"PYTHONPATH": str(REPO), "OVERLAPBENCH_PLUGINS": "tests.fault_plugin"}
+PLUGINS = {"OVERLAPBENCH_PLUGINS": "tests.fault_plugin"}
 
 
 def write_spec(tmp_path: Path, strategies: dict, tokens=(16, 29, 40), timeout_s: int = 60) -> Path:
@@ -34,8 +32,7 @@ def write_spec(tmp_path: Path, strategies: dict, tokens=(16, 29, 40), timeout_s:
 
 
 def sweep(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "overlapbench", "sweep", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=REPO, env=ENV)
+    return distributed.overlapbench("sweep", *args, env=PLUGINS, timeout=timeout)
 
 
 @pytest.mark.slow

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from overlapbench.cli import app
 from overlapbench.results import SCHEMA, ResultStore, read_rows
-from tests.distributed import free_port
+from tests import distributed
+from tests.distributed import REPO, free_port
 
 SPEC = """
 name: tiny-test
@@ -26,9 +27,6 @@ strategies:
   token_split: {align: 8}
 measure: {warmup: 1, iters: 3, timeout_s: 60}
 """
-REPO = Path(__file__).resolve().parent.parent
-
-
 @pytest.fixture
 def spec_file(tmp_path: Path) -> Path:
     path = tmp_path / "spec.yaml"
@@ -37,11 +35,7 @@ def spec_file(tmp_path: Path) -> Path:
 
 
 def sweep(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "overlapbench", "sweep", *args],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
-        env=os.environ | {"PYTHONPATH": str(REPO)},
-    )
+    return distributed.overlapbench("sweep", *args)
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from tests import synthetic
-from overlapbench import analysis, measure, tune, tuned
+from overlapbench import analysis, tune, tuned
 from overlapbench.analysis import Measured
 from overlapbench.errors import UserError
 

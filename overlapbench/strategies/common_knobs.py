@@ -23,26 +23,6 @@ def comm_ctas(name: str, what: str) -> Knob:
     return Knob(name, int, 8, f"CTA budget of the fused all-reduce+norm kernel {what}", bounds=(1, MAX_COMM_CTAS))
 
 
-def fused_needs_cuda(knobs: dict, cuda: bool) -> str | None:
-    if knobs["comm"] == "fused" and not cuda:
-        return "comm=fused needs CUDA GPUs with symmetric memory"
-    return None
-
-
-def normalize_comm(knobs: dict, cta_knobs: tuple[str, ...]) -> None:
-    """Knobs that do not apply to the chosen `comm` are reset, so a grid over both comm
-    paths does not measure the same setting twice."""
-    if knobs["comm"] != "fused":
-        for name in cta_knobs:
-            knobs[name] = None
-    if knobs["comm"] != "nccl":
-        knobs["nccl_max_ctas"] = DEFAULT
-
-
-def split_is_checked(knobs: dict) -> bool:
-    return knobs["comm"] != "none"
-
-
 class SplitStrategy(Strategy):
     """What token_split and iso share beyond the schedule: the comm knobs' rules."""
 
@@ -50,12 +30,20 @@ class SplitStrategy(Strategy):
 
     @classmethod
     def check_combination(cls, knobs, where):
-        normalize_comm(knobs, cls.cta_knobs)
+        """Knobs that do not apply to the chosen `comm` are reset, so a grid over both comm
+        paths does not measure the same setting twice."""
+        if knobs["comm"] != "fused":
+            for name in cls.cta_knobs:
+                knobs[name] = None
+        if knobs["comm"] != "nccl":
+            knobs["nccl_max_ctas"] = DEFAULT
 
     @classmethod
     def is_checked(cls, knobs):
-        return split_is_checked(knobs)
+        return knobs["comm"] != "none"  # comm=none is a bound, not a correct result
 
     @classmethod
     def skip_reason(cls, knobs, cuda):
-        return fused_needs_cuda(knobs, cuda)
+        if knobs["comm"] == "fused" and not cuda:
+            return "comm=fused needs CUDA GPUs with symmetric memory"
+        return None

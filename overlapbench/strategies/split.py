@@ -16,7 +16,6 @@ in how they cut (a `SplitPlan`); the schedule is written once, here.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
