@@ -11,6 +11,12 @@ class UserError(Exception):
     exit_code = 2
 
 
+def field_name(key) -> str:
+    """A spec key as it may appear in a one-line error: itself when plain, else its repr
+    (a key holding a newline or a non-string key would otherwise break the line or mislead)."""
+    return key if isinstance(key, str) and key.isprintable() and key.strip() == key and key else repr(key)
+
+
 def did_you_mean(word: str, choices) -> str:
     """' (did you mean 'x'?)' when a close match exists, else ''."""
     close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1)

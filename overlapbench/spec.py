@@ -17,7 +17,7 @@ import yaml
 
 from overlapbench import models, strategies
 from overlapbench.comm import OPS as COMM_OPS, PATHS as COMM_PATHS, PATHS_BY_OP, comm_sizes
-from overlapbench.errors import UserError, did_you_mean
+from overlapbench.errors import UserError, did_you_mean, field_name
 
 DTYPES = ("auto", "bf16", "fp16", "fp32")
 DEFAULT_TOLERANCE = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}
@@ -30,7 +30,7 @@ def _reject_unknown(data: dict, allowed, where: str) -> None:
         if key not in allowed:
             prefix = f"{where}." if where else ""
             raise UserError(
-                f"{prefix}{key}: unknown key{did_you_mean(key, allowed)}; "
+                f"{prefix}{field_name(key)}: unknown key{did_you_mean(key, allowed)}; "
                 f"allowed: {', '.join(allowed)}"
             )
 
@@ -133,7 +133,7 @@ def _strategy_grids(data: Any) -> tuple[StrategyGrid, ...]:
         )
     grids = []
     for name, knobs in data.items():
-        where = f"strategies.{name}"
+        where = f"strategies.{field_name(name)}"
         if not isinstance(name, str):
             raise UserError(f"{where}: a strategy name must be a string")
         strategies.get(name, where)

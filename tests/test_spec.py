@@ -84,6 +84,9 @@ def test_irrelevant_knobs_do_not_double_points():
         ({"shape": {"hidden": -64, "ffn": 128, "heads": 4, "kv_heads": 2, "head_dim": 16}}, ("model",), "shape.hidden"),
         ({"output": "results/x.csv"}, (), "output"),
         ({"cpu": {"bogus": 1}}, (), "cpu.bogus"),
+        ({"mo\ndel": "tiny"}, (), "'mo\\ndel'"),  # a key that would break the line is quoted
+        ({"strategies": {"base\nline": {}}}, (), "strategies"),
+        ({"strategies": {"baseline": {"max\n": 4}}}, (), "strategies.baseline.'max\\n'"),
     ],
 )
 def test_bad_input_names_the_field(overrides, drop, field):

@@ -20,7 +20,7 @@ def get(name: str, where: str = "strategies") -> type[Strategy]:
         return _REGISTRY[name]
     except KeyError:
         raise UserError(
-            f"{where}: unknown strategy '{name}'{did_you_mean(name, _REGISTRY)}; "
+            f"{where}: unknown strategy {name!r}{did_you_mean(name, _REGISTRY)}; "
             f"known: {', '.join(_REGISTRY)}"
         ) from None
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
-from overlapbench.errors import UserError
+from overlapbench.errors import UserError, did_you_mean, field_name
 
 if TYPE_CHECKING:
     import torch
@@ -107,14 +107,12 @@ class Strategy:
     @classmethod
     def check_knobs(cls, values: dict, where: str) -> dict:
         """Validated knob values with defaults filled in."""
-        from overlapbench.errors import did_you_mean
-
         names = [k.name for k in cls.knobs]
         for name in values:
             if name not in names:
                 known = ", ".join(names) if names else "none"
                 raise UserError(
-                    f"{where}.{name}: unknown knob for '{cls.name}'"
+                    f"{where}.{field_name(name)}: unknown knob for '{cls.name}'"
                     f"{did_you_mean(name, names)}; its knobs are: {known}"
                 )
         checked = {k.name: k.check(values.get(k.name, k.default), f"{where}.{k.name}") for k in cls.knobs}
