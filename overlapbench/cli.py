@@ -50,8 +50,8 @@ def user_errors(fn):
 @user_errors
 def sweep(
     spec: Optional[Path] = typer.Argument(None, help="Sweep spec (YAML). Default: sweeps/quick.yaml."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Results file (.jsonl). Default: the spec's 'output', else a new results/<name>-<time>.jsonl."),
-    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep (the --output file, else the newest results/<name>-*.jsonl): skip points already done."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Results file (.jsonl). Default: the spec's 'output', else a new results/{name}-{time}.jsonl."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep (the --output file, else the newest results/{name}-*.jsonl): skip points already done."),
     nproc: Optional[int] = typer.Option(None, "--nproc", help="Processes to launch when not under torchrun. Default: all local GPUs, or 2 on CPU."),
     profile: Optional[Path] = typer.Option(None, "--profile", help="Also profile each point (GPU): a kernel table per point into this folder."),
 ) -> None:
@@ -114,7 +114,7 @@ def comm(
     warmup: int = typer.Option(5, "--warmup", help="Untimed samples first."),
     graphs: bool = typer.Option(True, "--graphs/--no-graphs", help="Time CUDA-graph replays (falls back to eager where capture fails)."),
     fmt: str = typer.Option("table", "--format", help="table | csv | json (to stdout; progress goes to stderr)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Results file (.jsonl). Default: results/comm-<device>-<world>.jsonl."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Results file (.jsonl). Default: results/comm-{device}-{world}.jsonl."),
     resume: bool = typer.Option(False, "--resume", help="Continue: skip the cases already in the results file."),
     nproc: Optional[int] = typer.Option(None, "--nproc", help="Processes to launch when not under torchrun. Default: all local GPUs, or 2 on CPU."),
 ) -> None:
