@@ -69,7 +69,11 @@ def test_bad_micro_specs_fail_with_the_field(overrides, message):
         spec.from_dict(_spec(**overrides), "m", cuda=False)
 
 
-@pytest.mark.parametrize("name", ["sp-llama3-70b-tp2", "sp-llama3-8b-tp2", "micro-gemm-ag-tp2", "micro-gemm-rs-tp2"])
+@pytest.mark.parametrize("name", [
+    "sp-llama3-70b-tp2", "sp-llama3-8b-tp2",
+    "micro-gemm-ag-llama3-70b-tp2", "micro-gemm-rs-llama3-70b-tp2",
+    "micro-gemm-ag-llama3-8b-tp2", "micro-gemm-rs-llama3-8b-tp2",
+])
 def test_shipped_sp_specs_load(name):
     for cuda in (True, False):
         s = spec.load(SWEEPS / f"{name}.yaml", cuda)
@@ -77,6 +81,13 @@ def test_shipped_sp_specs_load(name):
         assert points and all(p.workload == s.workload for p in points)
         assert (s.workload == "layer") == name.startswith("sp-")
         assert len(points) <= 64  # device time is scarce
+        if s.gemm is not None:  # a micro GEMM is one of the model's per-rank GEMMs at TP=2
+            m, tp = s.shape, 2
+            per_rank = {
+                "gemm_ag": {((m.heads + 2 * m.kv_heads) * m.head_dim // tp, m.hidden), (2 * m.ffn // tp, m.hidden)},
+                "gemm_rs": {(m.hidden, m.heads * m.head_dim // tp), (m.hidden, m.ffn // tp)},
+            }[s.workload]
+            assert (s.gemm.n, s.gemm.k) in per_rank or not cuda
 
 
 # ---------------------------------------------------------------------------------------------
