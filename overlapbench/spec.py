@@ -51,7 +51,7 @@ class Measure:
     min_time_s: float = 1.0  # timed iterations run at least this long (more iterations for small points)
     graphs: bool = True
     tolerance: float | None = None  # None: by dtype (DEFAULT_TOLERANCE)
-    timeout_s: int = 600  # process-group timeout: a dead or hung rank stops the sweep by then
+    timeout_s: int = 300  # per point, and the process-group timeout: a hung point stops the sweep by then
 
     def __post_init__(self) -> None:
         if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) or self.warmup < 0:

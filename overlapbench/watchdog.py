@@ -4,6 +4,7 @@ process-group timeouts cannot see it; this thread can."""
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import sys
 import threading
@@ -27,9 +28,10 @@ class Watchdog:
     def _expire(self, what: str) -> None:
         sys.stderr.write(
             f"rank {self.rank}: {what} ran longer than {self.limit_s:g} s (measure.timeout_s); "
-            f"stopping the sweep; finished rows are on disk and --resume continues\n"
+            f"stopping the sweep; finished rows are on disk and --resume continues; where it was:\n"
         )
         sys.stderr.flush()
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)  # which phase hung
         os._exit(3)
 
 

@@ -79,6 +79,7 @@ def test_a_hanging_rank_stops_the_sweep_in_bounded_time(tmp_path: Path):
     hung = sweep(str(path), "--output", str(out), timeout=200)
     elapsed = time.monotonic() - start
     assert hung.returncode != 0 and elapsed < 100, (elapsed, hung.stderr[-2000:])
+    assert "where it was" in hung.stderr and "fault_plugin.py" in hung.stderr, hung.stderr[-2000:]  # the stack
     assert [(r["strategy"], r["tokens"]) for r in read_rows(out)] == [("baseline", 16), ("fault", 16), ("baseline", 29)]
 
 
