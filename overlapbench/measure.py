@@ -5,6 +5,7 @@ A layer is as slow as its slowest rank, so each iteration's time is the max over
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -47,12 +48,6 @@ def _capture(step: Step, x: torch.Tensor):
     return graph.replay
 
 
-def _agree(ok: bool, device) -> bool:
-    flag = torch.tensor([0 if ok else 1], device=device)
-    dist.all_reduce(flag)
-    return int(flag.item()) == 0
-
-
 MAX_ITERS = 2000
 
 
@@ -75,12 +70,12 @@ def time_step(
             ok = True
         except Exception as e:  # noqa: BLE001 -- any capture failure falls back to eager
             error, ok = one_line(e, limit=300), False
-        if _agree(ok, x.device):
+        if _agreed_count(0 if ok else 1) == 0:  # every rank captured
             run, used_graphs = replay, True
         elif error is None:
             error = "capture failed on another rank"
     per_iter_s = _warm_up(run, warmup, warmup_s)
-    iters = _iterations(iters, min_time_s, per_iter_s, x.device)
+    iters = _iterations(iters, min_time_s, per_iter_s)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     dist.barrier()
@@ -93,24 +88,39 @@ def time_step(
     return Timing(_max_over_ranks(local), used_graphs, error)
 
 
-def _warm_up(run, warmup: int, warmup_s: float) -> float:
-    """Run until both minimums are met; returns the seconds one iteration took."""
-    torch.cuda.synchronize()
-    t0, done = time.perf_counter(), 0
-    while done < max(warmup, 1) or time.perf_counter() - t0 < warmup_s:
+def _warm_up(run, warmup: int, warmup_s: float, synchronize=torch.cuda.synchronize) -> float:
+    """Run `warmup` iterations, then as many more as fill `warmup_s`; returns the seconds one
+    iteration took. Every count is agreed over the ranks first: an iteration holds collectives
+    and barriers, so a rank that ran one more than its peers would wait for them forever."""
+    synchronize()
+    t0 = time.perf_counter()
+    first = max(warmup, 1)
+    for _ in range(first):
         run()
-        done += 1
-        if done % 4 == 0 or done >= warmup:
-            torch.cuda.synchronize()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / done
+    synchronize()
+    per_iter_s = (time.perf_counter() - t0) / first
+    more = _agreed_count(math.ceil(max(0.0, warmup_s - first * per_iter_s) / max(per_iter_s, 1e-6)))
+    for done in range(1, more + 1):
+        run()
+        if done % 4 == 0:
+            synchronize()  # the CPU stays close to the GPU: clocks see a steady load
+    synchronize()
+    return (time.perf_counter() - t0) / (first + more)
 
 
-def _iterations(iters: int, min_time_s: float, per_iter_s: float, device) -> int:
-    wanted = max(iters, min(MAX_ITERS, int(min_time_s / max(per_iter_s, 1e-6)) + 1))
-    count = torch.tensor([wanted], device=device)
+def _iterations(iters: int, min_time_s: float, per_iter_s: float) -> int:
+    return _agreed_count(max(iters, min(MAX_ITERS, int(min_time_s / max(per_iter_s, 1e-6)) + 1)))
+
+
+def _agreed_count(wanted: int) -> int:
+    """The largest of the ranks' counts: each rank runs it, so all issue the same collectives."""
+    count = torch.tensor([wanted], device=_collective_device())
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
     return int(count.item())
+
+
+def _collective_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def _time_wall(step: Step, x: torch.Tensor, warmup: int, iters: int) -> Timing:

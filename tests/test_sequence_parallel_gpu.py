@@ -122,6 +122,8 @@ def _run_cases(rank: int, world: int) -> dict:
             ref = micro.reference(workload, m, n, k, world, 0, torch.bfloat16, rt.device)[rank]
             step = build(ctx, strategy, knobs)
             errors[label] = _rel_err(step.to_full(step.forward(x)), ref)
+            graph_label = _label("graph", label)  # replayed from a CUDA graph, as the sweep times it
+            errors[graph_label] = _rel_err(step.to_full(_graph_forward(step, x)), ref)
         except Exception as e:  # noqa: BLE001
             errors[label] = f"{type(e).__name__}: {e}".splitlines()[0][:500]
         torch.cuda.synchronize()
@@ -133,7 +135,7 @@ def results() -> list[dict]:
     return distributed.run(_run_cases, world=2, timeout=300, backend="nccl")
 
 
-@pytest.mark.parametrize("label", [c[0] for c in LAYER_CASES + GRAPH_CASES + MICRO_CASES])
+@pytest.mark.parametrize("label", [c[0] for c in LAYER_CASES + GRAPH_CASES + MICRO_CASES] + [_label("graph", c[0]) for c in MICRO_CASES])
 def test_case_matches_reference(results, label):
     for rank, errors in enumerate(results):
         err = errors[label]

@@ -218,10 +218,13 @@ class SymmetricTransport:
             self.copy(_local(self._peer_slots[block][piece.owner][self.rank], piece), rows)
 
     def end_scatter(self, block):
-        self.fence()  # every push has landed
+        torch.cuda.current_stream().wait_stream(self.side)  # every push has left this rank
+        self.fence()  # ... and landed on every peer
 
     def fence(self):
-        torch.cuda.current_stream().wait_stream(self.side)
+        # The barrier alone: by now the side stream's work is joined into the compute stream
+        # (events after the pulls, the join above after the pushes). Joining it here as well
+        # would make a CUDA graph capture that starts with the fence depend on uncaptured work.
         self.buffers.handle.barrier(channel=0)
 
 
