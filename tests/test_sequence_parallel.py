@@ -167,10 +167,13 @@ CASES_TP2 = [
     (FLASH, {"chunks_per_rank": 4}, (37,)),  # query chunks cut the sequence: KV across chunks
     (FLASH, {"chunks_per_rank": 2, "order": "ring"}, (10, 20, 3)),
     (FLASH, {"chunks_per_rank": 4}, (3,)),  # fewer rows than pieces
+    (FLASH, {"attention": "whole"}, (24, 13, 5)),
+    (FLASH, {"attention": "whole", "chunks_per_rank": 2}, (37,)),
 ]
 CASES_TP4 = [  # four ranks: peers at different ring distances, two ranks of padding-free shards
     (FLASH, {"chunks_per_rank": 2}, (37,)),
     (FLASH, {"order": "ring"}, (11, 19)),
+    (FLASH, {"attention": "whole"}, (37,)),
 ]
 
 
@@ -210,6 +213,39 @@ def _check_all(shape: ModelShape, world: int, cases: list) -> None:
                 if not err < 1e-5:
                     failures.append(f"{strategy} {knobs} {seq_lens} rank {rank}: rel err {err:.2e}")
     assert not failures, "\n".join(failures)
+
+
+def _attention_calls(rank: int, world: int, attention: str) -> list[int]:
+    """Query rows of every attention call of one forward."""
+    from overlapbench import runtime
+    from overlapbench.layer import RopeTable, build_stack, random_input
+    from overlapbench.strategies import sequence_parallel
+
+    rt = runtime.init(timeout_s=60)
+    stack = build_stack(TINY, LAYERS, world, rank, torch.float32, rt.device, seed=0)
+    ctx = runtime.BuildContext(rt, stack, (37,), RopeTable(TINY, 37, rt.device), 64)
+    cls = strategies.get(FLASH)
+    step = cls.build(ctx, cls.check_knobs({"attention": attention, "chunks_per_rank": 2}, FLASH))
+    calls, attend = [], sequence_parallel.attend
+
+    def counting(stack, q, *args, **kwargs):
+        calls.append(q.shape[0])
+        return attend(stack, q, *args, **kwargs)
+
+    sequence_parallel.attend = counting
+    step.forward(random_input(37, TINY.hidden, 0, torch.float32, rt.device))
+    return calls
+
+
+@pytest.mark.parametrize("attention, per_layer", [("whole", [37]), ("per_piece", [9, 9, 9, 10])])
+def test_attention_mode_decides_the_calls(attention, per_layer):
+    """whole: one call over the sequence per layer; per_piece: one per O-proj piece, in the
+    rank's order (rank 0 makes rank 1's rows first: 19..28, 28..37 and a padding row; then its
+    own: 0..9, 9..19)."""
+    rank0, _ = distributed.run(_attention_calls, attention, world=2)
+    assert sorted(rank0) == sorted(per_layer * LAYERS)
+    if attention == "per_piece":
+        assert rank0[:4] == [9, 9, 9, 10]
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from overlapbench.errors import UserError
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Knob, Needs, Strategy
 from overlapbench.strategies.sp_baseline import SP_WORKLOADS
-from overlapbench.strategies.sp_schedule import ORDERS
+from overlapbench.strategies.sp_schedule import ATTENTION_MODES, ORDERS
 
 TRANSPORTS = ("copy_engine", "sm")
 
@@ -29,6 +29,12 @@ class FlashAGRS(Strategy):
              "local_first_last: own slice first for all-gather, last for reduce-scatter; "
              "ring: every rank in index order 0..world-1 (what the ordering buys)",
              choices=ORDERS),
+        Knob("attention", str, "per_piece",
+             "per_piece: each O-proj piece's query rows attended just before it (the attention "
+             "overlaps the transfers); whole: one attention call over all rows first (the kernel "
+             "the other strategies use; pieces after the first need a lower-right causal mask, "
+             "which PyTorch runs on a slower kernel at long sequences). Layer workload only",
+             choices=ATTENTION_MODES),
     )
     needs = Needs(workloads=SP_WORKLOADS)
 
@@ -75,4 +81,4 @@ class FlashAGRS(Strategy):
                 copy = lambda dst, src: dst.copy_(src)  # noqa: E731
             transport = fo.SymmetricTransport(buffers, plan, rt.rank, copy, rt.side_stream())
         exchange = fo.FlashExchange(plan, rt.rank, transport, gather_width, scatter_width, dtype, rt.device)
-        return sp_step(ctx, exchange)
+        return sp_step(ctx, exchange, knobs["attention"])

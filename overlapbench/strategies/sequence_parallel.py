@@ -22,7 +22,7 @@ import torch.distributed as dist
 from overlapbench.layer import KVBuffer, add_rms_norm, attend, rms_norm, rope_qkv, swiglu, token_range, whole_batch
 from overlapbench.runtime import BuildContext
 from overlapbench.strategies.base import Step
-from overlapbench.strategies.sp_schedule import ShardLayout
+from overlapbench.strategies.sp_schedule import ATTENTION_MODES, ShardLayout
 
 ATTENTION, MLP = 0, 1  # the two blocks of a layer; an Exchange may keep separate buffers for each
 
@@ -64,9 +64,18 @@ def gather_rows(shard: torch.Tensor, layout: ShardLayout, group=None) -> torch.T
 
 
 class SequenceParallelForward:
-    """The stack forward with token-sharded activations between blocks."""
+    """The stack forward with token-sharded activations between blocks.
 
-    def __init__(self, ctx: BuildContext, exchange: Exchange) -> None:
+    `attention`: `per_piece` attends the query rows of each O-proj piece just before that
+    piece's GEMM (the attention of later pieces overlaps the earlier pieces' transfers);
+    `whole` attends every row in one call first. Pieces after the first start mid-sequence,
+    so their causal mask is aligned lower-right, which PyTorch runs on a different attention
+    kernel than the whole-sequence call (measured slower on Hopper at long sequences).
+    """
+
+    def __init__(self, ctx: BuildContext, exchange: Exchange, attention: str = "per_piece") -> None:
+        if attention not in ATTENTION_MODES:
+            raise ValueError(f"unknown attention mode {attention!r}; expected one of {ATTENTION_MODES}")
         self.ctx, self.ex = ctx, exchange
         layout, stack, device = exchange.layout, ctx.stack, ctx.runtime.device
         self.layout, self.tokens = layout, layout.tokens
@@ -77,10 +86,12 @@ class SequenceParallelForward:
         # sends zero partial sums for them.
         self.attn = torch.zeros(layout.padded, stack.heads * stack.shape.head_dim, dtype=dtype, device=device)
         self.positions = whole_batch(ctx.seq_lens, device).positions
-        # Query chunks of the rows the reduce-scatter asks for, made now: not while capturing.
+        # Query chunks of the rows attended at once, made now: not while capturing.
+        self.attend_by_piece = attention == "per_piece"
+        ranges = exchange.scatter_rows() if self.attend_by_piece else [(0, layout.padded)]
         self.query_chunks = {
             (lo, hi): token_range(ctx.seq_lens, lo, min(hi, self.tokens), device)
-            for lo, hi in exchange.scatter_rows()
+            for lo, hi in ranges
             if lo < self.tokens
         }
 
@@ -94,13 +105,19 @@ class SequenceParallelForward:
         q, k, v = rope_qkv(stack, qkv[: self.tokens], self.positions, self.ctx.rope)
         kv = KVBuffer.holding(k, v)
 
-        def attended(lo: int, hi: int) -> torch.Tensor:
+        def attend_rows(lo: int, hi: int) -> None:
             end = min(hi, self.tokens)
             if lo < end:
                 chunk = self.query_chunks[(lo, hi)]
                 attend(stack, q[lo:end], k[lo:end], v[lo:end], chunk, kv, out=self.attn[lo:end])
+
+        def attended(lo: int, hi: int) -> torch.Tensor:
+            if self.attend_by_piece:
+                attend_rows(lo, hi)
             return self.attn[lo:hi]
 
+        if not self.attend_by_piece:
+            attend_rows(0, self.layout.padded)
         return self.ex.matmul_scatter(ATTENTION, attended, w.wo)
 
     def _mlp(self, layer: int, normed: torch.Tensor) -> torch.Tensor:
@@ -194,11 +211,12 @@ def sp_io(ctx) -> tuple[int, int, torch.dtype]:
     return hidden, hidden, ctx.stack.dtype
 
 
-def sp_step(ctx, exchange: Exchange) -> Step:
-    """The step of an SP strategy: the layer stack, or a micro workload's single GEMM."""
+def sp_step(ctx, exchange: Exchange, attention: str = "per_piece") -> Step:
+    """The step of an SP strategy: the layer stack, or a micro workload's single GEMM
+    (`attention`: see SequenceParallelForward)."""
     from overlapbench import micro
 
     if isinstance(ctx, micro.MicroContext):
         return micro.step(ctx, exchange)
-    forward = SequenceParallelForward(ctx, exchange)
+    forward = SequenceParallelForward(ctx, exchange, attention)
     return Step(forward, lambda y: gather_rows(y, exchange.layout))
