@@ -1,9 +1,10 @@
 """How tune and report read result stores, written once so that both read them the same way.
 
-Which rows count (the last row per point key, status ok, workload `layer`), how they group
-(device, world size, tp, model shape, dtype), the best knob setting per strategy at a token
-count, and the two references every number is measured against: `baseline` with default knobs,
-and `no_comm`, the bound. No torch and no pandas here: `tune` and `report` must start fast.
+Which rows count (the last row per point key, status ok, workload `layer` or a micro GEMM), how
+they group (workload and GEMM, device, world size, tp, model shape, dtype), the best knob setting
+per strategy at a token count, and the two references every number is measured against: the
+workload's reference strategy with default knobs (`REFERENCES`), and `no_comm`, the bound (layer
+only). No torch and no pandas here: `tune` and `report` must start fast.
 """
 
 from __future__ import annotations
@@ -19,16 +20,21 @@ from overlapbench.errors import UserError
 from overlapbench.strategies.base import DEFAULT
 
 NOISY_CV = 0.02  # a point whose per-iteration CV exceeds this is flagged as noisy
-REFERENCE = "baseline"
 BOUND = "no_comm"  # the ideal, not a correct result: a bound to compare with, never a choice
-WORKLOAD = "layer"
+LAYER = "layer"  # the default workload: rows written before micro workloads existed lack the field
+# Per workload, the strategy every other one is checked and timed against: the layer's blocking
+# all-reduce (how engines run TP today), a micro GEMM's blocking all-gather / reduce-scatter.
+# Workloads not listed (`comm` microbenchmarks) are not compared here.
+REFERENCES = {LAYER: "baseline", "gemm_ag": "sp_baseline", "gemm_rs": "sp_baseline"}
+COMPARED_TEXT = "/".join(REFERENCES)  # for messages: "layer/gemm_ag/gemm_rs"
 _KEY_FIELDS = ("workload", "shape", "tp", "dtype", "layers", "seed", "batch", "strategy", "knobs")
 _REQUIRED = ("strategy", "knobs", "tokens", "ms", "device", "world_size", "tp", "shape", "dtype")
 
 
 @dataclass(frozen=True)
 class Group:
-    """What one tuned config covers: rows comparable with each other."""
+    """Rows comparable with each other: one workload (a micro one: one GEMM) of one model shape
+    and dtype on one machine setup. A layer group is what one tuned config covers."""
 
     device: str
     world_size: int
@@ -36,41 +42,62 @@ class Group:
     shape: tuple  # the shape's (field, value) pairs, sorted: hashable
     dtype: str
     model: str = field(default="custom", compare=False)  # a name for people; the shape decides
+    workload: str = LAYER
+    gemm: tuple[int, int] | None = None  # a micro workload's (N, K)
 
     @classmethod
     def of(cls, row: dict) -> "Group":
         shape = tuple(sorted(row["shape"].items()))
-        return cls(row["device"], row["world_size"], row["tp"], shape, row["dtype"], row.get("model") or "custom")
+        return cls(row["device"], row["world_size"], row["tp"], shape, row["dtype"], row.get("model") or "custom",
+                   workload_of(row), _gemm(row))
 
     @property
     def shape_dict(self) -> dict:
         return dict(self.shape)
 
+    @property
+    def reference_strategy(self) -> str:
+        return REFERENCES[self.workload]
+
+    @property
+    def unit(self) -> str:
+        """What one timing covers: a layer, or a micro workload's one GEMM."""
+        return "layer" if self.workload == LAYER else "GEMM"
+
+    def what(self) -> str:
+        """The model, and for a micro workload which one and its GEMM: `llama3-8b gemm_rs n=4096 k=7168`."""
+        if self.workload == LAYER:
+            return self.model
+        gemm = f" n={self.gemm[0]} k={self.gemm[1]}" if self.gemm else ""
+        return f"{self.model} {self.workload}{gemm}"
+
     def label(self) -> str:
         ranks = "" if self.world_size == self.tp else f" (world {self.world_size})"
-        return f"{self.model} tp{self.tp}{ranks} {self.device} {self.dtype}"
+        return f"{self.what()} tp{self.tp}{ranks} {self.device} {self.dtype}"
 
     def fields(self) -> dict:
         """The group as record fields (report's machine formats)."""
-        return {"model": self.model, "shape": self.shape_dict, "device": self.device,
-                "world_size": self.world_size, "tp": self.tp, "dtype": self.dtype}
+        gemm = {"n": self.gemm[0], "k": self.gemm[1]} if self.gemm else None
+        return {"model": self.model, "workload": self.workload, "gemm": gemm, "shape": self.shape_dict,
+                "device": self.device, "world_size": self.world_size, "tp": self.tp, "dtype": self.dtype}
 
 
 @dataclass(frozen=True, eq=False)
 class Measured:
-    """One ok layer row: a strategy with one knob setting at one token count, and its timing."""
+    """One ok row of a compared workload: a strategy with one knob setting at one token count,
+    and its timing."""
 
     group: Group
     strategy: str
     knobs: dict
     tokens: int
     batch: tuple[int, ...]  # sequence lengths: rows are compared only within one batch
-    ms: float  # median per-layer milliseconds
+    ms: float  # median milliseconds per layer (a micro workload: per GEMM)
     p10_ms: float | None
     p90_ms: float | None
     cv: float | None
     samples: tuple[float, ...]  # per-iteration per-layer ms (max over ranks); may be empty
-    checked: bool  # a correct result (checked against baseline, or baseline itself); not a bound
+    checked: bool  # a correct result (checked against the reference, or the reference itself); not a bound
     key: str
     run_id: str | None
     git: str | None
@@ -107,7 +134,7 @@ class Store:
 
     sources: list[Path]
     rows: list[dict]  # every kept row, any status or workload
-    measured: list[Measured]  # the ok layer rows among them
+    measured: list[Measured]  # the ok rows of compared workloads (layer and micro) among them
 
     def statuses(self) -> Counter:
         return Counter(row.get("status") for row in self.rows)
@@ -144,8 +171,26 @@ def last_per_key(rows: Iterable[tuple[dict, str]]) -> list[tuple[dict, str]]:
     return list(kept.values())
 
 
+def workload_of(row: dict) -> str:
+    return row.get("workload") or LAYER
+
+
+def compared(row: dict) -> bool:
+    """A row of a workload whose strategies are compared against a reference (REFERENCES);
+    not a `comm` microbenchmark's."""
+    return workload_of(row) in REFERENCES
+
+
+def _gemm(row: dict) -> tuple[int, int] | None:
+    """A micro row's GEMM (N, K): rows carry it in their point key only."""
+    if workload_of(row) == LAYER:
+        return None
+    gemm = json.loads(row_key(row)).get("gemm")
+    return (gemm["n"], gemm["k"]) if gemm else None
+
+
 def _is_measured(row: dict) -> bool:
-    return row.get("status") == "ok" and row.get("workload", WORKLOAD) == WORKLOAD
+    return row.get("status") == "ok" and compared(row)
 
 
 def _check(row: dict, source: str) -> None:
@@ -157,15 +202,15 @@ def _check(row: dict, source: str) -> None:
 def read(paths: Iterable[str | Path], require_ok: bool = True) -> Store:
     """Read stores in order (a later file's row for a point overrides an earlier one's).
 
-    With `require_ok`, a store with no ok layer row is a UserError naming it: tuning it would
-    silently write nothing.
+    With `require_ok`, a store with no ok row of a compared workload is a UserError naming it:
+    reading it would silently show nothing.
     """
     paths = [Path(p) for p in paths]
     tagged = []
     for path in paths:
         mine = last_per_key((row, str(path)) for row in results.read_rows(path))
         if require_ok and not any(_is_measured(row) for row, _ in mine):
-            raise UserError(f"{path}: no ok rows of the layer workload; {_status_text([row for row, _ in mine])}")
+            raise UserError(f"{path}: no ok rows of the {COMPARED_TEXT} workloads; {_status_text([row for row, _ in mine])}")
         tagged += mine
     kept = last_per_key(tagged)
     for row, source in kept:
@@ -222,11 +267,12 @@ def is_default(m: Measured) -> bool:
 
 
 def reference(rows: Iterable[Measured]) -> Measured | None:
-    """What speedups are measured against: baseline with default knobs (how engines run
-    today); where none was measured, the fastest baseline row."""
-    baselines = [m for m in rows if m.strategy == REFERENCE]
-    defaults = [m for m in baselines if is_default(m)]
-    pool = defaults or baselines
+    """What speedups are measured against: the group's reference strategy (REFERENCES: baseline
+    for the layer) with default knobs, as engines run it today; where none was measured, its
+    fastest row."""
+    candidates = [m for m in rows if m.strategy == m.group.reference_strategy]
+    defaults = [m for m in candidates if is_default(m)]
+    pool = defaults or candidates
     return min(pool, key=lambda m: m.ms) if pool else None
 
 
@@ -241,9 +287,9 @@ def speedup(m: Measured, ref: Measured | None) -> float | None:
 
 
 def hidden(m: Measured, ref: Measured | None, free: Measured | None) -> float | None:
-    """Share of the exposed communication a strategy hides: (t_baseline - t) / (t_baseline -
-    t_no_comm); 1.0 hides all of it, above 1 beats the bound. None without both references, or
-    where the bound is not faster than baseline (nothing exposed to hide)."""
+    """Share of the exposed communication a strategy hides: (t_ref - t) / (t_ref - t_no_comm);
+    1.0 hides all of it, above 1 beats the bound. None without both references (micro workloads
+    have no bound), or where the bound is not faster than the reference (nothing exposed to hide)."""
     if ref is None or free is None or ref.ms <= free.ms:
         return None
     return (ref.ms - m.ms) / (ref.ms - free.ms)

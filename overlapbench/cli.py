@@ -141,8 +141,9 @@ def tune(
     out_dir: Path = typer.Option(Path("results/tuned"), "--out-dir", help="Where the tuned YAMLs go."),
 ) -> None:
     """Choose the best strategy and knobs per token range; write one tuned YAML per
-    (device, world size, tp, shape, dtype). A strategy beats baseline only by more than the
-    noise (95% bootstrap interval of the speedup above 1); ties go to the simpler strategy."""
+    (device, world size, tp, shape, dtype) of the layer workload (micro runs: see report). A
+    strategy beats baseline only by more than the noise (95% bootstrap interval of the speedup
+    above 1); ties go to the simpler strategy."""
     from overlapbench import results as results_mod, tune as tune_mod
 
     paths = results or [results_mod.latest()]
@@ -157,13 +158,14 @@ def report(
     fmt: str = typer.Option("table", "--format", "-f", help="table | markdown | csv | json (csv/json: one record per cell, to stdout)."),
     sensitivity: Optional[str] = typer.Option(None, "--sensitivity", metavar="STRATEGY", help="Show one strategy's knob grid (ms per setting) at --tokens."),
     tokens: Optional[int] = typer.Option(None, "--tokens", metavar="N", help="The token count for --sensitivity."),
-    plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE.png", help="Also draw per-layer time vs tokens to a PNG (needs the 'plot' extra: matplotlib)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE.png", help="Also draw time per layer (micro: per GEMM) vs tokens to a PNG (needs the 'plot' extra: matplotlib)."),
     plot_metric: str = typer.Option("ms", "--plot-metric", help="ms | speedup: what --plot draws."),
-    compare: Optional[tuple[Path, Path]] = typer.Option(None, "--compare", metavar="OLD NEW", help="Per point (matched by key) the ratio NEW/OLD of per-layer ms."),
+    compare: Optional[tuple[Path, Path]] = typer.Option(None, "--compare", metavar="OLD NEW", help="Per point (matched by key) the ratio NEW/OLD of ms per layer (micro: per GEMM)."),
     fail_above: Optional[float] = typer.Option(None, "--fail-above", metavar="PCT", help="With --compare: exit 1 when any point got slower by more than PCT percent."),
 ) -> None:
-    """Compare strategies per token count: per-layer ms, speedup over baseline, share of the
-    exposed communication hidden; the winner marked, noisy cells flagged."""
+    """Compare strategies per token count, a table per group (layer, or a micro workload's
+    GEMM): ms per layer (per GEMM), speedup over the reference (baseline; micro: sp_baseline),
+    share of the exposed communication hidden; the winner marked, noisy cells flagged."""
     from overlapbench import report as report_mod, results as results_mod
 
     paths = results or ([] if compare else [results_mod.latest()])

@@ -1,12 +1,14 @@
 """Report: strategies compared per token count, in the terminal and in machine-readable forms.
 
 Four views of the same rows (read as tune reads them, `analysis`):
-- the overview: per group, one line per token count, a column per strategy at its best knob
-  setting: per-layer ms, speedup over baseline, share of the exposed communication hidden; tune's
-  choice starred, noisy cells flagged; failed and skipped rows counted below;
+- the overview: per group (a layer workload, or a micro workload's GEMM), one line per token
+  count, a column per strategy at its best knob setting: ms per layer (per GEMM), speedup over the
+  group's reference (baseline; micro: sp_baseline), share of the exposed communication hidden
+  (layer: against no_comm); the choice by tune's rule starred, noisy cells flagged; failed and
+  skipped rows counted below;
 - `--sensitivity S --tokens N`: one strategy's knob grid at one token count;
 - `--compare OLD NEW`: per point, NEW/OLD, and with `--fail-above PCT` exit 1 on a regression;
-- `--plot FILE.png`: per-layer time (or speedup) against tokens, one line per strategy.
+- `--plot FILE.png`: time per layer or GEMM (or speedup) against tokens, one line per strategy.
 Formats: `table` (rich), `markdown`, `csv` (pandas) and `json` (a list of records).
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -29,13 +32,34 @@ from overlapbench.errors import UserError, did_you_mean
 FORMATS = ("table", "markdown", "csv", "json")
 PLOT_METRICS = ("ms", "speedup")
 STAR, NOISY, SLOWER = "★", "~", "▲"
-LEGEND = (
-    f"{STAR} tune's choice (faster than baseline beyond the noise, else baseline) · "
-    f"{NOISY} noisy (cv > {analysis.NOISY_CV:.0%}) · hidden = share of baseline's exposed "
-    f"communication (baseline - no_comm) removed · each strategy at its best knobs"
-)
+NOISY_TEXT = f"{NOISY} noisy (cv > {analysis.NOISY_CV:.0%})"
 
-SENSITIVITY_LEGEND = f"{STAR} fastest setting · {NOISY} noisy (cv > {analysis.NOISY_CV:.0%}) · speedup over baseline with default knobs"
+
+def legend(views: dict[Group, dict[str, dict[str, Cell]]]) -> str:
+    """The overview's legend; `hidden` explained where some cell shows it (a group with no_comm)."""
+    name, which = references(views)
+    cells = [c for points in views.values() for cells in points.values() for c in cells.values()]
+    hidden = (f" · hidden = share of {name}'s exposed communication ({name.removeprefix('the ')} - no_comm) removed"
+              if any(c.hidden is not None for c in cells) else "")
+    return (f"{STAR} picked by tune's rule (faster than {name} beyond the noise, else {name}) · {NOISY_TEXT} · "
+            f"speedup over {name} with default knobs{hidden} · each strategy at its best knobs{which}")
+
+
+def sensitivity_legend(groups: Iterable[Group]) -> str:
+    name, which = references(groups)
+    return f"{STAR} fastest setting · {NOISY_TEXT} · speedup over {name} with default knobs{which}"
+
+
+def references(groups: Iterable[Group]) -> tuple[str, str]:
+    """What the legend calls the reference, and a note on which it is where groups of several
+    workloads differ: ("baseline", "") or ("the reference", " · the reference: baseline (layer), ...")."""
+    by_strategy: dict[str, list[str]] = {}
+    for workload in sorted({g.workload for g in groups}):
+        by_strategy.setdefault(analysis.REFERENCES[workload], []).append(workload)
+    if len(by_strategy) == 1:
+        return next(iter(by_strategy)), ""
+    which = ", ".join(f"{s} ({', '.join(w)})" for s, w in sorted(by_strategy.items()))
+    return "the reference", f" · the reference: {which}"
 
 
 # -- what is shown -------------------------------------------------------------------------
@@ -138,9 +162,9 @@ def footer(store: Store) -> list[str]:
     """Counts by status, and the distinct reasons rows failed or were skipped."""
     counts = store.statuses()
     lines = [", ".join(f"{counts[s]} {s}" for s in ("ok", "failed", "skipped") if counts[s]) + " rows"]
-    others = sum(1 for r in store.rows if r.get("workload", analysis.WORKLOAD) != analysis.WORKLOAD)
+    others = Counter(analysis.workload_of(r) for r in store.rows if not analysis.compared(r))
     if others:
-        lines[0] += f" ({others} of other workloads, not shown)"
+        lines[0] += f" ({', '.join(f'{n} of the {w} workload' for w, n in others.items())}, not shown)"
     reasons: dict[str, list[str]] = {}
     for row, error in store.errors():
         reasons.setdefault(f"{row.get('status')}: {error}", []).append(f"{row.get('strategy')}@{row.get('tokens')}")
@@ -153,13 +177,13 @@ def footer(store: Store) -> list[str]:
 
 
 def sensitivity_rows(store: Store, strategy: str, tokens: int) -> list[dict]:
-    layer = [r for r in store.rows if r.get("workload", analysis.WORKLOAD) == analysis.WORKLOAD]
-    measured = sorted({r["strategy"] for r in layer})
+    compared = [r for r in store.rows if analysis.compared(r)]
+    measured = sorted({r["strategy"] for r in compared})
     if strategy not in measured:
         raise UserError(f"--sensitivity: '{strategy}' is not in the results{did_you_mean(strategy, measured)}; measured: {', '.join(measured)}")
-    rows = [r for r in layer if r["strategy"] == strategy and r.get("tokens") == tokens]
+    rows = [r for r in compared if r["strategy"] == strategy and r.get("tokens") == tokens]
     if not rows:
-        counts = sorted({r.get("tokens") for r in layer if r["strategy"] == strategy})
+        counts = sorted({r.get("tokens") for r in compared if r["strategy"] == strategy})
         raise UserError(f"--tokens: {strategy} was measured at {', '.join(map(str, counts))} tokens, not at {tokens}")
     return rows
 
@@ -225,58 +249,62 @@ def sensitivity_record(row: dict, ref: Measured | None) -> dict:
     }
 
 
-def sensitivity_view(store: Store, strategy: str, tokens: int) -> tuple[list[Grid], list[dict]]:
+def sensitivity_view(store: Store, strategy: str, tokens: int) -> tuple[list[Grid], list[dict], str]:
+    """The grids, their records and their legend."""
     rows = sensitivity_rows(store, strategy, tokens)
     points = analysis.by_point(store.measured)
     grids, records = [], []
-    for group in sorted({Group.of(r) for r in rows}, key=lambda g: g.label()):
+    groups = sorted({Group.of(r) for r in rows}, key=lambda g: g.label())
+    for group in groups:
         mine = [r for r in rows if Group.of(r) == group]
         batch = tuple(mine[0].get("batch") or (tokens,))  # the reference must be of the same batch
         ref = analysis.reference(m for m in points.get(group, {}).get(tokens, []) if m.batch == batch)
         grids.append(sensitivity_grid(group, mine, ref))
         records += [sensitivity_record(r, ref) for r in mine]
-    return grids, records
+    return grids, records, sensitivity_legend(groups)
 
 
 # -- compare: NEW against OLD, point by point ----------------------------------------------
 
 
-def compare_records(old: Store, new: Store, limit: float | None) -> list[dict]:
-    """NEW/OLD per point in both stores (matched by key); a regression where it exceeds `limit`."""
+def compare_pairs(old: Store, new: Store) -> list[tuple[Measured, Measured]]:
+    """(OLD, NEW) per point in both stores (matched by key), ordered by group, tokens, strategy."""
     before = {m.key: m for m in old.measured}
     pairs = [(before[m.key], m) for m in new.measured if m.key in before]
     if not pairs:
         raise UserError(
             f"--compare: {old.sources[0]} and {new.sources[0]} share no points "
-            f"(matched by point key: shape, tp, dtype, layers, seed, batch, strategy, knobs)"
+            f"(matched by point key: workload, gemm, shape, tp, dtype, layers, seed, batch, strategy, knobs)"
         )
-    records = [
-        n.group.fields() | {
-            "tokens": n.tokens, "strategy": n.strategy, "knobs": n.knobs, "old_ms": o.ms, "new_ms": n.ms,
-            "ratio": n.ms / o.ms, "regression": limit is not None and n.ms / o.ms > limit,
-        }
-        for o, n in pairs
-    ]
-    return sorted(records, key=lambda r: (r["model"], r["tp"], r["dtype"], r["tokens"], column_order(r["strategy"])))
+    return sorted(pairs, key=lambda p: (p[1].group.label(), p[1].tokens, column_order(p[1].strategy)))
 
 
-def compare_grid(records: list[dict]) -> Grid:
+def compare_record(o: Measured, n: Measured, limit: float | None) -> dict:
+    """NEW/OLD at one point; a regression where it exceeds `limit`."""
+    return n.group.fields() | {
+        "tokens": n.tokens, "strategy": n.strategy, "knobs": n.knobs, "old_ms": o.ms, "new_ms": n.ms,
+        "ratio": n.ms / o.ms, "regression": limit is not None and n.ms / o.ms > limit,
+    }
+
+
+def compare_grid(pairs: list[tuple[Measured, Measured]], records: list[dict]) -> Grid:
     rows = []
-    for r in records:
-        setting = f"{r['strategy']} {analysis.knob_text(r['knobs'])}".strip()
-        rows.append([_shown(f"{r['model']} tp{r['tp']} {r['dtype']}"), _shown(str(r["tokens"])), _shown(setting),
+    for (_, n), r in zip(pairs, records):
+        rows.append([_shown(f"{n.group.what()} tp{r['tp']} {r['dtype']}"), _shown(str(r["tokens"])), _shown(n.describe()),
                      _shown(_ms(r["old_ms"])), _shown(_ms(r["new_ms"])),
                      Shown((f"{r['ratio']:.3f}",), mark=SLOWER if r["regression"] else "")])
-    return Grid("NEW / OLD per-layer ms", ["group", "tokens", "strategy", "old ms", "new ms", "new/old"], rows)
+    per = " / ".join(sorted({n.group.unit for _, n in pairs}))
+    return Grid(f"NEW / OLD ms per {per}", ["group", "tokens", "strategy", "old ms", "new ms", "new/old"], rows)
 
 
 def compare(old: Path, new: Path, fmt: str, console: Console, fail_above: float | None) -> int:
     """Exit code 1 when some point got slower than OLD by more than `fail_above` percent."""
     limit = None if fail_above is None else 1 + fail_above / 100
-    records = compare_records(analysis.read([old]), analysis.read([new]), limit)
+    pairs = compare_pairs(analysis.read([old]), analysis.read([new]))
+    records = [compare_record(o, n, limit) for o, n in pairs]
     regressions = [r for r in records if r["regression"]]
     legend = None if limit is None else f"{SLOWER} slower than OLD by more than {fail_above:g}% (new/old > {limit:.3f})"
-    emit([compare_grid(records)], records, fmt, console, legend)
+    emit([compare_grid(pairs, records)], records, fmt, console, legend)
     if limit is not None:
         _stderr().print(f"{len(regressions)} of {len(records)} points slower than OLD by more than {fail_above:g}%", highlight=False)
     for r in regressions:
@@ -357,8 +385,8 @@ def _stderr() -> Console:
 
 
 def plot(views: dict[Group, dict[str, dict[str, Cell]]], path: Path, metric: str) -> Path:
-    """One panel per group: per-layer ms (or speedup) against tokens on a log2 axis, one line
-    per strategy at its best knobs; no_comm dashed, as the bound."""
+    """One panel per group: ms per layer or GEMM (or speedup) against tokens on a log2 axis, one
+    line per strategy at its best knobs; no_comm dashed, as the bound."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -391,7 +419,7 @@ def _panel(ax, group: Group, points: dict[str, dict[str, Cell]], metric: str) ->
         ax.axhline(1.0, color="black", linewidth=0.5)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tokens")
-    ax.set_ylabel("ms per layer" if metric == "ms" else "speedup over baseline")
+    ax.set_ylabel(f"ms per {group.unit}" if metric == "ms" else f"speedup over {group.reference_strategy}")
     ax.set_title(group.label())
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
@@ -435,7 +463,7 @@ def _require_measured(store: Store) -> None:
     if not store.measured:
         first = next((e for _, e in store.errors() if e), "no rows")
         names = ", ".join(map(str, store.sources))
-        raise UserError(f"{names}: no ok rows of the layer workload to report ({dict(store.statuses())}; first error: {first})")
+        raise UserError(f"{names}: no ok rows of the {analysis.COMPARED_TEXT} workloads to report ({dict(store.statuses())}; first error: {first})")
 
 
 def run(paths: Iterable[Path], fmt: str = "table", console: Console | None = None, **options) -> int:
@@ -450,11 +478,12 @@ def run(paths: Iterable[Path], fmt: str = "table", console: Console | None = Non
     _require_measured(store)
     views = overview(store)
     if opts.sensitivity is not None:
-        emit(*sensitivity_view(store, opts.sensitivity, opts.tokens), fmt, console, SENSITIVITY_LEGEND)
+        grids, records, note = sensitivity_view(store, opts.sensitivity, opts.tokens)
+        emit(grids, records, fmt, console, note)
     else:
         grids = [overview_grid(group, points) for group, points in views.items()]
         records = [c.record() for points in views.values() for cells in points.values() for c in cells.values()]
-        emit(grids, records, fmt, console, LEGEND, footer(store))
+        emit(grids, records, fmt, console, legend(views), footer(store))
     if opts.plot_path is not None:
         written = plot(views, opts.plot_path, opts.plot_metric)
         (console if fmt == "table" else _stderr()).print(f"wrote {written}", highlight=False)

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from overlapbench import environment, measure, results, runtime, strategies
+from overlapbench import analysis, environment, measure, results, runtime, strategies
 from overlapbench.errors import UserError, one_line
 from overlapbench.layer import RopeTable, Stack, build_stack, random_input
 from overlapbench.results import SCHEMA
@@ -25,7 +25,7 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.flo
 
 @dataclass
 class Workload:
-    """What all strategies at one batch share: weights, input, and the baseline's output."""
+    """What all strategies at one batch share: weights, input, and the reference strategy's output."""
 
     ctx: runtime.BuildContext
     x: torch.Tensor | None
@@ -33,12 +33,9 @@ class Workload:
     reference_error: str | None
 
 
-REFERENCE = {"layer": "baseline", "gemm_ag": "sp_baseline", "gemm_rs": "sp_baseline"}
-
-
 def reference_setting(workload: str) -> tuple[str, dict]:
     """The strategy and knobs whose output every other strategy is checked against."""
-    name = REFERENCE[workload]
+    name = analysis.REFERENCES[workload]
     return name, strategies.get(name).check_knobs({}, name)
 
 

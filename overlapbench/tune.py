@@ -1,5 +1,7 @@
 """Selection: the best strategy and knobs per token range, written as tuned YAML configs.
 
+Configs are chosen from rows of the layer workload only: an engine runs layers, and a micro
+workload (one GEMM) informs the choice but never configures it (`report` compares those).
 The rule, per (device, world size, tp, model shape, dtype) and token count:
 
 1. Each strategy's candidate is its fastest knob setting there (lowest median; rows of other
@@ -142,10 +144,11 @@ def _block_resample(x, rng):
 
 
 def pick(rows: list[Measured]) -> Pick | None:
-    """The choice at one token count of one group; None without a baseline row to compare to.
+    """The choice at one token count of one group; None without a row of the group's reference
+    strategy (baseline for the layer) to compare to.
 
     Each batch of that size is judged on its own; a strategy is chosen for the token count only
-    where every measured batch chose it, else baseline stays (the engine sees only the count).
+    where every measured batch chose it, else the reference stays (the engine sees only the count).
     """
     picks = [p for p in map(_pick_in_batch, analysis.by_batch(rows).values()) if p is not None]
     if not picks:
@@ -176,7 +179,7 @@ def _pick_in_batch(rows: list[Measured]) -> Pick | None:
 
 
 def _ref_name(ref: Measured) -> str:
-    return "baseline" if analysis.is_default(ref) else ref.describe()
+    return ref.strategy if analysis.is_default(ref) else ref.describe()
 
 
 def _kept_why(ref: Measured, challengers: list[Measured]) -> str:
@@ -272,9 +275,8 @@ def picks_of(points: dict[int, list[Measured]]) -> tuple[list[Pick], list[int]]:
 
 
 def run(paths: list[Path], out_dir: Path, console: Console) -> list[Path]:
-    """Tune every group in the stores; write one YAML each; return the paths written."""
-    store = analysis.read(paths)
-    grouped = analysis.by_point(store.measured)
+    """Tune every layer group in the stores; write one YAML each; return the paths written."""
+    grouped = analysis.by_point(layer_rows(analysis.read(paths), console))
     names = file_names(list(grouped))
     written = []
     for group, points in grouped.items():
@@ -290,6 +292,19 @@ def run(paths: list[Path], out_dir: Path, console: Console) -> list[Path]:
     if not written:
         raise UserError(f"{_join(map(str, paths))}: no token count has a baseline row; sweep 'baseline' to tune against it")
     return written
+
+
+def layer_rows(store: analysis.Store, console: Console) -> list[Measured]:
+    """The rows tune chooses from; a store of micro runs alone is a UserError (it would write
+    nothing), micro rows beside layer rows are left out with a note."""
+    layer = [m for m in store.measured if m.group.workload == analysis.LAYER]
+    if not layer:
+        raise UserError(f"{_join(store.sources)}: no ok rows of the layer workload; "
+                        f"tune writes layer configs (micro runs: use report)")
+    if len(layer) < len(store.measured):
+        console.print(f"[dim]{len(store.measured) - len(layer)} ok rows of micro workloads left out: "
+                      f"tune writes layer configs (report compares them)[/dim]")
+    return layer
 
 
 def _save(cfg: tuned.TunedConfig, path: Path) -> Path:

@@ -14,7 +14,7 @@ import yaml
 from rich.console import Console
 from typer.testing import CliRunner
 
-from overlapbench import analysis, report, tuned
+from overlapbench import analysis, report, tune, tuned
 from overlapbench.cli import app
 from overlapbench.errors import UserError
 from tests import synthetic
@@ -249,6 +249,113 @@ def test_compare_needs_points_in_common(store, tmp_path):
         report.run([], "table", Console(quiet=True), compare_paths=(store, other))
 
 
+# -- micro workloads: one GEMM with its all-gather or reduce-scatter --------------------------
+
+
+RS_70B = ("gemm_rs", 8192, 14336)  # (workload, N, K): what `synthetic.row(gemm=...)` takes
+
+
+def rows_of(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def steady(ms: float) -> list[float]:
+    """Samples with no noise: the median, and so every speedup, is exact."""
+    return [ms] * 20
+
+
+# per token count: (strategy, knobs, ms); flash_agrs at its best knobs 1.25x faster than sp_baseline
+MICRO_MS = {
+    4096: [("sp_baseline", None, 2.0), ("async_tp", None, 1.9),
+           ("flash_agrs", {"order": "ring"}, 1.6), ("flash_agrs", {"order": "local_first_last"}, 1.7)],
+    8192: [("sp_baseline", None, 4.0), ("async_tp", None, 3.6),
+           ("flash_agrs", {"order": "ring"}, 3.0), ("flash_agrs", {"order": "local_first_last"}, 3.4)],
+}
+
+
+@pytest.fixture
+def micro_store(tmp_path):
+    """gemm_rs at Llama-3-70B's down projection, timed without noise (MICRO_MS)."""
+    rows = [synthetic.row(strategy, tokens, knobs, samples=steady(ms), model="llama3-70b", gemm=RS_70B)
+            for tokens, settings in MICRO_MS.items() for strategy, knobs, ms in settings]
+    return synthetic.write(tmp_path / "micro.jsonl", rows)
+
+
+def test_a_micro_store_reports_speedups_over_sp_baseline(micro_store):
+    recs = records(micro_store)
+    assert {(r["workload"], r["gemm"]["n"], r["gemm"]["k"]) for r in recs} == {RS_70B}
+    flash = cell(recs, 4096, "flash_agrs")
+    assert flash["knobs"] == {"order": "ring"} and flash["speedup"] == pytest.approx(1.25)
+    assert cell(recs, 4096, "async_tp")["speedup"] == pytest.approx(2.0 / 1.9)
+    assert cell(recs, 8192, "flash_agrs")["speedup"] == pytest.approx(4.0 / 3.0)
+    assert cell(recs, 4096, "sp_baseline")["speedup"] == 1.0
+    assert all(r["hidden"] is None for r in recs)  # no no_comm bound for one GEMM
+    assert [r["winner"] for r in recs if r["tokens"] == 4096] == [False, False, True]  # flash_agrs, beyond any noise
+
+
+def test_a_micro_table_names_its_gemm_and_reference(micro_store):
+    _, text = captured([micro_store], "markdown")
+    (table,) = markdown_tables(text)
+    assert "### llama3-70b gemm_rs n=8192 k=14336 tp2 NVIDIA H200 bf16" in text
+    assert table[0] == ["tokens", "sp_baseline", "async_tp", "flash_agrs"]
+    assert table[2][3].startswith("**1.6 ms, 1.250x") and "★" in table[2][3]
+    assert "speedup over sp_baseline" in text and "hidden" not in text and "baseline (layer)" not in text
+
+
+def test_layer_and_micro_rows_land_in_separate_groups(store, micro_store):
+    """One store with the layer, gemm_rs at two GEMMs and gemm_ag at the first one's N, K: four
+    groups; sp_baseline measured in the layer is not the micro reference, and vice versa."""
+    synthetic.append(store, rows_of(micro_store))
+    synthetic.append(store, [
+        synthetic.row("sp_baseline", 4096, samples=steady(0.5), model="llama3-70b", gemm=("gemm_rs", 4096, 7168)),
+        synthetic.row("flash_agrs", 4096, samples=steady(0.4), model="llama3-70b", gemm=("gemm_rs", 4096, 7168)),
+        synthetic.row("sp_baseline", 4096, samples=steady(3.0), model="llama3-70b", gemm=("gemm_ag", 8192, 14336)),
+        synthetic.row("sp_baseline", 2048, samples=steady(9.0), model="llama3-8b"),  # in the layer workload
+    ])
+    recs = records(store)
+    assert len({(r["workload"], json.dumps(r["gemm"])) for r in recs}) == 4
+    _, text = captured([store], "markdown")
+    titles = [line for line in text.splitlines() if line.startswith("### ")]
+    assert titles == [
+        "### llama3-70b gemm_ag n=8192 k=14336 tp2 NVIDIA H200 bf16",
+        "### llama3-70b gemm_rs n=4096 k=7168 tp2 NVIDIA H200 bf16",
+        "### llama3-70b gemm_rs n=8192 k=14336 tp2 NVIDIA H200 bf16",
+        "### llama3-8b tp2 NVIDIA H200 bf16",  # the layer group's label is unchanged
+    ]
+    (small,) = [r for r in recs if r["gemm"] == {"n": 4096, "k": 7168} and r["strategy"] == "flash_agrs"]
+    assert small["speedup"] == pytest.approx(0.5 / 0.4)
+    (layer_sp,) = [r for r in recs if r["workload"] == "layer" and r["strategy"] == "sp_baseline"]
+    assert layer_sp["speedup"] < 1  # against the layer's baseline (2 ms), not itself
+    assert "the reference: baseline (layer), sp_baseline (gemm_ag, gemm_rs)" in text
+
+
+def test_old_layer_rows_without_a_workload_read_as_layer():
+    row = synthetic.row("baseline", 1024)
+    old = {k: v for k, v in row.items() if k not in ("workload", "key")}
+    new_group, old_group = analysis.Measured.of(row, "x").group, analysis.Measured.of(old, "x").group
+    assert old_group == new_group and old_group.workload == "layer" and old_group.label() == "llama3-8b tp2 NVIDIA H200 bf16"
+
+
+def test_rows_of_other_workloads_are_counted_not_shown(micro_store):
+    comm = synthetic.row("sp_baseline", 1) | {"workload": "comm", "key": "comm-1", "shape": None, "tokens": None}
+    synthetic.append(micro_store, [comm])
+    _, text = captured([micro_store], "markdown")
+    assert len(markdown_tables(text)) == 1 and "9 ok rows (1 of the comm workload, not shown)" in text
+
+
+def test_micro_sensitivity_plot_and_compare(micro_store, tmp_path):
+    _, text = captured([micro_store], "markdown", sensitivity="flash_agrs", tokens=4096)
+    (table,) = markdown_tables(text)
+    assert table[0] == ["order", "ms"] and table[2:] == [["local_first_last", "1.7 ms, 1.176x"], ["ring", "**1.6 ms, 1.250x** ★"]]
+    assert "speedup over sp_baseline" in text
+    new = synthetic.write(tmp_path / "new.jsonl", [r | {"ms": r["ms"] * 1.2} for r in rows_of(micro_store)])
+    code, text = captured([], "markdown", compare_paths=(micro_store, new), fail_above=10.0)
+    assert code == 1 and "llama3-70b gemm_rs n=8192 k=14336 tp2 bf16" in text and "ms per GEMM" in text
+    pytest.importorskip("matplotlib")
+    code, _ = captured([micro_store], "csv", plot_path=tmp_path / "micro.png", plot_metric="speedup")
+    assert code == 0 and (tmp_path / "micro.png").read_bytes()[:4] == b"\x89PNG"
+
+
 # -- the CLI -------------------------------------------------------------------------------
 
 
@@ -272,6 +379,23 @@ def test_cli_tune_on_a_store_without_ok_rows_exits_2(tmp_path):
     result = runner.invoke(app, ["tune", str(bad), "--out-dir", str(tmp_path / "out")])
     assert result.exit_code == 2
     assert "bad.jsonl" in result.output and "Traceback" not in result.output
+
+
+def test_cli_tune_on_a_micro_store_exits_2_with_one_line(micro_store, tmp_path):
+    result = runner.invoke(app, ["tune", str(micro_store), "--out-dir", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert result.output.strip() == (f"error: {micro_store}: no ok rows of the layer workload; "
+                                     f"tune writes layer configs (micro runs: use report)")
+    assert not (tmp_path / "out").exists()
+
+
+def test_tune_on_a_mixed_store_writes_the_layer_config_only(store, micro_store, tmp_path):
+    synthetic.append(store, rows_of(micro_store))
+    console = Console(record=True, width=200)
+    (path,) = tune.run([store], tmp_path / "tuned", console)
+    assert [p.name for p in (tmp_path / "tuned").iterdir()] == [path.name] == ["llama3-8b-tp2-nvidia-h200-bf16.yaml"]
+    assert tuned.load(path).choose(8192).strategy == "token_split"
+    assert "8 ok rows of micro workloads left out" in console.export_text()
 
 
 @pytest.mark.parametrize("fmt", ["table", "markdown", "csv", "json"])
