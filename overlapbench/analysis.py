@@ -182,10 +182,11 @@ def compared(row: dict) -> bool:
 
 
 def _gemm(row: dict) -> tuple[int, int] | None:
-    """A micro row's GEMM (N, K): rows carry it in their point key only."""
+    """A micro row's GEMM (N, K): its `gemm` field, or in rows written before that field
+    existed, its point key."""
     if workload_of(row) == LAYER:
         return None
-    gemm = json.loads(row_key(row)).get("gemm")
+    gemm = row.get("gemm") or json.loads(row_key(row)).get("gemm")
     return (gemm["n"], gemm["k"]) if gemm else None
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+
 import datetime as dt
 import gc
 import itertools
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -150,6 +151,7 @@ def make_row(point: Point, result: dict, run_id: str, env: dict, spec: SweepSpec
         "status": result["status"],
         "error": result.get("error"),
         "workload": point.workload,
+        "gemm": asdict(point.gemm) if point.gemm else None,  # a micro workload's N, K
         "strategy": point.strategy,
         "knobs": point.knobs,
         "model": point.model,

@@ -166,3 +166,29 @@ def test_sp_strategies_compute_the_micro_reference():
     assert not failures, "\n".join(failures)
     for _, row in results:
         assert row["status"] == "ok" and row["rel_err"] < 1e-5 and len(row["samples_ms"]) == 2, row
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end: the command line sweeps a micro spec, then reports it
+
+
+@pytest.mark.slow
+def test_a_micro_sweep_writes_its_gemm_and_reports_over_sp_baseline(tmp_path: Path):
+    import yaml
+
+    from overlapbench.results import read_rows
+
+    path, out = tmp_path / "m.yaml", tmp_path / "m.jsonl"
+    path.write_text(yaml.safe_dump(_spec(workload="gemm_rs", tokens=[37], measure={"warmup": 1, "iters": 3})))
+    swept = distributed.overlapbench("sweep", str(path), "--output", str(out))
+    assert swept.returncode == 0, swept.stderr[-2000:]
+    rows = read_rows(out)
+    assert [r["status"] for r in rows] == ["ok"] * 3
+    assert all(r["gemm"] == {"n": 96, "k": 64} and r["workload"] == "gemm_rs" for r in rows)
+    report = distributed.overlapbench("report", str(out), "--format", "json")
+    assert report.returncode == 0, report.stderr[-2000:]
+    records = json.loads(report.stdout)
+    flash = next(r for r in records if r["strategy"] == "flash_agrs")
+    reference = next(r for r in records if r["strategy"] == "sp_baseline")
+    assert flash["gemm"] == {"n": 96, "k": 64} and flash["workload"] == "gemm_rs"
+    assert flash["speedup"] == pytest.approx(reference["ms"] / flash["ms"], rel=1e-3)
