@@ -290,11 +290,16 @@ def compare_record(o: Measured, n: Measured, limit: float | None) -> dict:
 def compare_grid(pairs: list[tuple[Measured, Measured]], records: list[dict]) -> Grid:
     rows = []
     for (_, n), r in zip(pairs, records):
-        rows.append([_shown(f"{n.group.what()} tp{r['tp']} {r['dtype']}"), _shown(str(r["tokens"])), _shown(n.describe()),
+        rows.append([_shown(_compared_group(n)), _shown(str(r["tokens"])), _shown(n.describe()),
                      _shown(_ms(r["old_ms"])), _shown(_ms(r["new_ms"])),
                      Shown((f"{r['ratio']:.3f}",), mark=SLOWER if r["regression"] else "")])
     per = " / ".join(sorted({n.group.unit for _, n in pairs}))
     return Grid(f"NEW / OLD ms per {per}", ["group", "tokens", "strategy", "old ms", "new ms", "new/old"], rows)
+
+
+def _compared_group(m: Measured) -> str:
+    """The group, short: what was measured, TP and dtype (one comparison is on one machine)."""
+    return f"{m.group.what()} tp{m.group.tp} {m.group.dtype}"
 
 
 def compare(old: Path, new: Path, fmt: str, console: Console, fail_above: float | None) -> int:
@@ -307,10 +312,10 @@ def compare(old: Path, new: Path, fmt: str, console: Console, fail_above: float 
     emit([compare_grid(pairs, records)], records, fmt, console, legend)
     if limit is not None:
         _stderr().print(f"{len(regressions)} of {len(records)} points slower than OLD by more than {fail_above:g}%", highlight=False)
-    for r in regressions:
-        setting = f"{r['strategy']} {analysis.knob_text(r['knobs'])}".strip()
-        _stderr().print(f"  regression: {setting} at {r['tokens']} tokens: "
-                        f"{r['old_ms']:.4g} -> {r['new_ms']:.4g} ms ({r['ratio']:.3f}x)", highlight=False)
+    for (_, n), r in zip(pairs, records):
+        if r["regression"]:
+            _stderr().print(f"  regression: {_compared_group(n)}: {n.describe()} at {r['tokens']} tokens: "
+                            f"{r['old_ms']:.4g} -> {r['new_ms']:.4g} ms ({r['ratio']:.3f}x)", highlight=False)
     return 1 if regressions else 0
 
 
