@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import datetime as dt
 import gc
 import itertools
@@ -40,20 +39,24 @@ def reference_setting(workload: str) -> tuple[str, dict]:
     return name, strategies.get(name).check_knobs({}, name)
 
 
+def reference_output(ctx, x: torch.Tensor, workload: str) -> torch.Tensor:
+    """The reference strategy's output on `x`: what every other strategy must reproduce."""
+    name, knobs = reference_setting(workload)
+    step = strategies.get(name).build(ctx, knobs)
+    return step.to_full(step.forward(x)).clone()
+
+
 def build_workload(rt: runtime.Runtime, point: Point, stack: Stack | None, max_tokens: int) -> Workload:
-    if point.workload != "layer":
+    if point.workload != analysis.LAYER:
         return build_micro_workload(rt, point, max_tokens)
     dtype = TORCH_DTYPES[point.dtype]
     ctx = runtime.BuildContext(rt, stack, point.batch, RopeTable(point.shape, max(point.batch), rt.device), max_tokens)
     try:  # a batch too large for the GPU fails its own points, not the sweep
         x = random_input(point.tokens, point.shape.hidden, point.seed, dtype, rt.device)
         dist.broadcast(x, src=0)  # identical input on every rank, whatever the RNG does per device
-        name, knobs = reference_setting(point.workload)
-        step = strategies.get(name).build(ctx, knobs)
-        reference = step.to_full(step.forward(x)).clone()
-        return Workload(ctx, x, reference, None)
+        return Workload(ctx, x, reference_output(ctx, x, point.workload), None)
     except torch.OutOfMemoryError as e:
-        return Workload(ctx, None, None, f"baseline reference: {one_line(e)}")
+        return Workload(ctx, None, None, _reference_failure(point, e))
 
 
 def build_micro_workload(rt: runtime.Runtime, point: Point, max_tokens: int) -> Workload:
@@ -61,12 +64,14 @@ def build_micro_workload(rt: runtime.Runtime, point: Point, max_tokens: int) -> 
     from overlapbench import micro
 
     ctx, x = micro.build(rt, point, TORCH_DTYPES[point.dtype], max_tokens)
-    name, knobs = reference_setting(point.workload)
     try:
-        step = strategies.get(name).build(ctx, knobs)
-        return Workload(ctx, x, step.to_full(step.forward(x)).clone(), None)
+        return Workload(ctx, x, reference_output(ctx, x, point.workload), None)
     except torch.OutOfMemoryError as e:
-        return Workload(ctx, x, None, f"{name} reference: {one_line(e)}")
+        return Workload(ctx, x, None, _reference_failure(point, e))
+
+
+def _reference_failure(point: Point, e: BaseException) -> str:
+    return f"{analysis.REFERENCES[point.workload]} reference: {one_line(e)}"
 
 
 def _skip_reason(cls: type[strategies.Strategy], rt: runtime.Runtime, point: Point) -> str | None:
