@@ -164,16 +164,16 @@ CASES_TP2 = [
     ("sp_baseline", {}, (1,)),
     (FLASH, {}, (37,)),
     (FLASH, {"order": "ring"}, (24, 13, 5)),
-    (FLASH, {"chunks_per_rank": 4}, (37,)),  # query chunks cut the sequence: KV across chunks
-    (FLASH, {"chunks_per_rank": 2, "order": "ring"}, (10, 20, 3)),
-    (FLASH, {"chunks_per_rank": 4}, (3,)),  # fewer rows than pieces
-    (FLASH, {"attention": "whole"}, (24, 13, 5)),
-    (FLASH, {"attention": "whole", "chunks_per_rank": 2}, (37,)),
+    (FLASH, {"chunks_per_rank": 2}, (37,)),
+    (FLASH, {"attention": "per_piece"}, (24, 13, 5)),
+    (FLASH, {"attention": "per_piece", "chunks_per_rank": 4}, (37,)),  # query chunks cut the sequence: KV across chunks
+    (FLASH, {"attention": "per_piece", "chunks_per_rank": 2, "order": "ring"}, (10, 20, 3)),
+    (FLASH, {"attention": "per_piece", "chunks_per_rank": 4}, (3,)),  # fewer rows than pieces
 ]
 CASES_TP4 = [  # four ranks: peers at different ring distances, two ranks of padding-free shards
-    (FLASH, {"chunks_per_rank": 2}, (37,)),
-    (FLASH, {"order": "ring"}, (11, 19)),
-    (FLASH, {"attention": "whole"}, (37,)),
+    (FLASH, {}, (37,)),
+    (FLASH, {"attention": "per_piece", "chunks_per_rank": 2}, (37,)),
+    (FLASH, {"attention": "per_piece", "order": "ring"}, (11, 19)),
 ]
 
 

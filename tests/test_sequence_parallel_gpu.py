@@ -32,13 +32,13 @@ FLASH_SETTINGS = [
     {"transport": t, "order": o} for t in ("copy_engine", "sm") for o in ("local_first_last", "ring")
 ] + [
     {"transport": "copy_engine", "chunks_per_rank": 4},
-    {"transport": "copy_engine", "attention": "whole"},
-    {"transport": "sm", "comm_ctas": 4, "order": "ring", "chunks_per_rank": 2},
+    {"transport": "copy_engine", "attention": "per_piece"},
+    {"transport": "sm", "comm_ctas": 4, "order": "ring", "chunks_per_rank": 2, "attention": "per_piece"},
 ]
 ALL = [("sp_baseline", {}), ("async_tp", {})] + [("flash_agrs", k) for k in FLASH_SETTINGS]
 FEW = [
     ("sp_baseline", {}), ("async_tp", {}), ("flash_agrs", {"chunks_per_rank": 2}),
-    ("flash_agrs", {"transport": "sm", "comm_ctas": 16}), ("flash_agrs", {"attention": "whole"}),
+    ("flash_agrs", {"transport": "sm", "comm_ctas": 16}), ("flash_agrs", {"attention": "per_piece"}),
 ]
 
 

@@ -29,11 +29,11 @@ class FlashAGRS(Strategy):
              "local_first_last: own slice first for all-gather, last for reduce-scatter; "
              "ring: every rank in index order 0..world-1 (what the ordering buys)",
              choices=ORDERS),
-        Knob("attention", str, "per_piece",
-             "per_piece: each O-proj piece's query rows attended just before it (the attention "
-             "overlaps the transfers); whole: one attention call over all rows first (the kernel "
-             "the other strategies use; pieces after the first need a lower-right causal mask, "
-             "which PyTorch runs on a slower kernel at long sequences). Layer workload only",
+        Knob("attention", str, "whole",
+             "whole: one attention call over all rows, then the O-proj pieces; per_piece: each "
+             "O-proj piece's query rows attended just before it, so attention overlaps the earlier "
+             "pieces' transfers, but the pieces after the first need a lower-right causal mask, "
+             "which PyTorch runs on a slower kernel (measured slower from 8K tokens). Layer workload only",
              choices=ATTENTION_MODES),
     )
     needs = Needs(workloads=SP_WORKLOADS)

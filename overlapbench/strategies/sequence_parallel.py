@@ -66,14 +66,15 @@ def gather_rows(shard: torch.Tensor, layout: ShardLayout, group=None) -> torch.T
 class SequenceParallelForward:
     """The stack forward with token-sharded activations between blocks.
 
-    `attention`: `per_piece` attends the query rows of each O-proj piece just before that
-    piece's GEMM (the attention of later pieces overlaps the earlier pieces' transfers);
-    `whole` attends every row in one call first. Pieces after the first start mid-sequence,
-    so their causal mask is aligned lower-right, which PyTorch runs on a different attention
-    kernel than the whole-sequence call (measured slower on Hopper at long sequences).
+    `attention`: `whole` attends every row in one call, then the O-proj pieces run on its
+    output; `per_piece` attends the query rows of each O-proj piece just before that piece's
+    GEMM, so the attention of later pieces overlaps the earlier pieces' transfers. Pieces after
+    the first start mid-sequence, so their causal mask is aligned lower-right, which PyTorch
+    runs on a slower attention kernel than the whole-sequence call on Hopper; the O-proj
+    pieces hide the transfers without that help, so `whole` is the default.
     """
 
-    def __init__(self, ctx: BuildContext, exchange: Exchange, attention: str = "per_piece") -> None:
+    def __init__(self, ctx: BuildContext, exchange: Exchange, attention: str = "whole") -> None:
         if attention not in ATTENTION_MODES:
             raise ValueError(f"unknown attention mode {attention!r}; expected one of {ATTENTION_MODES}")
         self.ctx, self.ex = ctx, exchange
@@ -211,7 +212,7 @@ def sp_io(ctx) -> tuple[int, int, torch.dtype]:
     return hidden, hidden, ctx.stack.dtype
 
 
-def sp_step(ctx, exchange: Exchange, attention: str = "per_piece") -> Step:
+def sp_step(ctx, exchange: Exchange, attention: str = "whole") -> Step:
     """The step of an SP strategy: the layer stack, or a micro workload's single GEMM
     (`attention`: see SequenceParallelForward)."""
     from overlapbench import micro
