@@ -33,7 +33,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from overlapbench.errors import UserError, did_you_mean, one_line
+from overlapbench.errors import UserError, one_line, reject_unknown_keys
 
 if TYPE_CHECKING:
     import torch
@@ -128,10 +128,7 @@ def comm_sizes(value: Any, cuda: bool, where: str) -> tuple[int, ...]:
         lo, hi = (parse_size(s, where) for s in (GPU_SIZES if cuda else CPU_SIZES))
         return size_ladder(lo, hi, 2)
     if isinstance(value, dict):
-        keys = ("min", "max", "factor")
-        for key in value:
-            if key not in keys:
-                raise UserError(f"{where}.{key}: unknown key{did_you_mean(key, keys)}; allowed: {', '.join(keys)}")
+        reject_unknown_keys(value, ("min", "max", "factor"), where)
         if "min" not in value:
             raise UserError(f"{where}.min: missing; a ladder is {{min: 1M, max: 1G, factor: 2}}")
         lo = parse_size(value["min"], f"{where}.min")

@@ -23,6 +23,17 @@ def did_you_mean(word: str, choices) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
+def reject_unknown_keys(data: dict, allowed, where: str) -> None:
+    """A one-line UserError for the first key of a spec mapping that is not in `allowed`."""
+    for key in data:
+        if key not in allowed:
+            prefix = f"{where}." if where else ""
+            raise UserError(
+                f"{prefix}{field_name(key)}: unknown key{did_you_mean(key, allowed)}; "
+                f"allowed: {', '.join(allowed)}"
+            )
+
+
 def one_line(e: BaseException, limit: int = 400) -> str:
     """An exception as 'Type: first line of its message', for a result row or a log line."""
     text = f"{type(e).__name__}: {e}".strip().splitlines()

@@ -17,22 +17,12 @@ import yaml
 
 from overlapbench import models, strategies
 from overlapbench.comm import OPS as COMM_OPS, PATHS as COMM_PATHS, PATHS_BY_OP, comm_sizes
-from overlapbench.errors import UserError, did_you_mean, field_name
+from overlapbench.errors import UserError, did_you_mean, field_name, reject_unknown_keys
 
 DTYPES = ("auto", "bf16", "fp16", "fp32")
 DEFAULT_TOLERANCE = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}
 DEVICE_SECTIONS = ("cpu", "cuda")
 WORKLOADS = ("layer", "gemm_ag", "gemm_rs")  # the layer stack, or one GEMM with its all-gather / reduce-scatter
-
-
-def _reject_unknown(data: dict, allowed, where: str) -> None:
-    for key in data:
-        if key not in allowed:
-            prefix = f"{where}." if where else ""
-            raise UserError(
-                f"{prefix}{field_name(key)}: unknown key{did_you_mean(key, allowed)}; "
-                f"allowed: {', '.join(allowed)}"
-            )
 
 
 def _positive_int(value: Any, where: str) -> int:
@@ -77,7 +67,7 @@ class Measure:
             return cls()
         if not isinstance(data, dict):
             raise UserError(f"measure: must be a mapping of settings, got {type(data).__name__}")
-        _reject_unknown(data, [f.name for f in fields(cls)], "measure")
+        reject_unknown_keys(data, [f.name for f in fields(cls)], "measure")
         return cls(**data)
 
 
@@ -260,7 +250,7 @@ class CommSpec:
             data = {}
         if not isinstance(data, dict):
             raise UserError(f"comm: must be a mapping with any of {', '.join(cls.KEYS)} ({{}} for the defaults)")
-        _reject_unknown(data, cls.KEYS, "comm")
+        reject_unknown_keys(data, cls.KEYS, "comm")
         return cls.build(
             ops=data.get("ops", COMM_OPS), paths=data.get("paths", COMM_PATHS),
             sizes=comm_sizes(data.get("sizes"), cuda, "comm.sizes"),
@@ -373,7 +363,7 @@ def _model(data: dict) -> tuple[str, models.ModelShape]:
         if not isinstance(shape, dict):
             raise UserError("shape: must be a mapping with hidden, ffn, heads, kv_heads, head_dim")
         allowed = [f.name for f in fields(models.ModelShape)]
-        _reject_unknown(shape, allowed, "shape")
+        reject_unknown_keys(shape, allowed, "shape")
         missing = [k for k in allowed[:5] if k not in shape]
         if missing:
             raise UserError(f"shape.{missing[0]}: missing; a custom shape needs {', '.join(allowed[:5])}")
@@ -395,7 +385,7 @@ def _workload(data: dict, grids: tuple[StrategyGrid, ...]) -> tuple[str, Gemm | 
         return workload, None
     if not isinstance(gemm, dict):
         raise UserError(f"gemm: the {workload} workload needs 'gemm: {{n: N, k: K}}' (M is the tokens)")
-    _reject_unknown(gemm, ("n", "k"), "gemm")
+    reject_unknown_keys(gemm, ("n", "k"), "gemm")
     for key in ("n", "k"):
         if key not in gemm:
             raise UserError(f"gemm.{key}: missing; the {workload} workload needs 'gemm: {{n: N, k: K}}'")
@@ -410,11 +400,11 @@ def from_dict(data: Any, name: str, cuda: bool) -> SweepSpec:
     """Validate a parsed YAML document; `cuda` picks the device section that applies."""
     if not isinstance(data, dict):
         raise UserError(f"spec: must be a YAML mapping of settings, got {type(data).__name__}")
-    _reject_unknown(data, TOP_KEYS, "")
+    reject_unknown_keys(data, TOP_KEYS, "")
     section = data.get("cuda" if cuda else "cpu") or {}
     if not isinstance(section, dict):
         raise UserError(f"{'cuda' if cuda else 'cpu'}: must be a mapping of settings to override")
-    _reject_unknown(section, [k for k in TOP_KEYS if k not in DEVICE_SECTIONS], "cpu" if not cuda else "cuda")
+    reject_unknown_keys(section, [k for k in TOP_KEYS if k not in DEVICE_SECTIONS], "cpu" if not cuda else "cuda")
     data = {k: v for k, v in data.items() if k not in DEVICE_SECTIONS}
     if "model" in section or "shape" in section:
         data.pop("model", None), data.pop("shape", None)

@@ -380,7 +380,7 @@ def test_command_end_to_end_on_gloo(tmp_path: Path):
 
 
 def test_fuzzed_comm_sections_fail_only_with_a_clean_error():
-    from hypothesis import HealthCheck, given, settings
+    from hypothesis import HealthCheck, example, given, settings
     from hypothesis import strategies as st
 
     scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 2**40), st.floats(allow_nan=True),
@@ -391,6 +391,7 @@ def test_fuzzed_comm_sections_fail_only_with_a_clean_error():
 
     @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(section=st.one_of(values, st.dictionaries(keys, values, max_size=4)))
+    @example(section={"sizes": {"\n": None}})  # a size ladder's key holding a newline (found by this test)
     def fuzz(section):
         try:
             s = spec.from_dict(SPEC | {"comm": section}, "s", cuda=True)
