@@ -33,7 +33,8 @@ class FlashAGRS(Strategy):
              "whole: one attention call over all rows, then the O-proj pieces; per_piece: each "
              "O-proj piece's query rows attended just before it, so attention overlaps the earlier "
              "pieces' transfers, but the pieces after the first need a lower-right causal mask, "
-             "which PyTorch runs on a slower kernel (measured slower from 8K tokens). Layer workload only",
+             "which PyTorch runs on a slower kernel (on H200 slower at every size measured, most at long "
+             "sequences). Layer workload only",
              choices=ATTENTION_MODES),
     )
     needs = Needs(workloads=SP_WORKLOADS)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 ORDERS = ("local_first_last", "ring")
-ATTENTION_MODES = ("per_piece", "whole")  # how the SP layer feeds the O-proj pieces (sequence_parallel.py)
+ATTENTION_MODES = ("whole", "per_piece")  # how the SP layer feeds the O-proj pieces (sequence_parallel.py)
 Phase = Literal["gather", "scatter"]
 
 
