@@ -264,7 +264,7 @@ class AllReduceNorm:
     step_bytes: int = STEP_BYTES
 
     def __init__(self, group, max_tokens: int, hidden: int, dtype: torch.dtype, device: torch.device):
-        from torch.distributed import _symmetric_memory as symm_mem
+        from overlapbench.runtime import symmetric_buffer
 
         group = group or dist.group.WORLD
         world, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -272,24 +272,23 @@ class AllReduceNorm:
             raise ValueError(f"world size {world} outside 2..{MAX_WORLD}")
         if hidden * torch.empty((), dtype=dtype).element_size() % 16:
             raise ValueError("a row must be a whole number of 16-byte vectors")
-        buf = symm_mem.empty((buffer_rows(max_tokens, world), hidden), dtype=dtype, device=device)
-        handle = symm_mem.rendezvous(buf, group)
+        rows = buffer_rows(max_tokens, world)
+        sym = symmetric_buffer(rows * hidden, dtype, device, group)
+        handle = sym.handle
         # The flags must start at 0 (a pooled allocation may reuse a pad); raises if the pad is smaller.
         handle.get_signal_pad(rank, [SIGNAL_SLOTS], torch.int32).zero_()
-        # The tensor may sit at an offset inside a pooled allocation: the same offset on every rank.
-        offset = buf.data_ptr() - handle.buffer_ptrs[rank]
-        ptrs = [p + offset for p in handle.buffer_ptrs]
+        ptrs = sym.peer_ptrs()
         if any((p - ptrs[rank]) % 16 for p in ptrs):
             raise RuntimeError("symmetric buffers are not 16-byte aligned relative to each other")
         self._sym = SymmetricRows(
-            buf=buf,
+            buf=sym.tensor.view(rows, hidden),
             peer_off=torch.tensor([(p - ptrs[rank]) // 16 for p in ptrs], dtype=torch.int64, device=device),
             pad_ptrs=torch.tensor(list(handle.signal_pad_ptrs), dtype=torch.int64, device=device),
             rank=rank,
             world=world,
             max_tokens=max_tokens,
         )
-        self._handle = handle  # keeps the peer mappings alive
+        self._handle = sym  # keeps the peer mappings alive
         torch.cuda.current_stream(device).synchronize()
         dist.barrier(group)  # no rank signals before every pad is zeroed
 

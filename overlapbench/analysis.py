@@ -17,7 +17,7 @@ from typing import Iterable
 
 from overlapbench import results
 from overlapbench.errors import UserError
-from overlapbench.strategies.base import DEFAULT
+from overlapbench.knobs import DEFAULT
 
 NOISY_CV = 0.02  # a point whose per-iteration CV exceeds this is flagged as noisy
 BOUND = "no_comm"  # the ideal, not a correct result: a bound to compare with, never a choice

@@ -122,7 +122,7 @@ def comm(
     #wrong, for NCCL under CTA budgets, symmetric-memory one-/two-shot all-reduce, the fused
     all-reduce + RMSNorm kernel, and a copy-engine all-gather. Each size is checked (#wrong,
     exact integer inputs) before it is timed; rows go to a results file like sweep's."""
-    from overlapbench import comm as comm_mod
+    from overlapbench.comm import command as comm_mod
 
     opts = comm_mod.Options.parse(
         min_bytes=min_bytes, max_bytes=max_bytes, factor=factor, ops=ops, paths=paths, dtype=dtype,

@@ -5,6 +5,10 @@ computed when, on which stream, and how the row-parallel partial sums are reduce
 contiguous range of rows of the stack's token layout (all of them for the baseline, one half for a
 split); its *segments* say which sequence each run of rows belongs to, so attention of a chunk
 that continues a sequence sees the earlier chunk's keys and values.
+
+Long because the layer's whole arithmetic (weights, norms, RoPE, attention, MLP, the stack's
+forward and its reference) is kept in one file that reads as one forward pass, as gpt-fast keeps
+its model.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from overlapbench.analysis import NOISY_CV  # noqa: F401 -- one definition, re-exported
 from overlapbench.errors import one_line
-from overlapbench.strategies.base import Step
+from overlapbench.step import Step
 
 
 @dataclass

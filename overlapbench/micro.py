@@ -20,8 +20,8 @@ import torch
 
 from overlapbench.layer import random_input, seeded_randn, stable_seed
 from overlapbench.runtime import Runtime
-from overlapbench.strategies.base import Step
-from overlapbench.strategies.sp_schedule import ShardLayout
+from overlapbench.step import Step
+from overlapbench.overlap.sp_schedule import ShardLayout
 
 WORKLOADS = ("gemm_ag", "gemm_rs")
 
@@ -50,6 +50,27 @@ class MicroContext:
     def widths(self) -> tuple[int, int]:
         """Row widths of the all-gathered operand and of the reduce-scattered result."""
         return (self.k, 0) if self.workload == "gemm_ag" else (0, self.n)
+
+    def step(self, exchange) -> Step:
+        """The micro workload through an SP strategy's Exchange (sequence_parallel.sp_step calls it)."""
+        from overlapbench.overlap.sequence_parallel import ATTENTION, gather_rows
+
+        layout = exchange.layout
+        if self.workload == "gemm_ag":
+
+            def forward(x: torch.Tensor) -> torch.Tensor:
+                exchange.fence()  # peers are done reading the last call's shard
+                shard = exchange.shard_buffer(ATTENTION)
+                shard = x if shard is None else shard.copy_(x)
+                return exchange.gather_matmul(ATTENTION, shard, self.weight)
+
+            return Step(forward, lambda y: y[: layout.tokens])
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            exchange.fence()  # peers are done summing the last call's slots
+            return exchange.matmul_scatter(ATTENTION, lambda lo, hi: x[lo:hi], self.weight)
+
+        return Step(forward, lambda y: gather_rows(y, layout))
 
 
 def weight(workload: str, n: int, k: int, rank: int, seed: int, dtype, device) -> torch.Tensor:
@@ -85,25 +106,3 @@ def build(rt: Runtime, point, dtype: torch.dtype, max_tokens: int) -> tuple[Micr
     w = weight(point.workload, n, k, rt.rank, point.seed, dtype, rt.device)
     x = operand(point.workload, m, k, rt.world_size, rt.rank, point.seed, dtype, rt.device)
     return MicroContext(rt, point.workload, m, n, k, w, max_tokens), x
-
-
-def step(ctx: MicroContext, exchange) -> Step:
-    """The micro workload through an SP strategy's Exchange."""
-    from overlapbench.strategies.sequence_parallel import ATTENTION, gather_rows
-
-    layout = exchange.layout
-    if ctx.workload == "gemm_ag":
-
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            exchange.fence()  # peers are done reading the last call's shard
-            shard = exchange.shard_buffer(ATTENTION)
-            shard = x if shard is None else shard.copy_(x)
-            return exchange.gather_matmul(ATTENTION, shard, ctx.weight)
-
-        return Step(forward, lambda y: y[: layout.tokens])
-
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        exchange.fence()  # peers are done summing the last call's slots
-        return exchange.matmul_scatter(ATTENTION, lambda lo, hi: x[lo:hi], ctx.weight)
-
-    return Step(forward, lambda y: gather_rows(y, layout))

@@ -10,6 +10,8 @@ Four views of the same rows (read as tune reads them, `analysis`):
 - `--compare OLD NEW`: per point, NEW/OLD, and with `--fail-above PCT` exit 1 on a regression;
 - `--plot FILE.png`: time per layer or GEMM (or speedup) against tokens, one line per strategy.
 Formats: `table` (rich), `markdown`, `csv` (pandas) and `json` (a list of records).
+
+Long because the four views share one set of cell and legend helpers; each view is a function.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from overlapbench.errors import UserError
 SCHEMA = "overlapbench/result-v1"
 STATUSES = ("ok", "failed", "skipped")
 
-# Stable columns every consumer may rely on (DESIGN.md); renaming one bumps SCHEMA.
+# Stable columns every consumer may rely on (docs/design.md, "Result rows"); renaming one bumps SCHEMA.
 COLUMNS = (
     "schema", "run_id", "time", "spec", "status", "error", "workload", "strategy", "knobs",
     "model", "shape", "layers", "dtype", "batch", "tokens", "tp", "world_size", "device",

@@ -1,8 +1,12 @@
-"""Process groups, devices and streams: what the strategies run on."""
+"""Process groups, devices, streams and symmetric memory: what the strategies, the kernels and the
+communication benchmarks run on. Symmetric memory is allocated here and nowhere else, so the
+multicast refusal and the alignment checks hold for every user."""
 
 from __future__ import annotations
 
+import math
 import os
+import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable
@@ -11,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from overlapbench.layer import RopeTable, Stack
-from overlapbench.strategies.base import DEFAULT
+from overlapbench.knobs import DEFAULT
 
 # NVLink multicast stays off unless the user explicitly turned it on: our kernels never need
 # it, and on shared hosts it can take the GPUs down.
@@ -93,6 +97,68 @@ class Runtime:
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t.item())
+
+
+@dataclass
+class SymmetricBuffer:
+    """A flat symmetric-memory tensor, rendezvoused on a group, and the handle that maps every
+    peer's copy of it into this process (NVLink loads and stores; never multicast)."""
+
+    tensor: torch.Tensor  # 1-D, this rank's
+    handle: Any  # the rendezvous handle: peers' buffers, signal pads, barrier
+    group_name: str
+    rank: int
+    world: int
+    offset: int  # elements from the handle's allocation base to `tensor` (pooled allocations add one)
+
+    def view(self, start: int, shape: tuple[int, ...], rank: int | None = None) -> torch.Tensor:
+        """`shape` elements from element `start`: this rank's, or peer `rank`'s mapped into this
+        process."""
+        if rank is None:
+            return self.tensor[start : start + math.prod(shape)].view(shape)
+        return self.handle.get_buffer(rank, shape, self.tensor.dtype, self.offset + start)
+
+    def peer(self, rank: int, start: int, count: int) -> torch.Tensor:
+        """[count] elements of `rank`'s buffer from `start`."""
+        return self.view(start, (count,), rank)
+
+    def peer_ptrs(self) -> list[int]:
+        """Every rank's address of `tensor`'s first element, as mapped here."""
+        shift = self.offset * self.tensor.element_size()
+        return [p + shift for p in self.handle.buffer_ptrs]
+
+
+def enable_symmetric_memory(group: dist.ProcessGroup | None = None) -> str:
+    """Register the group with symmetric memory (required by the torch releases that have
+    `enable_symm_mem_for_group`, deprecated and harmless in later ones); its name."""
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    name = (group or dist.group.WORLD).group_name
+    enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+    if enable is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            enable(name)
+    return name
+
+
+def symmetric_buffer(numel: int, dtype: torch.dtype, device: torch.device,
+                     group: dist.ProcessGroup | None = None) -> SymmetricBuffer:
+    """symm_mem.empty + rendezvous (collective: every rank of `group` calls it, in the same order).
+    Refuses a mapping that came with NVLink multicast."""
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    group = group or dist.group.WORLD
+    name = enable_symmetric_memory(group)
+    tensor = symm_mem.empty(numel, dtype=dtype, device=device)
+    handle = symm_mem.rendezvous(tensor, group)
+    if getattr(handle, "multicast_ptr", 0):
+        raise RuntimeError("symmetric memory came with an NVLink multicast mapping; set TORCH_SYMM_MEM_DISABLE_MULTICAST=1")
+    rank = dist.get_rank(group)
+    offset = tensor.data_ptr() - handle.buffer_ptrs[rank]
+    if offset % tensor.element_size():
+        raise RuntimeError("symmetric tensor is not element-aligned in its allocation")
+    return SymmetricBuffer(tensor, handle, name, rank, dist.get_world_size(group), offset // tensor.element_size())
 
 
 def init(timeout_s: int) -> Runtime:

@@ -2,6 +2,9 @@
 
 Everything here runs before any process starts (and again on each rank, cheaply), so a typo
 costs a one-line error, not a cluster allocation. No torch at import.
+
+Long because each section's validation sits beside its dataclass (model, batches, strategies,
+measure, comm, cpu overrides), so a field's rule is found next to the field.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from typing import Any, Callable
 import yaml
 
 from overlapbench import models, strategies
-from overlapbench.comm import OPS as COMM_OPS, PATHS as COMM_PATHS, PATHS_BY_OP, comm_sizes
+from overlapbench.comm.paths import OPS as COMM_OPS, PATHS as COMM_PATHS, PATHS_BY_OP
+from overlapbench.comm.sizes import comm_sizes
 from overlapbench.errors import UserError, did_you_mean, field_name, reject_unknown_keys
 
 DTYPES = ("auto", "bf16", "fp16", "fp32")
@@ -231,7 +235,7 @@ class CommSpec:
               hidden: Any, name: Callable[[str], str]) -> "CommSpec":
         """Validated; `name(field)` is how an error names a field (comm.ops in a spec, --ops on
         the command line)."""
-        from overlapbench.strategies.common_knobs import NCCL_MAX_CTAS, comm_ctas as comm_ctas_knob
+        from overlapbench.knobs import NCCL_MAX_CTAS, comm_ctas as comm_ctas_knob
 
         ops, paths = _names(ops, COMM_OPS, name("ops")), _names(paths, COMM_PATHS, name("paths"))
         if not any(p in paths for op in ops for p in PATHS_BY_OP[op]):

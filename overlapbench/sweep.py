@@ -245,9 +245,9 @@ def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = 
                 del work
                 _release(rt)
         if spec.comm is not None:  # the study's collective microbenchmarks, into the same store
-            from overlapbench import comm
+            from overlapbench.comm.run import run_in_sweep
 
-            written += comm.run_in_sweep(rt, spec, store, done, run_id, env, console)
+            written += run_in_sweep(rt, spec, store, done, run_id, env, console)
     finally:
         if store is not None:
             store.close()

@@ -8,7 +8,7 @@ The rule, per (device, world size, tp, model shape, dtype) and token count:
    batches with the same token count are pooled). `no_comm` is never a candidate: it computes
    the wrong result.
 2. The incumbent starts as the reference: `baseline` with default knobs (else the fastest
-   baseline row). Candidates challenge it in order of simplicity (`SIMPLICITY`); a challenger
+   baseline row). Candidates challenge it in order of simplicity (each strategy's `simplicity` rank); a challenger
    replaces the incumbent only when it is faster by more than the noise, so ties go to the
    simpler strategy.
 3. "Faster by more than the noise": the 95% bootstrap confidence interval of the speedup
@@ -37,12 +37,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from overlapbench import analysis, tuned
+from overlapbench import analysis, strategies, tuned
 from overlapbench.analysis import Group, Measured
 from overlapbench.errors import UserError
 
-# Ties go to the earlier name; names not listed come after these, alphabetically.
-SIMPLICITY = ("baseline", "fused_norm", "token_split", "iso", "sp_baseline", "async_tp", "flash_agrs")
 RESAMPLES = 2000
 LEVEL = 0.95
 SEED = 0
@@ -53,10 +51,11 @@ METHOD = (
 )
 
 
-def simplicity(strategy: str) -> tuple[int, str]:
-    """Sort key: SIMPLICITY order, unknown names last (alphabetically, for a stable order)."""
-    rank = SIMPLICITY.index(strategy) if strategy in SIMPLICITY else len(SIMPLICITY)
-    return rank, strategy
+def simplicity(strategy: str) -> tuple[float, str]:
+    """Sort key: each strategy's own `simplicity` rank; names no registered strategy has (a plugin
+    not loaded) last; equal ranks alphabetically, for a stable order."""
+    cls = strategies.find(strategy)
+    return (cls.simplicity if cls is not None else math.inf), strategy
 
 
 @dataclass(frozen=True)

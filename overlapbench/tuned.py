@@ -4,7 +4,7 @@
     choice = config.choose(num_tokens)       # per batch: strategy, knobs, clamped, rule
 
 A file holds sorted, non-overlapping token ranges that together cover 1..max, each with the
-strategy and knobs to run there (format: `overlapbench/tuned-v1`, see DESIGN.md). Keys this
+strategy and knobs to run there (format: `overlapbench/tuned-v1`, see docs/design.md). Keys this
 module does not know (provenance, a rule's `why`) are kept, so load -> dump reproduces the text.
 """
 

@@ -14,12 +14,17 @@ import torch
 from rich.console import Console
 from typer.testing import CliRunner
 
-from overlapbench import comm, spec
+from overlapbench.comm import buffers, command, output, paths, patterns, sizes
+from overlapbench.comm import run as comm_run
+from overlapbench.comm.cases import Case
+from overlapbench import spec
 from overlapbench.cli import app
 from overlapbench.errors import UserError
 from overlapbench.results import SCHEMA, read_rows
 from overlapbench.spec import CommSpec
 from tests import distributed
+
+SYMMETRIC_PATHS = tuple(p.name for p in paths.PATHS_BY_NAME.values() if p.buffer is not None)
 
 K, M, G = 2**10, 2**20, 2**30
 
@@ -29,18 +34,18 @@ K, M, G = 2**10, 2**20, 2**30
 
 @pytest.mark.parametrize("world, ar, ag", [(2, 1.0, 0.5), (4, 1.5, 0.75), (8, 1.75, 0.875)])
 def test_bus_factors(world, ar, ag):
-    assert comm.bus_factor("all_reduce", world) == ar
-    assert comm.bus_factor("all_gather", world) == ag
-    assert comm.bus_factor("reduce_scatter", world) == ag
+    assert sizes.bus_factor("all_reduce", world) == ar
+    assert sizes.bus_factor("all_gather", world) == ag
+    assert sizes.bus_factor("reduce_scatter", world) == ag
 
 
 def test_bandwidths_by_hand():
     # 1 GiB in 1 ms: 1073741824 B / 1e-3 s = 1073.741824 GB/s (1e9, as nccl-tests)
-    assert comm.algbw(G, 1e-3) == pytest.approx(1073.741824)
-    assert comm.busbw("all_reduce", G, 1e-3, 2) == pytest.approx(1073.741824)
-    assert comm.busbw("all_reduce", G, 1e-3, 8) == pytest.approx(1879.048192)
-    assert comm.busbw("all_gather", G, 1e-3, 4) == pytest.approx(805.306368)
-    assert comm.busbw("reduce_scatter", 64 * M, 0.25e-3, 8) == pytest.approx(234.881024)
+    assert sizes.algbw(G, 1e-3) == pytest.approx(1073.741824)
+    assert sizes.busbw("all_reduce", G, 1e-3, 2) == pytest.approx(1073.741824)
+    assert sizes.busbw("all_reduce", G, 1e-3, 8) == pytest.approx(1879.048192)
+    assert sizes.busbw("all_gather", G, 1e-3, 4) == pytest.approx(805.306368)
+    assert sizes.busbw("reduce_scatter", 64 * M, 0.25e-3, 8) == pytest.approx(234.881024)
 
 
 # --- sizes --------------------------------------------------------------------------------------
@@ -51,13 +56,13 @@ def test_bandwidths_by_hand():
     ("1GiB", G), ("2mb", 2 * M), ("1.5K", 1536), (" 3 M ", 3 * M), ("100B", 100), ("1T", 2**40),
 ])
 def test_parse_size(text, expected):
-    assert comm.parse_size(text, "-b") == expected
+    assert sizes.parse_size(text, "-b") == expected
 
 
 @pytest.mark.parametrize("text", ["", "abc", "1X", "0", "0K", "-1K", "0.1K", "1.5", "K", "1KK", True, None, 1.5])
 def test_bad_size_is_one_line_naming_the_field(text):
     with pytest.raises(UserError) as e:
-        comm.parse_size(text, "-b/--min-bytes")
+        sizes.parse_size(text, "-b/--min-bytes")
     assert str(e.value).startswith("-b/--min-bytes: ") and "\n" not in str(e.value)
 
 
@@ -69,7 +74,7 @@ def test_bad_size_is_one_line_naming_the_field(text):
     (3, 30, 3, (3, 9, 27)),
 ])
 def test_size_ladder(lo, hi, factor, expected):
-    assert comm.size_ladder(lo, hi, factor) == expected
+    assert sizes.size_ladder(lo, hi, factor) == expected
 
 
 @pytest.mark.parametrize("lo, hi, factor, field", [
@@ -78,34 +83,34 @@ def test_size_ladder(lo, hi, factor, expected):
 ])
 def test_bad_ladder_is_one_line_naming_the_field(lo, hi, factor, field):
     with pytest.raises(UserError, match=f"^{field}: "):
-        comm.size_ladder(lo, hi, factor)
+        sizes.size_ladder(lo, hi, factor)
 
 
 def test_spec_sizes_forms():
-    assert comm.comm_sizes(["1M", 4 * M], True, "comm.sizes") == (M, 4 * M)
-    assert comm.comm_sizes("2M", True, "comm.sizes") == (2 * M,)
-    assert comm.comm_sizes({"min": "1M", "max": "4M"}, True, "comm.sizes") == (M, 2 * M, 4 * M)
-    assert comm.comm_sizes({"min": "1M", "max": "1G", "factor": 32}, True, "comm.sizes") == (M, 32 * M, G)
-    assert comm.comm_sizes(None, True, "s") == comm.size_ladder(M, G, 2)  # 1 MiB .. 1 GiB on GPUs
-    assert comm.comm_sizes(None, False, "s") == comm.size_ladder(K, 64 * K, 2)  # a demo on CPU
+    assert sizes.comm_sizes(["1M", 4 * M], True, "comm.sizes") == (M, 4 * M)
+    assert sizes.comm_sizes("2M", True, "comm.sizes") == (2 * M,)
+    assert sizes.comm_sizes({"min": "1M", "max": "4M"}, True, "comm.sizes") == (M, 2 * M, 4 * M)
+    assert sizes.comm_sizes({"min": "1M", "max": "1G", "factor": 32}, True, "comm.sizes") == (M, 32 * M, G)
+    assert sizes.comm_sizes(None, True, "s") == sizes.size_ladder(M, G, 2)  # 1 MiB .. 1 GiB on GPUs
+    assert sizes.comm_sizes(None, False, "s") == sizes.size_ladder(K, 64 * K, 2)  # a demo on CPU
     for bad, field in [({"max": "1M"}, "comm.sizes.min"), ({"min": "1M", "maxx": 2}, "comm.sizes.maxx"),
                        ({"min": "1M", "factor": 1}, "comm.sizes.factor"), ([], "comm.sizes"),
                        (["1M", "1M"], "comm.sizes"), (["1M", "x"], r"comm.sizes\[1\]")]:
         with pytest.raises(UserError, match=f"^{field}: "):
-            comm.comm_sizes(bad, True, "comm.sizes")
+            sizes.comm_sizes(bad, True, "comm.sizes")
 
 
 # --- cases --------------------------------------------------------------------------------------
 
 
 def bench(**overrides) -> CommSpec:
-    values = dict(ops=comm.OPS, paths=comm.PATHS, sizes=(100, 101, 4 * K, M), nccl_max_ctas=("default", 8),
+    values = dict(ops=paths.OPS, paths=paths.PATHS, sizes=(100, 101, 4 * K, M), nccl_max_ctas=("default", 8),
                   comm_ctas=(4, 16), hidden=1024)
     return CommSpec(**(values | overrides))
 
 
 def test_cases_on_gloo_skip_symmetric_memory_and_ctas():
-    cases = comm.make_cases(bench(), world=2, backend="gloo", dtype="fp32", hidden=1024)
+    cases = paths.make_cases(bench(), world=2, backend="gloo", dtype="fp32", hidden=1024)
     ran = [c for c in cases if c.skip is None]
     assert {c.strategy for c in ran} == {"gloo"} and {c.ctas for c in ran} == {None}
     assert {(c.op, c.path) for c in cases if c.skip} == {
@@ -117,13 +122,13 @@ def test_cases_on_gloo_skip_symmetric_memory_and_ctas():
 
 def test_counts_round_down_to_whole_units(monkeypatch):
     monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    cases = comm.make_cases(bench(), world=4, backend="nccl", dtype="bf16", hidden=1024)
+    cases = paths.make_cases(bench(), world=4, backend="nccl", dtype="bf16", hidden=1024)
     ar = {c.size: c for c in cases if (c.op, c.path, c.ctas) == ("all_reduce", "nccl", "default")}
     assert ar[100].count == 48 and ar[100].nbytes == 96  # whole 16-byte vectors
     assert 101 not in ar  # 101 B rounds to the same 96 B case: measured once
     ag = {c.size: c for c in cases if (c.op, c.path, c.ctas) == ("all_gather", "nccl", 8)}
     assert ag[100].count == 32 and ag[4 * K].count == 2048  # whole 16-byte vectors per rank: 4 x 8 bf16
-    wide = comm.make_cases(bench(), world=8, backend="nccl", dtype="fp32", hidden=1024)
+    wide = paths.make_cases(bench(), world=8, backend="nccl", dtype="fp32", hidden=1024)
     rs = {c.size: c for c in wide if (c.op, c.ctas) == ("reduce_scatter", "default")}
     assert rs[100].skip == "100B is below one 16-byte vector per rank x 8 ranks (128 B)"
     fused = {c.size: c for c in cases if (c.op, c.path, c.ctas) == ("all_reduce", "fused_norm", 16)}
@@ -136,13 +141,13 @@ def test_counts_round_down_to_whole_units(monkeypatch):
 
 def test_symmetric_paths_refuse_multicast_and_other_hosts(monkeypatch):
     monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "0")
-    cases = comm.make_cases(bench(), world=2, backend="nccl", dtype="bf16", hidden=1024)
-    assert all("multicast" in c.skip for c in cases if c.path in comm.SYMMETRIC_PATHS)
+    cases = paths.make_cases(bench(), world=2, backend="nccl", dtype="bf16", hidden=1024)
+    assert all("multicast" in c.skip for c in cases if c.path in SYMMETRIC_PATHS)
     monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    cases = comm.make_cases(bench(), world=2, backend="nccl", dtype="bf16", hidden=1024, hosts=2)
-    assert all("one host" in c.skip for c in cases if c.path in comm.SYMMETRIC_PATHS)
+    cases = paths.make_cases(bench(), world=2, backend="nccl", dtype="bf16", hidden=1024, hosts=2)
+    assert all("one host" in c.skip for c in cases if c.path in SYMMETRIC_PATHS)
     assert not any(c.skip for c in cases if c.path == "nccl" and c.size >= 4 * K)
-    cases = comm.make_cases(bench(), world=16, backend="nccl", dtype="bf16", hidden=1024)
+    cases = paths.make_cases(bench(), world=16, backend="nccl", dtype="bf16", hidden=1024)
     assert all("2..8 ranks" in c.skip for c in cases if c.path == "fused_norm")
 
 
@@ -151,7 +156,7 @@ def test_symmetric_paths_refuse_multicast_and_other_hosts(monkeypatch):
 
 def simulate(op: str, world: int, count: int, seed: int) -> list[torch.Tensor]:
     """Each rank's result of the collective, computed here from every rank's input."""
-    inputs = [comm.op_input(op, r, world, count, seed, torch.float64, "cpu") for r in range(world)]
+    inputs = [patterns.op_input(op, r, world, count, seed, torch.float64, "cpu") for r in range(world)]
     if op == "all_reduce":
         return [sum(inputs)] * world
     if op == "all_gather":
@@ -159,34 +164,34 @@ def simulate(op: str, world: int, count: int, seed: int) -> list[torch.Tensor]:
     return list(sum(inputs).chunk(world))
 
 
-@pytest.mark.parametrize("op", comm.OPS)
+@pytest.mark.parametrize("op", paths.OPS)
 @pytest.mark.parametrize("world", [2, 3, 8])
 def test_expected_results_match_a_simulated_collective(op, world):
     count = world * 13 * 8  # shards a multiple of 13: misplaced chunks must still differ
     for rank, result in enumerate(simulate(op, world, count, seed=5)):
-        expected = comm.op_expected(op, rank, world, count, 5, torch.float64, "cpu")
-        assert comm.count_wrong(result, expected) == 0
-        assert comm.count_wrong(result.to(torch.bfloat16), expected.to(torch.bfloat16)) == 0  # exact in bf16
+        expected = patterns.op_expected(op, rank, world, count, 5, torch.float64, "cpu")
+        assert patterns.count_wrong(result, expected) == 0
+        assert patterns.count_wrong(result.to(torch.bfloat16), expected.to(torch.bfloat16)) == 0  # exact in bf16
 
 
 def test_inputs_are_small_nonzero_and_tell_ranks_chunks_and_seeds_apart():
-    a = comm.pattern(0, 0, 1000, 1, torch.float32, "cpu")
-    assert a.min() == 1 and a.max() == comm.MODULUS
-    assert comm.pattern_sum(range(9), 0, 1000, 1, torch.float32, "cpu").max() <= 256  # exact in bf16
+    a = patterns.pattern(0, 0, 1000, 1, torch.float32, "cpu")
+    assert a.min() == 1 and a.max() == patterns.MODULUS
+    assert patterns.pattern_sum(range(9), 0, 1000, 1, torch.float32, "cpu").max() <= 256  # exact in bf16
     for other in [(1, 0, 1), (0, 1, 1), (0, 0, 2)]:  # another rank, chunk, seed: every element differs
-        b = comm.pattern(other[0], other[1], 1000, other[2], torch.float32, "cpu")
-        assert comm.count_wrong(a, b) == 1000
-    gathered = comm.op_expected("all_gather", 0, 2, 26, 3, torch.float32, "cpu")
+        b = patterns.pattern(other[0], other[1], 1000, other[2], torch.float32, "cpu")
+        assert patterns.count_wrong(a, b) == 1000
+    gathered = patterns.op_expected("all_gather", 0, 2, 26, 3, torch.float32, "cpu")
     swapped = torch.cat([gathered[13:], gathered[:13]])  # shards exchanged
-    assert comm.count_wrong(swapped, gathered) == 26
+    assert patterns.count_wrong(swapped, gathered) == 26
 
 
 def test_count_wrong_counts_nan_and_size_mismatch():
     x = torch.ones(8)
     y = x.clone()
     y[3] = float("nan")
-    assert comm.count_wrong(y, x) == 1
-    assert comm.count_wrong(x[:4], x) == 8
+    assert patterns.count_wrong(y, x) == 1
+    assert patterns.count_wrong(x[:4], x) == 8
 
 
 # --- the check on 2 gloo processes ---------------------------------------------------------------
@@ -198,8 +203,8 @@ def _rank_check(rank: int, world: int, op: str, corrupt: str | None) -> int:
     from overlapbench import runtime
 
     rt = runtime.init(timeout_s=60)
-    case = comm.Case(op, "nccl", "gloo", None, 4 * K, 1024, "fp32", seed=7)
-    right = comm.build(rt, case, comm.Buffers(rt, [case]))
+    case = Case(op, "nccl", "gloo", None, 4 * K, 1024, "fp32", seed=7)
+    right = paths.build(rt, case, buffers.Buffers(rt, [case]))
     bench_ = right
     if corrupt == "three":  # the collective runs, then three elements on rank 1 are off by one
         def run():
@@ -209,13 +214,13 @@ def _rank_check(rank: int, world: int, op: str, corrupt: str | None) -> int:
         bench_ = replace(right, run=run)
     elif corrupt == "skip":  # no communication at all
         bench_ = replace(right, run=lambda: None)
-    first = comm.check(bench_, case.seed, rt)
-    again = comm.check(bench_, case.seed + 1, rt)  # fresh inputs: same verdict
+    first = comm_run.check(bench_, case.seed, rt)
+    again = comm_run.check(bench_, case.seed + 1, rt)  # fresh inputs: same verdict
     return first, again
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("op", comm.OPS)
+@pytest.mark.parametrize("op", paths.OPS)
 def test_check_counts_zero_wrong_for_a_right_collective(op):
     assert distributed.run(_rank_check, op, None) == [(0, 0), (0, 0)]
 
@@ -234,17 +239,17 @@ def test_check_counts_corrupted_elements_over_ranks():
 
 def rows() -> list[dict]:
     env = {"world_size": 2, "device": "NVIDIA H200", "backend": "nccl", "hosts": ["h"], "versions": {}, "git": None}
-    info = comm.RunInfo("comm", "run1", env, 1, 3, True)
-    ok = comm.Case("all_reduce", "nccl", "nccl", 8, M, M // 2, "bf16", seed=1)
+    info = comm_run.RunInfo("comm", "run1", env, 1, 3, True)
+    ok = Case("all_reduce", "nccl", "nccl", 8, M, M // 2, "bf16", seed=1)
     ok_result = {"status": "ok", "error": None, "wrong": 0, "ms": 0.01, "p10_ms": 0.009, "p90_ms": 0.012,
-                 "iqr_ms": 0.001, "cv": 0.01, "algbw": comm.algbw(M, 1e-5), "busbw": comm.busbw("all_reduce", M, 1e-5, 2),
+                 "iqr_ms": 0.001, "cv": 0.01, "algbw": sizes.algbw(M, 1e-5), "busbw": sizes.busbw("all_reduce", M, 1e-5, 2),
                  "graphs": True, "samples_ms": [0.01] * 3, "ops_per_sample": 32}
-    fused = comm.Case("all_reduce", "fused_norm", "nccl", 4, M, M // 2, "bf16", hidden=8192, seed=2)
+    fused = Case("all_reduce", "fused_norm", "nccl", 4, M, M // 2, "bf16", hidden=8192, seed=2)
     bad = {"status": "failed", "error": "#wrong 5: result differs from the exact expected one", "wrong": 5}
-    small = comm.Case("all_reduce", "fused_norm", "nccl", 4, K, 0, "bf16", hidden=8192, seed=3,
+    small = Case("all_reduce", "fused_norm", "nccl", 4, K, 0, "bf16", hidden=8192, seed=3,
                       skip="1K is below one row of hidden 8192 (16384 B)")
-    return [comm.make_row(ok, ok_result, info), comm.make_row(fused, bad, info),
-            comm.make_row(small, {"status": "skipped", "error": small.skip}, info)]
+    return [comm_run.make_row(ok, ok_result, info), comm_run.make_row(fused, bad, info),
+            comm_run.make_row(small, {"status": "skipped", "error": small.skip}, info)]
 
 
 def test_rows_have_the_store_schema():
@@ -261,24 +266,24 @@ def test_rows_have_the_store_schema():
 
 
 def test_csv_and_json_parse():
-    records = list(csv.DictReader(io.StringIO(comm.to_csv(rows()))))
+    records = list(csv.DictReader(io.StringIO(output.to_csv(rows()))))
     assert [r["path"] for r in records] == ["nccl", "fused_norm", "fused_norm"]
     assert list(records[0])[:10] == ["size", "count", "type", "op", "path", "ctas", "time_us", "algbw", "busbw", "wrong"]
     assert records[0]["size"] == str(M) and records[0]["count"] == str(M // 2) and float(records[0]["time_us"]) == 10.0
     assert float(records[0]["busbw"]) == 104.9 and records[1]["wrong"] == "5"
     assert records[2]["status"] == "skipped" and records[2]["time_us"] == ""
-    parsed = json.loads(comm.to_json(rows()))
+    parsed = json.loads(output.to_json(rows()))
     assert parsed[0]["ctas"] == 8 and parsed[0]["wrong"] == 0 and parsed[1]["time_us"] is None
 
 
 def test_table_shows_rows_and_reasons():
     console = Console(file=io.StringIO())
-    comm.render(rows(), "table", console)  # not a terminal: rendered 160 wide, not squeezed to 80
+    output.render(rows(), "table", console)  # not a terminal: rendered 160 wide, not squeezed to 80
     text = console.file.getvalue()
     assert "1048576" in text and "104.86" in text and "failed" in text
     assert "all_reduce/fused_norm: 1K is below one row of hidden 8192" in text
     assert "#wrong 5" in text
-    assert comm.totals(rows()).startswith("# #wrong total: 5 (FAILED)")
+    assert output.totals(rows()).startswith("# #wrong total: 5 (FAILED)")
 
 
 # --- the spec's comm section ---------------------------------------------------------------------
@@ -290,14 +295,14 @@ SPEC = {"name": "s", "model": "tiny", "tokens": [16], "strategies": ["baseline"]
 def test_spec_comm_section():
     assert spec.from_dict(SPEC, "s", cuda=False).comm is None
     s = spec.from_dict(SPEC | {"comm": {}}, "s", cuda=True)
-    assert s.comm.ops == comm.OPS and s.comm.sizes == comm.size_ladder(M, G, 2)
+    assert s.comm.ops == paths.OPS and s.comm.sizes == sizes.size_ladder(M, G, 2)
     assert s.comm.nccl_max_ctas == ("default", 4, 8, 16, 32) and s.comm.hidden is None
     gpu = {"ops": ["all_gather"], "paths": "nccl, copy_engine", "nccl_max_ctas": ["default", 16], "hidden": 4096}
     s = spec.from_dict(SPEC | {"comm": gpu, "cpu": {"comm": {"sizes": ["1K"]}}}, "s", cuda=True)
     assert s.comm.ops == ("all_gather",) and s.comm.paths == ("nccl", "copy_engine")
     assert s.comm.nccl_max_ctas == ("default", 16) and s.comm.hidden == 4096 and s.comm.sizes[0] == M
     s = spec.from_dict(SPEC | {"comm": gpu, "cpu": {"comm": {"sizes": ["1K"]}}}, "s", cuda=False)
-    assert s.comm.sizes == (K,) and s.comm.ops == comm.OPS  # a device section replaces the whole key
+    assert s.comm.sizes == (K,) and s.comm.ops == paths.OPS  # a device section replaces the whole key
 
 
 @pytest.mark.parametrize("section, message", [
@@ -339,7 +344,7 @@ def test_bad_options_are_one_line_exit_2(args, message):
 
 
 def test_options_forward_explicitly_to_the_ranks():
-    opts = comm.Options.parse(min_bytes=None, max_bytes="512K", factor=4, ops="all_reduce", paths=None,
+    opts = command.Options.parse(min_bytes=None, max_bytes="512K", factor=4, ops="all_reduce", paths=None,
                               dtype="auto", nccl_max_ctas="default,8", comm_ctas=None, hidden=8192, iters=3,
                               warmup=1, graphs=False, fmt="csv", output=None, resume=True, nproc=None)
     assert opts.sizes(cuda=True) == (512 * K,)  # -b defaults to 1M on GPUs, moved down to meet -e
@@ -347,7 +352,7 @@ def test_options_forward_explicitly_to_the_ranks():
     argv = opts.argv(cuda=False, output=Path("x.jsonl"))
     assert argv[:7] == ["comm", "-b", "1024", "-e", str(256 * K), "-f", "4"]
     assert "--no-graphs" in argv and argv[-1] == "--resume" and "default,8" in argv
-    assert comm.default_output("NVIDIA H200", 2) == Path("results/comm-nvidia-h200-2.jsonl")
+    assert command.default_output("NVIDIA H200", 2) == Path("results/comm-nvidia-h200-2.jsonl")
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -362,9 +367,9 @@ def test_command_end_to_end_on_gloo(tmp_path: Path):
     assert done.returncode == 0, done.stderr
     records = json.loads(done.stdout)  # stdout holds nothing but the records
     measured = [r for r in records if r["status"] == "ok"]
-    assert {(r["op"], r["size"]) for r in measured} == {(op, s) for op in comm.OPS for s in (K, 2 * K, 4 * K)}
+    assert {(r["op"], r["size"]) for r in measured} == {(op, s) for op in paths.OPS for s in (K, 2 * K, 4 * K)}
     assert all(r["wrong"] == 0 and r["path"] == "gloo" and r["time_us"] > 0 and r["busbw"] > 0 for r in measured)
-    assert {r["path"] for r in records if r["status"] == "skipped"} == set(comm.SYMMETRIC_PATHS)
+    assert {r["path"] for r in records if r["status"] == "skipped"} == set(SYMMETRIC_PATHS)
     stored = read_rows(out)
     assert len(stored) == len(records) and all(r["workload"] == "comm" and r["spec"] == "comm" for r in stored)
     assert {r["world_size"] for r in stored} == {2} and {r["backend"] for r in stored} == {"gloo"}
@@ -395,7 +400,7 @@ def test_fuzzed_comm_sections_fail_only_with_a_clean_error():
     def fuzz(section):
         try:
             s = spec.from_dict(SPEC | {"comm": section}, "s", cuda=True)
-            comm.make_cases(s.comm, 2, "nccl", "bf16", s.comm.hidden or 64)
+            paths.make_cases(s.comm, 2, "nccl", "bf16", s.comm.hidden or 64)
         except UserError as e:
             assert str(e) and "\n" not in str(e)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from overlapbench import comm
+from overlapbench.comm import paths
 from overlapbench.results import read_rows
 
 pytestmark = pytest.mark.gpu
@@ -49,7 +49,7 @@ def test_every_path_is_exact(run):
     ok = [r for r in records if r["status"] == "ok"]
     assert all(r["wrong"] == 0 and r["time_us"] > 0 and r["busbw"] > 0 for r in ok)
     measured = {(r["op"], r["path"]) for r in ok}
-    assert measured == {(op, path) for op, paths in comm.PATHS_BY_OP.items() for path in paths}, measured
+    assert measured == {(op, path) for op, paths in paths.PATHS_BY_OP.items() for path in paths}, measured
     assert {r["ctas"] for r in ok if r["path"] == "fused_norm"} == {1, 3, 64}
     assert {r["ctas"] for r in ok if r["path"] == "nccl"} == {"default", 4}
     skipped = [r for r in records if r["status"] == "skipped"]

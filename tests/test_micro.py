@@ -11,7 +11,7 @@ import torch
 
 from overlapbench import micro, spec
 from overlapbench.errors import UserError
-from overlapbench.strategies.sp_schedule import ShardLayout
+from overlapbench.overlap.sp_schedule import ShardLayout
 from tests import distributed
 
 SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"

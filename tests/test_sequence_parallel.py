@@ -13,7 +13,7 @@ from overlapbench import strategies
 from overlapbench.errors import UserError
 from overlapbench.layer import reference_forward
 from overlapbench.models import PRESETS, ModelShape
-from overlapbench.strategies.sp_schedule import ORDERS, Plan, ShardLayout, owner_order, pieces, schedule, transfers
+from overlapbench.overlap.sp_schedule import ORDERS, Plan, ShardLayout, owner_order, pieces, schedule, transfers
 from tests import distributed
 
 WORLDS = (2, 4, 8)
@@ -269,7 +269,7 @@ def _rank_async_tp_reference(rank: int, world: int, seq_lens: tuple, micro_cases
 
     from overlapbench import micro, runtime, spec
     from overlapbench.layer import RopeTable, build_stack, random_input
-    from overlapbench.strategies.sequence_parallel import FusedExchange, sp_layout, sp_step
+    from overlapbench.overlap.sequence_parallel import FusedExchange, sp_layout, sp_step
 
     rt = runtime.init(timeout_s=60)
     ops = SimpleNamespace(
@@ -345,7 +345,8 @@ def test_symmetric_transport_gathers_and_scatters(monkeypatch, world, tokens, or
     import contextlib
     import threading
 
-    from overlapbench.strategies import flash_overlap as fo
+    from overlapbench.overlap import flash_overlap as fo
+    from overlapbench.runtime import SymmetricBuffer
 
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: _NoStream())
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
@@ -365,7 +366,8 @@ def test_symmetric_transport_gathers_and_scatters(monkeypatch, world, tokens, or
 
     def rank_main(rank):
         try:
-            buffers = fo.SymmetricBuffers(bufs[rank], handle, 0, world, **sizes)
+            sym = SymmetricBuffer(bufs[rank], handle, "fake", rank, world, offset=0)
+            buffers = fo.SymmetricBuffers(sym, world, **sizes)
             transport = fo.SymmetricTransport(buffers, plan, rank, lambda dst, src: dst.copy_(src), _NoStream())
             ex = fo.FlashExchange(plan, rank, transport, k, n, torch.float32, "cpu")
             results[rank] = []

@@ -25,12 +25,17 @@ def get(name: str, where: str = "strategies") -> type[Strategy]:
         ) from None
 
 
+def find(name: str) -> type[Strategy] | None:
+    """The registered strategy of that name, or None."""
+    return _REGISTRY.get(name)
+
+
 def all_strategies() -> list[type[Strategy]]:
     return list(_REGISTRY.values())
 
 
 # Registration order is the order `overlapbench strategies` and reports list them in.
-from overlapbench.strategies import baseline, fused_norm, iso, token_split, sp_baseline, flash_agrs, async_tp  # noqa: E402,F401
+from overlapbench.strategies import baseline, no_comm, fused_norm, iso, token_split, sp_baseline, flash_agrs, async_tp  # noqa: E402,F401
 
 
 def load_plugins(names: str | None = None) -> None:
@@ -46,4 +51,4 @@ def load_plugins(names: str | None = None) -> None:
             raise UserError(f"OVERLAPBENCH_PLUGINS: cannot import '{name}' ({e}); check the module name and PYTHONPATH") from None
 
 
-__all__ = ["DEFAULT", "Knob", "Needs", "Step", "Strategy", "all_strategies", "get", "register"]
+__all__ = ["DEFAULT", "Knob", "Needs", "Step", "Strategy", "all_strategies", "find", "get", "register"]

@@ -12,20 +12,14 @@ from overlapbench.strategies.sp_baseline import SP_WORKLOADS
 @register
 class AsyncTP(Strategy):
     name = "async_tp"
+    simplicity = 50
     summary = "sequence-parallel layer through torch.ops.symm_mem fused all-gather+matmul / matmul+reduce-scatter"
     needs = Needs(cuda=True, symmetric_memory=True, min_world_size=2, workloads=SP_WORKLOADS)
 
     @classmethod
     def build(cls, ctx, knobs):
-        import warnings
+        from overlapbench.overlap.sequence_parallel import FusedExchange, sp_layout, sp_step
+        from overlapbench.runtime import enable_symmetric_memory
 
-        import torch.distributed as dist
-        from torch.distributed import _symmetric_memory as symm_mem
-
-        from overlapbench.strategies.sequence_parallel import FusedExchange, sp_layout, sp_step
-
-        group_name = dist.group.WORLD.group_name
-        with warnings.catch_warnings():  # needed on torch 2.11; deprecated (a no-op) later
-            warnings.simplefilter("ignore", FutureWarning)
-            symm_mem.enable_symm_mem_for_group(group_name)
+        group_name = enable_symmetric_memory()
         return sp_step(ctx, FusedExchange(sp_layout(ctx), group_name))

@@ -6,64 +6,16 @@ torch: builders import what they need when a step is built.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 from overlapbench.errors import UserError, did_you_mean, field_name
+from overlapbench.knobs import DEFAULT, Knob
+from overlapbench.step import Step
 
 if TYPE_CHECKING:
-    import torch
 
     from overlapbench.runtime import BuildContext
-
-
-DEFAULT = "default"  # a knob value meaning "leave it to the library"
-
-
-@dataclass(frozen=True)
-class Knob:
-    """A tunable parameter: its type, its domain and what it does."""
-
-    name: str
-    type: type  # int, float, str or bool
-    default: Any
-    help: str
-    choices: tuple | None = None
-    bounds: tuple[float, float] | None = None  # closed interval for int/float knobs
-    library_default: bool = False  # also accepts "default": the library picks
-    optional: bool = False  # None means "not set" (knobs that are alternatives)
-
-    def domain(self) -> str:
-        parts = []
-        if self.choices is not None:
-            parts.append(" | ".join(map(str, self.choices)))
-        if self.bounds is not None:
-            parts.append(f"{self.type.__name__} in [{self.bounds[0]}, {self.bounds[1]}]")
-        if self.choices is None and self.bounds is None:
-            parts.append(self.type.__name__)
-        if self.library_default:
-            parts.append(DEFAULT)
-        if self.optional:
-            parts.append("null")
-        return " | ".join(parts)
-
-    def check(self, value: Any, where: str) -> Any:
-        """The value, normalized; a UserError naming `where` if it is outside the domain."""
-        if value is None and self.optional:
-            return None
-        if value == DEFAULT and self.library_default:
-            return DEFAULT
-        if self.choices is not None and value in self.choices and not isinstance(value, bool):
-            return value
-        if self.bounds is None and self.choices is not None:
-            raise UserError(f"{where}: {value!r} is not one of {self.domain()}")
-        if self.type is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, self.type) or (self.type is int and isinstance(value, bool)):
-            raise UserError(f"{where}: {value!r} is not a {self.domain()}")
-        if self.bounds is not None and not self.bounds[0] <= value <= self.bounds[1]:
-            raise UserError(f"{where}: {value!r} is outside {self.domain()}")
-        return value
 
 
 @dataclass(frozen=True)
@@ -76,20 +28,6 @@ class Needs:
     workloads: tuple[str, ...] = ("layer",)
 
 
-@dataclass
-class Step:
-    """What a strategy builds for one point.
-
-    `forward(x)` runs the whole stack on the full, replicated input x ([tokens, hidden]) and is
-    what gets timed (and captured in a CUDA graph where `graphable`). `to_full(y)` turns its
-    output into the full replicated [tokens, hidden] result, for the correctness check only.
-    """
-
-    forward: Callable[["torch.Tensor"], "torch.Tensor"]
-    to_full: Callable[["torch.Tensor"], "torch.Tensor"] = field(default=lambda y: y)
-    graphable: bool = True
-
-
 class Strategy:
     """Base class: subclasses set the class variables and implement `build`."""
 
@@ -99,6 +37,9 @@ class Strategy:
     needs: ClassVar[Needs] = Needs()
     # False for strategies whose output is not meant to be right (no_comm, the ideal bound).
     checked: ClassVar[bool] = True
+    # tune's tie-break: of two strategies the data cannot tell apart, the lower rank wins (the one
+    # with fewer moving parts an engine has to carry). Plugins rank after the built-ins by default.
+    simplicity: ClassVar[int] = 100
 
     @classmethod
     def knob(cls, name: str) -> Knob:
@@ -137,3 +78,29 @@ class Strategy:
     @classmethod
     def build(cls, ctx: "BuildContext", knobs: dict) -> Step:
         raise NotImplementedError
+
+
+class SplitStrategy(Strategy):
+    """What token_split and iso share beyond the schedule: the comm knobs' rules."""
+
+    cta_knobs: tuple[str, ...] = ()  # the CTA budgets that only comm=fused uses
+
+    @classmethod
+    def check_combination(cls, knobs, where):
+        """Knobs that do not apply to the chosen `comm` are reset, so a grid over both comm
+        paths does not measure the same setting twice."""
+        if knobs["comm"] != "fused":
+            for name in cls.cta_knobs:
+                knobs[name] = None
+        if knobs["comm"] != "nccl":
+            knobs["nccl_max_ctas"] = DEFAULT
+
+    @classmethod
+    def is_checked(cls, knobs):
+        return knobs["comm"] != "none"  # comm=none is a bound, not a correct result
+
+    @classmethod
+    def skip_reason(cls, knobs, cuda):
+        if knobs["comm"] == "fused" and not cuda:
+            return "comm=fused needs CUDA GPUs with symmetric memory"
+        return None

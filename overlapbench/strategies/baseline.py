@@ -1,4 +1,4 @@
-"""The two references: `baseline` (how engines run TP today) and `no_comm` (the ideal bound)."""
+"""`baseline`: how engines run TP today, and the reference every strategy is checked against."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ from functools import partial
 
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Step, Strategy
-from overlapbench.strategies.common_knobs import NCCL_MAX_CTAS
+from overlapbench.knobs import NCCL_MAX_CTAS
 
 
 @register
 class Baseline(Strategy):
     name = "baseline"
+    simplicity = 0
     summary = "compute, blocking all-reduce, then residual add + RMSNorm (vLLM/Megatron)"
     knobs = (NCCL_MAX_CTAS,)
 
@@ -23,20 +24,5 @@ class Baseline(Strategy):
 
         group = ctx.runtime.group(knobs["nccl_max_ctas"])
         reducer = LocalReducer(ctx.eps, partial(dist.all_reduce, group=group))
-        chunk = whole_batch(ctx.seq_lens, ctx.runtime.device)
-        return Step(lambda x: forward_stack(ctx.stack, x, chunk, ctx.rope, reducer))
-
-
-@register
-class NoComm(Strategy):
-    name = "no_comm"
-    summary = "baseline with every collective removed: the ideal bound, not a correct result"
-    checked = False
-
-    @classmethod
-    def build(cls, ctx, knobs):
-        from overlapbench.layer import LocalReducer, forward_stack, whole_batch
-
-        reducer = LocalReducer(ctx.eps)
         chunk = whole_batch(ctx.seq_lens, ctx.runtime.device)
         return Step(lambda x: forward_stack(ctx.stack, x, chunk, ctx.rope, reducer))

@@ -9,7 +9,7 @@ from overlapbench.errors import UserError
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Knob, Needs, Strategy
 from overlapbench.strategies.sp_baseline import SP_WORKLOADS
-from overlapbench.strategies.sp_schedule import ATTENTION_MODES, ORDERS
+from overlapbench.overlap.sp_schedule import ATTENTION_MODES, ORDERS
 
 TRANSPORTS = ("copy_engine", "sm")
 
@@ -17,6 +17,7 @@ TRANSPORTS = ("copy_engine", "sm")
 @register
 class FlashAGRS(Strategy):
     name = "flash_agrs"
+    simplicity = 60
     summary = "Flash-Overlap: AG/RS as rank-ordered P2P pieces interleaved with the partial GEMMs (SP layer)"
     knobs = (
         Knob("transport", str, "copy_engine",
@@ -58,9 +59,9 @@ class FlashAGRS(Strategy):
 
         import torch.distributed as dist
 
-        from overlapbench.strategies import flash_overlap as fo
-        from overlapbench.strategies.sequence_parallel import sp_io, sp_layout, sp_step
-        from overlapbench.strategies.sp_schedule import Plan
+        from overlapbench.overlap import flash_overlap as fo
+        from overlapbench.overlap.sequence_parallel import sp_io, sp_layout, sp_step
+        from overlapbench.overlap.sp_schedule import Plan
 
         rt = ctx.runtime
         plan = Plan(sp_layout(ctx), knobs["chunks_per_rank"], knobs["order"])
@@ -77,7 +78,7 @@ class FlashAGRS(Strategy):
             if knobs["transport"] == "sm":
                 from kernels import p2p
 
-                copy = partial(p2p.copy, num_ctas=knobs["comm_ctas"], anchor=buffers.buf)
+                copy = partial(p2p.copy, num_ctas=knobs["comm_ctas"], anchor=buffers.sym.tensor)
             else:
                 copy = lambda dst, src: dst.copy_(src)  # noqa: E731
             transport = fo.SymmetricTransport(buffers, plan, rt.rank, copy, rt.side_stream())

@@ -13,8 +13,9 @@ from __future__ import annotations
 from overlapbench.errors import UserError
 from overlapbench.models import ModelShape
 from overlapbench.strategies import register
-from overlapbench.strategies.base import Knob
-from overlapbench.strategies.common_knobs import COMM, NCCL_MAX_CTAS, SplitStrategy, comm_ctas
+from overlapbench.strategies.base import Knob, SplitStrategy
+from overlapbench.knobs import COMM, NCCL_MAX_CTAS, comm_ctas
+
 
 ALIGN = Knob("align", int, 64, "round each sequence's cut to a multiple of this many tokens", bounds=(1, 4096))
 SPLIT_RATIO = Knob(
@@ -67,6 +68,7 @@ def cuts(seq_lens: tuple[int, ...], ratio: float, align: int) -> list[int]:
 @register
 class Iso(SplitStrategy):
     name = "iso"
+    simplicity = 30
     summary = "ISO: every sequence cut in two chunks; chunk 2 attends to chunk 1's KV; one chunk's all-reduce overlaps the other's compute"
     knobs = (SPLIT_RATIO, ALIGN, COMM, comm_ctas("comm_ctas", "(comm=fused)"), NCCL_MAX_CTAS)
 
@@ -77,8 +79,8 @@ class Iso(SplitStrategy):
         import torch
 
         from overlapbench.layer import make_chunk, sequence_starts
-        from overlapbench.strategies import reducers
-        from overlapbench.strategies.split import SplitPlan, split_step
+        from overlapbench.overlap import reducers
+        from overlapbench.overlap.split import SplitPlan, split_step
 
         seq_lens, device = ctx.seq_lens, ctx.runtime.device
         if ctx.tokens < 2:

@@ -7,8 +7,9 @@ import math
 
 from overlapbench.errors import UserError
 from overlapbench.strategies import register
-from overlapbench.strategies.base import Knob
-from overlapbench.strategies.common_knobs import ALIGN, COMM, NCCL_MAX_CTAS, SplitStrategy, comm_ctas
+from overlapbench.strategies.base import Knob, SplitStrategy
+from overlapbench.knobs import ALIGN, COMM, NCCL_MAX_CTAS, comm_ctas
+
 
 
 def split_point(tokens: int, align: int, offset: int = 0, ratio: float | None = None) -> int:
@@ -36,6 +37,7 @@ def split_point(tokens: int, align: int, offset: int = 0, ratio: float | None = 
 @register
 class TokenSplit(SplitStrategy):
     name = "token_split"
+    simplicity = 20
     summary = "TokenWeave: the batch's tokens cut in two; each half's all-reduce+norm overlaps the other half's compute"
     knobs = (
         ALIGN,
@@ -58,8 +60,8 @@ class TokenSplit(SplitStrategy):
     @classmethod
     def build(cls, ctx, knobs):
         from overlapbench.layer import token_range
-        from overlapbench.strategies import reducers
-        from overlapbench.strategies.split import SplitPlan, split_step
+        from overlapbench.overlap import reducers
+        from overlapbench.overlap.split import SplitPlan, split_step
 
         tokens, device = ctx.tokens, ctx.runtime.device
         cut = split_point(tokens, knobs["align"], knobs["split_offset"], knobs["split_ratio"])

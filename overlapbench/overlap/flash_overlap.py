@@ -22,15 +22,15 @@ Transports move the pieces:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import torch
 import torch.distributed as dist
 
-from overlapbench.strategies.sequence_parallel import RowSource
-from overlapbench.strategies.sp_schedule import Piece, Plan
+from overlapbench.overlap.sequence_parallel import RowSource
+from overlapbench.overlap.sp_schedule import Piece, Plan
+from overlapbench.runtime import SymmetricBuffer, symmetric_buffer
 
 Copy = Callable[[torch.Tensor, torch.Tensor], object]  # (dst, src): one transfer, on the current stream
 
@@ -126,9 +126,7 @@ class SymmetricBuffers:
     all-gather shard [max_shard, gather_width] and reduce-scatter slots [world, max_shard,
     scatter_width]. A point uses the leading rows of each."""
 
-    buf: torch.Tensor  # 1-D, this rank's
-    handle: object  # the rendezvous handle: peers' buffers and the barrier
-    base: int  # elements from the handle's buffer start to `buf` (pooled allocations)
+    sym: SymmetricBuffer  # 1-D, this rank's; peers' through its handle
     world: int
     max_shard: int
     gather_width: int
@@ -136,16 +134,13 @@ class SymmetricBuffers:
 
     @classmethod
     def allocate(cls, group, max_shard: int, gather_width: int, scatter_width: int, dtype, device) -> "SymmetricBuffers":
-        from torch.distributed import _symmetric_memory as symm_mem
-
-        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        world = dist.get_world_size(group)
         elems = 2 * _round(max_shard * gather_width) + 2 * _round(world * max_shard * scatter_width)
-        buf = symm_mem.empty(elems, dtype=dtype, device=device)
-        handle = symm_mem.rendezvous(buf, group)
-        delta = buf.data_ptr() - handle.buffer_ptrs[rank]
-        if delta % buf.element_size():
-            raise RuntimeError("symmetric buffer is not element-aligned inside its allocation")
-        return cls(buf, handle, delta // buf.element_size(), world, max_shard, gather_width, scatter_width)
+        return cls(symmetric_buffer(elems, dtype, device, group), world, max_shard, gather_width, scatter_width)
+
+    @property
+    def handle(self):
+        return self.sym.handle
 
     def _region(self, kind: str, block: int) -> int:
         shard = _round(self.max_shard * self.gather_width)
@@ -153,9 +148,7 @@ class SymmetricBuffers:
         return 2 * shard + block * slots if kind == "slots" else block * shard
 
     def _view(self, offset: int, shape: tuple[int, ...], rank: int | None) -> torch.Tensor:
-        if rank is None:
-            return self.buf[offset : offset + math.prod(shape)].view(shape)
-        return self.handle.get_buffer(rank, shape, self.buf.dtype, self.base + offset)
+        return self.sym.view(offset, shape, rank)
 
     def shard(self, block: int, rows: int, rank: int | None = None) -> torch.Tensor:
         """Block `block`'s all-gather shard ([rows, gather_width]): this rank's, or `rank`'s."""

@@ -22,7 +22,7 @@ import torch
 
 from overlapbench.layer import Chunk, KVBuffer, Reducer, attention_partial, mlp_partial, rms_norm
 from overlapbench.runtime import BuildContext
-from overlapbench.strategies.base import Step
+from overlapbench.step import Step
 
 
 @dataclass

@@ -21,8 +21,8 @@ import torch.distributed as dist
 
 from overlapbench.layer import KVBuffer, add_rms_norm, attend, rms_norm, rope_qkv, swiglu, token_range, whole_batch
 from overlapbench.runtime import BuildContext
-from overlapbench.strategies.base import Step
-from overlapbench.strategies.sp_schedule import ATTENTION_MODES, ShardLayout
+from overlapbench.step import Step
+from overlapbench.overlap.sp_schedule import ATTENTION_MODES, ShardLayout
 
 ATTENTION, MLP = 0, 1  # the two blocks of a layer; an Exchange may keep separate buffers for each
 
@@ -203,21 +203,18 @@ def sp_layout(ctx) -> ShardLayout:
 
 
 def sp_io(ctx) -> tuple[int, int, torch.dtype]:
-    """Row widths of the all-gathered input and the reduce-scattered output, and the dtype."""
-    from overlapbench import micro
-
-    if isinstance(ctx, micro.MicroContext):
+    """Row widths of the all-gathered input and the reduce-scattered output, and the dtype. A
+    context other than the layer's (a micro workload's) states its own."""
+    if not isinstance(ctx, BuildContext):
         return (*ctx.widths, ctx.dtype)
     hidden = ctx.stack.shape.hidden
     return hidden, hidden, ctx.stack.dtype
 
 
 def sp_step(ctx, exchange: Exchange, attention: str = "whole") -> Step:
-    """The step of an SP strategy: the layer stack, or a micro workload's single GEMM
-    (`attention`: see SequenceParallelForward)."""
-    from overlapbench import micro
-
-    if isinstance(ctx, micro.MicroContext):
-        return micro.step(ctx, exchange)
+    """The step of an SP strategy: the layer stack, or the step a micro workload's context
+    builds around the exchange (`attention`: see SequenceParallelForward)."""
+    if not isinstance(ctx, BuildContext):
+        return ctx.step(exchange)
     forward = SequenceParallelForward(ctx, exchange, attention)
     return Step(forward, lambda y: gather_rows(y, exchange.layout))

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from overlapbench.layer import Chunk, LocalReducer
 from overlapbench.runtime import BuildContext
-from overlapbench.strategies.base import DEFAULT
+from overlapbench.knobs import DEFAULT
 
 
 def collective(ctx: BuildContext, nccl_max_ctas=DEFAULT, high_priority: bool = False) -> LocalReducer:

@@ -1,0 +1,166 @@
+"""Benches: a case made runnable on its path (buffers, verifiable inputs, the call that is
+timed, and the count of wrong elements). One builder per path; `paths.PATHS` says which."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from overlapbench.comm.cases import Case
+from overlapbench.comm.patterns import (
+    count_wrong,
+    op_expected,
+    op_input,
+    pattern,
+    pattern_sum,
+)
+from overlapbench.comm.sizes import TORCH_DTYPES
+
+if TYPE_CHECKING:
+    import torch
+
+    from overlapbench.comm.buffers import Buffers
+    from overlapbench.runtime import Runtime
+
+FUSED_EPS = 1e-5
+
+
+@dataclass
+class Bench:
+    """A case's buffers behind the calls a measurement makes."""
+
+    fill: Callable[[int], None]  # write this rank's verifiable inputs for a seed
+    run: Callable[[], None]  # the communication, exactly as timed
+    wrong: Callable[[int], int]  # this rank's elements that differ from the expected result
+    out: Callable[[], "torch.Tensor"]  # where this rank's result lands (after run)
+
+
+def _collective_bench(rt: "Runtime", case: Case, inp: "torch.Tensor", out: Callable[[], "torch.Tensor"],
+                      run: Callable[[], None], poison: "torch.Tensor | None") -> Bench:
+    """A plain collective: inputs and expected results from op_input / op_expected. `poison`
+    (the output buffer, where fixed) is set to -1 first, so a result never written is wrong."""
+    import torch
+
+    dtype = getattr(torch, TORCH_DTYPES[case.dtype])
+    args = (case.op, rt.rank, rt.world_size, case.count)
+
+    def fill(seed: int) -> None:
+        if poison is not None:
+            poison.fill_(-1)
+        inp.copy_(op_input(*args, seed, dtype, inp.device))
+
+    def wrong(seed: int) -> int:
+        return count_wrong(out(), op_expected(*args, seed, dtype, inp.device))
+
+    return Bench(fill, run, wrong, out)
+
+
+def _empty(rt: "Runtime", count: int, dtype: str) -> "torch.Tensor":
+    import torch
+
+    return torch.empty(count, dtype=getattr(torch, TORCH_DTYPES[dtype]), device=rt.device)
+
+
+def nccl_bench(rt: "Runtime", case: Case, buffers: "Buffers") -> Bench:
+    """NCCL (gloo on CPU) as the strategies call it; a CTA budget is a process group created
+    with that `max_ctas`. All-reduce in place; all-gather and reduce-scatter out of place."""
+    import torch.distributed as dist
+
+    from overlapbench.knobs import DEFAULT
+
+    group = rt.group(case.ctas if case.ctas is not None else DEFAULT)
+    shard = case.count // rt.world_size
+    if case.op == "all_reduce":
+        buf = _empty(rt, case.count, case.dtype)
+        return _collective_bench(rt, case, buf, lambda: buf, lambda: dist.all_reduce(buf, group=group), buf)
+    if case.op == "all_gather":
+        inp, out = _empty(rt, shard, case.dtype), _empty(rt, case.count, case.dtype)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
+        return _collective_bench(rt, case, inp, lambda: out, lambda: gather(out, inp, group=group), out)
+    inp, out = _empty(rt, case.count, case.dtype), _empty(rt, shard, case.dtype)
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # renamed in torch 2.13
+    return _collective_bench(rt, case, inp, lambda: out, lambda: scatter(out, inp, group=group), out)
+
+
+def symm_all_reduce_bench(rt: "Runtime", case: Case, buffers: "Buffers") -> Bench:
+    """torch.ops.symm_mem.one_shot_all_reduce (every rank reads all peers' buffers, writes a
+    new tensor) or two_shot_all_reduce_ (reduce-scatter + all-gather in place). Both need the
+    input in a rendezvoused symmetric buffer; sum only; no multicast (unicast peer loads)."""
+    import torch
+
+    sym = buffers.symmetric(case)
+    buf = sym.tensor[: case.count]
+    if case.path == "symm_two_shot":
+        op = torch.ops.symm_mem.two_shot_all_reduce_
+        return _collective_bench(rt, case, buf, lambda: buf, lambda: op(buf, "sum", sym.group_name), buf)
+    op = torch.ops.symm_mem.one_shot_all_reduce
+    latest: dict = {}
+
+    def run() -> None:
+        latest["out"] = op(buf, "sum", sym.group_name)
+
+    return _collective_bench(rt, case, buf, lambda: latest["out"], run, None)
+
+
+def copy_engine_bench(rt: "Runtime", case: Case, buffers: "Buffers") -> Bench:
+    """All-gather in place in a symmetric buffer, moved by the copy engines: after a barrier
+    (every rank's shard is in place) each rank pulls every peer's shard with Tensor.copy_ from
+    the peer's mapped buffer, on a side stream; a second barrier keeps any rank from
+    overwriting its shard while a peer still reads it. Only the barriers run on SMs (1 CTA)."""
+    import torch
+
+    sym = buffers.symmetric(case)
+    rank, world = rt.rank, rt.world_size
+    shard = case.count // world
+    out = sym.tensor[: case.count]
+    peers = [(rank + step) % world for step in range(1, world)]  # staggered: no peer is hit by all at once
+    pulls = [(out[p * shard:(p + 1) * shard], sym.peer(p, p * shard, shard)) for p in peers]
+    side = rt.side_stream()
+
+    def run() -> None:
+        main = torch.cuda.current_stream()
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            sym.handle.barrier(channel=0)
+            for dst, src in pulls:
+                dst.copy_(src)
+            sym.handle.barrier(channel=0)
+        main.wait_stream(side)
+
+    return _collective_bench(rt, case, out[rank * shard:(rank + 1) * shard], lambda: out, run, out)
+
+
+def fused_norm_bench(rt: "Runtime", case: Case, buffers: "Buffers") -> Bench:
+    """kernels.allreduce_norm.AllReduceNorm on rows x hidden: the partial sums are reduced over
+    ranks, the residual becomes residual + sum (exact: small integers) and out becomes
+    rmsnorm(residual) * weight (checked against the torch reference to one rounding step)."""
+    import torch
+
+    from kernels.rmsnorm import add_rmsnorm_reference
+
+    kernel = buffers.fused(case)
+    dtype = getattr(torch, TORCH_DTYPES[case.dtype])
+    rows, hidden, n, world = case.rows, case.hidden, case.count, rt.world_size
+    partial = kernel.partial(0, rows)
+    residual = torch.empty(rows, hidden, dtype=dtype, device=rt.device)
+    out = torch.empty_like(residual)
+    weight = (torch.arange(hidden, device=rt.device) % 3 + 1).to(dtype)
+    rtol = max(torch.finfo(dtype).eps, 1e-5)  # one rounding step of the output dtype
+
+    def fill(seed: int) -> None:
+        partial.copy_(pattern(rt.rank, 0, n, seed, dtype, rt.device).view(rows, hidden))
+        residual.copy_(pattern(world, 0, n, seed, dtype, rt.device).view(rows, hidden))  # one more source
+        out.fill_(-1)
+
+    def run() -> None:
+        kernel(0, rows, residual, weight, FUSED_EPS, out, case.ctas)
+
+    def wrong(seed: int) -> int:
+        reduced = pattern_sum(range(world), 0, n, seed, torch.float32, rt.device).view(rows, hidden)
+        ref_residual = pattern(world, 0, n, seed, dtype, rt.device).view(rows, hidden)
+        ref_out = add_rmsnorm_reference(reduced, ref_residual, weight, FUSED_EPS)  # ref_residual += reduced
+        off = ~torch.isclose(out.float(), ref_out.float(), rtol=rtol, atol=1e-6)
+        return count_wrong(residual, ref_residual) + int(off.sum())
+
+    return Bench(fill, run, wrong, lambda: out)
+

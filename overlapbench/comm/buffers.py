@@ -1,0 +1,57 @@
+"""The symmetric allocations of a comm run, one per kind, made once at the size of the largest
+case that uses them (through runtime.symmetric_buffer, the one place symmetric memory is set up)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from overlapbench.comm.cases import Case
+from overlapbench.comm.sizes import TORCH_DTYPES
+
+if TYPE_CHECKING:
+    from overlapbench.runtime import Runtime, SymmetricBuffer
+
+
+class Buffers:
+    """The symmetric allocations of a run, one per kind, each made once at the size of the
+    largest case that uses it. Allocation and rendezvous are collective: every rank asks for
+    them in the same order, the case order."""
+
+    def __init__(self, rt: "Runtime", cases: list[Case]) -> None:
+        self.rt = rt
+        self._largest: dict = {}
+        for case in cases:
+            if case.skip is None and case.buffer is not None:
+                key = self._key(case)
+                self._largest[key] = max(self._largest.get(key, 0), case.count)
+        self._made: dict = {}
+
+    @staticmethod
+    def _key(case: Case) -> tuple:
+        """Paths that share an allocation take turns on it (one-shot, two-shot, copy engine)."""
+        return case.buffer, case.dtype, case.hidden
+
+    def _dtype(self, case: Case):
+        import torch
+
+        return getattr(torch, TORCH_DTYPES[case.dtype])
+
+    def symmetric(self, case: Case) -> "SymmetricBuffer":
+        from overlapbench.runtime import symmetric_buffer
+
+        key = self._key(case)
+        if key not in self._made:
+            self._made[key] = symmetric_buffer(self._largest[key], self._dtype(case), self.rt.device)
+        return self._made[key]
+
+    def fused(self, case: Case):
+        import torch.distributed as dist
+
+        from kernels.allreduce_norm import AllReduceNorm
+
+        key = self._key(case)
+        if key not in self._made:
+            rows = self._largest[key] // case.hidden
+            self._made[key] = AllReduceNorm(dist.group.WORLD, rows, case.hidden, self._dtype(case), self.rt.device)
+        return self._made[key]
+

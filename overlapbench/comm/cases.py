@@ -1,0 +1,48 @@
+"""A case: one collective on one path with one CTA budget at one size: what one row measures."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from overlapbench.comm.sizes import DTYPE_BYTES
+
+
+@dataclass(frozen=True)
+class Case:
+    """One collective on one path with one CTA budget at one size."""
+
+    op: str
+    path: str  # as selected (`nccl` also names gloo on CPU; `strategy` is what rows record)
+    backend: str  # nccl | gloo
+    ctas: int | str | None  # NCCL max_ctas ("default" or int), the fused kernel's grid, or None
+    size: int  # bytes asked for on the ladder
+    count: int  # elements of the larger buffer (nccl-tests' count), whole units of the path
+    dtype: str
+    hidden: int | None = None  # fused_norm: the count is rows x hidden
+    seed: int = 0  # makes the inputs fresh per case
+    skip: str | None = None  # why this case cannot run here
+    buffer: str | None = None  # the run's symmetric allocation its path uses (paths.CommPath.buffer)
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * DTYPE_BYTES[self.dtype]
+
+    @property
+    def rows(self) -> int | None:
+        return self.count // self.hidden if self.hidden else None
+
+    @property
+    def strategy(self) -> str:
+        return "gloo" if self.path == "nccl" and self.backend == "gloo" else self.path
+
+    def key(self) -> str:
+        """Identity in a results file (what `--resume` matches on): sizes that round to the same
+        bytes are one case; sizes below one unit stay apart by the size asked for."""
+        return json.dumps(
+            {"workload": "comm", "op": self.op, "strategy": self.strategy, "ctas": self.ctas,
+             "bytes": self.nbytes, "below_unit": None if self.count else self.size,
+             "dtype": self.dtype, "hidden": self.hidden},
+            sort_keys=True,
+        )
+

@@ -1,0 +1,158 @@
+"""`overlapbench comm`: the options, the re-launch under torchrun, and the per-rank main."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from overlapbench.comm.output import FORMATS, render, totals
+from overlapbench.comm.paths import OPS, PATHS, make_cases
+from overlapbench.comm.run import RunInfo, run_cases
+from overlapbench.comm.sizes import CPU_SIZES, GPU_SIZES, parse_size, size_ladder
+from overlapbench.errors import UserError
+from overlapbench.spec import DTYPES, CommSpec
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class Options:
+    """One `overlapbench comm` invocation, validated before any process starts."""
+
+    min_bytes: int | None  # None: by device (GPU_SIZES / CPU_SIZES)
+    max_bytes: int | None
+    factor: int
+    ops: tuple[str, ...]
+    paths: tuple[str, ...]
+    dtype: str
+    nccl_max_ctas: tuple
+    comm_ctas: tuple[int, ...]
+    hidden: int
+    iters: int
+    warmup: int
+    graphs: bool
+    fmt: str
+    output: Path | None
+    resume: bool
+    nproc: int | None
+
+    @classmethod
+    def parse(cls, *, min_bytes: str | None, max_bytes: str | None, factor: int, ops: str | None,
+              paths: str | None, dtype: str, nccl_max_ctas: str, comm_ctas: str, hidden: int,
+              iters: int, warmup: int, graphs: bool, fmt: str, output: Path | None, resume: bool,
+              nproc: int | None) -> "Options":
+        if fmt not in FORMATS:
+            raise UserError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
+        if dtype not in DTYPES:
+            raise UserError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
+        if iters < 1:
+            raise UserError(f"--iters: must be at least 1, got {iters}")
+        if warmup < 0:
+            raise UserError(f"--warmup: must be at least 0, got {warmup}")
+        if nproc is not None and nproc < 1:
+            raise UserError(f"--nproc: must be at least 1, got {nproc}")
+        if output is not None and output.suffix != ".jsonl":
+            raise UserError(f"--output: must be a path ending in .jsonl, got {str(output)!r}")
+        lists = CommSpec.build(
+            ops=ops or OPS, paths=paths or PATHS, sizes=(), hidden=hidden,
+            nccl_max_ctas=nccl_max_ctas or CommSpec.DEFAULT_NCCL_MAX_CTAS,
+            comm_ctas=comm_ctas or CommSpec.DEFAULT_COMM_CTAS,
+            name=lambda field: "--" + field.replace("_", "-"),
+        )
+        opts = cls(
+            min_bytes=None if min_bytes is None else parse_size(min_bytes, "-b/--min-bytes"),
+            max_bytes=None if max_bytes is None else parse_size(max_bytes, "-e/--max-bytes"),
+            factor=factor, ops=lists.ops, paths=lists.paths, dtype=dtype, nccl_max_ctas=lists.nccl_max_ctas,
+            comm_ctas=lists.comm_ctas, hidden=hidden, iters=iters, warmup=warmup, graphs=graphs, fmt=fmt,
+            output=output, resume=resume, nproc=nproc,
+        )
+        opts.sizes(cuda=False)  # validates -b -e -f now, in one line
+        return opts
+
+    def sizes(self, cuda: bool) -> tuple[int, ...]:
+        """The ladder; a bound not given is the device's default, moved to meet the other."""
+        lo_default, hi_default = (parse_size(s, "size") for s in (GPU_SIZES if cuda else CPU_SIZES))
+        lo, hi = self.min_bytes, self.max_bytes
+        if lo is None:
+            lo = lo_default if hi is None else min(lo_default, hi)
+        if hi is None:
+            hi = max(lo, hi_default)
+        return size_ladder(lo, hi, self.factor)
+
+    def bench(self, cuda: bool) -> CommSpec:
+        return CommSpec(self.ops, self.paths, self.sizes(cuda), self.nccl_max_ctas, self.comm_ctas, self.hidden)
+
+    def argv(self, cuda: bool, output: Path) -> list[str]:
+        """The same command, explicit, for the ranks torchrun starts."""
+        sizes = self.sizes(cuda)
+        args = [
+            "comm", "-b", str(sizes[0]), "-e", str(sizes[-1]), "-f", str(self.factor),
+            "--ops", ",".join(self.ops), "--paths", ",".join(self.paths), "--dtype", self.dtype,
+            "--nccl-max-ctas", ",".join(map(str, self.nccl_max_ctas)), "--comm-ctas", ",".join(map(str, self.comm_ctas)),
+            "--hidden", str(self.hidden), "--iters", str(self.iters), "--warmup", str(self.warmup),
+            "--graphs" if self.graphs else "--no-graphs", "--format", self.fmt, "--output", str(output),
+        ]
+        return args + (["--resume"] if self.resume else [])
+
+
+def default_output(device: str, world: int) -> Path:
+    """results/comm-<device>-<world>.jsonl, e.g. results/comm-nvidia-h200-2.jsonl."""
+    slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "cpu"
+    return Path("results") / f"comm-{slug}-{world}.jsonl"
+
+
+def _local_device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_properties(0).name if torch.cuda.is_available() else "cpu"
+
+
+def main(opts: Options, console: "Console", err_console: "Console") -> int:
+    """Started plainly: check the store, re-launch under torchrun; under torchrun: measure."""
+    from overlapbench import launch
+    from overlapbench.results import check_writable
+
+    if launch.under_torchrun():
+        return run_ranks(opts, console)
+    cuda = launch.local_gpus() > 0
+    world = opts.nproc or launch.default_nproc()
+    out = opts.output or default_output(_local_device_name(), world)
+    check_writable(out, opts.resume)
+    code = launch.relaunch(opts.argv(cuda, out), world)
+    if code:
+        err_console.print(f"[bold red]comm failed[/bold red] (exit {code}); finished rows are in {out}; `--resume` continues")
+    return code
+
+
+def run_ranks(opts: Options, console: "Console") -> int:
+    """The measurement on this rank: cases, the store, the rows; rank 0 prints them."""
+    import torch.distributed as dist
+    from rich.console import Console
+
+    from overlapbench import environment, results, runtime
+
+    rt = runtime.init(TIMEOUT_S)
+    progress = Console(stderr=True, quiet=rt.rank != 0)
+    env = environment.run_environment(rt)
+    dtype = ("bf16" if rt.is_cuda else "fp32") if opts.dtype == "auto" else opts.dtype
+    cases = make_cases(opts.bench(rt.is_cuda), rt.world_size, rt.backend, dtype, opts.hidden, len(env["hosts"]))
+    output = opts.output or default_output(env["device"], rt.world_size)
+    store, done, run_id = results.open_on_ranks(output, opts.resume, rt.rank)
+    info = RunInfo("comm", run_id, env, opts.warmup, opts.iters, opts.graphs)
+    try:
+        progress.print(f"comm: {len(cases)} cases on {rt.world_size} x {env['device']} ({rt.backend}, {dtype}) -> {output}", highlight=False)
+        rows = run_cases(rt, cases, info, store, done, progress)
+    finally:
+        if store is not None:
+            store.close()
+    if rt.rank == 0:
+        render(rows, opts.fmt, console)
+        progress.print(totals(rows), highlight=False)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0

@@ -1,0 +1,106 @@
+"""Output in nccl-tests' columns: progress lines, the table, CSV and JSON."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+FORMATS = ("table", "csv", "json")
+
+
+def summary_line(row: dict) -> str:
+    """One progress line per row (rich markup)."""
+    from rich.markup import escape
+
+    if row["status"] == "skipped":  # printed once per op and path
+        return f"  [yellow]skipped[/yellow] {row['op']} {row['strategy']}: {escape(row['error'])}"
+    ctas = row["knobs"]["ctas"]
+    what = f"{row['op']} {row['strategy']}{'' if ctas is None else f' ctas={ctas}'} {row['bytes']} B"
+    if row["status"] != "ok":
+        return f"  [red]{row['status']:>7}[/red] {what}: {escape(row['error'])}"
+    return (f"  [green]{'ok':>7}[/green] {what}: {row['ms'] * 1e3:.1f} us, "
+            f"busbw {row['busbw']:.1f} GB/s, cv {row['cv']:.1%}")
+
+
+
+COLUMNS = ("size", "count", "type", "op", "path", "ctas", "time_us", "algbw", "busbw", "wrong",
+           "p10_us", "p90_us", "cv", "status", "error")
+
+
+def record(row: dict) -> dict:
+    """One flat record per row, in nccl-tests' terms (GB/s for the bandwidths)."""
+    us = lambda ms: None if ms is None else round(ms * 1e3, 3)  # noqa: E731
+    sig = lambda x: None if x is None else float(f"{x:.4g}")  # noqa: E731 -- 4 significant digits
+    return {
+        "size": row["bytes"], "count": row["count"], "type": row["dtype"], "op": row["op"],
+        "path": row["strategy"], "ctas": row["knobs"]["ctas"],
+        "time_us": us(row.get("ms")), "algbw": sig(row.get("algbw")), "busbw": sig(row.get("busbw")),
+        "wrong": row.get("wrong"), "p10_us": us(row.get("p10_ms")), "p90_us": us(row.get("p90_ms")),
+        "cv": sig(row.get("cv")), "status": row["status"], "error": row.get("error"),
+    }
+
+
+def to_csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if v is None else v for k, v in record(row).items()})
+    return buf.getvalue()
+
+
+def to_json(rows: list[dict]) -> str:
+    return json.dumps([record(r) for r in rows], indent=1)
+
+
+def to_table(rows: list[dict]) -> "Table":
+    """The rich table: measured rows, and one line per distinct reason a case did not run."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title="overlapbench comm", title_justify="left", caption_justify="left", show_edge=False)
+    for name in ("size (B)", "count", "type", "op", "path", "ctas", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"):
+        table.add_column(name, justify="left" if name in ("type", "op", "path") else "right")
+    reasons: dict[str, list[str]] = {}
+    for row in rows:
+        what = f"{row['op']}/{row['strategy']}"
+        if row["status"] == "skipped":
+            reasons.setdefault(row["error"], []).append(what)
+            continue
+        ok = row["status"] == "ok"
+        if not ok:
+            reasons.setdefault(f"failed: {row['error']}", []).append(f"{what}@{row['bytes']}")
+        timed = [f"{row['ms'] * 1e3:.2f}", f"{row['algbw']:.2f}", f"{row['busbw']:.2f}"] if ok else ["[red]failed[/red]"] * 3
+        ctas, wrong = row["knobs"]["ctas"], row.get("wrong")
+        table.add_row(str(row["bytes"]), str(row["count"]), row["dtype"], row["op"], row["strategy"],
+                      "-" if ctas is None else str(ctas), *timed, "-" if wrong is None else str(wrong))
+    notes = [f"{', '.join(dict.fromkeys(where))}: {escape(why)}" for why, where in reasons.items()]
+    table.caption = "\n".join(notes) if notes else None
+    return table
+
+
+def render(rows: list[dict], fmt: str, console: "Console") -> None:
+    if fmt == "table":
+        if not console.is_terminal:  # a pipe or a file: no 80-column squeeze
+            from rich.console import Console
+
+            console = Console(file=console.file, width=160)
+        console.print(to_table(rows))
+    else:
+        console.file.write(to_csv(rows) if fmt == "csv" else to_json(rows) + "\n")
+        console.file.flush()
+
+
+def totals(rows: list[dict]) -> str:
+    """nccl-tests' closing line: the wrong elements over all rows, and the row counts."""
+    wrong = sum(r.get("wrong") or 0 for r in rows)
+    counts = {s: sum(r["status"] == s for r in rows) for s in ("ok", "failed", "skipped")}
+    verdict = "OK" if not counts["failed"] else "FAILED"
+    return f"# #wrong total: {wrong} ({verdict}); {counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped"
+

@@ -1,0 +1,105 @@
+"""The communication paths, one record each: the collectives a path runs, how to build its bench,
+the unit its counts come in, its CTA settings, and when it cannot run. A new path is one record
+here and one builder in `benches`.
+
+Torch-free at import: spec validation reads the names.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from overlapbench.comm import benches
+from overlapbench.comm.cases import Case
+from overlapbench.comm.sizes import DTYPE_BYTES, VECTOR_BYTES, format_bytes
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+@dataclass(frozen=True)
+class CommPath:
+    """One way to move the data."""
+
+    name: str
+    ops: tuple[str, ...]  # the collectives it runs
+    build: Callable  # (Runtime, Case, Buffers) -> benches.Bench
+    ctas: Callable[[Any, str], tuple]  # (spec.CommSpec, backend) -> its CTA settings; (None,): no budget
+    buffer: str | None = None  # the run's symmetric allocation it takes turns on; None: none
+    rows: bool = False  # counts are whole rows of `hidden` (a norm works per row)
+    world: tuple[int, int] | None = None  # the world sizes it supports
+
+    def unit(self, op: str, world: int, elem: int, hidden: int) -> tuple[int, str]:
+        """Elements that a count must be a multiple of, and what that unit is, in words."""
+        if self.rows:
+            return hidden, f"one row of hidden {hidden}"
+        vector = VECTOR_BYTES // elem
+        if op == "all_reduce":
+            return vector, "one 16-byte vector"
+        return vector * world, f"one 16-byte vector per rank x {world} ranks"
+
+    def skip(self, backend: str, world: int, hosts: int) -> str | None:
+        """Why it cannot run here, or None."""
+        if self.buffer is None:
+            return None
+        if backend != "nccl":
+            return "needs CUDA GPUs with symmetric memory; this run uses gloo on CPU"
+        if os.environ.get("TORCH_SYMM_MEM_DISABLE_MULTICAST") != "1":
+            return "refused: NVLink multicast is not disabled (TORCH_SYMM_MEM_DISABLE_MULTICAST != 1)"
+        if hosts > 1:
+            return "symmetric memory needs every rank on one host"
+        if self.world is not None and not self.world[0] <= world <= self.world[1]:
+            return f"the fused kernel runs on {self.world[0]}..{self.world[1]} ranks, not {world}"
+        return None
+
+
+def _nccl_ctas(spec: Any, backend: str) -> tuple:
+    return spec.nccl_max_ctas if backend == "nccl" else (None,)  # gloo has no CTA budget
+
+
+def _own_grid(spec: Any, backend: str) -> tuple:
+    return (None,)  # torch's kernels pick their own grid; the copy engines use no SMs
+
+
+PATHS_BY_NAME = {
+    path.name: path
+    for path in (
+        CommPath("nccl", OPS, benches.nccl_bench, _nccl_ctas),
+        CommPath("symm_one_shot", ("all_reduce",), benches.symm_all_reduce_bench, _own_grid, buffer="symmetric"),
+        CommPath("symm_two_shot", ("all_reduce",), benches.symm_all_reduce_bench, _own_grid, buffer="symmetric"),
+        CommPath("fused_norm", ("all_reduce",), benches.fused_norm_bench, lambda spec, backend: spec.comm_ctas,
+                 buffer="fused_norm", rows=True, world=(2, 8)),
+        CommPath("copy_engine", ("all_gather",), benches.copy_engine_bench, _own_grid, buffer="symmetric"),
+    )
+}
+PATHS = tuple(PATHS_BY_NAME)
+PATHS_BY_OP = {op: tuple(p.name for p in PATHS_BY_NAME.values() if op in p.ops) for op in OPS}
+
+
+def make_cases(bench: Any, world: int, backend: str, dtype: str, hidden: int, hosts: int = 1) -> list[Case]:
+    """Every (op, path, CTA budget, size) of `bench` (a spec.CommSpec, which imports this
+    module: hence untyped here), in nccl-tests' order: one block of
+    ascending sizes per op, path and budget. Sizes are rounded down to whole units of the
+    path (16-byte vectors per rank, or rows for the fused kernel)."""
+    elem = DTYPE_BYTES[dtype]
+    cases, seen = [], set()
+    for op in bench.ops:
+        for path in (PATHS_BY_NAME[p] for p in PATHS_BY_OP[op] if p in bench.paths):
+            skip = path.skip(backend, world, hosts)
+            unit, unit_words = path.unit(op, world, elem, hidden)
+            for ctas in path.ctas(bench, backend):
+                for size in bench.sizes:
+                    count = size // elem // unit * unit
+                    too_small = None if count else f"{format_bytes(size)} is below {unit_words} ({unit * elem} B)"
+                    case = Case(op, path.name, backend, ctas, size, count, dtype, hidden if path.rows else None,
+                                skip=skip or too_small, buffer=path.buffer)
+                    if case.key() not in seen:
+                        seen.add(case.key())
+                        cases.append(case)
+    return [replace(c, seed=i + 1) for i, c in enumerate(cases)]
+
+
+def build(rt, case: Case, buffers) -> benches.Bench:
+    """The bench of a case, by its path's builder."""
+    return PATHS_BY_NAME[case.path].build(rt, case, buffers)

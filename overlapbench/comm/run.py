@@ -1,0 +1,196 @@
+"""Measuring cases on every rank: check, time, agree, and one store row each."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from overlapbench.comm.benches import Bench
+from overlapbench.comm.buffers import Buffers
+from overlapbench.comm.cases import Case
+from overlapbench.comm.output import summary_line
+from overlapbench.comm.paths import build, make_cases
+from overlapbench.comm.sizes import algbw, busbw, ops_per_sample
+from overlapbench.errors import one_line
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from overlapbench.results import ResultStore
+    from overlapbench.runtime import Runtime
+    from overlapbench.spec import SweepSpec
+
+
+def check(bench: Bench, seed: int, rt: "Runtime") -> int:
+    """#wrong: fresh inputs, one run, the elements differing from the exact result, summed
+    over ranks."""
+    bench.fill(seed)
+    bench.run()
+    return _sum_over_ranks(bench.wrong(seed), rt)
+
+
+def _sum_over_ranks(value: int, rt: "Runtime") -> int:
+    import torch
+    import torch.distributed as dist
+
+    total = torch.tensor([value], dtype=torch.int64, device=rt.device)
+    dist.all_reduce(total)
+    return int(total.item())
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What every row of a run shares."""
+
+    spec: str  # "comm" for the command, the study's name inside a sweep
+    run_id: str
+    env: dict  # environment.run_environment
+    warmup: int
+    iters: int
+    graphs: bool
+
+
+def measure_case(rt: "Runtime", case: Case, buffers: Buffers, info: RunInfo) -> dict:
+    """Check, then time one case on every rank; the result fields of its row."""
+    from overlapbench import measure
+    from overlapbench.step import Step
+
+    if case.skip:
+        return {"status": "skipped", "error": case.skip}
+    bench, failure = None, None
+    try:
+        bench = build(rt, case, buffers)
+    except Exception as e:  # noqa: BLE001 -- OOM, an unsupported dtype: a failed row
+        failure = {"status": "failed", "error": one_line(e)}
+    failure = rt.first_failure(failure)  # every rank learns it: none walks alone into a collective
+    if failure:
+        return failure
+    try:
+        wrong = check(bench, case.seed, rt)
+        if wrong:
+            return {"status": "failed", "wrong": wrong, "error": f"#wrong {wrong}: result differs from the exact expected one"}
+        reps = ops_per_sample(case.nbytes, rt.is_cuda)
+        step = Step(lambda _x: _repeat(bench.run, reps))
+        timing = measure.time_step(step, bench.out(), info.warmup, info.iters, info.graphs)
+    except Exception as e:  # noqa: BLE001 -- a kernel error: a failed row, and go on
+        return {"status": "failed", "error": one_line(e)}
+    stats = measure.summarize(timing.samples_ms, per=reps)
+    seconds = stats["ms"] / 1e3
+    return stats | {
+        "status": "ok",
+        "error": None,
+        "wrong": 0,
+        "algbw": algbw(case.nbytes, seconds),
+        "busbw": busbw(case.op, case.nbytes, seconds, rt.world_size),
+        "ops_per_sample": reps,
+        "samples_ms": [round(s / reps, 6) for s in timing.samples_ms],
+        "graphs": timing.graphs,
+        "graph_error": timing.graph_error,
+    }
+
+
+def _repeat(fn: Callable[[], None], times: int) -> None:
+    for _ in range(times):
+        fn()
+
+
+def _agree(result: dict, rt: "Runtime") -> dict:
+    """All ranks' results merged: one failing rank fails the case for everyone."""
+    import torch.distributed as dist
+
+    results: list = [None] * rt.world_size
+    dist.all_gather_object(results, result)
+    bad = [(rank, r) for rank, r in enumerate(results) if r["status"] != "ok"]
+    if not bad:
+        return result
+    rank, first = bad[0]
+    if all(r == first for r in results):  # a skip, or a failure every rank saw (#wrong is summed)
+        return first
+    return first | {"error": f"rank {rank}: {first['error']}"}
+
+
+def _quiesce(rt: "Runtime") -> None:
+    """Every rank's GPU work done before the next case: paths signal peers through
+    symmetric-memory pads with different protocols, which must never interleave."""
+    import torch
+    import torch.distributed as dist
+
+    if rt.is_cuda:
+        torch.cuda.synchronize()
+    dist.barrier()
+
+
+def make_row(case: Case, result: dict, info: RunInfo) -> dict:
+    """A store row: the stable columns of `sweep` rows (schema result-v1), workload `comm`."""
+    from overlapbench.results import SCHEMA
+
+    env = info.env
+    row = {
+        "schema": SCHEMA,
+        "run_id": info.run_id,
+        "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "spec": info.spec,
+        "key": case.key(),
+        "status": result["status"],
+        "error": result.get("error"),
+        "workload": "comm",
+        "strategy": case.strategy,
+        "knobs": {"op": case.op, "ctas": case.ctas},
+        "model": None,
+        "shape": {"hidden": case.hidden} if case.hidden else None,
+        "layers": None,
+        "dtype": case.dtype,
+        "batch": [case.rows] if case.rows else None,
+        "tokens": case.rows or None,
+        "tp": env["world_size"],
+        "seed": case.seed,
+        **env,
+        "warmup": info.warmup,
+        "iters": info.iters,
+        "op": case.op,
+        "bytes": case.nbytes,
+        "count": case.count,
+        "requested_bytes": case.size,
+        "rel_err": None,
+    }
+    for key in ("ms", "p10_ms", "p90_ms", "iqr_ms", "cv", "graphs", "graph_error", "algbw", "busbw",
+                "wrong", "ops_per_sample", "samples_ms"):
+        row[key] = result.get(key)
+    return row
+
+
+def run_cases(rt: "Runtime", cases: list[Case], info: RunInfo, store: "ResultStore | None",
+              done: set[str], console: "Console") -> list[dict]:
+    """Measure every case not already in `done`, append a row each (rank 0 holds the store);
+    returns the rows."""
+    buffers = Buffers(rt, cases)
+    rows, told = [], set()
+    for case in cases:
+        if case.key() in done:
+            continue
+        result = _agree(measure_case(rt, case, buffers, info), rt)
+        row = make_row(case, result, info)
+        if store is not None:
+            store.append(row)
+        rows.append(row)
+        if row["status"] != "skipped" or (case.op, case.path, row["error"]) not in told:  # a skip once per path
+            told.add((case.op, case.path, row["error"]))
+            console.print(summary_line(row), highlight=False)
+        _quiesce(rt)
+    return rows
+
+
+
+def run_in_sweep(rt: "Runtime", spec: "SweepSpec", store: "ResultStore | None", done: set[str],
+                 run_id: str, env: dict, console: "Console") -> int:
+    """A study's `comm:` section, after its layer points, into the same store; rows written."""
+    bench = spec.comm
+    dtype = spec.resolved_dtype(rt.is_cuda)
+    cases = make_cases(bench, rt.world_size, rt.backend, dtype, bench.hidden or spec.shape.hidden, len(env["hosts"]))
+    m = spec.measure
+    info = RunInfo(spec.name, run_id, env, m.warmup, m.iters, m.graphs)
+    console.print(f"comm: {len(cases)} collective cases")
+    rows = run_cases(rt, cases, info, store, done, console)
+    return len(rows) if store is not None else 0
+

@@ -1,0 +1,82 @@
+"""Knobs: a tunable parameter's name, type, domain and help, and the knobs several strategies
+share, defined once.
+
+A leaf module, free of torch: spec validation, `overlapbench strategies`, the tuned-config loader
+and the strategies' declarations all read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from overlapbench.errors import UserError
+
+DEFAULT = "default"  # a knob value meaning "leave it to the library"
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A tunable parameter: its type, its domain and what it does."""
+
+    name: str
+    type: type  # int, float, str or bool
+    default: Any
+    help: str
+    choices: tuple | None = None
+    bounds: tuple[float, float] | None = None  # closed interval for int/float knobs
+    library_default: bool = False  # also accepts "default": the library picks
+    optional: bool = False  # None means "not set" (knobs that are alternatives)
+
+    def domain(self) -> str:
+        parts = []
+        if self.choices is not None:
+            parts.append(" | ".join(map(str, self.choices)))
+        if self.bounds is not None:
+            parts.append(f"{self.type.__name__} in [{self.bounds[0]}, {self.bounds[1]}]")
+        if self.choices is None and self.bounds is None:
+            parts.append(self.type.__name__)
+        if self.library_default:
+            parts.append(DEFAULT)
+        if self.optional:
+            parts.append("null")
+        return " | ".join(parts)
+
+    def check(self, value: Any, where: str) -> Any:
+        """The value, normalized; a UserError naming `where` if it is outside the domain."""
+        if value is None and self.optional:
+            return None
+        if value == DEFAULT and self.library_default:
+            return DEFAULT
+        if self.choices is not None and value in self.choices and not isinstance(value, bool):
+            return value
+        if self.bounds is None and self.choices is not None:
+            raise UserError(f"{where}: {value!r} is not one of {self.domain()}")
+        if self.type is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, self.type) or (self.type is int and isinstance(value, bool)):
+            raise UserError(f"{where}: {value!r} is not a {self.domain()}")
+        if self.bounds is not None and not self.bounds[0] <= value <= self.bounds[1]:
+            raise UserError(f"{where}: {value!r} is outside {self.domain()}")
+        return value
+
+
+# The fused kernel's CTA budget limit; kernels.allreduce_norm checks the same number.
+MAX_COMM_CTAS = 64
+
+NCCL_MAX_CTAS = Knob(
+    "nccl_max_ctas", int, DEFAULT,
+    "SM budget of NCCL: max CTAs of its kernels (a process group created with that max_ctas)",
+    bounds=(1, 64), library_default=True,
+)
+COMM = Knob(
+    "comm", str, "nccl",
+    "nccl: async NCCL all-reduce + fused add/RMSNorm; fused: one symmetric-memory all-reduce+norm "
+    "kernel; none: no reduction (a bound, not a correct result: what the split alone costs)",
+    choices=("nccl", "fused", "none"),
+)
+ALIGN = Knob("align", int, 256, "round the cut to a multiple of this many tokens", bounds=(1, 4096))
+
+
+def comm_ctas(name: str, what: str) -> Knob:
+    return Knob(name, int, 8, f"CTA budget of the fused all-reduce+norm kernel {what}", bounds=(1, MAX_COMM_CTAS))

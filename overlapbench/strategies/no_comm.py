@@ -1,0 +1,23 @@
+"""`no_comm`: the baseline with every collective removed. The ideal bound (TokenWeave's
+"nocomm"): what hiding communication alone could ever buy. Not a correct result, so never checked
+and never a tuned choice."""
+
+from __future__ import annotations
+
+from overlapbench.strategies import register
+from overlapbench.strategies.base import Step, Strategy
+
+
+@register
+class NoComm(Strategy):
+    name = "no_comm"
+    summary = "baseline with every collective removed: the ideal bound, not a correct result"
+    checked = False
+
+    @classmethod
+    def build(cls, ctx, knobs):
+        from overlapbench.layer import LocalReducer, forward_stack, whole_batch
+
+        reducer = LocalReducer(ctx.eps)
+        chunk = whole_batch(ctx.seq_lens, ctx.runtime.device)
+        return Step(lambda x: forward_stack(ctx.stack, x, chunk, ctx.rope, reducer))
