@@ -219,7 +219,7 @@ def _attention_calls(rank: int, world: int, attention: str) -> list[int]:
     """Query rows of every attention call of one forward."""
     from overlapbench import runtime
     from overlapbench.layer import RopeTable, build_stack, random_input
-    from overlapbench.strategies import sequence_parallel
+    from overlapbench.overlap import sequence_parallel
 
     rt = runtime.init(timeout_s=60)
     stack = build_stack(TINY, LAYERS, world, rank, torch.float32, rt.device, seed=0)
