@@ -102,6 +102,10 @@ class Measured:
     run_id: str | None
     git: str | None
     source: str
+    # Interleaved timing: `samples` are per round, `round_ids` name those rounds within the
+    # `pairing` (one batch's timing); rows of one pairing compare round by round (paired_ratios).
+    pairing: str | None = None
+    round_ids: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, row: dict, source: str) -> "Measured":
@@ -110,6 +114,7 @@ class Measured:
             tokens=int(row["tokens"]), batch=tuple(row.get("batch") or (int(row["tokens"]),)), ms=float(row["ms"]), p10_ms=row.get("p10_ms"),
             p90_ms=row.get("p90_ms"), cv=row.get("cv"), samples=tuple(row.get("samples_ms") or ()),
             checked=_is_checked(row), key=row_key(row), run_id=row.get("run_id"), git=row.get("git"), source=source,
+            pairing=row.get("pairing"), round_ids=tuple(row.get("round_ids") or ()),
         )
 
     @property
@@ -283,14 +288,63 @@ def bound(rows: Iterable[Measured]) -> Measured | None:
     return min(bounds, key=lambda m: m.ms) if bounds else None
 
 
+MIN_PAIRED = 3  # rounds in common before a paired ratio is trusted over the medians
+LEVEL = 0.95
+RESAMPLES = 2000
+SEED = 0
+
+
+def paired_ratios(a: Measured, b: Measured) -> list[float] | None:
+    """t_a / t_b in each round both took part in, where both were timed interleaved in the same
+    pairing (one batch's timing); None otherwise. Rounds share the clock's state, so the drift
+    that separates two medians cancels in these ratios."""
+    if a.pairing is None or a.pairing != b.pairing or len(a.round_ids) != len(a.samples) or len(b.round_ids) != len(b.samples):
+        return None
+    theirs = dict(zip(b.round_ids, b.samples))
+    ratios = [t / theirs[r] for r, t in zip(a.round_ids, a.samples) if r in theirs and theirs[r] > 0]
+    return ratios if len(ratios) >= MIN_PAIRED else None
+
+
+def median_ci(xs: list[float], level: float = LEVEL, resamples: int = RESAMPLES, seed: int = SEED) -> tuple[float, float]:
+    """Percentile bootstrap interval of the median of `xs` (independent draws: rounds, whose
+    ratios are taken at one moment each), fixed seed: the same data give the same interval."""
+    import numpy as np  # only here: `--help` does not pay for it
+
+    x = np.asarray(xs, dtype=float)
+    if x.size < 2:
+        return float(x[0]), float(x[0])
+    index = np.random.default_rng(seed).integers(0, x.size, size=(resamples, x.size))
+    medians = np.median(x[index], axis=1)
+    tail = (1 - level) / 2
+    lo, hi = np.quantile(medians, [tail, 1 - tail])
+    return float(lo), float(hi)
+
+
 def speedup(m: Measured, ref: Measured | None) -> float | None:
-    return ref.ms / m.ms if ref is not None and m.ms > 0 else None
+    """t_ref / t: paired (the median over rounds of that ratio) where both were timed
+    interleaved together, else the ratio of medians."""
+    if ref is None or not m.ms > 0:
+        return None
+    ratios = paired_ratios(ref, m)
+    if ratios is not None:
+        import statistics
+
+        return statistics.median(ratios)
+    return ref.ms / m.ms
+
+
+def speedup_ci(m: Measured, ref: Measured | None) -> tuple[float, float] | None:
+    """The 95% interval of the paired speedup (None where it is not paired)."""
+    ratios = None if ref is None else paired_ratios(ref, m)
+    return None if ratios is None else median_ci(ratios)
 
 
 def hidden(m: Measured, ref: Measured | None, free: Measured | None) -> float | None:
-    """Share of the exposed communication a strategy hides: (t_ref - t) / (t_ref - t_no_comm);
+    """Share of the exposed communication a strategy hides: (t_ref - t) / (t_ref - t_no_comm),
+    in speedups (1 - 1/s) / (1 - 1/s_no_comm), so paired speedups are used where there are;
     1.0 hides all of it, above 1 beats the bound. None without both references (micro workloads
     have no bound), or where the bound is not faster than the reference (nothing exposed to hide)."""
-    if ref is None or free is None or ref.ms <= free.ms:
+    s, s_free = speedup(m, ref), speedup(free, ref) if free is not None else None
+    if s is None or s_free is None or s_free <= 1:
         return None
-    return (ref.ms - m.ms) / (ref.ms - free.ms)
+    return (1 - 1 / s) / (1 - 1 / s_free)

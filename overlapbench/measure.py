@@ -9,6 +9,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -48,6 +49,24 @@ def _capture(step: Step, x: torch.Tensor):
     return graph.replay
 
 
+def runner(step: Step, x: torch.Tensor, graphs: bool) -> tuple[Callable[[], object], bool, str | None]:
+    """What one timed iteration runs: the step's CUDA-graph replay where `graphs` and every rank
+    captured it, else its eager forward; whether it is the graph, and why not where capture failed."""
+    run, used_graphs, error = (lambda: step.forward(x)), False, None
+    if x.device.type != "cuda" or not (graphs and step.graphable):
+        return run, used_graphs, error
+    try:
+        replay = _capture(step, x)
+        ok = True
+    except Exception as e:  # noqa: BLE001 -- any capture failure falls back to eager
+        error, ok = one_line(e, limit=300), False
+    if _agreed_count(0 if ok else 1) == 0:  # every rank captured
+        run, used_graphs = replay, True
+    elif error is None:
+        error = "capture failed on another rank"
+    return run, used_graphs, error
+
+
 MAX_ITERS = 2000
 
 
@@ -63,17 +82,7 @@ def time_step(
     """
     if x.device.type != "cuda":
         return _time_wall(step, x, warmup, iters)
-    run, used_graphs, error = (lambda: step.forward(x)), False, None
-    if graphs and step.graphable:
-        try:
-            replay = _capture(step, x)
-            ok = True
-        except Exception as e:  # noqa: BLE001 -- any capture failure falls back to eager
-            error, ok = one_line(e, limit=300), False
-        if _agreed_count(0 if ok else 1) == 0:  # every rank captured
-            run, used_graphs = replay, True
-        elif error is None:
-            error = "capture failed on another rank"
+    run, used_graphs, error = runner(step, x, graphs)
     per_iter_s = _warm_up(run, warmup, warmup_s)
     iters = _iterations(iters, min_time_s, per_iter_s)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]

@@ -46,6 +46,12 @@ class Measure:
     graphs: bool = True
     tolerance: float | None = None  # None: by dtype (DEFAULT_TOLERANCE)
     timeout_s: int = 300  # per point, and the process-group timeout: a hung point stops the sweep by then
+    # Interleaved timing (interleave.py): a batch's candidates in rounds, each for `span_ms` per
+    # round, until each speedup's 95% interval is within +-`ci_target` (at most `rounds` rounds).
+    interleave: bool | str = "auto"  # auto: on GPUs; on CPU the sequential mode (fast tests)
+    span_ms: float = 200.0  # per candidate per round: long enough for the sustained clock regime
+    rounds: int = 20
+    ci_target: float = 0.005
 
     def __post_init__(self) -> None:
         if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) or self.warmup < 0:
@@ -64,6 +70,17 @@ class Measure:
             or not self.tolerance > 0
         ):
             raise UserError(f"measure.tolerance: must be a positive number, got {self.tolerance!r}")
+        if self.interleave not in (True, False, "auto"):
+            raise UserError(f"measure.interleave: must be true, false or auto, got {self.interleave!r}")
+        _positive_int(self.rounds, "measure.rounds")
+        for name, top in (("span_ms", 60_000), ("ci_target", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= top:
+                raise UserError(f"measure.{name}: must be a number in (0, {top}], got {value!r}")
+
+    def interleaved(self, cuda: bool) -> bool:
+        """Whether a batch's candidates are timed interleaved (else one after the other)."""
+        return cuda if self.interleave == "auto" else bool(self.interleave)
 
     @classmethod
     def from_yaml(cls, data: Any) -> "Measure":

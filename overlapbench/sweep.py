@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import gc
 import itertools
@@ -13,9 +14,9 @@ import torch.distributed as dist
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from overlapbench import analysis, environment, measure, results, runtime, strategies
-from overlapbench.errors import UserError, one_line
+from overlapbench import analysis, environment, interleave, measure, paired, results, runtime, strategies
 from overlapbench.layer import RopeTable, Stack, build_stack, random_input
+from overlapbench.phases import PointFailed, phase as _phase
 from overlapbench.results import SCHEMA
 from overlapbench.spec import Point, SweepSpec
 from overlapbench.watchdog import Watchdog, interrupt_on_sigterm
@@ -47,31 +48,28 @@ def reference_output(ctx, x: torch.Tensor, workload: str) -> torch.Tensor:
 
 
 def build_workload(rt: runtime.Runtime, point: Point, stack: Stack | None, max_tokens: int) -> Workload:
-    if point.workload != analysis.LAYER:
-        return build_micro_workload(rt, point, max_tokens)
-    dtype = TORCH_DTYPES[point.dtype]
-    ctx = runtime.BuildContext(rt, stack, point.batch, RopeTable(point.shape, max(point.batch), rt.device), max_tokens)
-    try:  # a batch too large for the GPU fails its own points, not the sweep
-        x = random_input(point.tokens, point.shape.hidden, point.seed, dtype, rt.device)
-        dist.broadcast(x, src=0)  # identical input on every rank, whatever the RNG does per device
-        return Workload(ctx, x, reference_output(ctx, x, point.workload), None)
-    except torch.OutOfMemoryError as e:
-        return Workload(ctx, None, None, _reference_failure(point, e))
-
-
-def build_micro_workload(rt: runtime.Runtime, point: Point, max_tokens: int) -> Workload:
-    """One GEMM with its all-gather or reduce-scatter (micro.py); sp_baseline's output is the reference."""
-    from overlapbench import micro
-
-    ctx, x = micro.build(rt, point, TORCH_DTYPES[point.dtype], max_tokens)
+    """The batch's context, input and reference output. A batch that cannot be built (too
+    large for the device, or for any memory) fails its own points, on every rank alike, and
+    the sweep goes on."""
     try:
-        return Workload(ctx, x, reference_output(ctx, x, point.workload), None)
-    except torch.OutOfMemoryError as e:
-        return Workload(ctx, x, None, _reference_failure(point, e))
+        ctx, x = _phase(rt, lambda: _inputs(rt, point, stack, max_tokens))
+        if point.workload == analysis.LAYER:
+            dist.broadcast(x, src=0)  # identical input on every rank, whatever the RNG does per device
+        return Workload(ctx, x, _phase(rt, lambda: reference_output(ctx, x, point.workload)), None)
+    except PointFailed as failure:
+        return Workload(None, None, None, f"{analysis.REFERENCES[point.workload]} reference: {failure.result['error']}")
 
 
-def _reference_failure(point: Point, e: BaseException) -> str:
-    return f"{analysis.REFERENCES[point.workload]} reference: {one_line(e)}"
+def _inputs(rt: runtime.Runtime, point: Point, stack: Stack | None, max_tokens: int):
+    """A layer batch: its context (RoPE table included) and a random input; a micro workload:
+    one GEMM with its all-gather or reduce-scatter (micro.py)."""
+    dtype = TORCH_DTYPES[point.dtype]
+    if point.workload != analysis.LAYER:
+        from overlapbench import micro
+
+        return micro.build(rt, point, dtype, max_tokens)
+    ctx = runtime.BuildContext(rt, stack, point.batch, RopeTable(point.shape, max(point.batch), rt.device), max_tokens)
+    return ctx, random_input(point.tokens, point.shape.hidden, point.seed, dtype, rt.device)
 
 
 def _skip_reason(cls: type[strategies.Strategy], rt: runtime.Runtime, point: Point) -> str | None:
@@ -84,33 +82,9 @@ def _skip_reason(cls: type[strategies.Strategy], rt: runtime.Runtime, point: Poi
     return cls.skip_reason(point.knobs, rt.is_cuda)
 
 
-class PointFailed(Exception):
-    """A phase of a point failed on some rank: every rank stops the point with this result."""
-
-    def __init__(self, result: dict) -> None:
-        self.result = result
-
-
-def _phase(rt: runtime.Runtime, fn):
-    """Run one phase of a point on this rank, then agree with the others over the control
-    group: a build that fails on one rank fails the point on all, before any collective."""
-    value, result = None, None
-    try:
-        value = fn()
-    except UserError as e:  # the strategy cannot run this point here
-        result = {"status": "skipped", "error": str(e)}
-    except (dist.DistError, KeyboardInterrupt):  # a dead peer or an interrupt ends the sweep
-        raise
-    except Exception as e:  # noqa: BLE001 -- OOM, a kernel error: a failed row, and go on
-        result = {"status": "failed", "error": one_line(e)}
-    verdict = rt.first_failure(result)
-    if verdict is not None:
-        raise PointFailed(verdict)
-    return value
-
-
-def measure_point(rt: runtime.Runtime, point: Point, work: Workload, spec: SweepSpec, profile_dir: Path | None = None) -> dict:
-    """Build, check, then time one point; the result fields of its row (the same on every rank)."""
+def prepare_point(rt: runtime.Runtime, point: Point, work: Workload, spec: SweepSpec, capture: bool = False) -> paired.Prepared | dict:
+    """Build the point's step and check its output against the reference; with `capture`, also
+    capture what a timed iteration runs. A Prepared, or the point's final result (skipped, failed)."""
     cls = strategies.get(point.strategy)
     reason = _skip_reason(cls, rt, point)
     if reason:
@@ -129,11 +103,28 @@ def measure_point(rt: runtime.Runtime, point: Point, work: Workload, spec: Sweep
         del out
         if fields["rel_err"] is not None and not fields["rel_err"] <= tolerance:
             return fields | {"status": "failed", "error": f"wrong result: rel_err {fields['rel_err']:.3g} > tolerance {tolerance:g}"}
+        run = lambda: step.forward(work.x)
+        if capture:
+            run, graphs, graph_error = _phase(rt, lambda: measure.runner(step, work.x, spec.measure.graphs))
+            fields |= {"graphs": graphs, "graph_error": graph_error}
+    except PointFailed as failure:
+        return fields | failure.result
+    return paired.Prepared(point, run, fields, step)
+
+
+def measure_point(rt: runtime.Runtime, point: Point, work: Workload, spec: SweepSpec, profile_dir: Path | None = None) -> dict:
+    """Build, check, then time one point on its own; the result fields of its row (the same on every rank)."""
+    prepared = prepare_point(rt, point, work, spec)
+    if isinstance(prepared, dict):
+        return prepared
+    step, fields = prepared.step, prepared.fields
+    del prepared
+    try:
         m = spec.measure
         timing = _phase(rt, lambda: measure.time_step(step, work.x, m.warmup, m.iters, m.graphs, m.warmup_s, m.min_time_s))
-        if profile_dir is not None and rt.is_cuda:
-            path = profile_dir / f"{_slug(point)}.txt" if rt.rank == 0 else None
-            _phase(rt, lambda: measure.profile_step(step, work.x, path))
+        failure = _profile(rt, point, step, work, profile_dir)
+        if failure is not None:
+            return fields | failure
     except PointFailed as failure:
         return fields | failure.result
     per_layer = [s / point.layers for s in timing.samples_ms]
@@ -143,7 +134,39 @@ def measure_point(rt: runtime.Runtime, point: Point, work: Workload, spec: Sweep
         "samples_ms": [round(s, 6) for s in per_layer],
         "graphs": timing.graphs,
         "graph_error": timing.graph_error,
+        "timing": "sequential",
     }
+
+
+def _profile(rt: runtime.Runtime, point: Point, step, work: Workload, profile_dir: Path | None) -> dict | None:
+    """With --profile on GPUs, a kernel table of the point; a failure as a result, else None."""
+    if profile_dir is None or not rt.is_cuda:
+        return None
+    path = profile_dir / f"{_slug(point)}.txt" if rt.rank == 0 else None
+    try:
+        _phase(rt, lambda: measure.profile_step(step, work.x, path))
+    except PointFailed as failure:
+        return failure.result
+    return None
+
+
+def measure_batch(rt: runtime.Runtime, todo: list[Point], work: Workload, spec: SweepSpec, pairing: str,
+                  watchdog: Watchdog, profile_dir: Path | None = None):
+    """The batch's points timed interleaved (paired.py): (point, result) as groups finish."""
+    if work.reference is None:  # the batch could not be built: each point says why (or why it is skipped)
+        return ((point, prepare_point(rt, point, work, spec)) for point in todo)
+    name, knobs = reference_setting(todo[0].workload)
+    reference = dataclasses.replace(todo[0], strategy=name, knobs=knobs)
+    m = spec.measure
+    plan = interleave.Plan(m.span_ms, m.rounds, m.ci_target, m.warmup_s, seed=todo[0].seed)
+
+    def prepare(point: Point):
+        return prepare_point(rt, point, work, spec, capture=True)
+
+    def profile(c: paired.Prepared) -> dict | None:
+        return _profile(rt, c.point, c.step, work, profile_dir)
+
+    return paired.measure_batch(rt, todo, reference, prepare, plan, pairing, watchdog.guard, profile)
 
 
 def make_row(point: Point, result: dict, run_id: str, env: dict, spec: SweepSpec) -> dict:
@@ -180,11 +203,14 @@ def make_row(point: Point, result: dict, run_id: str, env: dict, spec: SweepSpec
         "warmup": spec.measure.warmup,
         "warmup_s": spec.measure.warmup_s,
         "min_time_s": spec.measure.min_time_s,
-        "iters": len(result["samples_ms"]) if result.get("samples_ms") else spec.measure.iters,
+        "iters": result.get("iters") or (len(result["samples_ms"]) if result.get("samples_ms") else spec.measure.iters),
+        "span_ms": spec.measure.span_ms if result.get("timing") == "interleaved" else None,
     }
     # checked: the output equals baseline's within tolerance (baseline itself: the reference);
     # False for bounds that are not correct results (no_comm, comm=none): never a tuned choice.
-    for key in ("ms", "p10_ms", "p90_ms", "iqr_ms", "cv", "graphs", "graph_error", "rel_err", "tolerance", "checked", "samples_ms"):
+    # Interleaved timing (results.py): samples_ms per round, round_ids, pairing, speedup, speedup_ci.
+    for key in ("ms", "p10_ms", "p90_ms", "iqr_ms", "cv", "graphs", "graph_error", "rel_err", "tolerance", "checked",
+                "timing", "speedup", "speedup_ci", "pairing", "round_ids", "samples_ms"):
         row[key] = result.get(key)
     return row
 
@@ -220,7 +246,7 @@ def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = 
         with Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task("sweep", total=len(todo))
             stacks: dict = {}
-            for key, group in itertools.groupby(todo, key=lambda p: p.workload_key):
+            for batch, (_, group) in enumerate(itertools.groupby(todo, key=lambda p: p.workload_key)):
                 group = list(group)
                 first = group[0]
                 stack_key = (first.shape, first.tp, first.dtype, first.layers, first.seed)
@@ -232,17 +258,19 @@ def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = 
                     )
                 with watchdog.guard(f"building the workload of {_describe(first)}"):
                     work = build_workload(rt, first, stacks.get(stack_key), max_tokens)
-                for point in group:
-                    progress.update(task, description=_describe(point))
-                    with watchdog.guard(f"point '{_describe(point)}'"):
-                        result = measure_point(rt, point, work, spec, profile_dir)
+                if spec.measure.interleaved(rt.is_cuda):
+                    progress.update(task, description=f"{first.tokens} tokens: {len(group)} points interleaved")
+                    measured = measure_batch(rt, group, work, spec, f"{run_id}/{batch}", watchdog, profile_dir)
+                else:
+                    measured = _one_by_one(rt, group, work, spec, watchdog, profile_dir, progress, task)
+                for point, result in measured:
                     if store is not None:
                         store.append(make_row(point, result, run_id, env, spec))
                         written += 1
                     progress.console.print(_summary_line(point, result))
                     progress.advance(task)
                     _release(rt)
-                del work
+                del work, measured
                 _release(rt)
         if spec.comm is not None:  # the study's collective microbenchmarks, into the same store
             from overlapbench.comm.run import run_in_sweep
@@ -255,6 +283,15 @@ def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = 
     dist.barrier()
     dist.destroy_process_group()
     return written
+
+
+def _one_by_one(rt, group, work, spec, watchdog, profile_dir, progress, task):
+    """The sequential mode: each point built, checked and timed on its own."""
+    for point in group:
+        progress.update(task, description=_describe(point))
+        with watchdog.guard(f"point '{_describe(point)}'"):
+            result = measure_point(rt, point, work, spec, profile_dir)
+        yield point, result
 
 
 def _release(rt: runtime.Runtime) -> None:

@@ -1,0 +1,174 @@
+"""Interleaved timing: a batch's candidates in rounds, so that clock drift hits them all alike.
+
+GPU clocks wander by a few percent over hundreds of milliseconds. Timed one after the other,
+two candidates meet different clocks; timed in the same round, they meet the same one, and the
+ratio of their times in that round is free of the drift. Each round replays every active
+candidate back to back for about `span_ms` (long enough for the sustained clock regime), in a
+fresh random order that every rank draws alike (one seeded RNG), with a clock mark between
+candidates. The host queues round r+1 before it waits for round r: the device never idles
+between candidates or rounds, and the host syncs once per round.
+
+A candidate's speedup is the median over rounds of t_reference / t in the same round, with a
+95% bootstrap interval over rounds. A candidate leaves once that interval is within
++-`ci_target` of its speedup (after `min_rounds`); the reference stays to the end. Everything
+device-specific is in the `Clock` and the `agree` function, so the scheduler runs on a fake
+clock in the tests.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+from overlapbench.analysis import median_ci
+
+
+class Clock(Protocol):
+    """Marks on the device's timeline: where the work queued so far ends."""
+
+    def mark(self) -> Any: ...
+
+    def elapsed_ms(self, start: Any, end: Any) -> float: ...
+
+    def wait(self, mark: Any) -> None:
+        """Block the host until the work before `mark` is done."""
+
+
+class WallClock:
+    """CPU: work runs as it is issued, so a mark is the host's time."""
+
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def elapsed_ms(self, start: float, end: float) -> float:
+        return (end - start) * 1e3
+
+    def wait(self, mark: float) -> None:
+        pass
+
+
+class CudaClock:
+    """GPU: CUDA events on the current stream."""
+
+    def mark(self):
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def elapsed_ms(self, start, end) -> float:
+        return start.elapsed_time(end)
+
+    def wait(self, mark) -> None:
+        mark.synchronize()
+
+
+@dataclass(frozen=True)
+class Plan:
+    span_ms: float  # per candidate per round
+    max_rounds: int
+    ci_target: float  # a candidate leaves when its interval's half-width is within this share of its speedup
+    warmup_s: float = 0.0  # whole rounds, untimed, first: the clock reaches the interleaved regime
+    min_rounds: int = 5
+    seed: int = 0
+
+
+@dataclass
+class Timed:
+    """One candidate's rounds: ms per iteration in each (max over ranks), and its speedup."""
+
+    samples_ms: list[float]
+    round_ids: list[int]
+    iters: int  # iterations timed in all
+    speedup: float | None = None  # median over rounds of t_reference / t
+    speedup_ci: tuple[float, float] | None = None
+
+
+def repetitions(span_ms: float, per_iter_ms: float) -> int:
+    """Iterations that fill one span (at least one)."""
+    return max(1, round(span_ms / max(per_iter_ms, 1e-6)))
+
+
+def time_rounds(
+    runs: Sequence[Callable[[], None]],
+    per_iter_ms: Sequence[float],
+    reference: int,
+    plan: Plan,
+    clock: Clock,
+    agree: Callable[[list[float]], list[float]] = lambda values: values,
+    first_round: int = 0,
+) -> list[Timed]:
+    """Time `runs` interleaved; one Timed per run, in order. `per_iter_ms` (one estimate per run)
+    must be the same on every rank; `agree` returns the elementwise max over the ranks (every
+    rank calls it at the same moments); round ids count from `first_round`."""
+    reps = [repetitions(plan.span_ms, p) for p in per_iter_ms]
+    round_ms = sum(r * p for r, p in zip(reps, per_iter_ms))
+    warm = math.ceil(plan.warmup_s * 1e3 / round_ms) if plan.warmup_s > 0 else 0
+    min_rounds = min(plan.min_rounds, plan.max_rounds)
+    rng = random.Random(plan.seed)
+    timed = [Timed([], [], 0) for _ in runs]
+    active = set(range(len(runs)))
+    in_flight: deque = deque()
+    queued = 0
+
+    def enqueue(members: set[int]) -> tuple[list[int], list]:
+        order = sorted(members)
+        rng.shuffle(order)
+        marks = [clock.mark()]
+        for i in order:
+            for _ in range(reps[i]):
+                runs[i]()
+            marks.append(clock.mark())
+        return order, marks
+
+    def wanted() -> bool:
+        done = queued - warm
+        return done < min_rounds or (done < plan.max_rounds and len(active) > 1)
+
+    while wanted() or in_flight:
+        if wanted():
+            in_flight.append((queued, *enqueue(active)))
+            queued += 1
+            if len(in_flight) < 2 and wanted():
+                continue  # keep one round queued behind the one the host waits for
+        number, order, marks = in_flight.popleft()
+        clock.wait(marks[-1])
+        local = [clock.elapsed_ms(marks[k], marks[k + 1]) / reps[i] for k, i in enumerate(order)]
+        ms = agree(local)
+        if number < warm:
+            continue
+        for i, t in zip(order, ms):
+            timed[i].samples_ms.append(t)
+            timed[i].round_ids.append(first_round + number - warm)
+            timed[i].iters += reps[i]
+        _score(timed, reference)
+        needed = [0.0 if i == reference or i not in active or _narrow(timed[i], plan.ci_target, min_rounds) else 1.0
+                  for i in range(len(runs))]
+        needed = agree(needed)  # every rank drops the same candidates
+        active = {reference} | {i for i in active if needed[i] > 0}
+    return timed
+
+
+def _score(timed: list[Timed], reference: int) -> None:
+    """Each candidate's speedup over the reference, in the rounds both took part in."""
+    ref = dict(zip(timed[reference].round_ids, timed[reference].samples_ms))
+    for i, t in enumerate(timed):
+        if i == reference:
+            t.speedup, t.speedup_ci = 1.0, (1.0, 1.0)
+            continue
+        ratios = [ref[r] / ms for r, ms in zip(t.round_ids, t.samples_ms) if r in ref and ms > 0]
+        if ratios:
+            t.speedup, t.speedup_ci = statistics.median(ratios), median_ci(ratios)
+
+
+def _narrow(t: Timed, target: float, min_rounds: int) -> bool:
+    if len(t.samples_ms) < min_rounds or t.speedup_ci is None:
+        return False
+    lo, hi = t.speedup_ci
+    return (hi - lo) / 2 <= target * t.speedup

@@ -1,0 +1,144 @@
+"""Interleaved timing on a simulated device whose clock drifts: the paired ratio recovers the true
+one where timing one candidate after the other does not; ranks agree; the device never idles."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from overlapbench import interleave
+from overlapbench.interleave import Plan
+from tests import distributed
+
+
+class DriftingDevice:
+    """A device that runs work as it is issued, and slows down as its own time passes (as a GPU
+    whose clock sinks under sustained load): an iteration of cost c at time t takes
+    c * (1 + drift * t / 1 s), times a little noise. Its clock is its own time, in ms."""
+
+    def __init__(self, drift_per_s: float, noise: float = 0.01, seed: int = 0) -> None:
+        self.now_ms, self.drift, self.noise = 0.0, drift_per_s, noise
+        self.rng = random.Random(seed)
+        self.log: list = []
+
+    def candidate(self, name: str, cost_ms: float, noise: float | None = None):
+        noise = self.noise if noise is None else noise
+
+        def run() -> None:
+            slow = 1 + self.drift * self.now_ms / 1e3
+            self.now_ms += cost_ms * slow * (1 + self.rng.gauss(0, noise))
+            self.log.append(("run", name))
+
+        return run
+
+    # the Clock protocol
+    def mark(self) -> float:
+        self.log.append(("mark", self.now_ms))
+        return self.now_ms
+
+    def elapsed_ms(self, start: float, end: float) -> float:
+        return end - start
+
+    def wait(self, mark: float) -> None:
+        self.log.append(("wait", mark))
+
+
+COST_A, COST_B = 1.0, 0.9  # B is truly 1/0.9 = 1.111x faster
+TRUE = COST_A / COST_B
+
+
+def sequential_speedup(device: DriftingDevice, seconds: float) -> float:
+    """Each candidate timed alone for `seconds`, one after the other, as the sequential mode does."""
+    per = {}
+    for name, cost in (("A", COST_A), ("B", COST_B)):
+        run, n = device.candidate(name, cost), int(seconds * 1e3 / cost)
+        start = device.mark()
+        for _ in range(n):
+            run()
+        per[name] = device.elapsed_ms(start, device.mark()) / n
+    return per["A"] / per["B"]
+
+
+def interleaved(device: DriftingDevice, **plan) -> list[interleave.Timed]:
+    settings = dict(span_ms=20, max_rounds=60, ci_target=0.002, warmup_s=0.05) | plan
+    runs = [device.candidate("A", COST_A), device.candidate("B", COST_B)]
+    return interleave.time_rounds(runs, [COST_A, COST_B], 0, Plan(**settings), device)
+
+
+@pytest.mark.parametrize("drift", [0.05, 0.2, -0.1])
+def test_interleaving_recovers_the_true_ratio_where_sequential_timing_does_not(drift):
+    sequential = sequential_speedup(DriftingDevice(drift, seed=1), seconds=1.0)
+    assert abs(sequential / TRUE - 1) > abs(drift) / 5  # the drift between the two runs is in the ratio
+
+    ref, b = interleaved(DriftingDevice(drift, seed=2))
+    assert ref.speedup == 1.0 and ref.speedup_ci == (1.0, 1.0)
+    assert b.speedup == pytest.approx(TRUE, rel=0.003)
+    lo, hi = b.speedup_ci
+    assert lo <= TRUE <= hi and hi - lo < 0.01 * TRUE
+    assert b.round_ids == ref.round_ids[: len(b.round_ids)] and ref.round_ids[0] == 0
+
+
+def test_without_drift_both_agree():
+    assert sequential_speedup(DriftingDevice(0.0, seed=3), 1.0) == pytest.approx(TRUE, rel=0.002)
+    assert interleaved(DriftingDevice(0.0, seed=4))[1].speedup == pytest.approx(TRUE, rel=0.002)
+
+
+def test_a_candidate_leaves_once_its_interval_is_narrow_and_the_reference_stays():
+    device = DriftingDevice(0.0, noise=0.0005, seed=5)
+    runs = [device.candidate("A", COST_A), device.candidate("B", COST_B), device.candidate("C", 0.95, noise=0.1)]
+    plan = Plan(span_ms=10, max_rounds=30, ci_target=0.002, min_rounds=4)
+    ref, b, c = interleave.time_rounds(runs, [COST_A, COST_B, 0.95], 0, plan, device)
+    assert 4 <= len(b.samples_ms) <= 6  # narrow at once: it left (one more round was already queued)
+    hl, hh = b.speedup_ci
+    assert (hh - hl) / 2 <= 0.002 * b.speedup
+    assert len(c.samples_ms) == len(ref.samples_ms) == 30  # noisy: timed to the end, the reference with it
+    assert c.round_ids == ref.round_ids == list(range(30))
+
+
+def test_the_reference_alone_runs_the_minimum_rounds():
+    device = DriftingDevice(0.0, seed=6)
+    (ref,) = interleave.time_rounds([device.candidate("A", 1.0)], [1.0], 0, Plan(10, 30, 0.001, min_rounds=5), device)
+    assert len(ref.samples_ms) == 5 and ref.iters == 5 * 10
+
+
+def test_each_round_fills_its_span_in_a_fresh_order_and_the_next_round_is_queued_before_the_wait():
+    device = DriftingDevice(0.0, seed=7)
+    runs = [device.candidate(n, 1.0) for n in "ABCD"]
+    interleave.time_rounds(runs, [1.0, 2.0, 1.0, 1.0], 0, Plan(span_ms=4, max_rounds=6, ci_target=1e-9), device)
+    rounds, current, orders = [], [], []
+    for kind, value in device.log:
+        if kind == "run":
+            current.append(value)
+        elif kind == "wait":
+            rounds.append(len(orders))
+        elif kind == "mark" and current:
+            orders.append(current)
+            current = []
+    candidates_per_round = 4
+    spans = [orders[i:i + candidates_per_round] for i in range(0, len(orders), candidates_per_round)]
+    assert len(spans) == 6 and all(sorted(s[0] for s in span) == list("ABCD") for span in spans)
+    assert all(len(s) == (2 if s[0] == "B" else 4) for span in spans for s in span)  # 4 ms each
+    assert len({tuple(s[0] for s in span) for span in spans}) > 1  # the order changes
+    # The host waits for round r only once round r+1 is queued (the last round excepted).
+    assert rounds[:-1] == [candidates_per_round * (r + 2) for r in range(len(rounds) - 1)]
+
+
+def _ranks_agree(rank: int, world: int):
+    import torch
+    import torch.distributed as dist
+
+    def agree(values):
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
+    device = DriftingDevice(0.1 * (1 + rank), noise=0.01, seed=10 + rank)  # each rank its own drift and noise
+    runs = [device.candidate(n, c) for n, c in (("A", 1.0), ("B", 0.9), ("C", 1.02))]
+    timed = interleave.time_rounds(runs, [1.0, 0.9, 1.02], 0, Plan(5, 25, 0.004, min_rounds=3), device, agree)
+    return [(t.samples_ms, t.round_ids, t.speedup, t.speedup_ci) for t in timed]
+
+
+def test_ranks_agree_on_rounds_drops_and_times():
+    a, b = distributed.run(_ranks_agree, world=2)
+    assert a == b
