@@ -106,6 +106,8 @@ class Measured:
     # `pairing` (one batch's timing); rows of one pairing compare round by round (paired_ratios).
     pairing: str | None = None
     round_ids: tuple[int, ...] = ()
+    speedup: float | None = None  # over the reference timed beside it (whose row may be of an earlier run)
+    speedup_ci: tuple[float, float] | None = None
 
     @classmethod
     def of(cls, row: dict, source: str) -> "Measured":
@@ -115,6 +117,7 @@ class Measured:
             p90_ms=row.get("p90_ms"), cv=row.get("cv"), samples=tuple(row.get("samples_ms") or ()),
             checked=_is_checked(row), key=row_key(row), run_id=row.get("run_id"), git=row.get("git"), source=source,
             pairing=row.get("pairing"), round_ids=tuple(row.get("round_ids") or ()),
+            speedup=row.get("speedup"), speedup_ci=tuple(row["speedup_ci"]) if row.get("speedup_ci") else None,
         )
 
     @property
@@ -305,6 +308,16 @@ def paired_ratios(a: Measured, b: Measured) -> list[float] | None:
     return ratios if len(ratios) >= MIN_PAIRED else None
 
 
+def stored_speedup(m: Measured, ref: Measured) -> tuple[float, tuple[float, float]] | None:
+    """The speedup and interval a row holds over the reference timed beside it, where `ref` is
+    that reference's row in the same store but of another timing (a resumed sweep re-times the
+    reference without writing it again); None otherwise."""
+    if (m.speedup is None or m.speedup_ci is None or m is ref or m.source != ref.source or m.batch != ref.batch
+            or ref.strategy != ref.group.reference_strategy or not is_default(ref)):
+        return None
+    return m.speedup, m.speedup_ci
+
+
 def median_ci(xs: list[float], level: float = LEVEL, resamples: int = RESAMPLES, seed: int = SEED) -> tuple[float, float]:
     """Percentile bootstrap interval of the median of `xs` (independent draws: rounds, whose
     ratios are taken at one moment each), fixed seed: the same data give the same interval."""
@@ -330,13 +343,19 @@ def speedup(m: Measured, ref: Measured | None) -> float | None:
         import statistics
 
         return statistics.median(ratios)
-    return ref.ms / m.ms
+    stored = stored_speedup(m, ref)
+    return stored[0] if stored is not None else ref.ms / m.ms
 
 
 def speedup_ci(m: Measured, ref: Measured | None) -> tuple[float, float] | None:
     """The 95% interval of the paired speedup (None where it is not paired)."""
-    ratios = None if ref is None else paired_ratios(ref, m)
-    return None if ratios is None else median_ci(ratios)
+    if ref is None:
+        return None
+    ratios = paired_ratios(ref, m)
+    if ratios is not None:
+        return median_ci(ratios)
+    stored = stored_speedup(m, ref)
+    return None if stored is None else stored[1]
 
 
 def hidden(m: Measured, ref: Measured | None, free: Measured | None) -> float | None:

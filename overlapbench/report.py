@@ -7,7 +7,8 @@ Four views of the same rows (read as tune reads them, `analysis`):
   (layer: against no_comm); the choice by tune's rule starred, noisy cells flagged; failed and
   skipped rows counted below;
 - `--sensitivity S --tokens N`: one strategy's knob grid at one token count;
-- `--compare OLD NEW`: per point, NEW/OLD, and with `--fail-above PCT` exit 1 on a regression;
+- `--compare OLD NEW`: per point, NEW/OLD with its interval, and with `--fail-above PCT` exit 1
+  on a regression (above PCT and beyond the noise of both runs);
 - `--plot FILE.png`: time per layer or GEMM (or speedup) against tokens, one line per strategy.
 Formats: `table` (rich), `markdown`, `csv` (pandas) and `json` (a list of records).
 
@@ -75,9 +76,12 @@ class Cell:
     speedup: float | None
     hidden: float | None
     winner: bool
+    speedup_ci: tuple[float, float] | None = None  # 95%, where timed interleaved with the reference
 
     def lines(self) -> list[str]:
         figures = [] if self.speedup is None else [f"{self.speedup:.3f}x"]
+        if self.speedup_ci is not None and self.speedup_ci[1] > self.speedup_ci[0]:
+            figures[0] += f" ±{(self.speedup_ci[1] - self.speedup_ci[0]) / 2 / self.speedup:.1%}"
         if self.hidden is not None and self.m.strategy != analysis.BOUND:
             figures.append(f"{round(self.hidden, 2) + 0.0:.0%} hidden")  # no "-0%"
         return [f"{_ms(self.m.ms)} ms", " ".join(figures), self.m.knob_text()]
@@ -87,7 +91,8 @@ class Cell:
         return m.group.fields() | {
             "tokens": m.tokens, "batch": list(m.batch), "strategy": m.strategy, "knobs": m.knobs, "ms": m.ms,
             "p10_ms": m.p10_ms, "p90_ms": m.p90_ms, "cv": m.cv, "noisy": m.noisy,
-            "speedup": self.speedup, "hidden": self.hidden, "winner": self.winner,
+            "speedup": self.speedup, "speedup_ci": None if self.speedup_ci is None else list(self.speedup_ci),
+            "hidden": self.hidden, "winner": self.winner,
         }
 
 
@@ -124,7 +129,8 @@ def cells_at(rows: list[Measured]) -> dict[str, Cell]:
     if choice is not None:
         best[choice.chosen.strategy] = choice.chosen
     return {
-        s: Cell(m, analysis.speedup(m, ref), analysis.hidden(m, ref, free), choice is not None and m is choice.chosen)
+        s: Cell(m, analysis.speedup(m, ref), analysis.hidden(m, ref, free), choice is not None and m is choice.chosen,
+                None if m is ref else analysis.speedup_ci(m, ref))
         for s, m in sorted(best.items(), key=lambda item: column_order(item[0]))
     }
 
@@ -281,11 +287,19 @@ def compare_pairs(old: Store, new: Store) -> list[tuple[Measured, Measured]]:
     return sorted(pairs, key=lambda p: (p[1].group.label(), p[1].tokens, column_order(p[1].strategy)))
 
 
+COMPARE_LEVEL = 0.99  # a gate compares many points at once: each one's false alarms must be rare
+
+
 def compare_record(o: Measured, n: Measured, limit: float | None) -> dict:
-    """NEW/OLD at one point; a regression where it exceeds `limit`."""
+    """NEW/OLD at one point, with its 99% interval from the noise of both runs (tune.gain: each
+    run's samples resampled); a regression where the ratio exceeds `limit` and the interval lies
+    above 1, so that a difference inside the noise of the two runs is never one."""
+    g = tune.gain(o, n, COMPARE_LEVEL)  # "o over n": n.ms / o.ms
+    ratio = n.ms / o.ms
     return n.group.fields() | {
         "tokens": n.tokens, "strategy": n.strategy, "knobs": n.knobs, "old_ms": o.ms, "new_ms": n.ms,
-        "ratio": n.ms / o.ms, "regression": limit is not None and n.ms / o.ms > limit,
+        "ratio": ratio, "ratio_ci": [g.lo, g.hi],
+        "regression": limit is not None and ratio > limit and g.lo > 1,
     }
 
 
@@ -294,9 +308,10 @@ def compare_grid(pairs: list[tuple[Measured, Measured]], records: list[dict]) ->
     for (_, n), r in zip(pairs, records):
         rows.append([_shown(_compared_group(n)), _shown(str(r["tokens"])), _shown(n.describe()),
                      _shown(_ms(r["old_ms"])), _shown(_ms(r["new_ms"])),
-                     Shown((f"{r['ratio']:.3f}",), mark=SLOWER if r["regression"] else "")])
+                     Shown((f"{r['ratio']:.3f}",), mark=SLOWER if r["regression"] else ""),
+                     _shown(f"[{r['ratio_ci'][0]:.3f}, {r['ratio_ci'][1]:.3f}]")])
     per = " / ".join(sorted({n.group.unit for _, n in pairs}))
-    return Grid(f"NEW / OLD ms per {per}", ["group", "tokens", "strategy", "old ms", "new ms", "new/old"], rows)
+    return Grid(f"NEW / OLD ms per {per}", ["group", "tokens", "strategy", "old ms", "new ms", "new/old", f"{COMPARE_LEVEL:.0%} CI"], rows)
 
 
 def _compared_group(m: Measured) -> str:
@@ -310,10 +325,12 @@ def compare(old: Path, new: Path, fmt: str, console: Console, fail_above: float 
     pairs = compare_pairs(analysis.read([old]), analysis.read([new]))
     records = [compare_record(o, n, limit) for o, n in pairs]
     regressions = [r for r in records if r["regression"]]
-    legend = None if limit is None else f"{SLOWER} slower than OLD by more than {fail_above:g}% (new/old > {limit:.3f})"
+    legend = None if limit is None else (f"{SLOWER} slower than OLD by more than {fail_above:g}% (new/old > {limit:.3f}) "
+                                         f"and beyond the noise of both runs ({COMPARE_LEVEL:.0%} CI of new/old above 1)")
     emit([compare_grid(pairs, records)], records, fmt, console, legend)
     if limit is not None:
-        _stderr().print(f"{len(regressions)} of {len(records)} points slower than OLD by more than {fail_above:g}%", highlight=False)
+        _stderr().print(f"{len(regressions)} of {len(records)} points slower than OLD by more than {fail_above:g}% "
+                        f"beyond the noise", highlight=False)
     for (_, n), r in zip(pairs, records):
         if r["regression"]:
             _stderr().print(f"  regression: {_compared_group(n)}: {n.describe()} at {r['tokens']} tokens: "

@@ -11,12 +11,15 @@ The rule, per (device, world size, tp, model shape, dtype) and token count:
    baseline row). Candidates challenge it in order of simplicity (each strategy's `simplicity` rank); a challenger
    replaces the incumbent only when it is faster by more than the noise, so ties go to the
    simpler strategy.
-3. "Faster by more than the noise": the 95% bootstrap confidence interval of the speedup
-   (incumbent median / challenger median; each row's per-iteration samples resampled in moving
-   blocks of ceil(sqrt(n)) consecutive iterations, since drifting clocks correlate neighbours;
-   `RESAMPLES` times, fixed seed) lies entirely above 1. A row without at least two samples
-   falls back to its p10/p90: the interval is [p10_inc / p90_ch, p90_inc / p10_ch], so the
-   challenger must be faster with their central 80% ranges not overlapping.
+3. "Faster by more than the noise": the 95% confidence interval of the speedup lies entirely
+   above 1. Rows timed interleaved in the same rounds (one pairing, see interleave.py) are
+   paired: the speedup is the median over their common rounds of t_incumbent / t_challenger,
+   its interval a bootstrap over those rounds. Otherwise it is incumbent median / challenger
+   median, each row's per-iteration samples resampled in moving blocks of ceil(sqrt(n))
+   consecutive iterations (drifting clocks correlate neighbours); `RESAMPLES` times, fixed
+   seed. A row without at least two samples falls back to its p10/p90: the interval is
+   [p10_inc / p90_ch, p90_inc / p10_ch], so the challenger must be faster with their central
+   80% ranges not overlapping.
 
 Ranges: neighbouring measured token counts with the same choice (strategy and knobs) merge.
 Between two measured counts a and b with different choices the boundary is floor(sqrt(a * b)),
@@ -31,6 +34,7 @@ import hashlib
 import json
 import math
 import re
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,8 +50,9 @@ LEVEL = 0.95
 SEED = 0
 METHOD = (
     f"per token count, a strategy's fastest knob setting replaces the simpler choice only if the "
-    f"{LEVEL:.0%} bootstrap CI ({RESAMPLES} resamples, seed {SEED}) of the ratio of medians lies above 1 "
-    f"(no samples: p10/p90 ranges must not overlap); boundaries at floor(sqrt(a*b)) between measured counts"
+    f"{LEVEL:.0%} bootstrap CI ({RESAMPLES} resamples, seed {SEED}) of its speedup lies above 1 (rows timed "
+    f"interleaved: the median of per-round ratios, resampled over rounds; else the ratio of medians; no samples: "
+    f"p10/p90 ranges must not overlap); boundaries at floor(sqrt(a*b)) between measured counts"
 )
 
 
@@ -65,7 +70,7 @@ class Gain:
     speedup: float  # incumbent median / challenger median
     lo: float
     hi: float
-    method: str  # "bootstrap" or "p10/p90"
+    method: str  # "paired" (same rounds), "bootstrap" (medians) or "p10/p90"
 
     @property
     def beats_noise(self) -> bool:
@@ -87,7 +92,7 @@ class Pick:
 
     @property
     def speedup(self) -> float:
-        return self.reference.ms / self.chosen.ms
+        return self.gain.speedup if self.gain is not None else self.reference.ms / self.chosen.ms
 
 
 @dataclass(frozen=True)
@@ -99,10 +104,17 @@ class Span:
     picks: tuple[Pick, ...]
 
 
-def gain(challenger: Measured, incumbent: Measured) -> Gain:
+def gain(challenger: Measured, incumbent: Measured, level: float = LEVEL) -> Gain:
+    ratios = analysis.paired_ratios(incumbent, challenger)
+    if ratios is not None:  # timed in the same rounds: the drift cancels round by round
+        lo, hi = analysis.median_ci(ratios, level, RESAMPLES, SEED)
+        return Gain(statistics.median(ratios), lo, hi, "paired")
+    stored = analysis.stored_speedup(challenger, incumbent)
+    if stored is not None and level == LEVEL:  # paired with a re-timed reference (a resumed sweep)
+        return Gain(stored[0], *stored[1], "paired")
     point = incumbent.ms / challenger.ms
     if len(challenger.samples) >= 2 and len(incumbent.samples) >= 2:
-        lo, hi = _bootstrap(incumbent.samples, challenger.samples)
+        lo, hi = _bootstrap(incumbent.samples, challenger.samples, level)
         return Gain(point, lo, hi, "bootstrap")
     inc_lo, inc_hi = _spread(incumbent)
     ch_lo, ch_hi = _spread(challenger)
@@ -114,7 +126,7 @@ def _spread(m: Measured) -> tuple[float, float]:
     return (m.p10_ms if m.p10_ms is not None else m.ms), (m.p90_ms if m.p90_ms is not None else m.ms)
 
 
-def _bootstrap(incumbent: tuple[float, ...], challenger: tuple[float, ...]) -> tuple[float, float]:
+def _bootstrap(incumbent: tuple[float, ...], challenger: tuple[float, ...], level: float = LEVEL) -> tuple[float, float]:
     """Percentile interval of median(incumbent) / median(challenger) over resampled samples.
 
     Moving-block resampling (blocks of ceil(sqrt(n)) consecutive iterations): GPU clocks drift,
@@ -126,7 +138,7 @@ def _bootstrap(incumbent: tuple[float, ...], challenger: tuple[float, ...]) -> t
     rng = np.random.default_rng(SEED)
     a, b = np.asarray(incumbent, dtype=float), np.asarray(challenger, dtype=float)
     ratios = np.median(_block_resample(a, rng), axis=1) / np.median(_block_resample(b, rng), axis=1)
-    tail = (1 - LEVEL) / 2
+    tail = (1 - level) / 2
     lo, hi = np.quantile(ratios, [tail, 1 - tail])
     return float(lo), float(hi)
 

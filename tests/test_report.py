@@ -348,7 +348,8 @@ def test_micro_sensitivity_plot_and_compare(micro_store, tmp_path):
     (table,) = markdown_tables(text)
     assert table[0] == ["order", "ms"] and table[2:] == [["local_first_last", "1.7 ms, 1.176x"], ["ring", "**1.6 ms, 1.250x** ★"]]
     assert "speedup over sp_baseline" in text
-    new = synthetic.write(tmp_path / "new.jsonl", [r | {"ms": r["ms"] * 1.2} for r in rows_of(micro_store)])
+    slower = [r | {"ms": r["ms"] * 1.2, "samples_ms": r["samples_ms"] and [s * 1.2 for s in r["samples_ms"]]} for r in rows_of(micro_store)]
+    new = synthetic.write(tmp_path / "new.jsonl", slower)
     code, text = captured([], "markdown", compare_paths=(micro_store, new), fail_above=10.0)
     assert code == 1 and "llama3-70b gemm_rs n=8192 k=14336 tp2 bf16" in text and "ms per GEMM" in text
     pytest.importorskip("matplotlib")
@@ -427,3 +428,52 @@ def test_cli_report_sensitivity_and_compare(store, tmp_path):
 def test_cli_report_bad_option_exits_2(store):
     result = runner.invoke(app, ["report", str(store), "--format", "xml"])
     assert result.exit_code == 2 and "--format" in result.output
+
+
+# -- paired rows and noise-aware compare -------------------------------------------------------
+
+
+def paired_store(path, seed: int, factor: float = 1.0):
+    """Two batches timed interleaved: baseline, token_split 3% faster, no_comm; the clock's drift
+    common to each round."""
+    rng = random.Random(seed)
+    rows = []
+    for tokens in (2048, 8192):
+        drift = [1 + rng.gauss(0, 0.03) for _ in range(10)]
+        for strategy, speed in (("baseline", 1.0), ("token_split", 0.97), ("no_comm", 0.9)):
+            samples = [tokens / 1000 * d * speed * factor * (1 + rng.gauss(0, 0.001)) for d in drift]
+            rows.append(synthetic.row(strategy, tokens, {} if strategy == "no_comm" else None,
+                                      samples=samples, pairing=f"{path.stem}/{tokens}"))
+    return synthetic.write(path, rows)
+
+
+def test_paired_speedups_show_their_interval(tmp_path):
+    path = paired_store(tmp_path / "p.jsonl", 1)
+    recs = records(path)
+    split, base, free = (cell(recs, 8192, s) for s in ("token_split", "baseline", "no_comm"))
+    lo, hi = split["speedup_ci"]
+    assert lo < split["speedup"] < hi and hi - lo < 0.005 and split["speedup"] == pytest.approx(1 / 0.97, rel=0.002)
+    assert base["speedup"] == 1.0 and base["speedup_ci"] is None
+    assert split["hidden"] == pytest.approx((1 - 0.97) / (1 - 0.9), rel=0.03)
+    assert split["winner"]
+    _, text = captured([path])
+    assert "1.031x ±" in text
+
+
+def test_compare_flags_only_what_lies_beyond_the_noise_of_both_runs(tmp_path):
+    """Two runs of the same code differ by their noise; only a real slowdown is a regression."""
+    rng = random.Random(3)
+    old, same, slow = [], [], []
+    for tokens in (512, 1024, 2048, 4096, 8192):
+        for strategy in ("baseline", "fused_norm", "token_split", "iso"):
+            old.append(synthetic.row(strategy, tokens, samples=synthetic.draw(1.0, 0.03, rng)))
+            same.append(synthetic.row(strategy, tokens, samples=synthetic.draw(1.0, 0.03, rng)))
+            slow.append(synthetic.row(strategy, tokens, samples=synthetic.draw(1.0 if strategy != "iso" else 1.08, 0.03, rng)))
+    paths = [synthetic.write(tmp_path / f"{name}.jsonl", rows) for name, rows in (("old", old), ("same", same), ("slow", slow))]
+    code, text = captured([], "json", compare_paths=(paths[0], paths[1]), fail_above=0.0)
+    recs = json.loads(text)
+    assert sum(r["ratio"] > 1 for r in recs) >= 5  # slower by its median at many points: noise
+    assert code == 0 and not any(r["regression"] for r in recs)
+    code, text = captured([], "json", compare_paths=(paths[0], paths[2]), fail_above=2.0)
+    flagged = {(r["strategy"], r["tokens"]) for r in json.loads(text) if r["regression"]}
+    assert code == 1 and flagged == {("iso", t) for t in (512, 1024, 2048, 4096, 8192)}

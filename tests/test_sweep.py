@@ -114,3 +114,61 @@ def test_two_node_launch(spec_file: Path, tmp_path: Path):
     ranks = rows[0]["ranks"]
     assert rows[0]["nodes"] == 2 and sorted(r["node"] for r in ranks) == [0, 1]
     assert [r["rank"] for r in ranks] == [0, 1]
+
+
+IMPOSSIBLE = 10**12  # tokens no machine holds: the RoPE table and the input alone need terabytes
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("interleave", [False, True])
+def test_a_batch_that_cannot_be_built_fails_its_own_points_and_the_sweep_goes_on(tmp_path: Path, interleave: bool):
+    spec = write(tmp_path, SPEC.replace("tokens: [16, 29]", f"tokens: [16, {IMPOSSIBLE}, 29]").replace(
+        "timeout_s: 60}", f"timeout_s: 60, interleave: {str(interleave).lower()}, span_ms: 2, rounds: 4, warmup_s: 0}}"))
+    out = tmp_path / "r.jsonl"
+    done = sweep(str(spec), "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    rows = read_rows(out)
+    assert len(rows) == 9
+    failed = [r for r in rows if r["tokens"] == IMPOSSIBLE]
+    assert len(failed) == 3 and all(r["status"] == "failed" for r in failed)
+    assert all(r["error"].startswith("baseline reference: ") and "allocate" in r["error"] for r in failed)
+    assert all(r["status"] == "ok" for r in rows if r["tokens"] == 29)  # and it went on
+
+
+@pytest.mark.slow
+def test_interleaved_rows_carry_paired_speedups_and_resume_retimes_the_reference(tmp_path: Path):
+    spec = write(tmp_path, SPEC.replace("timeout_s: 60}", "timeout_s: 60, interleave: true, span_ms: 3, rounds: 6, warmup_s: 0.02}"))
+    out = tmp_path / "r.jsonl"
+    done = sweep(str(spec), "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = read_rows(out)
+    assert len(rows) == 6 and {r["status"] for r in rows} == {"ok"} and {r["timing"] for r in rows} == {"interleaved"}
+    for tokens in (16, 29):
+        batch = {r["strategy"]: r for r in rows if r["tokens"] == tokens}
+        ref, split = batch["baseline"], batch["token_split"]
+        assert ref["speedup"] == 1.0 and ref["speedup_ci"] == [1.0, 1.0]
+        assert len({r["pairing"] for r in batch.values()}) == 1 and ref["span_ms"] == 3
+        assert split["rel_err"] < 1e-5 and split["speedup_ci"][0] <= split["speedup"] <= split["speedup_ci"][1]
+        assert set(split["round_ids"]) <= set(ref["round_ids"]) and len(split["samples_ms"]) == len(split["round_ids"]) >= 5
+        ratios = {r: t for r, t in zip(ref["round_ids"], ref["samples_ms"])}
+        paired = sorted(ratios[r] / t for r, t in zip(split["round_ids"], split["samples_ms"]))
+        assert split["speedup"] == pytest.approx(paired[len(paired) // 2] if len(paired) % 2 else
+                                                 (paired[len(paired) // 2 - 1] + paired[len(paired) // 2]) / 2, rel=1e-4)
+    assert rows[0]["pairing"] != rows[-1]["pairing"]
+
+    # Resume after losing token_split at 29 tokens: it is timed again beside baseline, which is
+    # timed but not written twice.
+    kept = [r for r in rows if not (r["strategy"] == "token_split" and r["tokens"] == 29)]
+    out.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    resumed = sweep(str(spec), "--output", str(out), "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    again = read_rows(out)
+    assert len(again) == 6 and again[-1]["strategy"] == "token_split" and again[-1]["tokens"] == 29
+    assert again[-1]["speedup"] is not None and again[-1]["pairing"] != rows[-1]["pairing"]

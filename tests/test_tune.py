@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -340,3 +341,65 @@ def test_drifting_samples_widen_the_interval():
     independent = tune.gain(*measured(synthetic.row("token_split", 4096, samples=shuffled_fast),
                                       synthetic.row("baseline", 4096, samples=shuffled_base)))
     assert ordered.hi - ordered.lo > 1.5 * (independent.hi - independent.lo)
+
+
+# -- paired rows: timed interleaved, in the same rounds ------------------------------------
+
+
+def common_drift(n: int, rng: random.Random, cv: float = 0.03) -> list[float]:
+    """What the clock does to every candidate of a round alike: a few percent, round to round."""
+    return [1 + rng.gauss(0, cv) for _ in range(n)]
+
+
+def paired_rows(ratio: float, rng: random.Random, pairing: str | None = "run1/0", n: int = 12, strategy: str = "token_split"):
+    """baseline and a challenger `ratio` times its time, per round; the drift is common to both
+    in each round, the rest of the noise 0.1%."""
+    drift = common_drift(n, rng)
+    base = [d * (1 + rng.gauss(0, 0.001)) for d in drift]
+    challenger = [d * ratio * (1 + rng.gauss(0, 0.001)) for d in drift]
+    return measured(synthetic.row("baseline", 4096, samples=base, pairing=pairing),
+                    synthetic.row(strategy, 4096, samples=challenger, pairing=pairing))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_paired_rows_decide_on_the_ratio_in_the_same_rounds(seed):
+    base, split = paired_rows(0.99, random.Random(seed))
+    g = tune.gain(split, base)
+    assert g.method == "paired" and g.lo > 1.0 and g.hi - g.lo < 0.01
+    assert g.speedup == pytest.approx(1 / 0.99, rel=0.003)
+    p = tune.pick([base, split])
+    assert p.chosen is split and p.speedup == g.speedup
+    # The same numbers without the pairing: the drift between rounds hides the 1%.
+    base, split = paired_rows(0.99, random.Random(seed), pairing=None)
+    assert tune.gain(split, base).method == "bootstrap" and tune.pick([base, split]).chosen is base
+
+
+def test_rows_of_different_pairings_are_not_paired():
+    rng = random.Random(9)
+    (base, _), (_, split) = paired_rows(0.99, rng, "run1/0"), paired_rows(0.99, rng, "run2/0")
+    assert analysis.paired_ratios(base, split) is None and tune.gain(split, base).method == "bootstrap"
+
+
+def test_a_paired_tie_goes_to_the_simpler_strategy():
+    rng = random.Random(4)
+    drift = common_drift(12, rng)
+    rows = [synthetic.row(s, 4096, samples=[d * f * (1 + rng.gauss(0, 0.001)) for d in drift], pairing="run1/0")
+            for s, f in (("baseline", 1.0), ("fused_norm", 0.95), ("token_split", 0.9495))]
+    p = tune.pick(measured(*rows))
+    assert p.chosen.strategy == "fused_norm" and p.gain.method == "paired"
+
+
+def test_a_resumed_row_keeps_its_speedup_over_the_reference_timed_beside_it(tmp_path):
+    """A resumed sweep re-times baseline beside the lost point but does not write it again: the
+    new row's pairing has no baseline row, so its own speedup and interval stand."""
+    rng = random.Random(12)
+    base, _ = paired_rows(0.99, rng, "run1/0")
+    _, split = paired_rows(0.99, rng, "run2/0")
+    split_row = synthetic.row("token_split", 4096, samples=list(split.samples), pairing="run2/0")
+    split_row |= {"speedup": 1.0101, "speedup_ci": [1.008, 1.012]}
+    (split,) = measured(split_row)
+    g = tune.gain(split, base)
+    assert (g.method, g.speedup, g.lo, g.hi) == ("paired", 1.0101, 1.008, 1.012)
+    assert analysis.speedup(split, base) == 1.0101 and analysis.speedup_ci(split, base) == (1.008, 1.012)
+    other_file = dataclasses.replace(split, source="other.jsonl")  # report --compare: never this way
+    assert tune.gain(other_file, base).method == "bootstrap"
