@@ -19,10 +19,19 @@ SCHEMA = "overlapbench/result-v1"
 STATUSES = ("ok", "failed", "skipped")
 
 # Stable columns every consumer may rely on (docs/design.md, "Result rows"); renaming one bumps SCHEMA.
+# Timing keys of layer and micro rows (not in COLUMNS: `comm` rows lack them): `timing` is
+# "interleaved" (a batch's candidates in rounds, interleave.py) or "sequential". Interleaved,
+# `samples_ms` holds one value per round (ms per layer in that round, the slowest rank's),
+# `round_ids` which rounds of the batch's timing those are, `pairing` that timing's id (rows of one
+# pairing compare round by round), `speedup` the median over rounds of t_reference / t in the same
+# round, `speedup_ci` its 95% bootstrap interval over rounds [lo, hi] (the reference itself: 1.0,
+# [1.0, 1.0]), `span_ms` the time per candidate per round and `iters` the iterations timed in all;
+# sequential rows hold null there.
 COLUMNS = (
     "schema", "run_id", "time", "spec", "status", "error", "workload", "strategy", "knobs",
     "model", "shape", "layers", "dtype", "batch", "tokens", "tp", "world_size", "device",
     "backend", "versions", "git", "ms", "p10_ms", "p90_ms", "cv", "iters", "graphs", "rel_err",
+    "timing", "speedup", "speedup_ci",
 )
 
 

@@ -79,6 +79,12 @@ def test_irrelevant_knobs_do_not_double_points():
         ({"measure": {"iters": 0}}, (), "measure.iters"),
         ({"measure": {"warmpu": 3}}, (), "measure.warmpu"),
         ({"measure": {"tolerance": -1}}, (), "measure.tolerance"),
+        ({"measure": {"interleave": "yes"}}, (), "measure.interleave"),
+        ({"measure": {"span_ms": 0}}, (), "measure.span_ms"),
+        ({"measure": {"span_ms": float("nan")}}, (), "measure.span_ms"),
+        ({"measure": {"rounds": 0}}, (), "measure.rounds"),
+        ({"measure": {"ci_target": True}}, (), "measure.ci_target"),
+        ({"measure": {"ci_target": 2}}, (), "measure.ci_target"),
         ({"shape": {"hidden": 64}}, ("model",), "shape.ffn"),
         ({"shape": {"hidden": 64, "ffn": 128, "heads": 4, "kv_heads": 3, "head_dim": 16}}, ("model",), "shape.kv_heads"),
         ({"shape": {"hidden": -64, "ffn": 128, "heads": 4, "kv_heads": 2, "head_dim": 16}}, ("model",), "shape.hidden"),
@@ -163,3 +169,10 @@ def test_a_strategy_may_list_several_grids():
     assert len(knobs) == 4  # the empty grid is the nccl default, already listed
     with pytest.raises(UserError, match=r"strategies.token_split\[1\].comm"):
         parse({"strategies": {"token_split": [{}, {"comm": "x"}]}})
+
+
+def test_interleaving_is_the_default_on_gpus_only():
+    from overlapbench.spec import Measure
+
+    assert Measure().interleaved(cuda=True) and not Measure().interleaved(cuda=False)
+    assert Measure(interleave=True).interleaved(cuda=False) and not Measure(interleave=False).interleaved(cuda=True)
