@@ -59,7 +59,7 @@ def test_the_paired_ratio_is_the_ratio_of_long_runs():
     import torch
 
     torch.cuda.set_device(0)
-    (a, keep_a), (b, keep_b) = gemm_chain(8), gemm_chain(7)
+    (a, _keep_a), (b, _keep_b) = gemm_chain(8), gemm_chain(7)  # the buffers live as long as the test
     per = {name: long_run_ms(run, 0.5, 1.0) for name, run in (("A", a), ("B", b))}  # warm, and the estimate
     long = []
     for _ in range(2):  # ABBA: a linear drift cancels in the pair
