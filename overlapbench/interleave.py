@@ -95,6 +95,12 @@ def repetitions(span_ms: float, per_iter_ms: float) -> int:
     return max(1, round(span_ms / max(per_iter_ms, 1e-6)))
 
 
+def longest_s(per_iter_ms: Sequence[float], plan: Plan) -> float:
+    """The most seconds time_rounds can take (every candidate to the last round, warm-up included)."""
+    round_ms = sum(repetitions(plan.span_ms, p) * p for p in per_iter_ms)
+    return plan.warmup_s + round_ms * (plan.max_rounds + 2) / 1e3
+
+
 def time_rounds(
     runs: Sequence[Callable[[], None]],
     per_iter_ms: Sequence[float],

@@ -37,17 +37,20 @@ class Prepared:
     step: Any = None  # the strategy's Step: what the sequential mode times, --profile profiles
 
 
-Prepare = Callable[[Point], "Prepared | dict"]  # a Prepared, or the point's final result (failed, skipped)
+# (point, crowded) -> a Prepared, or the point's final result (failed, skipped). `crowded`: other
+# candidates hold memory beside the reference, so running out of it (in capture too) is a failure
+# that a group of its own may cure; alone, a capture that fails falls back to eager, as ever.
+Prepare = Callable[[Point, bool], "Prepared | dict"]
 
 
 def measure_batch(
     rt, todo: list[Point], reference: Point, prepare: Prepare, plan: Plan, pairing: str,
-    guard: Callable[[str], ContextManager] = lambda what: nullcontext(),
+    guard: Callable[..., ContextManager] = lambda what, extra_s=0.0: nullcontext(),
     profile: Callable[[Prepared], dict | None] | None = None,
 ) -> Iterator[tuple[Point, dict]]:
     """(point, result fields) for every point of `todo` (all of one batch), as groups finish."""
     with guard(f"building the reference {_describe(reference)}"):
-        ref = prepare(reference)
+        ref = prepare(reference, False)
     if isinstance(ref, dict):
         why = {"status": "failed", "error": f"the reference {reference.strategy} failed: {ref.get('error')}"}
         for point in todo:
@@ -57,8 +60,7 @@ def measure_batch(
 
     def time_group():
         nonlocal group, first_round
-        with guard(f"timing {1 + len(group)} candidates of {_describe(reference)} interleaved"):
-            done = _time_group(rt, ref, group, plan, pairing, first_round, profile)
+        done = _time_group(rt, ref, group, plan, pairing, first_round, guard, profile)
         if isinstance(done, dict):  # the timing itself failed: every member's row says so
             results = [(c.point, c.fields | done) for c in group]
         else:
@@ -73,11 +75,11 @@ def measure_batch(
 
     for point in (p for p in todo if p != reference):
         with guard(f"building {_describe(point)}"):
-            got = prepare(point)
+            got = prepare(point, bool(group))
         if isinstance(got, dict) and out_of_memory(got) and group:
             yield from time_group()  # it may fit beside the reference alone
             with guard(f"building {_describe(point)}"):
-                got = prepare(point)
+                got = prepare(point, False)
         if isinstance(got, dict):
             yield point, got
         else:
@@ -91,17 +93,20 @@ def measure_batch(
 
 
 def _time_group(rt, ref: Prepared, group: list[Prepared], plan: Plan, pairing: str, first_round: int,
-                profile) -> tuple[Timed, list[tuple[Point, dict]]] | dict:
+                guard, profile) -> tuple[Timed, list[tuple[Point, dict]]] | dict:
     """Time the reference and `group` interleaved: the reference's Timed and each member's
     (point, result); or the failure of the timing as a result."""
     members = [ref, *group]
+    what = f"{len(members)} candidates at {ref.point.tokens} tokens"
     cuda = rt.is_cuda
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     agree = _max_over_ranks(rt)
     clock = interleave.CudaClock() if cuda else interleave.WallClock()
     try:
-        per_iter = phase(rt, lambda: agree([measure._warm_up(c.run, WARMUP_ITERS, 0.0, sync) * 1e3 for c in members]))
-        timed = phase(rt, lambda: interleave.time_rounds([c.run for c in members], per_iter, 0, plan, clock, agree, first_round))
+        with guard(f"warming up {what}"):
+            per_iter = phase(rt, lambda: agree([measure._warm_up(c.run, WARMUP_ITERS, 0.0, sync) * 1e3 for c in members]))
+        with guard(f"timing {what} interleaved", interleave.longest_s(per_iter, plan)):
+            timed = phase(rt, lambda: interleave.time_rounds([c.run for c in members], per_iter, 0, plan, clock, agree, first_round))
     except PointFailed as failure:
         return failure.result
     results = []

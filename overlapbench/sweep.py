@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from overlapbench import analysis, environment, interleave, measure, paired, results, runtime, strategies
 from overlapbench.layer import RopeTable, Stack, build_stack, random_input
-from overlapbench.phases import PointFailed, phase as _phase
+from overlapbench.phases import PointFailed, out_of_memory, phase as _phase
 from overlapbench.results import SCHEMA
 from overlapbench.spec import Point, SweepSpec
 from overlapbench.watchdog import Watchdog, interrupt_on_sigterm
@@ -82,9 +82,12 @@ def _skip_reason(cls: type[strategies.Strategy], rt: runtime.Runtime, point: Poi
     return cls.skip_reason(point.knobs, rt.is_cuda)
 
 
-def prepare_point(rt: runtime.Runtime, point: Point, work: Workload, spec: SweepSpec, capture: bool = False) -> paired.Prepared | dict:
+def prepare_point(rt: runtime.Runtime, point: Point, work: Workload, spec: SweepSpec, capture: bool = False,
+                  crowded: bool = False) -> paired.Prepared | dict:
     """Build the point's step and check its output against the reference; with `capture`, also
-    capture what a timed iteration runs. A Prepared, or the point's final result (skipped, failed)."""
+    capture what a timed iteration runs (`crowded`: a capture that runs out of memory fails the
+    point rather than fall back to eager, see paired.Prepare). A Prepared, or the point's final
+    result (skipped, failed)."""
     cls = strategies.get(point.strategy)
     reason = _skip_reason(cls, rt, point)
     if reason:
@@ -106,10 +109,17 @@ def prepare_point(rt: runtime.Runtime, point: Point, work: Workload, spec: Sweep
         run = lambda: step.forward(work.x)
         if capture:
             run, graphs, graph_error = _phase(rt, lambda: measure.runner(step, work.x, spec.measure.graphs))
+            if crowded:
+                _phase(rt, lambda: _raise_out_of_memory(graph_error))  # every rank learns it was memory
             fields |= {"graphs": graphs, "graph_error": graph_error}
     except PointFailed as failure:
         return fields | failure.result
     return paired.Prepared(point, run, fields, step)
+
+
+def _raise_out_of_memory(capture_error: str | None) -> None:
+    if capture_error is not None and out_of_memory({"status": "failed", "error": capture_error}):
+        raise torch.OutOfMemoryError(f"capture: {capture_error}")
 
 
 def measure_point(rt: runtime.Runtime, point: Point, work: Workload, spec: SweepSpec, profile_dir: Path | None = None) -> dict:
@@ -160,8 +170,8 @@ def measure_batch(rt: runtime.Runtime, todo: list[Point], work: Workload, spec: 
     m = spec.measure
     plan = interleave.Plan(m.span_ms, m.rounds, m.ci_target, m.warmup_s, seed=todo[0].seed)
 
-    def prepare(point: Point):
-        return prepare_point(rt, point, work, spec, capture=True)
+    def prepare(point: Point, crowded: bool):
+        return prepare_point(rt, point, work, spec, capture=True, crowded=crowded)
 
     def profile(c: paired.Prepared) -> dict | None:
         return _profile(rt, c.point, c.step, work, profile_dir)

@@ -15,9 +15,10 @@ class Watchdog:
         self.limit_s, self.rank = limit_s, rank
 
     @contextlib.contextmanager
-    def guard(self, what: str):
-        """Ends the process (torchrun then stops the other ranks) if the block outlives the limit."""
-        timer = threading.Timer(self.limit_s, self._expire, args=(what,))
+    def guard(self, what: str, extra_s: float = 0.0):
+        """Ends the process (torchrun then stops the other ranks) if the block outlives the limit
+        (plus `extra_s`, for a block known to run long: a batch's interleaved rounds)."""
+        timer = threading.Timer(self.limit_s + extra_s, self._expire, args=(what,))
         timer.daemon = True
         timer.start()
         try:

@@ -183,3 +183,28 @@ def test_random_text_is_never_a_traceback(tmp_path_factory, text):
         spec.load(path, cuda=False)
     except UserError as e:
         assert "\n" not in str(e)
+
+
+@pytest.mark.slow
+def test_interleaved_candidates_that_do_not_fit_together_are_timed_in_groups_with_the_reference(tmp_path: Path):
+    """`fault` runs out of memory beside token_split once: the first group is timed without it,
+    then it is timed in a group of its own with baseline; `fault` raising is its own failed row."""
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "groups", "model": "tiny", "layers": 1, "tokens": [29],
+        "strategies": {"baseline": {}, "token_split": {"align": 8},
+                       "fault": {"mode": ["oom_once", "raise"], "at_tokens": 29}},
+        "measure": {"warmup": 0, "timeout_s": 60, "interleave": True, "span_ms": 2, "rounds": 5, "warmup_s": 0},
+    }, sort_keys=False))
+    out = tmp_path / "r.jsonl"
+    done = sweep(str(path), "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = {(r["strategy"], r["knobs"].get("mode")): r for r in read_rows(out)}
+    assert len(rows) == 4
+    base, split, once, raised = (rows[k] for k in (("baseline", None), ("token_split", None), ("fault", "oom_once"), ("fault", "raise")))
+    assert raised["status"] == "failed" and raised["error"] == "rank 1: RuntimeError: injected kernel error"
+    assert {base["status"], split["status"], once["status"]} == {"ok"}
+    assert split["pairing"] == once["pairing"] == base["pairing"]
+    first, second = set(split["round_ids"]), set(once["round_ids"])
+    assert first and second and not first & second and first | second == set(base["round_ids"])
+    assert once["rel_err"] < 1e-5 and once["speedup_ci"][0] <= once["speedup"] <= once["speedup_ci"][1]
