@@ -1,0 +1,94 @@
+"""Do two runs of one spec agree? The acceptance check of paired timing (issue 17).
+
+    PYTHONPATH=. python kernels/check_paired_runs.py A.jsonl B.jsonl [--sequential SEQ.jsonl]
+
+Per point of the layer workload (strategy, knobs, batch) measured ok in both runs: the speedup
+over the reference of each run (paired where the rows are), and how far apart the two are.
+Prints the share of points within 1% and within 0.5% (targets: >= 95% and >= 80%), the widest
+95% interval at 4096 tokens and above (target: <= +-0.5%), whether tune's rule picks the same
+setting at every token count from both runs, and each run's wall time (first to last row), with
+a sequential run's for comparison (target: interleaved <= 2x sequential). A table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from overlapbench import analysis, results, tune  # noqa: E402
+
+
+def speedups(path: Path) -> dict:
+    """(strategy, knobs, batch) -> (speedup, interval or None), per layer point of one run."""
+    store = analysis.read([path])
+    out = {}
+    for group, points in analysis.by_point(m for m in store.measured if m.group.workload == analysis.LAYER).items():
+        for rows in points.values():
+            for batch_rows in analysis.by_batch(rows).values():
+                ref = analysis.reference(batch_rows)
+                for m in batch_rows:
+                    if ref is not None and m is not ref:
+                        out[(m.setting, m.batch)] = (analysis.speedup(m, ref), analysis.speedup_ci(m, ref))
+    return out
+
+
+def picks(path: Path) -> dict:
+    store = analysis.read([path])
+    layer = [m for m in store.measured if m.group.workload == analysis.LAYER]
+    chosen = {}
+    for group, points in analysis.by_point(layer).items():
+        for tokens, rows in points.items():
+            p = tune.pick(rows)
+            if p is not None:
+                chosen[(group.label(), tokens)] = p.chosen.describe()
+    return chosen
+
+
+def wall_s(path: Path) -> float:
+    times = [dt.datetime.fromisoformat(r["time"]) for r in results.read_rows(path)]
+    return (max(times) - min(times)).total_seconds()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("a", type=Path)
+    p.add_argument("b", type=Path)
+    p.add_argument("--sequential", type=Path, help="a run of the same spec with measure.interleave: false")
+    args = p.parse_args()
+    a, b = speedups(args.a), speedups(args.b)
+    common = sorted(set(a) & set(b), key=lambda k: (sum(k[1]), k[0]))
+    if not common:
+        sys.exit("no points in common")
+    diffs = {k: abs(a[k][0] / b[k][0] - 1) for k in common}
+    within1 = sum(d <= 0.01 for d in diffs.values()) / len(common)
+    within05 = sum(d <= 0.005 for d in diffs.values()) / len(common)
+    widths = [(ci[1] - ci[0]) / 2 / s for run in (a, b) for k, (s, ci) in run.items() if ci and sum(k[1]) >= 4096]
+    pa, pb = picks(args.a), picks(args.b)
+    disagree = {k: (pa[k], pb.get(k)) for k in pa if pa[k] != pb.get(k)}
+    print(f"{'tokens':>7} {'strategy knobs':<60} {'A':>16} {'B':>16} {'|A/B-1|':>8}")
+    for k in common:
+        (strategy, knobs), batch = k
+        fmt = lambda s, ci: f"{s:.4f}" + (f" ±{(ci[1] - ci[0]) / 2 / s:.2%}" if ci else "")  # noqa: E731
+        print(f"{sum(batch):>7} {(strategy + ' ' + knobs)[:60]:<60} {fmt(*a[k]):>16} {fmt(*b[k]):>16} {diffs[k]:8.2%}")
+    print(f"\n{len(common)} points: within 1%: {within1:.0%} (target >= 95%), within 0.5%: {within05:.0%} (target >= 80%)")
+    if widths:
+        print(f"widest 95% interval at >= 4096 tokens: ±{max(widths):.2%} (target <= ±0.5%); "
+              f"{sum(w <= 0.005 for w in widths)} of {len(widths)} within")
+    else:
+        print("no paired intervals at >= 4096 tokens (sequential rows?)")
+    print(f"tune picks the same at {len(pa) - len(disagree)} of {len(pa)} token counts"
+          + "".join(f"\n  differs at {k}: {x} vs {y}" for k, (x, y) in disagree.items()))
+    walls = f"wall time (first to last row): A {wall_s(args.a):.0f} s, B {wall_s(args.b):.0f} s"
+    if args.sequential:
+        seq = wall_s(args.sequential)
+        walls += f", sequential {seq:.0f} s (ratio {max(wall_s(args.a), wall_s(args.b)) / seq:.2f}, target <= 2)"
+    print(walls)
+
+
+if __name__ == "__main__":
+    main()
