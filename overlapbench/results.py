@@ -31,7 +31,6 @@ COLUMNS = (
     "schema", "run_id", "time", "spec", "status", "error", "workload", "strategy", "knobs",
     "model", "shape", "layers", "dtype", "batch", "tokens", "tp", "world_size", "device",
     "backend", "versions", "git", "ms", "p10_ms", "p90_ms", "cv", "iters", "graphs", "rel_err",
-    "timing", "speedup", "speedup_ci",
 )
 
 
