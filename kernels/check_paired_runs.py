@@ -20,14 +20,14 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from overlapbench import analysis, results, tune  # noqa: E402
+from overlapbench import analysis, results, tune
 
 
 def speedups(path: Path) -> dict:
     """(strategy, knobs, batch) -> (speedup, interval or None), per layer point of one run."""
     store = analysis.read([path])
     out = {}
-    for group, points in analysis.by_point(m for m in store.measured if m.group.workload == analysis.LAYER).items():
+    for points in analysis.by_point(m for m in store.measured if m.group.workload == analysis.LAYER).values():
         for rows in points.values():
             for batch_rows in analysis.by_batch(rows).values():
                 ref = analysis.reference(batch_rows)
@@ -73,7 +73,7 @@ def main() -> None:
     print(f"{'tokens':>7} {'strategy knobs':<60} {'A':>16} {'B':>16} {'|A/B-1|':>8}")
     for k in common:
         (strategy, knobs), batch = k
-        fmt = lambda s, ci: f"{s:.4f}" + (f" ±{(ci[1] - ci[0]) / 2 / s:.2%}" if ci else "")  # noqa: E731
+        fmt = lambda s, ci: f"{s:.4f}" + (f" ±{(ci[1] - ci[0]) / 2 / s:.2%}" if ci else "")
         print(f"{sum(batch):>7} {(strategy + ' ' + knobs)[:60]:<60} {fmt(*a[k]):>16} {fmt(*b[k]):>16} {diffs[k]:8.2%}")
     print(f"\n{len(common)} points: within 1%: {within1:.0%} (target >= 95%), within 0.5%: {within05:.0%} (target >= 80%)")
     if widths:

@@ -22,8 +22,9 @@ import random
 import statistics
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 from overlapbench.analysis import median_ci
 
@@ -77,6 +78,20 @@ class Plan:
     warmup_s: float = 0.0  # whole rounds, untimed, first: the clock reaches the interleaved regime
     min_rounds: int = 5
     seed: int = 0
+    # The time the sequential mode would time each candidate (max(iters x its iteration,
+    # min_time_s)); rounds stop once they have taken `budget_factor` times that, summed over the
+    # candidates, so that an interleaved study costs about what a sequential one does.
+    iters: int = 0
+    min_time_s: float = 0.0
+    budget_factor: float = 1.5
+
+    def rounds_cap(self, per_iter_ms: Sequence[float]) -> int:
+        """max_rounds, or fewer where the budget runs out first (never below min_rounds)."""
+        budget_ms = self.budget_factor * sum(max(self.iters * p, self.min_time_s * 1e3) for p in per_iter_ms)
+        if budget_ms <= 0:
+            return self.max_rounds
+        round_ms = sum(repetitions(self.span_ms, p) * p for p in per_iter_ms)
+        return max(min(self.min_rounds, self.max_rounds), min(self.max_rounds, int(budget_ms // round_ms)))
 
 
 @dataclass
@@ -98,7 +113,7 @@ def repetitions(span_ms: float, per_iter_ms: float) -> int:
 def longest_s(per_iter_ms: Sequence[float], plan: Plan) -> float:
     """The most seconds time_rounds can take (every candidate to the last round, warm-up included)."""
     round_ms = sum(repetitions(plan.span_ms, p) * p for p in per_iter_ms)
-    return plan.warmup_s + round_ms * (plan.max_rounds + 2) / 1e3
+    return plan.warmup_s + round_ms * (plan.rounds_cap(per_iter_ms) + 2) / 1e3
 
 
 def time_rounds(
@@ -116,12 +131,13 @@ def time_rounds(
     reps = [repetitions(plan.span_ms, p) for p in per_iter_ms]
     round_ms = sum(r * p for r, p in zip(reps, per_iter_ms))
     warm = math.ceil(plan.warmup_s * 1e3 / round_ms) if plan.warmup_s > 0 else 0
-    min_rounds = min(plan.min_rounds, plan.max_rounds)
+    max_rounds = plan.rounds_cap(per_iter_ms)
+    min_rounds = min(plan.min_rounds, max_rounds)
     rng = random.Random(plan.seed)
     timed = [Timed([], [], 0) for _ in runs]
     active = set(range(len(runs)))
     in_flight: deque = deque()
-    queued = 0
+    queued, next_check = 0, min_rounds
 
     def enqueue(members: set[int]) -> tuple[list[int], list]:
         order = sorted(members)
@@ -135,7 +151,7 @@ def time_rounds(
 
     def wanted() -> bool:
         done = queued - warm
-        return done < min_rounds or (done < plan.max_rounds and len(active) > 1)
+        return done < min_rounds or (done < max_rounds and len(active) > 1)
 
     while wanted() or in_flight:
         if wanted():
@@ -153,18 +169,23 @@ def time_rounds(
             timed[i].samples_ms.append(t)
             timed[i].round_ids.append(first_round + number - warm)
             timed[i].iters += reps[i]
-        _score(timed, reference)
-        needed = [0.0 if i == reference or i not in active or _narrow(timed[i], plan.ci_target, min_rounds) else 1.0
-                  for i in range(len(runs))]
-        needed = agree(needed)  # every rank drops the same candidates
-        active = {reference} | {i for i in active if needed[i] > 0}
+        done = number - warm + 1
+        if done >= next_check:  # on a geometric schedule: the bootstrap is not free
+            next_check = max(done + 1, math.ceil(done * 1.2))
+            _score(timed, reference, active)
+            needed = [0.0 if i == reference or i not in active or _narrow(timed[i], plan.ci_target, min_rounds) else 1.0
+                      for i in range(len(runs))]
+            needed = agree(needed)  # every rank drops the same candidates
+            active = {reference} | {i for i in active if needed[i] > 0}
+    _score(timed, reference, range(len(runs)))
     return timed
 
 
-def _score(timed: list[Timed], reference: int) -> None:
-    """Each candidate's speedup over the reference, in the rounds both took part in."""
+def _score(timed: list[Timed], reference: int, which) -> None:
+    """Speedups over the reference of the candidates `which`, in the rounds both took part in."""
     ref = dict(zip(timed[reference].round_ids, timed[reference].samples_ms))
-    for i, t in enumerate(timed):
+    for i in which:
+        t = timed[i]
         if i == reference:
             t.speedup, t.speedup_ci = 1.0, (1.0, 1.0)
             continue

@@ -11,9 +11,10 @@ A candidate that fails there too, or for any other reason, is its own failed row
 from __future__ import annotations
 
 import gc
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -45,7 +46,7 @@ Prepare = Callable[[Point, bool], "Prepared | dict"]
 
 def measure_batch(
     rt, todo: list[Point], reference: Point, prepare: Prepare, plan: Plan, pairing: str,
-    guard: Callable[..., ContextManager] = lambda what, extra_s=0.0: nullcontext(),
+    guard: Callable[..., AbstractContextManager] = lambda what, extra_s=0.0: nullcontext(),
     profile: Callable[[Prepared], dict | None] | None = None,
 ) -> Iterator[tuple[Point, dict]]:
     """(point, result fields) for every point of `todo` (all of one batch), as groups finish."""
@@ -106,7 +107,8 @@ def _time_group(rt, ref: Prepared, group: list[Prepared], plan: Plan, pairing: s
         with guard(f"warming up {what}"):
             per_iter = phase(rt, lambda: agree([measure._warm_up(c.run, WARMUP_ITERS, 0.0, sync) * 1e3 for c in members]))
         with guard(f"timing {what} interleaved", interleave.longest_s(per_iter, plan)):
-            timed = phase(rt, lambda: interleave.time_rounds([c.run for c in members], per_iter, 0, plan, clock, agree, first_round))
+            runs = [c.run for c in members]
+            timed = phase(rt, lambda: interleave.time_rounds(runs, per_iter, 0, plan, clock, agree, first_round))
     except PointFailed as failure:
         return failure.result
     results = []

@@ -311,7 +311,8 @@ def compare_grid(pairs: list[tuple[Measured, Measured]], records: list[dict]) ->
                      Shown((f"{r['ratio']:.3f}",), mark=SLOWER if r["regression"] else ""),
                      _shown(f"[{r['ratio_ci'][0]:.3f}, {r['ratio_ci'][1]:.3f}]")])
     per = " / ".join(sorted({n.group.unit for _, n in pairs}))
-    return Grid(f"NEW / OLD ms per {per}", ["group", "tokens", "strategy", "old ms", "new ms", "new/old", f"{COMPARE_LEVEL:.0%} CI"], rows)
+    header = ["group", "tokens", "strategy", "old ms", "new ms", "new/old", f"{COMPARE_LEVEL:.0%} CI"]
+    return Grid(f"NEW / OLD ms per {per}", header, rows)
 
 
 def _compared_group(m: Measured) -> str:

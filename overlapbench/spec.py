@@ -47,10 +47,14 @@ class Measure:
     tolerance: float | None = None  # None: by dtype (DEFAULT_TOLERANCE)
     timeout_s: int = 300  # per point, and the process-group timeout: a hung point stops the sweep by then
     # Interleaved timing (interleave.py): a batch's candidates in rounds, each for `span_ms` per
-    # round, until each speedup's 95% interval is within +-`ci_target` (at most `rounds` rounds).
+    # round, until each speedup's 95% interval is within +-`ci_target` (at most `rounds` rounds,
+    # and at most 1.5x the time the sequential mode would time them: iters, min_time_s).
     interleave: bool | str = "auto"  # auto: on GPUs; on CPU the sequential mode (fast tests)
-    span_ms: float = 200.0  # per candidate per round: long enough for the sustained clock regime
-    rounds: int = 20
+    # On an H200 the paired ratio at spans of 10-25 ms matched 1 s runs within 0.1%, longer spans
+    # strayed by up to 0.8% (results/h200x2/probes/probe_clock.log): with no idle gap the clock
+    # stays in its sustained regime, and short spans pair candidates closer in time.
+    span_ms: float = 20.0
+    rounds: int = 100
     ci_target: float = 0.005
 
     def __post_init__(self) -> None:

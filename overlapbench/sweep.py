@@ -16,7 +16,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from overlapbench import analysis, environment, interleave, measure, paired, results, runtime, strategies
 from overlapbench.layer import RopeTable, Stack, build_stack, random_input
-from overlapbench.phases import PointFailed, out_of_memory, phase as _phase
+from overlapbench.phases import PointFailed, out_of_memory
+from overlapbench.phases import phase as _phase
 from overlapbench.results import SCHEMA
 from overlapbench.spec import Point, SweepSpec
 from overlapbench.watchdog import Watchdog, interrupt_on_sigterm
@@ -168,7 +169,8 @@ def measure_batch(rt: runtime.Runtime, todo: list[Point], work: Workload, spec: 
     name, knobs = reference_setting(todo[0].workload)
     reference = dataclasses.replace(todo[0], strategy=name, knobs=knobs)
     m = spec.measure
-    plan = interleave.Plan(m.span_ms, m.rounds, m.ci_target, m.warmup_s, seed=todo[0].seed)
+    plan = interleave.Plan(m.span_ms, m.rounds, m.ci_target, m.warmup_s, seed=todo[0].seed,
+                           iters=m.iters, min_time_s=m.min_time_s)
 
     def prepare(point: Point, crowded: bool):
         return prepare_point(rt, point, work, spec, capture=True, crowded=crowded)

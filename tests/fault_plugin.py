@@ -9,7 +9,6 @@ import time
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Knob, Strategy
 
-
 _STRUCK: set[int] = set()  # token counts where oom_once struck already
 
 

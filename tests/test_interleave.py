@@ -142,3 +142,15 @@ def _ranks_agree(rank: int, world: int):
 def test_ranks_agree_on_rounds_drops_and_times():
     a, b = distributed.run(_ranks_agree, world=2)
     assert a == b
+
+
+def test_rounds_stop_within_the_time_the_sequential_mode_would_take():
+    """A budget of 1.5x what iters / min_time_s would time caps the rounds of slow candidates."""
+    plan = Plan(span_ms=20, max_rounds=100, ci_target=1e-9, iters=20, min_time_s=1.0)
+    assert plan.rounds_cap([1.0, 1.0]) == 75  # 1.5 x 2 x 1 s (min_time_s) / 40 ms per round
+    assert Plan(20, 100, 0.01, iters=20, min_time_s=4.0).rounds_cap([1.0, 1.0]) == 100  # max_rounds first
+    assert plan.rounds_cap([100.0, 100.0]) == int(1.5 * 2 * 2000 // 200)  # 20 x 100 ms each: 30 rounds
+    assert Plan(20, 100, 0.01, min_rounds=5, iters=1, min_time_s=0.001).rounds_cap([300.0]) == 5  # never below the minimum
+    device = DriftingDevice(0.0, seed=8)
+    timed = interleave.time_rounds([device.candidate("A", 100.0), device.candidate("B", 100.0)], [100.0, 100.0], 0, plan, device)
+    assert len(timed[0].samples_ms) == 30 and device.now_ms <= 1.5 * 2 * 2000 + 200

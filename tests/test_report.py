@@ -348,7 +348,8 @@ def test_micro_sensitivity_plot_and_compare(micro_store, tmp_path):
     (table,) = markdown_tables(text)
     assert table[0] == ["order", "ms"] and table[2:] == [["local_first_last", "1.7 ms, 1.176x"], ["ring", "**1.6 ms, 1.250x** ★"]]
     assert "speedup over sp_baseline" in text
-    slower = [r | {"ms": r["ms"] * 1.2, "samples_ms": r["samples_ms"] and [s * 1.2 for s in r["samples_ms"]]} for r in rows_of(micro_store)]
+    slower = [r | {"ms": r["ms"] * 1.2, "samples_ms": r["samples_ms"] and [s * 1.2 for s in r["samples_ms"]]}
+              for r in rows_of(micro_store)]
     new = synthetic.write(tmp_path / "new.jsonl", slower)
     code, text = captured([], "markdown", compare_paths=(micro_store, new), fail_above=10.0)
     assert code == 1 and "llama3-70b gemm_rs n=8192 k=14336 tp2 bf16" in text and "ms per GEMM" in text

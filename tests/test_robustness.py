@@ -201,7 +201,8 @@ def test_interleaved_candidates_that_do_not_fit_together_are_timed_in_groups_wit
     assert done.returncode == 0, done.stderr
     rows = {(r["strategy"], r["knobs"].get("mode")): r for r in read_rows(out)}
     assert len(rows) == 4
-    base, split, once, raised = (rows[k] for k in (("baseline", None), ("token_split", None), ("fault", "oom_once"), ("fault", "raise")))
+    keys = (("baseline", None), ("token_split", None), ("fault", "oom_once"), ("fault", "raise"))
+    base, split, once, raised = (rows[k] for k in keys)
     assert raised["status"] == "failed" and raised["error"] == "rank 1: RuntimeError: injected kernel error"
     assert {base["status"], split["status"], once["status"]} == {"ok"}
     assert split["pairing"] == once["pairing"] == base["pairing"]

@@ -144,7 +144,8 @@ def test_a_batch_that_cannot_be_built_fails_its_own_points_and_the_sweep_goes_on
 
 @pytest.mark.slow
 def test_interleaved_rows_carry_paired_speedups_and_resume_retimes_the_reference(tmp_path: Path):
-    spec = write(tmp_path, SPEC.replace("timeout_s: 60}", "timeout_s: 60, interleave: true, span_ms: 3, rounds: 6, warmup_s: 0.02}"))
+    interleaved = "timeout_s: 60, interleave: true, span_ms: 3, rounds: 6, warmup_s: 0.02}"
+    spec = write(tmp_path, SPEC.replace("timeout_s: 60}", interleaved))
     out = tmp_path / "r.jsonl"
     done = sweep(str(spec), "--output", str(out))
     assert done.returncode == 0, done.stderr
