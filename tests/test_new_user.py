@@ -159,6 +159,7 @@ def test_the_demo_shows_every_family_within_a_minute_of_points():
 @pytest.mark.slow
 def test_an_installed_overlapbench_runs_its_default_sweep_from_any_folder(tmp_path):
     source = tmp_path / "src"
+    source.mkdir()
     for part in ("pyproject.toml", "README.md", "overlapbench", "kernels"):
         copy = shutil.copytree if (REPO / part).is_dir() else shutil.copy
         copy(REPO / part, source / part, **({"ignore": shutil.ignore_patterns("__pycache__")} if (REPO / part).is_dir() else {}))
@@ -277,7 +278,7 @@ def test_ctrl_c_says_one_thing_and_exits_130(tmp_path):
     child = subprocess.Popen([sys.executable, "-m", "overlapbench", "sweep", str(path), "-o", str(out)], cwd=REPO, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     for line in child.stdout:  # the terminal's Ctrl-C: SIGINT to the whole process group, once a point is done
-        if "[1/" in line:
+        if re.search(r"\[\s*1/\d+\]", line):
             break
     os.killpg(child.pid, signal.SIGINT)
     _, err = child.communicate(timeout=120)
