@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+
 from overlapbench import printing
 from overlapbench.errors import UserError
 

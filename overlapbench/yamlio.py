@@ -37,4 +37,4 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 
 def load(text: str) -> Any:
     """The document in `text`; yaml.YAMLError for bad syntax, UserError for a repeated key."""
-    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 -- a SafeLoader subclass
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: safe

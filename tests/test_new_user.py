@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from overlapbench import strategies, tuned
 from overlapbench.errors import UserError
@@ -196,8 +195,9 @@ def test_two_custom_shapes_get_two_tuned_files(tmp_path):
     outs = []
     for i, hidden in enumerate((256, 512)):
         rows = [json.loads(line) for line in store(tmp_path, f"s{i}.jsonl").read_text().splitlines()]
+        shape = {"hidden": hidden, "ffn": 2 * hidden, "heads": 4, "kv_heads": 2, "head_dim": hidden // 4}
         for row in rows:
-            row["model"], row["shape"] = "custom", {"hidden": hidden, "ffn": 2 * hidden, "heads": 4, "kv_heads": 2, "head_dim": hidden // 4}
+            row["model"], row["shape"] = "custom", shape
             row["key"] = None  # the key holds the shape; rebuilt from the fields
         synthetic.write(tmp_path / f"s{i}.jsonl", rows)
         result = overlapbench("tune", str(tmp_path / f"s{i}.jsonl"), "--out-dir", str(tmp_path / "tuned"))
