@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
+from overlapbench import printing
 from overlapbench.errors import UserError
 
 app = typer.Typer(
@@ -24,24 +23,32 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="markdown",  # docstrings wrap as paragraphs
 )
-console = Console()
-err_console = Console(stderr=True)
+console = printing.console()
+err_console = printing.console(stderr=True)
 
-REPO = Path(__file__).resolve().parent.parent
-QUICK_SPEC = REPO / "sweeps" / "quick.yaml"
+# The embedded default spec ships inside the package (a copy of sweeps/quick.yaml), so an
+# installed overlapbench runs it from any folder.
+QUICK_SPEC = Path(__file__).resolve().parent / "specs" / "quick.yaml"
 
 
 def user_errors(fn):
-    """Bad input ends the command with one line on stderr and exit code 2, no traceback."""
+    """Bad input ends the command with one line on stderr and exit code 2, no traceback;
+    Ctrl-C with one line (what was kept, how to go on) and exit code 130."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from overlapbench import launch
+
         try:
             return fn(*args, **kwargs)
         except UserError as e:
             if os.environ.get("RANK", "0") == "0":  # under torchrun, say it once
-                err_console.print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
+                err_console.print(printing.styled(("error:", "bold red"), f" {e}"), soft_wrap=True)
             raise typer.Exit(UserError.exit_code) from None
+        except (launch.Interrupted, KeyboardInterrupt) as e:
+            if os.environ.get("RANK", "0") == "0" and not launch.relaunched():  # the parent speaks for its workers
+                err_console.print(str(e) if isinstance(e, launch.Interrupted) and str(e) else "interrupted", soft_wrap=True)
+            raise typer.Exit(launch.INTERRUPTED) from None
 
     return wrapper
 
@@ -49,11 +56,11 @@ def user_errors(fn):
 @app.command()
 @user_errors
 def sweep(
-    spec: Optional[Path] = typer.Argument(None, help="Sweep spec (YAML). Default: sweeps/quick.yaml."),
+    spec: Optional[Path] = typer.Argument(None, metavar="SPEC.yaml", help="Sweep spec (YAML). Default: the built-in demo (a copy of sweeps/quick.yaml)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Results file (.jsonl). Default: the spec's 'output', else a new results/{name}-{time}.jsonl."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep (the --output file, else the newest results/{name}-*.jsonl): skip points already done."),
     nproc: Optional[int] = typer.Option(None, "--nproc", help="Processes to launch when not under torchrun. Default: all local GPUs, or 2 on CPU."),
-    profile: Optional[Path] = typer.Option(None, "--profile", help="Also profile each point (GPU): a kernel table per point into this folder."),
+    profile: Optional[Path] = typer.Option(None, "--profile", help="Also profile each point: a kernel table per point into this folder (needs CUDA GPUs)."),
 ) -> None:
     """Measure every strategy x knob setting x batch of a spec; append one row per point.
 
@@ -65,6 +72,8 @@ def sweep(
     from overlapbench.results import check_writable
 
     path = spec or QUICK_SPEC
+    if profile is not None and launch.local_gpus() == 0:
+        raise UserError("--profile: profiles GPU kernels and needs CUDA GPUs; drop --profile on this machine")
     if launch.under_torchrun():
         from overlapbench import sweep as sweep_mod
 
@@ -75,14 +84,15 @@ def sweep(
         try:
             sweep_mod.run(loaded, out, resume, profile)
         except KeyboardInterrupt:
-            if os.environ.get("RANK") == "0":
-                err_console.print(f"interrupted; finished rows are in {out}; `--resume` continues")
-            raise typer.Exit(130) from None
+            raise launch.Interrupted(_interrupted(spec, out)) from None
         return
     if nproc is not None and nproc < 1:
         raise UserError(f"--nproc: must be at least 1, got {nproc}")
     cuda = launch.local_gpus() > 0
     world = nproc or launch.default_nproc()
+    warning = launch.oversubscription(world)
+    if warning:
+        err_console.print(printing.styled(("warning:", "bold yellow"), f" {warning}"), soft_wrap=True)
     loaded = spec_mod.load(path, cuda=cuda)
     loaded.points(world, cuda=cuda)  # validates tp against the world size
     out = output or loaded.output_path(resume)
@@ -91,11 +101,16 @@ def sweep(
     args += ["--profile", str(profile)] if profile is not None else []
     try:
         code = launch.relaunch(args, world)
-    except KeyboardInterrupt:
-        code = 130
+    except launch.Interrupted:
+        raise launch.Interrupted(_interrupted(spec, out)) from None
     if code:
-        err_console.print(f"[bold red]sweep failed[/bold red] (exit {code}); finished rows are in {out}; `--resume` continues")
+        err_console.print(printing.styled(("sweep failed", "bold red"), f" (exit {code}); finished rows are in {out}; `--resume` continues"))
         raise typer.Exit(code)
+
+
+def _interrupted(spec: Path | None, out: Path) -> str:
+    named = "" if spec is None else f" {spec}"
+    return f"interrupted; finished rows are in {out}; continue with: overlapbench sweep{named} --output {out} --resume"
 
 
 @app.command()
@@ -137,7 +152,7 @@ def comm(
 @app.command()
 @user_errors
 def tune(
-    results: Optional[List[Path]] = typer.Argument(None, help="Results files, read in order (a later row for a point wins). Default: the latest in results/."),
+    results: Optional[List[Path]] = typer.Argument(None, metavar="RESULTS.jsonl", help="Results files, read in order (a later row for a point wins). Default: the latest in results/."),
     out_dir: Path = typer.Option(Path("results/tuned"), "--out-dir", help="Where the tuned YAMLs go."),
 ) -> None:
     """Choose the best strategy and knobs per token range; write one tuned YAML per
@@ -146,16 +161,16 @@ def tune(
     above 1); ties go to the simpler strategy."""
     from overlapbench import results as results_mod, tune as tune_mod
 
-    paths = results or [results_mod.latest()]
+    paths = results or [_newest_results(results_mod)]
     for path in tune_mod.run(paths, out_dir, console):
-        console.print(f"wrote {path}", highlight=False)
+        console.print(f"wrote {path}")
 
 
 @app.command()
 @user_errors
 def report(
-    results: Optional[List[Path]] = typer.Argument(None, help="Results files, read in order (a later row for a point wins). Default: the latest in results/."),
-    fmt: str = typer.Option("table", "--format", "-f", help="table | markdown | csv | json (csv/json: one record per cell, to stdout)."),
+    results: Optional[List[Path]] = typer.Argument(None, metavar="RESULTS.jsonl", help="Results files, read in order (a later row for a point wins). Default: the latest in results/."),
+    fmt: str = typer.Option("table", "--format", help="table | markdown | csv | json (csv/json: one record per cell, to stdout)."),
     sensitivity: Optional[str] = typer.Option(None, "--sensitivity", metavar="STRATEGY", help="Show one strategy's knob grid (ms per setting) at --tokens."),
     tokens: Optional[int] = typer.Option(None, "--tokens", metavar="N", help="The token count for --sensitivity."),
     plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE.png", help="Also draw time per layer (micro: per GEMM) vs tokens to a PNG (needs the 'plot' extra: matplotlib)."),
@@ -168,17 +183,25 @@ def report(
     share of the exposed communication hidden; the winner marked, noisy cells flagged."""
     from overlapbench import report as report_mod, results as results_mod
 
-    paths = results or ([] if compare else [results_mod.latest()])
+    paths = results or ([] if compare else [_newest_results(results_mod)])
     code = report_mod.run(paths, fmt, console, sensitivity=sensitivity, tokens=tokens, plot_path=plot,
                           plot_metric=plot_metric, compare_paths=compare, fail_above=fail_above)
     if code:
         raise typer.Exit(code)
 
 
+def _newest_results(results_mod) -> Path:
+    """The newest results file, said on stderr: a command given no file tells which it read."""
+    path = results_mod.latest()
+    err_console.print(f"reading {path} (the newest results file; name one to choose)", soft_wrap=True)
+    return path
+
+
 @app.command("strategies")
 @user_errors
 def list_strategies() -> None:
     """List the strategies, where they run, and their knobs with domains and help."""
+    from overlapbench.knobs import show_value
     from overlapbench.strategies import all_strategies, load_plugins
 
     load_plugins()
@@ -189,16 +212,14 @@ def list_strategies() -> None:
             where += ", symmetric memory"
         if needs.min_world_size > 1:
             where += f", >= {needs.min_world_size} ranks"
-        table = Table(title=f"[bold]{cls.name}[/bold]: {cls.summary}\n[dim]runs on {where}; workloads: {', '.join(needs.workloads)}[/dim]", title_justify="left", show_edge=False)
-        table.add_column("knob")
-        table.add_column("domain")
-        table.add_column("default")
-        table.add_column("what it does")
+        console.print(printing.styled((cls.name, "bold"), f": {cls.summary}"))
+        console.print(printing.styled((f"runs on {where}; workloads: {', '.join(needs.workloads)}", "dim")))
+        table = printing.table("knob", "domain", "default", "what it does", keep=("knob",), show_edge=False)
         for knob in cls.knobs:
-            table.add_row(knob.name, knob.domain(), str(knob.default), knob.help)
+            table.add_row(knob.name, knob.domain(), show_value(knob.default), knob.help)
         if not cls.knobs:
             table.add_row("-", "-", "-", "no knobs")
-        console.print(table)
+        console.print(table)  # long help wraps at the width (a pipe: 80 columns), never cut
         console.print()
 
 
@@ -207,10 +228,10 @@ def models() -> None:
     """List the model presets and their shapes."""
     from overlapbench.models import PRESETS
 
-    table = Table("preset", "hidden", "ffn", "heads", "kv_heads", "head_dim", "eps", "rope_theta")
+    table = printing.table("preset", "hidden", "ffn", "heads", "kv_heads", "head_dim", "eps", "rope_theta", keep=("preset",))
     for name, s in PRESETS.items():
         table.add_row(name, *(str(v) for v in (s.hidden, s.ffn, s.heads, s.kv_heads, s.head_dim, s.eps, s.rope_theta)))
-    console.print(table)
+    printing.print_table(console, table)
 
 
 @app.command()
@@ -228,16 +249,47 @@ def env(as_json: bool = typer.Option(False, "--json", help="Print the facts as J
         console.print_json(json.dumps(facts))
         return
     topology = facts.pop("topology", None)
-    table = Table("fact", "value", show_header=False)
+    table = printing.table("fact", "value", keep=("fact",), show_header=False)
     for key, value in facts.items():
         table.add_row(key, json.dumps(value) if isinstance(value, (dict, list)) else str(value))
-    console.print(table)
+    printing.print_table(console, table)
     if topology:
         console.print(topology)
 
 
+def _version(value: bool) -> None:
+    if value:
+        from overlapbench import __version__
+
+        console.print(f"overlapbench {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """Benchmark and autotune compute/communication overlap for tensor-parallel LLM inference."""
+
+
+def command():
+    """The click command behind `app`, its help tidied: a flag takes no value, so it shows no
+    `<bool>` placeholder (typer prints one beside every flag, --help included); an argument's
+    name (SPEC.yaml, RESULTS.jsonl) says what it takes, without a `<list[Path]>` type beside it."""
+    import click
+
+    root = typer.main.get_command(app)
+    for cmd in [root, *getattr(root, "commands", {}).values()]:
+        for param in cmd.get_params(click.Context(cmd)):
+            if getattr(param, "is_flag", False):
+                param.metavar = ""
+            elif param.param_type_name == "argument":
+                param.display_type_rich = lambda ctx: None
+    return root
+
+
 def main() -> None:
-    app()
+    command()(prog_name="overlapbench")
 
 
 if __name__ == "__main__":

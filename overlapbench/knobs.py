@@ -15,6 +15,20 @@ from overlapbench.errors import UserError
 DEFAULT = "default"  # a knob value meaning "leave it to the library"
 
 
+def show_value(value: Any) -> str:
+    """A knob value as a user writes it in a spec (YAML): null, true, false, 8, balanced."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _with_article(phrase: str) -> str:
+    """'a float in [0, 1]', 'an int in [1, 64]'."""
+    return f"{'an' if phrase[:1].lower() in 'aeiou' else 'a'} {phrase}"
+
+
 @dataclass(frozen=True)
 class Knob:
     """A tunable parameter: its type, its domain and what it does."""
@@ -31,7 +45,7 @@ class Knob:
     def domain(self) -> str:
         parts = []
         if self.choices is not None:
-            parts.append(" | ".join(map(str, self.choices)))
+            parts.append(" | ".join(map(show_value, self.choices)))
         if self.bounds is not None:
             parts.append(f"{self.type.__name__} in [{self.bounds[0]}, {self.bounds[1]}]")
         if self.choices is None and self.bounds is None:
@@ -55,7 +69,7 @@ class Knob:
         if self.type is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, self.type) or (self.type is int and isinstance(value, bool)):
-            raise UserError(f"{where}: {value!r} is not a {self.domain()}")
+            raise UserError(f"{where}: {value!r} is not {_with_article(self.domain())}")
         if self.bounds is not None and not self.bounds[0] <= value <= self.bounds[1]:
             raise UserError(f"{where}: {value!r} is outside {self.domain()}")
         return value

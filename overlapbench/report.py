@@ -20,7 +20,7 @@ from __future__ import annotations
 import io
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable
 
@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from overlapbench import analysis, tune, tuned
+from overlapbench import analysis, printing, tune, tuned
 from overlapbench.analysis import Group, Measured, Store
 from overlapbench.errors import UserError, did_you_mean
 
@@ -103,6 +103,10 @@ class Shown:
     lines: tuple[str, ...]
     best: bool = False
     mark: str = ""
+    knobs: str = ""  # the knob setting: the last line, or a tag explained under a narrow table
+
+    def all_lines(self) -> list[str]:
+        return [line for line in (*self.lines, self.knobs) if line]
 
 
 @dataclass(frozen=True)
@@ -163,7 +167,10 @@ def overview_grid(group: Group, points: dict[str, dict[str, Cell]]) -> Grid:
 
 
 def _overview_cell(cell: Cell | None) -> Shown:
-    return Shown(tuple(cell.lines()), cell.winner, NOISY if cell.m.noisy else "") if cell else _shown("-")
+    if cell is None:
+        return _shown("-")
+    *figures, knobs = cell.lines()
+    return Shown(tuple(figures), cell.winner, NOISY if cell.m.noisy else "", knobs)
 
 
 def footer(store: Store) -> list[str]:
@@ -343,17 +350,17 @@ def compare(old: Path, new: Path, fmt: str, console: Console, fail_above: float 
 
 
 def to_rich(grid: Grid) -> Table:
-    multiline = any(sum(1 for line in c.lines if line) > 1 for row in grid.rows for c in row)
+    multiline = any(len(c.all_lines()) > 1 for row in grid.rows for c in row)
     table = Table(title=Text(grid.title, style="bold"), title_justify="left", show_lines=multiline)
-    for i, name in enumerate(grid.header):
-        table.add_column(name, justify="right" if i == 0 else "left")
+    for i, name in enumerate(grid.header):  # squeezed, a cell wraps (folds), never cuts
+        table.add_column(name, justify="right" if i == 0 else "left", overflow="fold")
     for row in grid.rows:
         table.add_row(*(_rich_cell(c) for c in row))
     return table
 
 
 def _rich_cell(cell: Shown) -> Text:
-    text = Text("\n".join(line for line in cell.lines if line), style="bold" if cell.best else "")
+    text = Text("\n".join(cell.all_lines()), style="bold" if cell.best else "")
     if cell.best:
         text.append(f" {STAR}", style="bold green")
     if cell.mark:
@@ -363,7 +370,7 @@ def _rich_cell(cell: Shown) -> Text:
 
 def to_markdown(grid: Grid) -> str:
     def cell(c: Shown) -> str:
-        body = ", ".join(line for line in c.lines if line).replace("|", "\\|")
+        body = ", ".join(c.all_lines()).replace("|", "\\|")
         body = f"**{body}** {STAR}" if c.best else body
         return body + (f" {c.mark}" if c.mark else "")
 
@@ -386,9 +393,9 @@ def emit(grids: list[Grid], records: list[dict], fmt: str, console: Console,
     notes = list(notes)
     if fmt == "table":
         for grid in grids:
-            console.print(to_rich(grid))
+            print_grid(grid, console)
         for note in ([legend] if legend else []) + notes:
-            console.print(Text(note, style="dim"))
+            console.print(Text(note, style="dim"), soft_wrap=False)  # prose: word-wrapped at the width
     elif fmt == "markdown":
         text = "\n".join(to_markdown(g) for g in grids)
         text += f"\n{legend}\n" if legend else ""
@@ -402,8 +409,36 @@ def emit(grids: list[Grid], records: list[dict], fmt: str, console: Console,
             _stderr().print(note, highlight=False)
 
 
+def print_grid(grid: Grid, console: Console) -> None:
+    """The table in full. Where it is wider than the console (a pipe counts as 80 columns), the
+    knob settings move under it (a tag in the cell, its meaning below): the cells that stay need
+    little width, and whatever is still too wide wraps, or goes to a pipe unsqueezed."""
+    table = to_rich(grid)
+    if printing.fits(console, table):
+        console.print(table)
+        return
+    tagged, legend = knobs_below(grid)
+    printing.print_table(console, to_rich(tagged))
+    if legend:
+        console.print(Text("knob settings of the cells:", style="dim"))
+    for tag, knobs in legend.items():
+        console.print(Text(f"  {tag}: {knobs}"), soft_wrap=False, overflow="fold")
+
+
+def knobs_below(grid: Grid) -> tuple[Grid, dict[str, str]]:
+    """The grid with each cell's knob setting replaced by a short tag (k1, k2, ...), and the tags'
+    meanings."""
+    tags: dict[str, str] = {}
+    for row in grid.rows:
+        for cell in row:
+            if cell.knobs and cell.knobs not in tags:
+                tags[cell.knobs] = f"k{len(tags) + 1}"
+    rows = [[replace(c, knobs=tags[c.knobs]) if c.knobs else c for c in row] for row in grid.rows]
+    return replace(grid, rows=rows), {tag: knobs for knobs, tag in tags.items()}
+
+
 def _stderr() -> Console:
-    return Console(stderr=True)
+    return printing.console(stderr=True)
 
 
 # -- plot ----------------------------------------------------------------------------------
@@ -484,6 +519,23 @@ class Options:
             raise UserError("--compare: cannot be combined with --sensitivity or --plot")
 
 
+COMM = "comm"  # the workload of `overlapbench comm` rows
+
+
+def comm_report(rows: list[dict], fmt: str, console: Console, opts: "Options") -> int:
+    """A results file of collective microbenchmarks: comm's own nccl-tests table (no strategies
+    to compare, so no overview)."""
+    from overlapbench.comm import output as comm
+
+    if opts.sensitivity is not None or opts.plot_path is not None:
+        raise UserError("--sensitivity, --plot: compare layer or micro strategies; these are comm results (shown as a table without them)")
+    if fmt not in comm.FORMATS:
+        raise UserError(f"--format: comm results come as {', '.join(comm.FORMATS)}, not {fmt}")
+    comm.render(rows, fmt, console)
+    (console if fmt == "table" else _stderr()).print(comm.totals(rows))
+    return 0
+
+
 def _require_measured(store: Store) -> None:
     if not store.measured:
         first = next((e for _, e in store.errors() if e), "no rows")
@@ -495,11 +547,14 @@ def run(paths: Iterable[Path], fmt: str = "table", console: Console | None = Non
     """The report command; returns the exit code (1: a regression above --fail-above).
     `options`: the fields of Options (sensitivity, tokens, plot_path, plot_metric,
     compare_paths, fail_above)."""
-    console, paths, opts = console or Console(), list(paths), Options(fmt, **options)
+    console, paths, opts = console or printing.console(), list(paths), Options(fmt, **options)
     opts.check(paths)
     if opts.compare_paths is not None:
         return compare(*opts.compare_paths, fmt, console, opts.fail_above)
     store = analysis.read(paths, require_ok=False)
+    comm_rows = [r for r in store.rows if analysis.workload_of(r) == COMM]
+    if not store.measured and comm_rows:
+        return comm_report(comm_rows, fmt, console, opts)
     _require_measured(store)
     views = overview(store)
     if opts.sensitivity is not None:

@@ -98,6 +98,8 @@ class ResultStore:
 
     def open(self, resume: bool) -> set[str]:
         """Lock the store and return the keys of points already done (when resuming)."""
+        if self.path.is_dir():
+            raise UserError(f"output: {self.path} is a folder; give a results file, e.g. --output {self.path / 'NAME.jsonl'}")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             lock = open(self.path.with_name(self.path.name + ".lock"), "w")

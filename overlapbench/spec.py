@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import yaml
 
-from overlapbench import models, strategies
+from overlapbench import models, strategies, yamlio
 from overlapbench.comm.paths import OPS as COMM_OPS, PATHS as COMM_PATHS, PATHS_BY_OP
 from overlapbench.comm.sizes import comm_sizes
 from overlapbench.errors import UserError, did_you_mean, field_name, reject_unknown_keys
@@ -487,11 +487,13 @@ def load(path: str | Path, cuda: bool) -> SweepSpec:
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: cannot read the spec ({e.__class__.__name__}: {e})") from None
     try:
-        data = yaml.safe_load(text)
+        data = yamlio.load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark else ""
         raise UserError(f"{path}: not valid YAML{at}; fix the syntax") from None
+    except UserError as e:  # a key given twice
+        raise UserError(f"{path}: {e}") from None
     if data is None:
         raise UserError(f"{path}: the spec is empty; see sweeps/quick.yaml for an example")
     try:

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from overlapbench import analysis, environment, interleave, measure, paired, results, runtime, strategies
+from overlapbench import analysis, environment, interleave, measure, paired, printing, results, runtime, strategies
 from overlapbench.layer import RopeTable, Stack, build_stack, random_input
 from overlapbench.phases import PointFailed, out_of_memory
 from overlapbench.phases import phase as _phase
@@ -233,7 +232,8 @@ def _slug(point: Point) -> str:
 
 
 def _describe(point: Point) -> str:
-    knobs = " ".join(f"{k}={v}" for k, v in point.knobs.items())
+    """`strategy tokens=N knob=value ...`; knobs left unset (null) are not shown."""
+    knobs = " ".join(f"{k}={v}" for k, v in point.knobs.items() if v is not None)
     return f"{point.strategy} tokens={point.tokens} {knobs}".strip()
 
 
@@ -242,7 +242,7 @@ def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = 
     rt = runtime.init(spec.measure.timeout_s)
     interrupt_on_sigterm()
     watchdog = Watchdog(spec.measure.timeout_s, rt.rank)
-    console = Console(quiet=rt.rank != 0, stderr=False)
+    console = printing.console(quiet=rt.rank != 0)
     env = environment.run_environment(rt)
     points = spec.points(rt.world_size, rt.is_cuda)
 
@@ -250,10 +250,11 @@ def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = 
     todo = [p for p in points if p.key() not in done]
     if done:
         console.print(f"resuming {output}: {len(points) - len(todo)} of {len(points)} points already done")
+    console.print(_header(spec, len(todo), rt, output))
     max_tokens = max(p.tokens for p in points)
 
     written = 0
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
     try:
         with Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task("sweep", total=len(todo))
@@ -271,7 +272,7 @@ def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = 
                 with watchdog.guard(f"building the workload of {_describe(first)}"):
                     work = build_workload(rt, first, stacks.get(stack_key), max_tokens)
                 if spec.measure.interleaved(rt.is_cuda):
-                    progress.update(task, description=f"{first.tokens} tokens: {len(group)} points interleaved")
+                    progress.update(task, description=f"{first.tokens} tokens: {len(group)} points interleaved", refresh=True)
                     measured = measure_batch(rt, group, work, spec, f"{run_id}/{batch}", watchdog, profile_dir)
                 else:
                     measured = _one_by_one(rt, group, work, spec, watchdog, profile_dir, progress, task)
@@ -279,8 +280,8 @@ def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = 
                     if store is not None:
                         store.append(make_row(point, result, run_id, env, spec))
                         written += 1
-                    progress.console.print(_summary_line(point, result))
                     progress.advance(task)
+                    progress.console.print(_summary_line(point, result, progress.tasks[0]))
                     _release(rt)
                 del work, measured
                 _release(rt)
@@ -291,7 +292,7 @@ def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = 
     finally:
         if store is not None:
             store.close()
-    console.print(f"[bold]wrote {written} rows to {output}[/bold] (run {run_id})")
+    console.print(printing.styled((f"wrote {written} rows to {output}", "bold"), f" (run {run_id})"))
     dist.barrier()
     dist.destroy_process_group()
     return written
@@ -300,7 +301,7 @@ def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = 
 def _one_by_one(rt, group, work, spec, watchdog, profile_dir, progress, task):
     """The sequential mode: each point built, checked and timed on its own."""
     for point in group:
-        progress.update(task, description=_describe(point))
+        progress.update(task, description=_describe(point), refresh=True)
         with watchdog.guard(f"point '{_describe(point)}'"):
             result = measure_point(rt, point, work, spec, profile_dir)
         yield point, result
@@ -312,8 +313,17 @@ def _release(rt: runtime.Runtime) -> None:
         torch.cuda.empty_cache()
 
 
-def _summary_line(point: Point, result: dict) -> str:
+def _header(spec: SweepSpec, count: int, rt: runtime.Runtime, out: Path):
+    """What is about to run: points, processes, where the rows go."""
+    where = "GPUs" if rt.is_cuda else "CPU processes"
+    return printing.styled((spec.name, "bold"), f": {count} points on {rt.world_size} {where} ({rt.backend}); rows go to {out}")
+
+
+def _summary_line(point: Point, result: dict, task=None):
+    """One finished point: `  [k/N]      ok strategy tokens=... knobs: 0.1234 ms/layer ...`."""
+    total = int(task.total) if task is not None else 0
+    count = f"  [{int(task.completed):>{len(str(total))}}/{total}]" if task is not None else " "
     if result["status"] != "ok":
-        return f"  [yellow]{result['status']:>7}[/yellow] {_describe(point)}: {result['error']}"
+        return printing.styled(count, (f" {result['status']:>7}", "yellow"), f" {_describe(point)}: {result['error']}")
     err = "" if result.get("rel_err") is None else f" err {result['rel_err']:.1e}"
-    return f"  [green]{'ok':>7}[/green] {_describe(point)}: {result['ms']:.4f} ms/layer cv {result['cv']:.1%}{err}"
+    return printing.styled(count, (f" {'ok':>7}", "green"), f" {_describe(point)}: {result['ms']:.4f} ms/layer cv {result['cv']:.1%}{err}")

@@ -259,13 +259,15 @@ def slug(text: str) -> str:
 
 
 def file_names(groups: list[Group]) -> dict[Group, str]:
-    """`<model>-tp<tp>-<device>-<dtype>.yaml`; groups that would share a name (two custom
-    shapes, say) get a short hash of their identity appended."""
+    """`<model>-tp<tp>-<device>-<dtype>.yaml`. A custom shape's name does not tell shapes apart,
+    so it always carries a short hash of the group's identity (tuning another custom shape later
+    writes another file); so do groups of one run that would share a name."""
     stems = {g: f"{slug(g.model)}-tp{g.tp}-{slug(g.device)}-{slug(g.dtype)}" for g in groups}
     counts: dict[str, int] = {}
     for stem in stems.values():
         counts[stem] = counts.get(stem, 0) + 1
-    return {g: (f"{s}-{_digest(g)}" if counts[s] > 1 else s) + ".yaml" for g, s in stems.items()}
+    hashed = {g for g, s in stems.items() if counts[s] > 1 or g.model == "custom"}
+    return {g: (f"{s}-{_digest(g)}" if g in hashed else s) + ".yaml" for g, s in stems.items()}
 
 
 def _digest(group: Group) -> str:
@@ -293,7 +295,7 @@ def run(paths: list[Path], out_dir: Path, console: Console) -> list[Path]:
     for group, points in grouped.items():
         picks, skipped = picks_of(points)
         if skipped:
-            console.print(f"[yellow]{group.label()}: no baseline row at {_join(skipped)} tokens; skipped there[/yellow]")
+            console.print(Text(f"{group.label()}: no baseline row at {_join(skipped)} tokens; skipped there", style="yellow"))
         if not picks:
             continue
         rows = [m for ms in points.values() for m in ms]
@@ -313,8 +315,8 @@ def layer_rows(store: analysis.Store, console: Console) -> list[Measured]:
         raise UserError(f"{_join(store.sources)}: no ok rows of the layer workload; "
                         f"tune writes layer configs (micro runs: use report)")
     if len(layer) < len(store.measured):
-        console.print(f"[dim]{len(store.measured) - len(layer)} ok rows of micro workloads left out: "
-                      f"tune writes layer configs (report compares them)[/dim]")
+        console.print(Text(f"{len(store.measured) - len(layer)} ok rows of micro workloads left out: "
+                           f"tune writes layer configs (report compares them)", style="dim"))
     return layer
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from overlapbench import strategies, yamlio
 from overlapbench.errors import UserError
 
 SCHEMA = "overlapbench/tuned-v1"
@@ -82,6 +83,8 @@ class TunedConfig:
 
     def choose(self, num_tokens: int) -> Choice:
         """The strategy and knobs for a batch of `num_tokens` tokens (a ValueError below 1)."""
+        if isinstance(num_tokens, bool):  # operator.index(True) is 1: a caller's bug, not a batch
+            raise TypeError(f"num_tokens must be an int, got {num_tokens!r}")
         n = operator.index(num_tokens)
         if n < 1:
             raise ValueError(f"num_tokens must be at least 1, got {n}")
@@ -128,7 +131,7 @@ def load(path: str | Path) -> TunedConfig:
     """Read and validate a tuned YAML; a one-line UserError naming the file and field."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yamlio.load(path.read_text())
     except FileNotFoundError:
         raise UserError(f"{path}: no such tuned config; run `overlapbench tune` first") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -136,6 +139,8 @@ def load(path: str | Path) -> TunedConfig:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         raise UserError(f"{path}: not valid YAML{f' at line {mark.line + 1}' if mark else ''}") from None
+    except UserError as e:  # a key given twice
+        raise UserError(f"{path}: {e}") from None
     try:
         return from_dict(data)
     except UserError as e:
@@ -179,14 +184,28 @@ def _rule(data: Any, where: str) -> Rule:
     lo, hi = (_count(t, f"{where}.tokens") for t in tokens)
     if lo > hi:
         raise UserError(f"{where}.tokens: [{lo}, {hi}] is empty (lo > hi)")
+    strategy = _typed(data["strategy"], str, f"{where}.strategy")
+    knobs = _typed(data["knobs"] or {}, dict, f"{where}.knobs")
+    _check_setting(strategy, knobs, where)
     return Rule(
         lo, hi,
-        strategy=_typed(data["strategy"], str, f"{where}.strategy"),
-        knobs=_typed(data["knobs"] or {}, dict, f"{where}.knobs"),
+        strategy=strategy,
+        knobs=knobs,
         ms=_number(data.get("ms"), f"{where}.ms"),
         speedup=_number(data.get("speedup"), f"{where}.speedup"),
         extra={k: v for k, v in data.items() if k not in _RULE},
     )
+
+
+def _check_setting(strategy: str, knobs: dict, where: str) -> None:
+    """The strategy exists (built in, or a plugin named in OVERLAPBENCH_PLUGINS) and every knob
+    is one of its knobs, inside its domain: what an engine would run, checked at load time. The
+    knobs stay as written (the strategy fills in defaults when it builds)."""
+    strategies.load_plugins()
+    cls = strategies.get(strategy, f"{where}.strategy")
+    names = {k.name for k in cls.knobs}
+    # null: a knob that does not apply to this setting (the strategy resets it so)
+    cls.check_knobs({k: v for k, v in knobs.items() if v is not None or k not in names}, f"{where}.knobs")
 
 
 def _check_coverage(rules: tuple[Rule, ...]) -> None:

@@ -17,12 +17,13 @@ import torch.multiprocessing as mp
 REPO = Path(__file__).resolve().parent.parent
 
 
-def overlapbench(command: str, *args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python -m overlapbench COMMAND ARGS` from the repo root, output captured; `env` adds
-    variables to this process's environment."""
+def overlapbench(command: str, *args: str, env: dict | None = None, timeout: float = 300,
+                 cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """`python -m overlapbench COMMAND ARGS` from the repo root (or `cwd`), output captured;
+    `env` adds variables to this process's environment."""
     return subprocess.run(
         [sys.executable, "-m", "overlapbench", command, *args],
-        capture_output=True, text=True, timeout=timeout, cwd=REPO,
+        capture_output=True, text=True, timeout=timeout, cwd=cwd,
         env=os.environ | {"PYTHONPATH": str(REPO)} | (env or {}),
     )
 

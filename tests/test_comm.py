@@ -331,7 +331,7 @@ def test_bad_comm_section_is_one_line_naming_the_field(section, message):
     (["-b", "4K", "-e", "1K"], "-e/--max-bytes: 1K is below -b/--min-bytes 4K"),
     (["-f", "1"], "-f/--factor: must be an integer >= 2"),
     (["--paths", "nccll"], "--paths: unknown 'nccll' (did you mean 'nccl'?)"),
-    (["--comm-ctas", "4,x"], "--comm-ctas: 'x' is not a int"),
+    (["--comm-ctas", "4,x"], "--comm-ctas: 'x' is not an int"),
     (["--format", "xml"], "--format: 'xml' is not one of table, csv, json"),
     (["--iters", "0"], "--iters: must be at least 1"),
     (["--output", "r.csv"], "--output: must be a path ending in .jsonl"),

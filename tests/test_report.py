@@ -37,7 +37,7 @@ def store(tmp_path):
         for offset in OFFSETS:
             for ctas in CTAS:
                 speed = (0.9 if tokens >= 2048 else 1.01) + offset / 1e4 + ctas / 1e3
-                rows.append(synthetic.row("token_split", tokens, {"split_offset": offset, "comm_ctas": ctas},
+                rows.append(synthetic.row("token_split", tokens, {"split_offset": offset, "comm_ctas_attn": ctas},
                                           samples=synthetic.draw(base * speed, 0.005, rng)))
         rows.append(synthetic.row("no_comm", tokens, samples=synthetic.draw(base * 0.8, 0.005, rng)))
     rows.append(synthetic.failed("iso", 2048))
@@ -72,7 +72,7 @@ def test_json_is_one_record_per_strategy_and_token_count(store):
     assert len(recs) == len(TOKENS) * 4
     assert {r["strategy"] for r in recs} == {"baseline", "fused_norm", "token_split", "no_comm"}
     ts = cell(recs, 8192, "token_split")
-    assert ts["knobs"] == {"split_offset": 0, "comm_ctas": 2}  # its best knobs
+    assert ts["knobs"] == {"split_offset": 0, "comm_ctas_attn": 2}  # its best knobs
     assert ts["winner"] and sum(r["winner"] for r in recs if r["tokens"] == 8192) == 1
     assert cell(recs, 512, "baseline")["winner"] and cell(recs, 512, "baseline")["knobs"] == {"nccl_max_ctas": "default"}
 
@@ -101,7 +101,7 @@ def test_csv_parses_with_pandas(store):
     frame = pd.read_csv(io.StringIO(text))
     assert len(frame) == len(TOKENS) * 4
     assert {"tokens", "strategy", "knobs", "ms", "speedup", "hidden", "winner", "noisy", "device"} <= set(frame.columns)
-    assert json.loads(frame.loc[frame.strategy == "token_split", "knobs"].iloc[0])["comm_ctas"] in CTAS
+    assert json.loads(frame.loc[frame.strategy == "token_split", "knobs"].iloc[0])["comm_ctas_attn"] in CTAS
 
 
 def markdown_tables(text: str) -> list[list[list[str]]]:
@@ -169,9 +169,9 @@ def test_sensitivity_is_the_knob_grid(store):
     _, text = captured([store], "markdown", sensitivity="token_split", tokens=8192)
     (table,) = markdown_tables(text)
     header, _, *rows = table
-    assert header == ["split_offset", *(f"comm_ctas={c}" for c in CTAS)]
+    assert header == ["split_offset", *(f"comm_ctas_attn={c}" for c in CTAS)]
     assert [r[0] for r in rows] == [str(o) for o in OFFSETS]
-    best = median(store, 8192, "token_split", {"split_offset": 0, "comm_ctas": 2})
+    best = median(store, 8192, "token_split", {"split_offset": 0, "comm_ctas_attn": 2})
     assert rows[0][1].startswith(f"**{best:.4g} ms") and "★" in rows[0][1]
     assert sum("★" in c for r in rows for c in r) == 1
 
@@ -179,7 +179,7 @@ def test_sensitivity_is_the_knob_grid(store):
 def test_sensitivity_records(store):
     recs = records(store, sensitivity="token_split", tokens=512)
     assert len(recs) == len(OFFSETS) * len(CTAS)
-    assert {(r["knobs"]["split_offset"], r["knobs"]["comm_ctas"]) for r in recs} == {(o, c) for o in OFFSETS for c in CTAS}
+    assert {(r["knobs"]["split_offset"], r["knobs"]["comm_ctas_attn"]) for r in recs} == {(o, c) for o in OFFSETS for c in CTAS}
     assert all(r["status"] == "ok" and r["speedup"] < 1.0 for r in recs)
 
 
@@ -415,7 +415,7 @@ def test_cli_report_formats(store, fmt):
 
 
 def test_cli_report_sensitivity_and_compare(store, tmp_path):
-    result = runner.invoke(app, ["report", str(store), "--sensitivity", "token_split", "--tokens", "2048", "-f", "json"])
+    result = runner.invoke(app, ["report", str(store), "--sensitivity", "token_split", "--tokens", "2048", "--format", "json"])
     assert result.exit_code == 0 and len(json.loads(result.stdout)) == len(OFFSETS) * len(CTAS)
     new = slower_copy(store, tmp_path, 1.2)
     result = runner.invoke(app, ["report", "--compare", str(store), str(new), "--fail-above", "5"])

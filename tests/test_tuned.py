@@ -79,7 +79,7 @@ def test_a_tune_written_file_round_trips(tmp_path):
     rows = []
     for tokens, speed in ((128, 1.0), (1024, 0.9), (8192, 0.95)):
         rows.append(synthetic.row("baseline", tokens, samples=synthetic.draw(tokens / 500, 0.01, rng)))
-        rows.append(synthetic.row("iso", tokens, {"chunk": 0.5}, samples=synthetic.draw(tokens / 500 * speed, 0.01, rng)))
+        rows.append(synthetic.row("iso", tokens, {"split_ratio": 0.5}, samples=synthetic.draw(tokens / 500 * speed, 0.01, rng)))
     (path,) = tune.run([synthetic.write(tmp_path / "s.jsonl", rows)], tmp_path / "out", Console(quiet=True))
     text = path.read_text()
     assert tuned.dump(tuned.load(path)) == text

@@ -12,6 +12,7 @@ from overlapbench.comm.paths import OPS, PATHS, make_cases
 from overlapbench.comm.run import RunInfo, run_cases
 from overlapbench.comm.sizes import CPU_SIZES, GPU_SIZES, parse_size, size_ladder
 from overlapbench.errors import UserError
+from overlapbench.printing import styled
 from overlapbench.spec import DTYPES, CommSpec
 
 if TYPE_CHECKING:
@@ -123,21 +124,26 @@ def main(opts: Options, console: "Console", err_console: "Console") -> int:
     world = opts.nproc or launch.default_nproc()
     out = opts.output or default_output(_local_device_name(), world)
     check_writable(out, opts.resume)
-    code = launch.relaunch(opts.argv(cuda, out), world)
+    warning = launch.oversubscription(world)
+    if warning:
+        err_console.print(styled(("warning:", "bold yellow"), f" {warning}"))
+    try:
+        code = launch.relaunch(opts.argv(cuda, out), world)
+    except launch.Interrupted:
+        raise launch.Interrupted(f"interrupted; finished rows are in {out}; add --output {out} --resume to continue") from None
     if code:
-        err_console.print(f"[bold red]comm failed[/bold red] (exit {code}); finished rows are in {out}; `--resume` continues")
+        err_console.print(styled(("comm failed", "bold red"), f" (exit {code}); finished rows are in {out}; `--resume` continues"))
     return code
 
 
 def run_ranks(opts: Options, console: "Console") -> int:
     """The measurement on this rank: cases, the store, the rows; rank 0 prints them."""
     import torch.distributed as dist
-    from rich.console import Console
 
-    from overlapbench import environment, results, runtime
+    from overlapbench import environment, printing, results, runtime
 
     rt = runtime.init(TIMEOUT_S)
-    progress = Console(stderr=True, quiet=rt.rank != 0)
+    progress = printing.console(stderr=True, quiet=rt.rank != 0)
     env = environment.run_environment(rt)
     dtype = ("bf16" if rt.is_cuda else "fp32") if opts.dtype == "auto" else opts.dtype
     cases = make_cases(opts.bench(rt.is_cuda), rt.world_size, rt.backend, dtype, opts.hidden, len(env["hosts"]))

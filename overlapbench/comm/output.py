@@ -10,23 +10,23 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
 FORMATS = ("table", "csv", "json")
 
 
-def summary_line(row: dict) -> str:
-    """One progress line per row (rich markup)."""
-    from rich.markup import escape
+def summary_line(row: dict) -> "Text":
+    """One progress line per row (literal text; our colours as styles)."""
+    from overlapbench.printing import styled
 
     if row["status"] == "skipped":  # printed once per op and path
-        return f"  [yellow]skipped[/yellow] {row['op']} {row['strategy']}: {escape(row['error'])}"
+        return styled("  ", ("skipped", "yellow"), f" {row['op']} {row['strategy']}: {row['error']}")
     ctas = row["knobs"]["ctas"]
     what = f"{row['op']} {row['strategy']}{'' if ctas is None else f' ctas={ctas}'} {row['bytes']} B"
     if row["status"] != "ok":
-        return f"  [red]{row['status']:>7}[/red] {what}: {escape(row['error'])}"
-    return (f"  [green]{'ok':>7}[/green] {what}: {row['ms'] * 1e3:.1f} us, "
-            f"busbw {row['busbw']:.1f} GB/s, cv {row['cv']:.1%}")
-
+        return styled("  ", (f"{row['status']:>7}", "red"), f" {what}: {row['error']}")
+    return styled("  ", (f"{'ok':>7}", "green"), f" {what}: {row['ms'] * 1e3:.1f} us, "
+                  f"busbw {row['busbw']:.1f} GB/s, cv {row['cv']:.1%}")
 
 
 COLUMNS = ("size", "count", "type", "op", "path", "ctas", "time_us", "algbw", "busbw", "wrong",
@@ -61,8 +61,8 @@ def to_json(rows: list[dict]) -> str:
 
 def to_table(rows: list[dict]) -> "Table":
     """The rich table: measured rows, and one line per distinct reason a case did not run."""
-    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title="overlapbench comm", title_justify="left", caption_justify="left", show_edge=False)
     for name in ("size (B)", "count", "type", "op", "path", "ctas", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"):
@@ -76,22 +76,20 @@ def to_table(rows: list[dict]) -> "Table":
         ok = row["status"] == "ok"
         if not ok:
             reasons.setdefault(f"failed: {row['error']}", []).append(f"{what}@{row['bytes']}")
-        timed = [f"{row['ms'] * 1e3:.2f}", f"{row['algbw']:.2f}", f"{row['busbw']:.2f}"] if ok else ["[red]failed[/red]"] * 3
+        timed = [f"{row['ms'] * 1e3:.2f}", f"{row['algbw']:.2f}", f"{row['busbw']:.2f}"] if ok else [Text("failed", style="red")] * 3
         ctas, wrong = row["knobs"]["ctas"], row.get("wrong")
         table.add_row(str(row["bytes"]), str(row["count"]), row["dtype"], row["op"], row["strategy"],
                       "-" if ctas is None else str(ctas), *timed, "-" if wrong is None else str(wrong))
-    notes = [f"{', '.join(dict.fromkeys(where))}: {escape(why)}" for why, where in reasons.items()]
-    table.caption = "\n".join(notes) if notes else None
+    notes = [f"{', '.join(dict.fromkeys(where))}: {why}" for why, where in reasons.items()]
+    table.caption = Text("\n".join(notes)) if notes else None  # literal: errors may hold brackets
     return table
 
 
 def render(rows: list[dict], fmt: str, console: "Console") -> None:
     if fmt == "table":
-        if not console.is_terminal:  # a pipe or a file: no 80-column squeeze
-            from rich.console import Console
+        from overlapbench.printing import print_table
 
-            console = Console(file=console.file, width=160)
-        console.print(to_table(rows))
+        print_table(console, to_table(rows))  # a pipe or a file: no 80-column squeeze
     else:
         console.file.write(to_csv(rows) if fmt == "csv" else to_json(rows) + "\n")
         console.file.flush()

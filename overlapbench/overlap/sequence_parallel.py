@@ -28,6 +28,11 @@ ATTENTION, MLP = 0, 1  # the two blocks of a layer; an Exchange may keep separat
 
 RowSource = Callable[[int, int], torch.Tensor]  # (lo, hi) -> the GEMM input's rows [lo, hi)
 
+# torch 2.13 renamed the single-tensor collectives (the old names warn on every call); older
+# torch has only the old names.
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 class Exchange(Protocol):
     """A block's all-gather -> GEMM and GEMM -> reduce-scatter along the token rows.
@@ -59,7 +64,7 @@ class Exchange(Protocol):
 def gather_rows(shard: torch.Tensor, layout: ShardLayout, group=None) -> torch.Tensor:
     """Every rank's shard, concatenated and cut to the real rows: [tokens, width]."""
     full = shard.new_empty(layout.padded, shard.shape[1])
-    dist.all_gather_into_tensor(full, shard.contiguous(), group=group)
+    all_gather_single(full, shard.contiguous(), group=group)
     return full[: layout.tokens]
 
 
@@ -142,8 +147,8 @@ class SequenceParallelForward:
 
 @dataclass
 class CollectiveExchange:
-    """sp_baseline: a blocking all_gather_into_tensor, then one GEMM; one GEMM, then a
-    blocking reduce_scatter_tensor (NCCL on GPUs, gloo on CPU)."""
+    """sp_baseline: a blocking all-gather into one tensor, then one GEMM; one GEMM, then a
+    blocking reduce-scatter (NCCL on GPUs, gloo on CPU)."""
 
     layout: ShardLayout
     group: dist.ProcessGroup | None = None  # None: the world
@@ -153,7 +158,7 @@ class CollectiveExchange:
 
     def gather_matmul(self, block: int, shard: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         full = shard.new_empty(self.layout.padded, shard.shape[1])
-        dist.all_gather_into_tensor(full, shard, group=self.group)
+        all_gather_single(full, shard, group=self.group)
         return full @ weight.t()
 
     def scatter_rows(self) -> list[tuple[int, int]]:
@@ -162,7 +167,7 @@ class CollectiveExchange:
     def matmul_scatter(self, block: int, rows: RowSource, weight: torch.Tensor) -> torch.Tensor:
         partial = rows(0, self.layout.padded) @ weight.t()
         out = partial.new_empty(self.layout.shard, partial.shape[1])
-        dist.reduce_scatter_tensor(out, partial, group=self.group)
+        reduce_scatter_single(out, partial, group=self.group)
         return out
 
     def fence(self) -> None:
