@@ -173,11 +173,32 @@ def pick(rows: list[Measured]) -> Pick | None:
     return Pick(ref.tokens, ref, ref, None, why)
 
 
+def settled_per_strategy(rows: list[Measured]) -> dict[str, Measured]:
+    """Each strategy's knob setting for the pick: its default setting, unless its fastest
+    setting beats the default beyond the noise. The fastest of several near-equal settings is
+    a coin toss between two runs of the same code; the default is not, so picks repeat."""
+    best = analysis.best_per_strategy(rows)
+    for name, fastest in best.items():
+        default = _default_setting(name, rows)
+        if default is not None and default is not fastest and not gain(fastest, default).beats_noise:
+            best[name] = default
+    return best
+
+
+def _default_setting(strategy: str, rows: list[Measured]) -> Measured | None:
+    """The row of `strategy` at its declared default knobs, if measured (and a correct result)."""
+    cls = strategies.find(strategy)
+    if cls is None:
+        return None
+    defaults = cls.check_knobs({}, strategy)
+    return next((m for m in rows if m.strategy == strategy and m.checked and m.knobs == defaults), None)
+
+
 def _pick_in_batch(rows: list[Measured]) -> Pick | None:
     ref = analysis.reference(rows)
     if ref is None:
         return None
-    best = analysis.best_per_strategy(m for m in rows if m.strategy != analysis.BOUND)
+    best = settled_per_strategy([m for m in rows if m.strategy != analysis.BOUND])
     challengers = sorted((m for m in best.values() if m is not ref), key=lambda m: simplicity(m.strategy))
     winner = ref
     for challenger in challengers:

@@ -403,3 +403,22 @@ def test_a_resumed_row_keeps_its_speedup_over_the_reference_timed_beside_it(tmp_
     assert analysis.speedup(split, base) == 1.0101 and analysis.speedup_ci(split, base) == (1.008, 1.012)
     other_file = dataclasses.replace(split, source="other.jsonl")  # report --compare: never this way
     assert tune.gain(other_file, base).method == "bootstrap"
+
+
+def test_a_knob_setting_within_the_noise_of_the_default_does_not_displace_it():
+    """Two runs of the same code must pick the same knobs: a setting that is faster by less than
+    the noise loses to the strategy's default setting; one faster beyond the noise wins."""
+    from overlapbench import strategies
+
+    defaults = strategies.get("flash_agrs").check_knobs({}, "flash_agrs")
+    other = defaults | {"chunks_per_rank": 2}
+    for factor, expected in ((0.999, defaults), (0.95, other)):
+        rng = random.Random(5)
+        drift = common_drift(30, rng)
+        noisy = lambda f: [d * f * (1 + rng.gauss(0, 0.01)) for d in drift]  # noqa: E731
+        rows = measured(synthetic.row("baseline", 4096, samples=noisy(1.0), pairing="run1/0"),
+                        synthetic.row("flash_agrs", 4096, defaults, samples=noisy(0.9), pairing="run1/0"),
+                        synthetic.row("flash_agrs", 4096, other, samples=noisy(0.9 * factor), pairing="run1/0"))
+        assert analysis.best_per_strategy(rows)["flash_agrs"].knobs == other  # the fastest median, both times
+        assert tune.settled_per_strategy(rows)["flash_agrs"].knobs == expected
+        assert tune.pick(rows).chosen.knobs == expected
