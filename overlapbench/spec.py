@@ -48,7 +48,7 @@ class Measure:
     timeout_s: int = 300  # per point, and the process-group timeout: a hung point stops the sweep by then
     # Interleaved timing (interleave.py): a batch's candidates in rounds, each for `span_ms` per
     # round, until each speedup's 95% interval is within +-`ci_target` (at most `rounds` rounds,
-    # and at most 1.5x the time the sequential mode would time them: iters, min_time_s).
+    # and at most `time_factor` x the time the sequential mode would time them: iters, min_time_s).
     interleave: bool | str = "auto"  # auto: on GPUs; on CPU the sequential mode (fast tests)
     # On an H200 the paired ratio at spans of 10-25 ms matched 1 s runs within 0.1%, longer spans
     # strayed by up to 0.8% (results/h200x2/probes/probe_clock.log): with no idle gap the clock
@@ -56,6 +56,7 @@ class Measure:
     span_ms: float = 20.0
     rounds: int = 100
     ci_target: float = 0.005
+    time_factor: float = 1.5
 
     def __post_init__(self) -> None:
         if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) or self.warmup < 0:
@@ -77,7 +78,7 @@ class Measure:
         if self.interleave not in (True, False, "auto"):
             raise UserError(f"measure.interleave: must be true, false or auto, got {self.interleave!r}")
         _positive_int(self.rounds, "measure.rounds")
-        for name, top in (("span_ms", 60_000), ("ci_target", 1)):
+        for name, top in (("span_ms", 60_000), ("ci_target", 1), ("time_factor", 100)):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= top:
                 raise UserError(f"measure.{name}: must be a number in (0, {top}], got {value!r}")

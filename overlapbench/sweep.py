@@ -169,7 +169,7 @@ def measure_batch(rt: runtime.Runtime, todo: list[Point], work: Workload, spec: 
     reference = dataclasses.replace(todo[0], strategy=name, knobs=knobs)
     m = spec.measure
     plan = interleave.Plan(m.span_ms, m.rounds, m.ci_target, m.warmup_s, seed=todo[0].seed,
-                           iters=m.iters, min_time_s=m.min_time_s)
+                           iters=m.iters, min_time_s=m.min_time_s, budget_factor=m.time_factor)
 
     def prepare(point: Point, crowded: bool):
         return prepare_point(rt, point, work, spec, capture=True, crowded=crowded)

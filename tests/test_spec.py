@@ -85,6 +85,7 @@ def test_irrelevant_knobs_do_not_double_points():
         ({"measure": {"rounds": 0}}, (), "measure.rounds"),
         ({"measure": {"ci_target": True}}, (), "measure.ci_target"),
         ({"measure": {"ci_target": 2}}, (), "measure.ci_target"),
+        ({"measure": {"time_factor": 0}}, (), "measure.time_factor"),
         ({"shape": {"hidden": 64}}, ("model",), "shape.ffn"),
         ({"shape": {"hidden": 64, "ffn": 128, "heads": 4, "kv_heads": 3, "head_dim": 16}}, ("model",), "shape.kv_heads"),
         ({"shape": {"hidden": -64, "ffn": 128, "heads": 4, "kv_heads": 2, "head_dim": 16}}, ("model",), "shape.hidden"),
