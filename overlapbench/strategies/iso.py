@@ -1,6 +1,7 @@
 """`iso` (ISO): cut every prefill sequence at the same fraction; chunk 1 holds the prefixes,
 chunk 2 the suffixes, whose attention reads the prefixes' keys and values (lower-right causal
-mask). The overlap schedule is split.py's; only the cut lives here.
+mask; overlapbench/attention.py). The KV buffer follows chunk 1's layout, so every suffix's
+prefix attention is one ragged call. The overlap schedule is split.py's; only the cut lives here.
 
 `split_ratio: balanced` picks the fraction that gives both chunks the same FLOPs. A prefix of c
 tokens of a sequence costs  g*c + a*c^2/2,  its suffix  g*(L-c) + a*(L^2-c^2)/2,  where g is the
@@ -89,8 +90,9 @@ class Iso(SplitStrategy):
         if ratio == "balanced":
             ratio = balanced_ratio(ctx.stack.shape, ctx.stack.tp, seq_lens)
         prefix = cuts(seq_lens, ratio, knobs["align"])
-        first = make_chunk(seq_lens, [(i, 0, c) for i, c in enumerate(prefix)], 0, device)
-        second = make_chunk(seq_lens, [(i, c, n) for i, (c, n) in enumerate(zip(prefix, seq_lens))], first.end, device)
+        kv_rows = sequence_starts(tuple(prefix))  # the KV buffer in chunk 1's layout: prefixes back to back
+        first = make_chunk(seq_lens, [(i, 0, c) for i, c in enumerate(prefix)], 0, device, kv_rows)
+        second = make_chunk(seq_lens, [(i, c, n) for i, (c, n) in enumerate(zip(prefix, seq_lens))], first.end, device, kv_rows)
         order = None
         if len(seq_lens) > 1:  # prefixes first, then suffixes: gather rows into that layout
             starts = sequence_starts(seq_lens)
