@@ -12,6 +12,8 @@ text instead of stopping:
      varlen, varlen_attn, nested-jagged SDPA): whether K/V with fewer heads go in as they are,
      the mask alignment of is_causal with q_len != kv_len, and the shape, strides, dtype and base
      of the log-sum-exp they return, each checked against a float32 reference;
+  3b. what overlapbench/attention.py picks here, and its token_split / iso chunks (batches of
+     unequal sequences: the ragged calls) against the reference, eager and from a CUDA graph;
   4. timings (CUDA events, median of 20 after warm-up) at 4K..32K tokens, llama3-70b and
      llama3-8b TP=2 heads: whole causal attention, today's chunk-2 path, the two cuDNN calls
      merged by kernels/lse_merge.py, and a batch of 64 short sequences (loop vs one ragged call).
@@ -340,6 +342,73 @@ def ragged(model: str, hq: int, hkv: int, scale: float) -> None:
             attempt("ragged", f"{model} nested-jagged SDPA causal {label} {backend.name}", lambda b=backend, g=gqa: nested(b, g))
 
 
+# ----------------------------------------------------------------------------- 3b. overlapbench's own path
+
+
+def overlapbench_path() -> None:
+    """What overlapbench.attention picks here, and its split chunks against the reference, eager
+    and replayed from a CUDA graph (iso's batch: the ragged calls)."""
+    from overlapbench import attention, attention_kernels
+    from overlapbench.layer import KVBuffer, make_chunk, sequence_starts, token_range
+
+    for model, (hq, hkv) in HEADS.items():
+        attempt("ours", f"{model} select", lambda hq=hq, hkv=hkv: {
+            "kernel": (lambda k: f"{type(k).__name__} {vars(k)}")(attention_kernels.select(DEV, torch.bfloat16, hq, hkv, D))})
+        cases = {"token_split (1000,) cut 517": ((1000,), "token", 517),
+                 "token_split (300,700,77) cut 611": ((300, 700, 77), "token", 611),
+                 "iso (300,700,77,1,129) ratio 0.45": ((300, 700, 77, 1, 129), "iso", 0.45)}
+        for name, (seq_lens, kind, where) in cases.items():
+            def run(seq_lens=seq_lens, kind=kind, where=where, hq=hq, hkv=hkv):
+                tokens = sum(seq_lens)
+                if kind == "token":
+                    chunks, order = [token_range(seq_lens, 0, where, DEV), token_range(seq_lens, where, tokens, DEV)], torch.arange(tokens)
+                else:
+                    prefix = [max(1, min(n - 1, round(where * n))) if n > 1 else n for n in seq_lens]
+                    kv_rows = sequence_starts(tuple(prefix))
+                    first = make_chunk(seq_lens, [(i, 0, c) for i, c in enumerate(prefix)], 0, DEV, kv_rows)
+                    second = make_chunk(seq_lens, [(i, c, n) for i, (c, n) in enumerate(zip(prefix, seq_lens))], first.end, DEV, kv_rows)
+                    starts = sequence_starts(seq_lens)
+                    order = torch.cat([torch.arange(s, s + c) for s, c in zip(starts, prefix)]
+                                      + [torch.arange(s + c, s + n) for s, c, n in zip(starts, prefix, seq_lens)])
+                    chunks = [first, second]
+                q, k, v = layer_qkv(tokens, hq, hkv, seed=tokens)
+                ref = torch.cat([reference(q[s : s + n], k[s : s + n], v[s : s + n], "top_left")[0]
+                                 for s, n in zip(sequence_starts(seq_lens), seq_lens)])
+                order = order.to(DEV)
+                kv = KVBuffer(tokens, hkv, D, torch.bfloat16, DEV)
+                outs = [torch.empty(c.size, hq * D, dtype=torch.bfloat16, device=DEV) for c in chunks]
+                ins = [(q[order[c.begin : c.end]], k[order[c.begin : c.end]], v[order[c.begin : c.end]]) for c in chunks]
+
+                def step():
+                    for c, (cq, ck, cv), o in zip(chunks, ins, outs):
+                        kv.store(c, ck, cv)
+                        attention.causal_attention(c.attention, cq, ck, cv, kv.k, kv.v, out=o)
+
+                with attention.recording() as ran:
+                    step()
+                got = torch.empty_like(ref)
+                got[order] = torch.cat(outs).view(-1, hq, D).float()
+                eager = rel(got, ref)
+                for o in outs:
+                    o.zero_()
+                graph = torch.cuda.CUDAGraph()
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    step()  # warm on a side stream, as measure.py does
+                torch.cuda.current_stream().wait_stream(side)
+                with torch.cuda.graph(graph):
+                    step()
+                for o in outs:
+                    o.zero_()
+                graph.replay()
+                torch.cuda.synchronize()
+                got[order] = torch.cat(outs).view(-1, hq, D).float()
+                return {"ran": attention.describe(ran), "rel_err_eager": f"{eager:.1e}", "rel_err_graph": f"{rel(got, ref):.1e}"}
+
+            attempt("ours", f"{model} {name}", run)
+
+
 # ----------------------------------------------------------------------------- 4. timings
 
 
@@ -517,7 +586,7 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "probe_attention.jsonl").unlink(missing_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = False
-    for section in (environment, sdpa_backends, private_ops):
+    for section in (environment, sdpa_backends, private_ops, overlapbench_path):
         try:
             section()
         except Exception as e:  # noqa: BLE001
