@@ -20,13 +20,13 @@ HQ, HKV, D = 6, 2, 16
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens) -> torch.Tensor:
-    """Causal attention of every whole sequence, float64, K/V repeated to q's heads: [T, HQ, D]."""
-    out = []
+    """Causal attention of every whole sequence, float64, K/V repeated to q's heads: [T, Hq, D]."""
+    out, groups, dim = [], q.shape[1] // k.shape[1], q.shape[-1]
     for s, n in zip(sequence_starts(seq_lens), seq_lens):
         qq, kk, vv = (t[s : s + n].double() for t in (q, k, v))
-        kk, vv = kk.repeat_interleave(HQ // HKV, 1), vv.repeat_interleave(HQ // HKV, 1)
-        scores = torch.einsum("qhd,khd->hqk", qq, kk) / math.sqrt(D)
-        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        kk, vv = kk.repeat_interleave(groups, 1), vv.repeat_interleave(groups, 1)
+        scores = torch.einsum("qhd,khd->hqk", qq, kk) / math.sqrt(dim)
+        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
         out.append(torch.einsum("hqk,khd->qhd", torch.softmax(scores, -1), vv))
     return torch.cat(out)
 
@@ -60,16 +60,17 @@ def check(chunks, order, seq_lens, seed: int) -> None:
     assert err < 1e-4, f"{seq_lens}: rel err {err:.2e}"
 
 
-def token_split(seq_lens, cut: int):
+def token_split(seq_lens, cut: int, device="cpu"):
     tokens = sum(seq_lens)
-    return [token_range(seq_lens, 0, cut, "cpu"), token_range(seq_lens, cut, tokens, "cpu")], torch.arange(tokens)
+    return [token_range(seq_lens, 0, cut, device), token_range(seq_lens, cut, tokens, device)], torch.arange(tokens)
 
 
-def iso_split(seq_lens, ratio: float, align: int):
+def iso_split(seq_lens, ratio: float, align: int, device="cpu"):
+    """iso's chunks (as iso.py cuts them) and its layout order (natural row of each layout row)."""
     prefix = cuts(seq_lens, ratio, align)
     kv_rows = sequence_starts(tuple(prefix))
-    first = make_chunk(seq_lens, [(i, 0, c) for i, c in enumerate(prefix)], 0, "cpu", kv_rows)
-    second = make_chunk(seq_lens, [(i, c, n) for i, (c, n) in enumerate(zip(prefix, seq_lens))], first.end, "cpu", kv_rows)
+    first = make_chunk(seq_lens, [(i, 0, c) for i, c in enumerate(prefix)], 0, device, kv_rows)
+    second = make_chunk(seq_lens, [(i, c, n) for i, (c, n) in enumerate(zip(prefix, seq_lens))], first.end, device, kv_rows)
     starts = sequence_starts(seq_lens)
     order = [torch.arange(s, s + c) for s, c in zip(starts, prefix)]
     order += [torch.arange(s + c, s + n) for s, c, n in zip(starts, prefix, seq_lens)]
