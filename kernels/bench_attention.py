@@ -27,9 +27,9 @@ if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapben
 import torch  # noqa: E402
 
 from overlapbench import attention, attention_kernels  # noqa: E402
-from overlapbench.layer import KVBuffer, token_range  # noqa: E402
+from overlapbench.layer import KVBuffer, token_range, whole_batch  # noqa: E402
 from overlapbench.models import preset  # noqa: E402
-from overlapbench.strategies.iso import balanced_ratio, cuts  # noqa: E402
+from overlapbench.strategies import iso  # noqa: E402
 from overlapbench.strategies.token_split import split_point  # noqa: E402
 
 TP = 2
@@ -41,6 +41,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", type=Path, required=True, help="JSON lines, one per (model, tokens, cut, kernel)")
     p.add_argument("--models", type=lambda s: s.split(","), default=["llama3-70b", "llama3-8b"])
     p.add_argument("--tokens", type=ints, default=[1024, 2048, 4096, 8192, 16384, 32768])
+    p.add_argument("--batches", type=lambda s: [tuple(ints(b.replace("x", ","))) for b in s.split(";") if b],
+                   default=[(16, 512), (8, 2048)], help="'16x512;8x2048': batches of equal sequences, iso-cut")
     p.add_argument("--kernels", type=lambda s: s.split(","), default=["cudnn", "sdpa"])
     p.add_argument("--align", type=int, default=64, help="cut alignment, as the strategies' align knob")
     p.add_argument("--iters", type=int, default=20)
@@ -81,51 +83,75 @@ def timed_graph(fn, iters: int, warmup: int) -> tuple[float, float, float]:
     return ms.median().item(), ms.quantile(0.1).item(), ms.quantile(0.9).item()
 
 
-def pairs(queries: int, before: int) -> int:
-    """(query, key) pairs a causal mask keeps for `queries` rows after `before` earlier ones."""
-    return queries * before + queries * (queries + 1) // 2
-
-
 def use_kernel(name: str) -> None:
     os.environ[attention_kernels.ENV] = name
     attention_kernels.select.cache_clear()
 
 
-def bench_point(model: str, n: int, cut_name: str, cut: int, kernel: str, args, meta: dict) -> dict:
+def split_of(seq_lens: tuple[int, ...], cut: str, align: int, model: str, dev):
+    """(first, second, order, first tokens): token_split's aligned half of the flattened batch,
+    or ISO's cut of every sequence at the FLOP-balanced ratio."""
+    n = sum(seq_lens)
+    if cut == "half":
+        c = split_point(n, align)
+        return token_range(seq_lens, 0, c, dev), token_range(seq_lens, c, n, dev), torch.arange(n, device=dev), c
+    prefix = iso.cuts(seq_lens, iso.balanced_ratio(preset(model), TP, seq_lens), align)
+    first, second, order = iso.chunks(seq_lens, prefix, dev)
+    return first, second, (torch.arange(n, device=dev) if order is None else order), first.size
+
+
+def pairs_of(chunk) -> int:
+    """(query, key) pairs a causal mask keeps for a chunk's rows (their earlier positions included)."""
+    return sum(s.length * s.start + s.length * (s.length + 1) // 2 for s in chunk.segments)
+
+
+def bench_point(model: str, seq_lens: tuple[int, ...], cut_name: str, kernel: str, args, meta: dict) -> dict:
     shape = preset(model)
     hq, hkv, d = shape.heads // TP, shape.kv_heads // TP, shape.head_dim
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    n = sum(seq_lens)
     g = torch.Generator(device=dev).manual_seed(n)
     qkv = torch.randn(n, (hq + 2 * hkv) * d, generator=g, device=dev).to(dtype)
-    q = qkv[:, : hq * d].reshape(n, hq, d).contiguous()
-    k = qkv[:, hq * d : (hq + hkv) * d].reshape(n, hkv, d).contiguous()
-    v = qkv[:, (hq + hkv) * d :].view(n, hkv, d)  # a strided view, as the layer's
-    whole, first, second = (token_range((n,), lo, hi, dev) for lo, hi in ((0, n), (0, cut), (cut, n)))
+    first, second, order, cut = split_of(seq_lens, cut_name, args.align, model, dev)
+    whole = whole_batch(seq_lens, dev)
+    laid = qkv[order]  # the split's layout (natural for token_split)
+
+    def heads(t):  # q, k contiguous, v a strided view, as the layer makes them
+        q = t[:, : hq * d].reshape(-1, hq, d).contiguous()
+        return q, t[:, hq * d : (hq + hkv) * d].reshape(-1, hkv, d).contiguous(), t[:, (hq + hkv) * d :].view(-1, hkv, d)
+
+    natural, split = heads(qkv), heads(laid)
     kv = KVBuffer(n, hkv, d, dtype, dev)
     outs = [torch.empty(c.size, hq * d, dtype=dtype, device=dev) for c in (whole, first, second)]
 
-    def run(c):
-        rows, out = c.rows, outs[[whole, first, second].index(c)]
-        return lambda: attention.causal_attention(c.attention, q[rows], k[rows], v[rows], kv.k, kv.v, out=out)
+    def run(i, c, src):
+        q, k, v = (t[c.rows] for t in src)
+        return lambda: attention.causal_attention(c.attention, q, k, v, kv.k, kv.v, out=outs[i])
 
     use_kernel(kernel)
-    kv.store(first, k[: cut], v[: cut])
+    store = lambda: kv.store(first, split[1][first.rows], split[2][first.rows])  # noqa: E731
+    store()
     with attention.recording() as ran:
-        run(first)(), run(second)()
-    split = torch.cat([outs[1], outs[2]])
-    run(whole)()
-    rel_err = ((split.float() - outs[0].float()).norm() / outs[0].float().norm()).item()
-    parts = {"whole": (run(whole), pairs(n, 0)), "first": (run(first), pairs(cut, 0)),
-             "second": (run(second), pairs(n - cut, cut)), "store": (lambda: kv.store(first, k[:cut], v[:cut]), 0)}
-    row = dict(meta, model=model, heads=hq, kv_heads=hkv, tokens=n, cut=cut_name, first_tokens=cut,
-               kernel=kernel, ran=attention.describe(ran), rel_err_split_vs_whole=rel_err)
+        run(1, first, split)(), run(2, second, split)()
+    run(0, whole, natural)()
+    got = torch.empty_like(outs[0])
+    got[order] = torch.cat([outs[1], outs[2]])
+    rel_err = ((got.float() - outs[0].float()).norm() / outs[0].float().norm()).item()
+    parts = {"whole": (run(0, whole, natural), pairs_of(whole)), "first": (run(1, first, split), pairs_of(first)),
+             "second": (run(2, second, split), pairs_of(second)), "store": (store, 0)}
+    row = dict(meta, model=model, heads=hq, kv_heads=hkv, tokens=n, batch=list(seq_lens), cut=cut_name,
+               first_tokens=cut, kernel=kernel, ran=attention.describe(ran), rel_err_split_vs_whole=rel_err)
     for name, (fn, p) in parts.items():
         med, p10, p90 = timed_graph(fn, args.iters, args.warmup)
         row[f"{name}_ms"], row[f"{name}_p10_ms"], row[f"{name}_p90_ms"] = med, p10, p90
         row[f"{name}_tflops"] = 4 * hq * d * p / (med * 1e-3) / 1e12 if p else None
     row["split_over_whole"] = (row["first_ms"] + row["second_ms"]) / row["whole_ms"]
     return row
+
+
+def label(seq_lens: tuple[int, ...]) -> str:
+    return str(seq_lens[0]) if len(seq_lens) == 1 else f"{len(seq_lens)}x{seq_lens[0]}"
 
 
 def main() -> None:
@@ -139,32 +165,31 @@ def main() -> None:
                 torch=torch.__version__, triton=triton.__version__, cudnn=torch.backends.cudnn.version(),
                 iters=args.iters, align=args.align)
     print(f"{meta['device']}, torch {meta['torch']}, cuDNN {meta['cudnn']}; ms median of {args.iters} graph replays")
-    header = f"{'model':<11} {'tokens':>6} {'cut':<9} {'kernel':<6} {'whole':>8} {'first':>8} {'second':>8} {'store':>7} " \
-             f"{'split/w':>7} {'TF/s w':>7} {'TF/s 2nd':>8} {'rel_err':>8}"
+    header = f"{'model':<11} {'tokens':>8} {'cut':<9} {'kernel':<6} {'whole':>8} {'first':>8} {'second':>8} {'store':>7} " \
+             f"{'split/w':>7} {'TF/s w':>7} {'TF/s 2nd':>8} {'rel_err':>8}  ran"
     lines = []
     for model in args.models:
-        shape = preset(model)
-        for n in args.tokens:
-            cuts_of = {"half": split_point(n, args.align),
-                       "balanced": cuts((n,), balanced_ratio(shape, TP, (n,)), args.align)[0]}
-            for cut_name, cut in cuts_of.items():
-                for kernel in args.kernels:
-                    try:
-                        row = bench_point(model, n, cut_name, cut, kernel, args, meta)
-                    except Exception as e:  # noqa: BLE001 - a row that says what failed, and go on
-                        row = dict(meta, model=model, tokens=n, cut=cut_name, kernel=kernel,
-                                   error=f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
-                    with args.out.open("a") as f:
-                        f.write(json.dumps(row) + "\n")
-                    if "error" in row:
-                        line = f"{model:<11} {n:>6} {cut_name:<9} {kernel:<6} FAILED {row['error']}"
-                    else:
-                        line = (f"{model:<11} {n:>6} {cut_name:<9} {kernel:<6} {row['whole_ms']:8.3f} {row['first_ms']:8.3f} "
-                                f"{row['second_ms']:8.3f} {row['store_ms']:7.3f} {row['split_over_whole']:7.2f} "
-                                f"{row['whole_tflops']:7.0f} {row['second_tflops']:8.0f} {row['rel_err_split_vs_whole']:8.1e}")
-                    print(line, flush=True)
-                    lines.append(line)
-                torch.cuda.empty_cache()
+        points = [((n,), cut) for n in args.tokens for cut in ("half", "balanced")]
+        points += [((length,) * count, "balanced") for count, length in args.batches]
+        for seq_lens, cut_name in points:
+            for kernel in args.kernels:
+                try:
+                    row = bench_point(model, seq_lens, cut_name, kernel, args, meta)
+                except Exception as e:  # noqa: BLE001 - a row that says what failed, and go on
+                    row = dict(meta, model=model, tokens=sum(seq_lens), batch=list(seq_lens), cut=cut_name, kernel=kernel,
+                               error=f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
+                with args.out.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                what = f"{model:<11} {label(seq_lens):>8} {cut_name:<9} {kernel:<6}"
+                if "error" in row:
+                    line = f"{what} FAILED {row['error']}"
+                else:
+                    line = (f"{what} {row['whole_ms']:8.3f} {row['first_ms']:8.3f} {row['second_ms']:8.3f} "
+                            f"{row['store_ms']:7.3f} {row['split_over_whole']:7.2f} {row['whole_tflops']:7.0f} "
+                            f"{row['second_tflops']:8.0f} {row['rel_err_split_vs_whole']:8.1e}  {row['ran']}")
+                print(line, flush=True)
+                lines.append(line)
+            torch.cuda.empty_cache()
     print("\n" + header)
     print("\n".join(lines))
 

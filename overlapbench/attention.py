@@ -130,13 +130,14 @@ def causal_attention(
         return kernel.lower_right(plan, q, k, v, kv_k, kv_v, out)
     o_own, lse_own = kernel.causal(q, k, v, plan.own, want_lse=bool(plan.prefixed))
     if not plan.prefixed:
-        _note(kernel.name_for(plan.own))
+        _note(kernel.path(plan.own, plan.own))
         if out is None:  # no copy: the kernel's output, viewed as rows
             return o_own.reshape(rows, heads * dim)
         out.view(rows, heads, dim).copy_(o_own)
         return out
     assert kv_k is not None and kv_v is not None, "a chunk that continues a sequence needs its KV buffer"
-    _note(kernel.name_for(plan.own) + "+lse_merge")
+    paths = [kernel.path(plan.own, plan.own)] + [kernel.path(p.q_lens, p.k_lens) for p in plan.prefixed]
+    _note("+".join(dict.fromkeys(paths)) + "+lse_merge")  # e.g. cudnn+lse_merge, cudnn_batched+flash_varlen+lse_merge
     out3, done = out.view(rows, heads, dim), 0
     for p in plan.prefixed:
         if p.rows.start > done:  # rows of whole sequences: the own call's result as it is

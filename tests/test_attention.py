@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from overlapbench import attention, attention_kernels
-from overlapbench.layer import KVBuffer, make_chunk, sequence_starts, token_range
-from overlapbench.strategies.iso import cuts
+from overlapbench.layer import KVBuffer, sequence_starts, token_range
+from overlapbench.strategies import iso
 
 HQ, HKV, D = 6, 2, 16
 
@@ -67,14 +67,8 @@ def token_split(seq_lens, cut: int, device="cpu"):
 
 def iso_split(seq_lens, ratio: float, align: int, device="cpu"):
     """iso's chunks (as iso.py cuts them) and its layout order (natural row of each layout row)."""
-    prefix = cuts(seq_lens, ratio, align)
-    kv_rows = sequence_starts(tuple(prefix))
-    first = make_chunk(seq_lens, [(i, 0, c) for i, c in enumerate(prefix)], 0, device, kv_rows)
-    second = make_chunk(seq_lens, [(i, c, n) for i, (c, n) in enumerate(zip(prefix, seq_lens))], first.end, device, kv_rows)
-    starts = sequence_starts(seq_lens)
-    order = [torch.arange(s, s + c) for s, c in zip(starts, prefix)]
-    order += [torch.arange(s + c, s + n) for s, c, n in zip(starts, prefix, seq_lens)]
-    return [first, second], torch.cat(order)
+    first, second, order = iso.chunks(seq_lens, iso.cuts(seq_lens, ratio, align), device)
+    return [first, second], (torch.arange(sum(seq_lens), device=device) if order is None else order)
 
 
 @pytest.fixture(params=["math", "sdpa"])
@@ -189,3 +183,35 @@ def test_a_wrong_op_is_not_picked(fault):
         return (out * 1.1, lse) if fault == "output" else (out, lse + 0.5)
 
     assert attention_kernels._reading(op, torch.device("cpu"), torch.float32, HQ, HKV, D, [77], [45]) is None
+
+
+def test_cudnn_kernel_routes_runs_by_their_lengths():
+    """One run: dense cuDNN; equal runs: one batched call; unequal: flash varlen (or a loop)."""
+    reading = attention_kernels.LseReading(True, False)
+    kernel = attention_kernels.CudnnKernel(reading, batched=True, varlen=reading, contiguous_v=False)
+    ragged = lambda *n: attention_kernels.Ragged.of(list(n), "cpu")  # noqa: E731
+    assert kernel.path(ragged(70), ragged(70)) == "cudnn"
+    assert kernel.path(ragged(64, 64), ragged(40, 40)) == "cudnn_batched"
+    assert kernel.path(ragged(64, 64), ragged(40, 41)) == "flash_varlen"
+    no_varlen = attention_kernels.CudnnKernel(reading, batched=False, varlen=None, contiguous_v=False)
+    assert no_varlen.path(ragged(64, 64), ragged(40, 40)) == "cudnn_loop"
+
+
+def test_bench_script_writes_rows(tmp_path):
+    """kernels/bench_attention.py end to end on CPU (a smoke test: CPU times mean nothing)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "b.jsonl"
+    script = Path(__file__).resolve().parents[1] / "kernels" / "bench_attention.py"
+    done = subprocess.run([sys.executable, str(script), "--out", str(out), "--models", "llama3-8b", "--tokens", "130",
+                           "--batches", "3x50", "--kernels", "math", "--iters", "1", "--warmup", "0"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["tokens"], r["cut"]) for r in rows] == [(130, "half"), (130, "balanced"), (150, "balanced")]
+    for r in rows:
+        assert r["rel_err_split_vs_whole"] < 1e-5 and r["ran"] == "math,math+lse_merge"
+        assert r["first_tokens"] + 0 < r["tokens"] and r["split_over_whole"] > 0
