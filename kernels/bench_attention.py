@@ -24,19 +24,19 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapbench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from overlapbench import attention, attention_kernels  # noqa: E402
-from overlapbench.layer import KVBuffer, token_range, whole_batch  # noqa: E402
-from overlapbench.models import preset  # noqa: E402
-from overlapbench.strategies import iso  # noqa: E402
-from overlapbench.strategies.token_split import split_point  # noqa: E402
+from overlapbench import attention, attention_kernels
+from overlapbench.layer import KVBuffer, token_range, whole_batch
+from overlapbench.models import preset
+from overlapbench.strategies import iso
+from overlapbench.strategies.token_split import split_point
 
 TP = 2
 
 
 def parse_args() -> argparse.Namespace:
-    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
+    ints = lambda s: [int(x) for x in s.split(",")]
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="JSON lines, one per (model, tokens, cut, kernel)")
     p.add_argument("--models", type=lambda s: s.split(","), default=["llama3-70b", "llama3-8b"])
@@ -130,7 +130,7 @@ def bench_point(model: str, seq_lens: tuple[int, ...], cut_name: str, kernel: st
         return lambda: attention.causal_attention(c.attention, q, k, v, kv.k, kv.v, out=outs[i])
 
     use_kernel(kernel)
-    store = lambda: kv.store(first, split[1][first.rows], split[2][first.rows])  # noqa: E731
+    store = lambda: kv.store(first, split[1][first.rows], split[2][first.rows])
     store()
     with attention.recording() as ran:
         run(1, first, split)(), run(2, second, split)()
@@ -175,7 +175,7 @@ def main() -> None:
             for kernel in args.kernels:
                 try:
                     row = bench_point(model, seq_lens, cut_name, kernel, args, meta)
-                except Exception as e:  # noqa: BLE001 - a row that says what failed, and go on
+                except Exception as e:
                     row = dict(meta, model=model, tokens=sum(seq_lens), batch=list(seq_lens), cut=cut_name, kernel=kernel,
                                error=f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
                 with args.out.open("a") as f:

@@ -18,6 +18,9 @@ text instead of stopping:
      llama3-8b TP=2 heads: whole causal attention, today's chunk-2 path, the two cuDNN calls
      merged by kernels/lse_merge.py, and a batch of 64 short sequences (loop vs one ragged call).
 Rows go to $OUT/probe_attention.jsonl; the timing table is printed last.
+
+Long because it is one self-contained script the lead runs as is on the GPU machine; it is a
+record of facts, not part of the tool (results/h200x2/probes/ holds a run of it).
 """
 
 from __future__ import annotations
@@ -32,10 +35,10 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `kernels` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
-from torch.nn.attention.bias import causal_lower_right  # noqa: E402
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 D = 128
 HEADS = {"llama3-70b": (32, 4), "llama3-8b": (16, 4)}  # (q heads, kv heads) per rank at TP=2
@@ -60,7 +63,7 @@ def attempt(section: str, name: str, fn) -> object:
         detail = fn() or {}
         emit(section, name, True, **detail)
         return detail
-    except Exception as e:  # noqa: BLE001 - a probe records every failure and goes on
+    except Exception as e:
         msg = f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"
         emit(section, name, False, error=msg)
         if "--verbose" in sys.argv:
@@ -156,7 +159,8 @@ def environment() -> None:
 
         from torch.nn.attention import varlen as vl
 
-        return {"varlen_attn": str(inspect.signature(vl.varlen_attn))[:300], "members": [m for m in dir(vl) if not m.startswith("_")]}
+        members = [m for m in dir(vl) if not m.startswith("_")]
+        return {"varlen_attn": str(inspect.signature(vl.varlen_attn))[:300], "members": members}
 
     attempt("env", "torch.nn.attention.varlen", varlen)
 
@@ -174,6 +178,37 @@ def kernel_names(fn) -> list[str]:
     return sorted({n[:90] for n in names})
 
 
+def sdpa_case(case: str, sq: int, sk: int, mask: str, hq: int, hkv: int, backends: list) -> None:
+    q, _, _ = layer_qkv(sq, hq, hkv, seed=1)
+    _, k, v = layer_qkv(sk, hq, hkv, seed=2)
+    ref = reference(q, k, v, mask)[0]
+    for gqa in ("enable_gqa", "repeat"):
+        kk, vv = (k, v) if gqa == "enable_gqa" else (k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1))
+        kw = {"enable_gqa": True} if gqa == "enable_gqa" else {}
+        if mask == "top_left":
+            kw["is_causal"] = True
+        elif mask == "lower_right":
+            kw["attn_mask"] = causal_lower_right(sq, sk)
+
+        def call(kk=kk, vv=vv, kw=kw):
+            return F.scaled_dot_product_attention(bhsd(q), bhsd(kk), bhsd(vv), **kw)
+
+        for backend in backends:
+            label = "default" if backend is None else backend.name
+
+            def run(call=call, backend=backend):
+                if backend is None:
+                    out = call()
+                    detail = {"kernels": kernel_names(call)}
+                else:
+                    with sdpa_kernel([backend]):
+                        out = call()
+                    detail = {}
+                return {"rel_err": f"{rel(out.squeeze(0).transpose(0, 1), ref):.1e}"} | detail
+
+            attempt("sdpa", f"{case} {gqa} {label}", run)
+
+
 def sdpa_backends() -> None:
     hq, hkv = HEADS["llama3-70b"]
     cases = {  # name: (sq, sk, mask, sdpa kwargs builder)
@@ -183,75 +218,52 @@ def sdpa_backends() -> None:
     }
     backends = [None, SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
     for case, (sq, sk, mask) in cases.items():
-        q, _, _ = layer_qkv(sq, hq, hkv, seed=1)
-        _, k, v = layer_qkv(sk, hq, hkv, seed=2)
-        ref = reference(q, k, v, mask)[0]
-        for gqa in ("enable_gqa", "repeat"):
-            kk, vv = (k, v) if gqa == "enable_gqa" else (k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1))
-            kw = {"enable_gqa": True} if gqa == "enable_gqa" else {}
-            if mask == "top_left":
-                kw["is_causal"] = True
-            elif mask == "lower_right":
-                kw["attn_mask"] = causal_lower_right(sq, sk)
-
-            def call(kk=kk, vv=vv, kw=kw):
-                return F.scaled_dot_product_attention(bhsd(q), bhsd(kk), bhsd(vv), **kw)
-
-            for backend in backends:
-                label = "default" if backend is None else backend.name
-
-                def run(call=call, backend=backend):
-                    if backend is None:
-                        out = call()
-                        detail = {"kernels": kernel_names(call)}
-                    else:
-                        with sdpa_kernel([backend]):
-                            out = call()
-                        detail = {}
-                    return {"rel_err": f"{rel(out.squeeze(0).transpose(0, 1), ref):.1e}"} | detail
-
-                attempt("sdpa", f"{case} {gqa} {label}", run)
+        sdpa_case(case, sq, sk, mask, hq, hkv, backends)
 
 
 # ----------------------------------------------------------------------------- 3. private ops
 
 
+def private_ops_for(model: str, hq: int, hkv: int, scale: float) -> None:
+    sq, sk = 200, 456
+    q, _, _ = layer_qkv(sq, hq, hkv, seed=3)
+    _, k, v = layer_qkv(sk, hq, hkv, seed=4)
+    qs, ks, vs = layer_qkv(333, hq, hkv, seed=5)
+    cudnn = torch.ops.aten._scaled_dot_product_cudnn_attention
+    flash = torch.ops.aten._scaled_dot_product_flash_attention
+    eff = torch.ops.aten._scaled_dot_product_efficient_attention
+
+    def dense(op_name, args_of, qq, kk, vv, mask, causal):
+        def run():
+            res = args_of(bhsd(qq), bhsd(kk), bhsd(vv), causal)
+            out, lse = res[0], res[1]
+            ref_out, ref_lse = reference(qq, kk, vv, mask)
+            detail = {"out_shape": tuple(out.shape), "out_stride": tuple(out.stride()),
+                      "rel_err": f"{rel(out.squeeze(0).transpose(0, 1), ref_out):.1e}"}
+            if causal and qq.shape[0] != kk.shape[0]:
+                detail["mask"] = which_mask(out.squeeze(0).transpose(0, 1), qq, kk, vv)
+            return detail | describe_lse(lse, ref_lse, qq.shape[1], qq.shape[0])
+
+        attempt("op", f"{model} {op_name}", run)
+
+    cud = lambda a, b, c, causal: cudnn(a, b, c, None, True, 0.0, causal, False, scale=scale)
+    dense("cudnn gqa causal square", cud, qs, ks, vs, "top_left", True)
+    dense("cudnn gqa noncausal rect", cud, q, k, v, "none", False)
+    dense("cudnn gqa causal rect (alignment)", cud, q, k, v, "lower_right", True)
+    dense("cudnn gqa noncausal rect no-lse", lambda a, b, c, causal: cudnn(a, b, c, None, False, 0.0, causal, False, scale=scale),
+          q, k, v, "none", False)
+    fl = lambda a, b, c, causal: flash(a, b, c, 0.0, causal, False, scale=scale)
+    dense("flash gqa causal square", fl, qs, ks, vs, "top_left", True)
+    dense("flash gqa causal rect (alignment)", fl, q, k, v, "lower_right", True)
+    ef = lambda a, b, c, causal: eff(a, b, c, None, True, 0.0, causal, scale=scale)
+    dense("efficient gqa noncausal rect", ef, q, k, v, "none", False)
+    ragged(model, hq, hkv, scale)
+
+
 def private_ops() -> None:
     scale = 1 / math.sqrt(D)
     for model, (hq, hkv) in HEADS.items():
-        sq, sk = 200, 456
-        q, _, _ = layer_qkv(sq, hq, hkv, seed=3)
-        _, k, v = layer_qkv(sk, hq, hkv, seed=4)
-        qs, ks, vs = layer_qkv(333, hq, hkv, seed=5)
-        cudnn = torch.ops.aten._scaled_dot_product_cudnn_attention
-        flash = torch.ops.aten._scaled_dot_product_flash_attention
-        eff = torch.ops.aten._scaled_dot_product_efficient_attention
-
-        def dense(op_name, args_of, qq, kk, vv, mask, causal):
-            def run():
-                res = args_of(bhsd(qq), bhsd(kk), bhsd(vv), causal)
-                out, lse = res[0], res[1]
-                ref_out, ref_lse = reference(qq, kk, vv, mask)
-                detail = {"out_shape": tuple(out.shape), "out_stride": tuple(out.stride()),
-                          "rel_err": f"{rel(out.squeeze(0).transpose(0, 1), ref_out):.1e}"}
-                if causal and qq.shape[0] != kk.shape[0]:
-                    detail["mask"] = which_mask(out.squeeze(0).transpose(0, 1), qq, kk, vv)
-                return detail | describe_lse(lse, ref_lse, qq.shape[1], qq.shape[0])
-
-            attempt("op", f"{model} {op_name}", run)
-
-        cud = lambda a, b, c, causal: cudnn(a, b, c, None, True, 0.0, causal, False, scale=scale)  # noqa: E731
-        dense("cudnn gqa causal square", cud, qs, ks, vs, "top_left", True)
-        dense("cudnn gqa noncausal rect", cud, q, k, v, "none", False)
-        dense("cudnn gqa causal rect (alignment)", cud, q, k, v, "lower_right", True)
-        dense("cudnn gqa noncausal rect no-lse", lambda a, b, c, causal: cudnn(a, b, c, None, False, 0.0, causal, False, scale=scale),
-              q, k, v, "none", False)
-        fl = lambda a, b, c, causal: flash(a, b, c, 0.0, causal, False, scale=scale)  # noqa: E731
-        dense("flash gqa causal square", fl, qs, ks, vs, "top_left", True)
-        dense("flash gqa causal rect (alignment)", fl, q, k, v, "lower_right", True)
-        ef = lambda a, b, c, causal: eff(a, b, c, None, True, 0.0, causal, scale=scale)  # noqa: E731
-        dense("efficient gqa noncausal rect", ef, q, k, v, "none", False)
-        ragged(model, hq, hkv, scale)
+        private_ops_for(model, hq, hkv, scale)
 
 
 def packed(lens: list[int], hq: int, hkv: int, seed: int):
@@ -307,7 +319,8 @@ def ragged(model: str, hq: int, hkv: int, scale: float) -> None:
             return check(res[0], res[1])
 
         def varlen_attn(q=q, k=k, v=v, c_q=c_q, c_k=c_k, causal=causal, mq=mq, mk=mk):
-            from torch.nn.attention.varlen import AuxRequest, varlen_attn as va
+            from torch.nn.attention.varlen import AuxRequest
+            from torch.nn.attention.varlen import varlen_attn as va
 
             gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
             out, aux = va(q, k, v, c_q, c_k, mq, mk, return_aux=AuxRequest(lse=True), scale=scale,
@@ -345,68 +358,69 @@ def ragged(model: str, hq: int, hkv: int, scale: float) -> None:
 # ----------------------------------------------------------------------------- 3b. overlapbench's own path
 
 
+def overlapbench_path_for(model: str, hq: int, hkv: int) -> None:
+    from overlapbench import attention, attention_kernels
+    from overlapbench.layer import KVBuffer, sequence_starts, token_range
+    from overlapbench.strategies import iso
+
+    attempt("ours", f"{model} select", lambda hq=hq, hkv=hkv: {
+        "kernel": (lambda k: f"{type(k).__name__} {vars(k)}")(attention_kernels.select(DEV, torch.bfloat16, hq, hkv, D))})
+    cases = {"token_split (1000,) cut 517": ((1000,), "token", 517),
+             "token_split (300,700,77) cut 611": ((300, 700, 77), "token", 611),
+             "iso (300,700,77,1,129) ratio 0.45": ((300, 700, 77, 1, 129), "iso", 0.45)}
+    for name, (seq_lens, kind, where) in cases.items():
+        def run(seq_lens=seq_lens, kind=kind, where=where, hq=hq, hkv=hkv):
+            tokens = sum(seq_lens)
+            order = torch.arange(tokens)
+            if kind == "token":
+                chunks = [token_range(seq_lens, 0, where, DEV), token_range(seq_lens, where, tokens, DEV)]
+            else:
+                first, second, laid = iso.chunks(seq_lens, iso.cuts(seq_lens, where, 1), DEV)
+                chunks, order = [first, second], (order if laid is None else laid)
+            q, k, v = layer_qkv(tokens, hq, hkv, seed=tokens)
+            ref = torch.cat([reference(q[s : s + n], k[s : s + n], v[s : s + n], "top_left")[0]
+                             for s, n in zip(sequence_starts(seq_lens), seq_lens, strict=True)])
+            order = order.to(DEV)
+            kv = KVBuffer(tokens, hkv, D, torch.bfloat16, DEV)
+            outs = [torch.empty(c.size, hq * D, dtype=torch.bfloat16, device=DEV) for c in chunks]
+            ins = [(q[order[c.begin : c.end]], k[order[c.begin : c.end]], v[order[c.begin : c.end]]) for c in chunks]
+
+            def step():
+                for c, (cq, ck, cv), o in zip(chunks, ins, outs, strict=True):
+                    kv.store(c, ck, cv)
+                    attention.causal_attention(c.attention, cq, ck, cv, kv.k, kv.v, out=o)
+
+            with attention.recording() as ran:
+                step()
+            got = torch.empty_like(ref)
+            got[order] = torch.cat(outs).view(-1, hq, D).float()
+            eager = rel(got, ref)
+            for o in outs:
+                o.zero_()
+            graph = torch.cuda.CUDAGraph()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                step()  # warm on a side stream, as measure.py does
+            torch.cuda.current_stream().wait_stream(side)
+            with torch.cuda.graph(graph):
+                step()
+            for o in outs:
+                o.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            got[order] = torch.cat(outs).view(-1, hq, D).float()
+            return {"ran": attention.describe(ran), "rel_err_eager": f"{eager:.1e}", "rel_err_graph": f"{rel(got, ref):.1e}"}
+
+        attempt("ours", f"{model} {name}", run)
+
+
 def overlapbench_path() -> None:
     """What overlapbench.attention picks here, and its split chunks against the reference, eager
     and replayed from a CUDA graph (iso's batch: the ragged calls)."""
-    from overlapbench import attention, attention_kernels
-    from overlapbench.layer import KVBuffer, make_chunk, sequence_starts, token_range
 
     for model, (hq, hkv) in HEADS.items():
-        attempt("ours", f"{model} select", lambda hq=hq, hkv=hkv: {
-            "kernel": (lambda k: f"{type(k).__name__} {vars(k)}")(attention_kernels.select(DEV, torch.bfloat16, hq, hkv, D))})
-        cases = {"token_split (1000,) cut 517": ((1000,), "token", 517),
-                 "token_split (300,700,77) cut 611": ((300, 700, 77), "token", 611),
-                 "iso (300,700,77,1,129) ratio 0.45": ((300, 700, 77, 1, 129), "iso", 0.45)}
-        for name, (seq_lens, kind, where) in cases.items():
-            def run(seq_lens=seq_lens, kind=kind, where=where, hq=hq, hkv=hkv):
-                tokens = sum(seq_lens)
-                if kind == "token":
-                    chunks, order = [token_range(seq_lens, 0, where, DEV), token_range(seq_lens, where, tokens, DEV)], torch.arange(tokens)
-                else:
-                    prefix = [max(1, min(n - 1, round(where * n))) if n > 1 else n for n in seq_lens]
-                    kv_rows = sequence_starts(tuple(prefix))
-                    first = make_chunk(seq_lens, [(i, 0, c) for i, c in enumerate(prefix)], 0, DEV, kv_rows)
-                    second = make_chunk(seq_lens, [(i, c, n) for i, (c, n) in enumerate(zip(prefix, seq_lens))], first.end, DEV, kv_rows)
-                    starts = sequence_starts(seq_lens)
-                    order = torch.cat([torch.arange(s, s + c) for s, c in zip(starts, prefix)]
-                                      + [torch.arange(s + c, s + n) for s, c, n in zip(starts, prefix, seq_lens)])
-                    chunks = [first, second]
-                q, k, v = layer_qkv(tokens, hq, hkv, seed=tokens)
-                ref = torch.cat([reference(q[s : s + n], k[s : s + n], v[s : s + n], "top_left")[0]
-                                 for s, n in zip(sequence_starts(seq_lens), seq_lens)])
-                order = order.to(DEV)
-                kv = KVBuffer(tokens, hkv, D, torch.bfloat16, DEV)
-                outs = [torch.empty(c.size, hq * D, dtype=torch.bfloat16, device=DEV) for c in chunks]
-                ins = [(q[order[c.begin : c.end]], k[order[c.begin : c.end]], v[order[c.begin : c.end]]) for c in chunks]
-
-                def step():
-                    for c, (cq, ck, cv), o in zip(chunks, ins, outs):
-                        kv.store(c, ck, cv)
-                        attention.causal_attention(c.attention, cq, ck, cv, kv.k, kv.v, out=o)
-
-                with attention.recording() as ran:
-                    step()
-                got = torch.empty_like(ref)
-                got[order] = torch.cat(outs).view(-1, hq, D).float()
-                eager = rel(got, ref)
-                for o in outs:
-                    o.zero_()
-                graph = torch.cuda.CUDAGraph()
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    step()  # warm on a side stream, as measure.py does
-                torch.cuda.current_stream().wait_stream(side)
-                with torch.cuda.graph(graph):
-                    step()
-                for o in outs:
-                    o.zero_()
-                graph.replay()
-                torch.cuda.synchronize()
-                got[order] = torch.cat(outs).view(-1, hq, D).float()
-                return {"ran": attention.describe(ran), "rel_err_eager": f"{eager:.1e}", "rel_err_graph": f"{rel(got, ref):.1e}"}
-
-            attempt("ours", f"{model} {name}", run)
+        overlapbench_path_for(model, hq, hkv)
 
 
 # ----------------------------------------------------------------------------- 4. timings
@@ -425,93 +439,127 @@ def median_ms(fn, iters: int = 20, warmup: int = 3) -> float:
     return sorted(s.elapsed_time(e) for s, e in events)[iters // 2]
 
 
-def timings(sizes: list[int]) -> list[dict]:
+def time_size(model: str, hq: int, hkv: int, n: int) -> dict:
+    """One token count: every variant's median ms, the merged chunk 2's error against today's."""
     from kernels.lse_merge import lse_merge
 
     scale = 1 / math.sqrt(D)
     cudnn = torch.ops.aten._scaled_dot_product_cudnn_attention
+    p = n // 2
+    q, k, v = layer_qkv(n, hq, hkv, seed=n)
+    q2 = q[p:]
+    groups = hq // hkv
+
+    def whole_sdpa():
+        return F.scaled_dot_product_attention(bhsd(q), bhsd(k), bhsd(v), is_causal=True, enable_gqa=True)
+
+    def cudnn_call(qq, kk, vv, causal, lse):
+        return cudnn(bhsd(qq), bhsd(kk), bhsd(vv), None, lse, 0.0, causal, False, scale=scale)
+
+    def c2_today():
+        kr, vr = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+        return F.scaled_dot_product_attention(bhsd(q2), bhsd(kr), bhsd(vr), attn_mask=causal_lower_right(n - p, n))
+
+    def c2_fa2_gqa():
+        return torch.ops.aten._scaled_dot_product_flash_attention(bhsd(q2), bhsd(k), bhsd(v), 0.0, True, False, scale=scale)
+
+    def parts():
+        o1, l1 = cudnn_call(q2, k[:p], v[:p], False, True)[:2]
+        o2, l2 = cudnn_call(q2, k[p:], v[p:], True, True)[:2]
+        return o1, l1, o2, l2
+
+    def flat(o, lse):
+        return o.squeeze(0).transpose(0, 1), lse.reshape(hq, n - p)
+
+    def merge_torch(o1, l1, o2, l2):
+        a, b = l1.reshape(hq, -1, 1).float(), l2.reshape(hq, -1, 1).float()
+        m = torch.maximum(a, b)
+        wa, wb = torch.exp(a - m), torch.exp(b - m)
+        return ((o1.float() * wa + o2.float() * wb) / (wa + wb)).to(q.dtype)
+
+    def c2_two_triton():
+        o1, l1, o2, l2 = parts()
+        a, la = flat(o1, l1)
+        b, lb = flat(o2, l2)
+        return lse_merge(a, la, b, lb)
+
+    def c2_two_torch():
+        return merge_torch(*parts())
+
+    res = {"model": model, "tokens": n}
+    variants = {
+        "whole_sdpa": whole_sdpa,
+        "whole_cudnn": lambda: cudnn_call(q, k, v, True, False),
+        "whole_cudnn_lse": lambda: cudnn_call(q, k, v, True, True),
+        "c1_cudnn": lambda: cudnn_call(q[:p], k[:p], v[:p], True, False),
+        "c2_today": c2_today,
+        "c2_fa2_gqa": c2_fa2_gqa,
+        "c2_prefix_cudnn": lambda: cudnn_call(q2, k[:p], v[:p], False, True),
+        "c2_self_cudnn": lambda: cudnn_call(q2, k[p:], v[p:], True, True),
+        "c2_two_torch": c2_two_torch,
+        "c2_two_triton": c2_two_triton,
+        "c2_recompute": lambda: cudnn_call(q, k, v, True, False),
+    }
+    try:  # correctness at scale, bf16: the merged chunk 2 against today's
+        ref = c2_today().squeeze(0).transpose(0, 1)
+        res["c2_two_rel_err"] = rel(c2_two_triton(), ref)
+    except Exception as e:
+        res["c2_two_rel_err"] = f"{type(e).__name__}: {str(e)[:200]}"
+    try:
+        o1, l1, o2, l2 = parts()
+        a, la = flat(o1, l1)
+        b, lb = flat(o2, l2)
+        res["merge_triton"] = median_ms(lambda: lse_merge(a, la, b, lb))
+        res["merge_torch"] = median_ms(lambda: merge_torch(o1, l1, o2, l2))
+    except Exception as e:
+        res["merge_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    for name, fn in variants.items():
+        try:
+            res[name] = median_ms(fn)
+        except Exception as e:
+            res[name] = None
+            res[name + "_error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    emit("time", f"{model} {n}", True, **res)
+    return res
+
+
+def timings(sizes: list[int]) -> list[dict]:
     table = []
     for model, (hq, hkv) in HEADS.items():
         for n in sizes:
-            p = n // 2
-            q, k, v = layer_qkv(n, hq, hkv, seed=n)
-            q2 = q[p:]
-            groups = hq // hkv
-
-            def whole_sdpa():
-                return F.scaled_dot_product_attention(bhsd(q), bhsd(k), bhsd(v), is_causal=True, enable_gqa=True)
-
-            def cudnn_call(qq, kk, vv, causal, lse):
-                return cudnn(bhsd(qq), bhsd(kk), bhsd(vv), None, lse, 0.0, causal, False, scale=scale)
-
-            def c2_today():
-                kr, vr = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-                return F.scaled_dot_product_attention(bhsd(q2), bhsd(kr), bhsd(vr), attn_mask=causal_lower_right(n - p, n))
-
-            def c2_fa2_gqa():
-                return torch.ops.aten._scaled_dot_product_flash_attention(bhsd(q2), bhsd(k), bhsd(v), 0.0, True, False, scale=scale)
-
-            def parts():
-                o1, l1 = cudnn_call(q2, k[:p], v[:p], False, True)[:2]
-                o2, l2 = cudnn_call(q2, k[p:], v[p:], True, True)[:2]
-                return o1, l1, o2, l2
-
-            def flat(o, lse):
-                return o.squeeze(0).transpose(0, 1), lse.reshape(hq, n - p)
-
-            def merge_torch(o1, l1, o2, l2):
-                a, b = l1.reshape(hq, -1, 1).float(), l2.reshape(hq, -1, 1).float()
-                m = torch.maximum(a, b)
-                wa, wb = torch.exp(a - m), torch.exp(b - m)
-                return ((o1.float() * wa + o2.float() * wb) / (wa + wb)).to(q.dtype)
-
-            def c2_two_triton():
-                o1, l1, o2, l2 = parts()
-                a, la = flat(o1, l1)
-                b, lb = flat(o2, l2)
-                return lse_merge(a, la, b, lb)
-
-            def c2_two_torch():
-                return merge_torch(*parts())
-
-            res = {"model": model, "tokens": n}
-            variants = {
-                "whole_sdpa": whole_sdpa,
-                "whole_cudnn": lambda: cudnn_call(q, k, v, True, False),
-                "whole_cudnn_lse": lambda: cudnn_call(q, k, v, True, True),
-                "c1_cudnn": lambda: cudnn_call(q[:p], k[:p], v[:p], True, False),
-                "c2_today": c2_today,
-                "c2_fa2_gqa": c2_fa2_gqa,
-                "c2_prefix_cudnn": lambda: cudnn_call(q2, k[:p], v[:p], False, True),
-                "c2_self_cudnn": lambda: cudnn_call(q2, k[p:], v[p:], True, True),
-                "c2_two_torch": c2_two_torch,
-                "c2_two_triton": c2_two_triton,
-                "c2_recompute": lambda: cudnn_call(q, k, v, True, False),
-            }
-            try:  # correctness at scale, bf16: the merged chunk 2 against today's
-                ref = c2_today().squeeze(0).transpose(0, 1)
-                res["c2_two_rel_err"] = rel(c2_two_triton(), ref)
-            except Exception as e:  # noqa: BLE001
-                res["c2_two_rel_err"] = f"{type(e).__name__}: {str(e)[:200]}"
-            try:
-                o1, l1, o2, l2 = parts()
-                a, la = flat(o1, l1)
-                b, lb = flat(o2, l2)
-                res["merge_triton"] = median_ms(lambda: lse_merge(a, la, b, lb))
-                res["merge_torch"] = median_ms(lambda: merge_torch(o1, l1, o2, l2))
-            except Exception as e:  # noqa: BLE001
-                res["merge_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-            for name, fn in variants.items():
-                try:
-                    res[name] = median_ms(fn)
-                except Exception as e:  # noqa: BLE001
-                    res[name] = None
-                    res[name + "_error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
-            emit("time", f"{model} {n}", True, **res)
-            table.append(res)
-            del q, k, v, q2
+            table.append(time_size(model, hq, hkv, n))
             torch.cuda.empty_cache()
     return table
+
+
+def batch_timing(model: str, hq: int, hkv: int, scale: float) -> dict:
+    ragged_op = torch.ops.aten._cudnn_attention_forward
+    lens = [512] * 64
+    q, k, v, cu = packed(lens, hq, hkv, seed=9)
+    res = {"model": model, "batch": "64x512"}
+
+    def loop():
+        for i in range(len(lens)):
+            s = slice(512 * i, 512 * (i + 1))
+            F.scaled_dot_product_attention(bhsd(q[s]), bhsd(k[s]), bhsd(v[s]), is_causal=True, enable_gqa=True)
+
+    variants = {
+        "loop_sdpa": loop,
+        "ragged_cudnn": lambda: ragged_op(q, k, v, None, cu, cu, 512, 512, False, 0.0, True, False, scale=scale),
+        "ragged_cudnn_lse": lambda: ragged_op(q, k, v, None, cu, cu, 512, 512, True, 0.0, True, False, scale=scale),
+        "varlen_flash": lambda: torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, 512, 512, 0.0, True, False, scale=scale),
+        "batched_cudnn_4d": lambda: torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q.view(64, 512, hq, D).transpose(1, 2), k.view(64, 512, hkv, D).transpose(1, 2),
+            v.reshape(64, 512, hkv, D).transpose(1, 2), None, False, 0.0, True, False, scale=scale),
+    }
+    for name, fn in variants.items():
+        try:
+            res[name] = median_ms(fn)
+        except Exception as e:
+            res[name] = None
+            res[name + "_error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    emit("time", f"{model} batch 64x512", True, **res)
+    return res
 
 
 def batch_timings() -> list[dict]:
@@ -519,32 +567,7 @@ def batch_timings() -> list[dict]:
     scale = 1 / math.sqrt(D)
     rows = []
     for model, (hq, hkv) in HEADS.items():
-        lens = [512] * 64
-        q, k, v, cu = packed(lens, hq, hkv, seed=9)
-        res = {"model": model, "batch": "64x512"}
-
-        def loop():
-            for i in range(len(lens)):
-                s = slice(512 * i, 512 * (i + 1))
-                F.scaled_dot_product_attention(bhsd(q[s]), bhsd(k[s]), bhsd(v[s]), is_causal=True, enable_gqa=True)
-
-        variants = {
-            "loop_sdpa": loop,
-            "ragged_cudnn": lambda: torch.ops.aten._cudnn_attention_forward(q, k, v, None, cu, cu, 512, 512, False, 0.0, True, False, scale=scale),
-            "ragged_cudnn_lse": lambda: torch.ops.aten._cudnn_attention_forward(q, k, v, None, cu, cu, 512, 512, True, 0.0, True, False, scale=scale),
-            "varlen_flash": lambda: torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, 512, 512, 0.0, True, False, scale=scale),
-            "batched_cudnn_4d": lambda: torch.ops.aten._scaled_dot_product_cudnn_attention(
-                q.view(64, 512, hq, D).transpose(1, 2), k.view(64, 512, hkv, D).transpose(1, 2),
-                v.reshape(64, 512, hkv, D).transpose(1, 2), None, False, 0.0, True, False, scale=scale),
-        }
-        for name, fn in variants.items():
-            try:
-                res[name] = median_ms(fn)
-            except Exception as e:  # noqa: BLE001
-                res[name] = None
-                res[name + "_error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
-        emit("time", f"{model} batch 64x512", True, **res)
-        rows.append(res)
+        rows.append(batch_timing(model, hq, hkv, scale))
     return rows
 
 
@@ -563,7 +586,8 @@ def print_table(table: list[dict], batches: list[dict]) -> None:
 
         def ratio(c2, r=r, whole=whole):
             c1 = r.get("c1_cudnn")
-            return f"{(c1 + r[c2]) / whole:6.2f}" if whole and isinstance(c1, float) and isinstance(r.get(c2), float) else "     -"
+            known = whole and isinstance(c1, float) and isinstance(r.get(c2), float)
+            return f"{(c1 + r[c2]) / whole:6.2f}" if known else "     -"
 
         print(f"{r['model']:<11} {r['tokens']:>6} " + " ".join(fmt(r.get(c)) for c in cols)
               + f"   {ratio('c2_today')}  {ratio('c2_two_triton')}  {ratio('c2_recompute')}")
@@ -589,14 +613,14 @@ def main() -> None:
     for section in (environment, sdpa_backends, private_ops, overlapbench_path):
         try:
             section()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             emit("probe", section.__name__, False, error=f"{type(e).__name__}: {str(e)[:300]}")
     table, batches = [], []
     if not args.skip_timings:
         try:
             table = timings(args.tokens)
             batches = batch_timings()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             emit("probe", "timings", False, error=f"{type(e).__name__}: {str(e)[:300]}")
     print_table(table, batches)
 

@@ -21,8 +21,9 @@ against a float32 reference (`kernels.select`); `ran()` names what ran, for the 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Protocol
+from typing import Protocol
 
 import torch
 
@@ -58,7 +59,7 @@ class ChunkPlan:
     prefixed: list[Prefixed]
 
     @classmethod
-    def of(cls, segments: tuple[SegmentLike, ...], size: int, device) -> "ChunkPlan":
+    def of(cls, segments: tuple[SegmentLike, ...], size: int, device) -> ChunkPlan:
         own = kernels.Ragged.of([s.length for s in segments], device)
         groups: list[list[SegmentLike]] = []
         for s in segments:

@@ -43,7 +43,7 @@ class Ragged:
     max: int
 
     @classmethod
-    def of(cls, lengths: list[int], device) -> "Ragged":
+    def of(cls, lengths: list[int], device) -> Ragged:
         cu = [0]
         for n in lengths:
             cu.append(cu[-1] + n)
@@ -54,7 +54,7 @@ class Ragged:
         return [int(sum(self.lengths[:i])) for i in range(len(self.lengths))]
 
     def runs(self) -> list[slice]:
-        return [slice(s, s + n) for s, n in zip(self.starts, self.lengths)]
+        return [slice(s, s + n) for s, n in zip(self.starts, self.lengths, strict=True)]
 
 
 def bhsd(t: torch.Tensor) -> torch.Tensor:
@@ -87,7 +87,7 @@ class MathKernel:
         rows, hq, d = q.shape
         out = torch.empty(rows, hq, d, dtype=q.dtype, device=q.device)
         lse = torch.empty(hq, rows, dtype=torch.float32, device=q.device)
-        for qs, ks in zip(q_runs.runs(), k_runs.runs()):
+        for qs, ks in zip(q_runs.runs(), k_runs.runs(), strict=True):
             out[qs], lse[:, qs] = softmax_attention(q[qs], k[ks], v[ks], causal)
         return out, lse
 
@@ -124,7 +124,7 @@ def _cudnn_batched(q, k, v, runs: int, causal: bool, want_lse: bool):
     """`runs` runs of equal lengths as one batched cuDNN call (rows are evenly strided, so the
     batch is a view); the LSE comes back as [Hq, rows] read per batch the dense way."""
     rows, hq, d = q.shape
-    as_batch = lambda t: t.view(runs, t.shape[0] // runs, t.shape[1], d).transpose(1, 2)  # noqa: E731
+    as_batch = lambda t: t.view(runs, t.shape[0] // runs, t.shape[1], d).transpose(1, 2)
     out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
         as_batch(q), as_batch(k), as_batch(v), None, want_lse, 0.0, causal, False, scale=1 / math.sqrt(d))[:2]
     out = out.transpose(1, 2).reshape(rows, hq, d)
@@ -175,7 +175,7 @@ class CudnnKernel:
             return out.reshape(q.shape), (self.varlen.read(lse, hq, rows) if want_lse else None)
         out = torch.empty_like(q)
         lse = torch.empty(hq, rows, dtype=torch.float32, device=q.device) if want_lse else None
-        for qs, ks in zip(q_runs.runs(), k_runs.runs()):
+        for qs, ks in zip(q_runs.runs(), k_runs.runs(), strict=True):
             o, l_ = _cudnn_dense(q[qs], k[ks], v[ks], causal, want_lse)
             out[qs] = o
             if want_lse:
@@ -202,7 +202,7 @@ class SdpaKernel:
         runs = plan.own.runs()
         prefix_of = {}
         for p in plan.prefixed:
-            for qs, ks in zip(p.q_lens.runs(), p.k_lens.runs()):
+            for qs, ks in zip(p.q_lens.runs(), p.k_lens.runs(), strict=True):
                 prefix_of[p.rows.start + qs.start] = slice(p.keys.start + ks.start, p.keys.start + ks.stop)
         out3 = out.view(q.shape)
         for r in runs:
@@ -261,7 +261,7 @@ def _reading(fn, device, dtype, hq: int, hkv: int, d: int, lengths: list[int], k
 def _passes(fn, device, dtype, hq, hkv, d, lengths, k_lengths) -> LseReading | None:
     try:
         return _reading(fn, device, dtype, hq, hkv, d, lengths, k_lengths)
-    except Exception:  # noqa: BLE001 - any failure means: not this path
+    except Exception:
         return None
 
 
@@ -285,7 +285,7 @@ def _cudnn_kernel(device, dtype, hq: int, hkv: int, d: int) -> CudnnKernel | Non
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def select(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int):
     """The attention kernel for these shapes here (checked once, then cached)."""
     forced = os.environ.get(ENV, "").strip().lower()

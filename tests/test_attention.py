@@ -22,7 +22,7 @@ HQ, HKV, D = 6, 2, 16
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens) -> torch.Tensor:
     """Causal attention of every whole sequence, float64, K/V repeated to q's heads: [T, Hq, D]."""
     out, groups, dim = [], q.shape[1] // k.shape[1], q.shape[-1]
-    for s, n in zip(sequence_starts(seq_lens), seq_lens):
+    for s, n in zip(sequence_starts(seq_lens), seq_lens, strict=True):
         qq, kk, vv = (t[s : s + n].double() for t in (q, k, v))
         kk, vv = kk.repeat_interleave(groups, 1), vv.repeat_interleave(groups, 1)
         scores = torch.einsum("qhd,khd->hqk", qq, kk) / math.sqrt(dim)
@@ -106,7 +106,7 @@ def test_pieces_over_a_held_buffer_match_reference(kernel, bounds):
     q, k, v = inputs(tokens, seed=7)
     kv = KVBuffer.holding(k, v)
     got = torch.empty(tokens, HQ * D)
-    for lo, hi in zip(bounds, bounds[1:]):
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
         chunk = token_range(seq_lens, lo, hi, "cpu")
         attention.causal_attention(chunk.attention, q[lo:hi], k[lo:hi], v[lo:hi], kv.k, kv.v, out=got[lo:hi])
     ref = reference(q, k, v, seq_lens)
@@ -189,7 +189,7 @@ def test_cudnn_kernel_routes_runs_by_their_lengths():
     """One run: dense cuDNN; equal runs: one batched call; unequal: flash varlen (or a loop)."""
     reading = attention_kernels.LseReading(True, False)
     kernel = attention_kernels.CudnnKernel(reading, batched=True, varlen=reading, contiguous_v=False)
-    ragged = lambda *n: attention_kernels.Ragged.of(list(n), "cpu")  # noqa: E731
+    ragged = lambda *n: attention_kernels.Ragged.of(list(n), "cpu")
     assert kernel.path(ragged(70), ragged(70)) == "cudnn"
     assert kernel.path(ragged(64, 64), ragged(40, 40)) == "cudnn_batched"
     assert kernel.path(ragged(64, 64), ragged(40, 41)) == "flash_varlen"

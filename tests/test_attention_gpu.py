@@ -83,7 +83,7 @@ def test_split_chunks_match_masked_softmax(model, split, graph):
     ins = [(q[order[c.begin : c.end]], k[order[c.begin : c.end]], v[order[c.begin : c.end]]) for c in chunks]
 
     def step():
-        for c, (cq, ck, cv), o in zip(chunks, ins, outs):
+        for c, (cq, ck, cv), o in zip(chunks, ins, outs, strict=True):
             kv.store(c, ck, cv)
             attention.causal_attention(c.attention, cq, ck, cv, kv.k, kv.v, out=o)
 
@@ -146,7 +146,7 @@ def _run_strategies(rank: int, world: int) -> dict:
             out, ran = forward(strategy, knobs, lens)
             err = ((out - ref).norm() / ref.norm()).item()
             found[label] = (err if err == err else float("inf"), ran)
-        except Exception as e:  # noqa: BLE001 -- reported per case
+        except Exception as e:
             found[label] = (f"{type(e).__name__}: {e}".splitlines()[0][:500], None)
         torch.cuda.synchronize()
     return found
