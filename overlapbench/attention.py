@@ -10,12 +10,13 @@ it is computed as two calls that cuDNN does run (`kernels`):
     prefix: the continuing runs' queries over their prefixes, no mask;
 
 merged exactly by their log-sum-exps in one fused kernel (kernels/lse_merge.py). FLOPs are
-exactly the lower-right amount. Every run of the chunk goes into one ragged call (cumulative
-lengths), not a loop over sequences; the geometry is planned once, at build (`ChunkPlan`),
-so nothing is copied to the device while a CUDA graph is captured.
+exactly the lower-right amount. All runs of a chunk go into one call each (batched where
+their lengths are equal, varlen otherwise), not a loop over sequences; the geometry is planned
+once, at build (`ChunkPlan`), so nothing is copied to the device while a CUDA graph is captured.
 
 The kernel is picked once per (device, dtype, heads) by what this GPU and torch can do, checked
-against a float32 reference (`kernels.select`); `ran()` names what ran, for the result rows.
+against a float32 reference (`attention_kernels.select`); `recording()` collects the names of
+the paths that ran, for the result rows.
 """
 
 from __future__ import annotations

@@ -285,10 +285,13 @@ def _cudnn_kernel(device, dtype, hq: int, hkv: int, d: int) -> CudnnKernel | Non
     return None
 
 
-@functools.cache
 def select(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int):
-    """The attention kernel for these shapes here (checked once, then cached)."""
-    forced = os.environ.get(ENV, "").strip().lower()
+    """The attention kernel for these shapes here (checked once per setting of $OVERLAPBENCH_ATTENTION)."""
+    return _select(os.environ.get(ENV, "").strip().lower(), device, dtype, heads, kv_heads, head_dim)
+
+
+@functools.cache
+def _select(forced: str, device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int):
     if forced == "math" or (device.type != "cuda" and forced != "sdpa"):
         return MathKernel()
     if forced == "sdpa":
@@ -299,3 +302,6 @@ def select(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, 
     if kernel is None and forced == "cudnn":
         raise RuntimeError(f"{ENV}=cudnn: cuDNN attention does not pass its check on this GPU")
     return kernel or SdpaKernel()
+
+
+select.cache_clear = _select.cache_clear  # forget the checks (tests)
