@@ -35,14 +35,22 @@ from overlapbench.strategies.token_split import split_point
 TP = 2
 
 
+def batch(text: str) -> tuple[int, ...]:
+    if "x" in text:
+        count, length = (int(x) for x in text.split("x"))
+        return (length,) * count
+    return tuple(int(x) for x in text.split("+"))
+
+
 def parse_args() -> argparse.Namespace:
     ints = lambda s: [int(x) for x in s.split(",")]
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="JSON lines, one per (model, tokens, cut, kernel)")
     p.add_argument("--models", type=lambda s: s.split(","), default=["llama3-70b", "llama3-8b"])
     p.add_argument("--tokens", type=ints, default=[1024, 2048, 4096, 8192, 16384, 32768])
-    p.add_argument("--batches", type=lambda s: [tuple(ints(b.replace("x", ","))) for b in s.split(";") if b],
-                   default=[(16, 512), (8, 2048)], help="'16x512;8x2048': batches of equal sequences, iso-cut")
+    p.add_argument("--batches", type=lambda s: [batch(b) for b in s.split(";") if b],
+                   default=[batch("16x512"), batch("8x2048"), batch("2048+2048+4096"), batch("300+700+77+1000")],
+                   help="batches, iso-cut: '16x512' (16 sequences of 512) or '2048+2048+4096'")
     p.add_argument("--kernels", type=lambda s: s.split(","), default=["cudnn", "sdpa"])
     p.add_argument("--align", type=int, default=64, help="cut alignment, as the strategies' align knob")
     p.add_argument("--iters", type=int, default=20)
@@ -150,7 +158,9 @@ def bench_point(model: str, seq_lens: tuple[int, ...], cut_name: str, kernel: st
 
 
 def label(seq_lens: tuple[int, ...]) -> str:
-    return str(seq_lens[0]) if len(seq_lens) == 1 else f"{len(seq_lens)}x{seq_lens[0]}"
+    if len(seq_lens) == 1:
+        return str(seq_lens[0])
+    return f"{len(seq_lens)}x{seq_lens[0]}" if len(set(seq_lens)) == 1 else "+".join(map(str, seq_lens))
 
 
 def main() -> None:
@@ -164,12 +174,12 @@ def main() -> None:
                 torch=torch.__version__, triton=triton.__version__, cudnn=torch.backends.cudnn.version(),
                 iters=args.iters, align=args.align)
     print(f"{meta['device']}, torch {meta['torch']}, cuDNN {meta['cudnn']}; ms median of {args.iters} graph replays")
-    header = f"{'model':<11} {'tokens':>8} {'cut':<9} {'kernel':<6} {'whole':>8} {'first':>8} {'second':>8} {'store':>7} " \
+    header = f"{'model':<11} {'tokens':>16} {'cut':<9} {'kernel':<6} {'whole':>8} {'first':>8} {'second':>8} {'store':>7} " \
              f"{'split/w':>7} {'TF/s w':>7} {'TF/s 2nd':>8} {'rel_err':>8}  ran"
     lines = []
     for model in args.models:
         points = [((n,), cut) for n in args.tokens for cut in ("half", "balanced")]
-        points += [((length,) * count, "balanced") for count, length in args.batches]
+        points += [(seq_lens, "balanced") for seq_lens in args.batches]
         for seq_lens, cut_name in points:
             for kernel in args.kernels:
                 try:
@@ -179,7 +189,7 @@ def main() -> None:
                                error=f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
                 with args.out.open("a") as f:
                     f.write(json.dumps(row) + "\n")
-                what = f"{model:<11} {label(seq_lens):>8} {cut_name:<9} {kernel:<6}"
+                what = f"{model:<11} {label(seq_lens):>16} {cut_name:<9} {kernel:<6}"
                 if "error" in row:
                     line = f"{what} FAILED {row['error']}"
                 else:

@@ -186,13 +186,15 @@ def test_a_wrong_op_is_not_picked(fault):
 
 
 def test_cudnn_kernel_routes_runs_by_their_lengths():
-    """One run: dense cuDNN; equal runs: one batched call; unequal: flash varlen (or a loop)."""
+    """One run: dense cuDNN; equal runs: one batched call; unequal: flash varlen when short, a
+    cuDNN call each when long (or when varlen failed its check)."""
     reading = attention_kernels.LseReading(True, False)
     kernel = attention_kernels.CudnnKernel(reading, batched=True, varlen=reading, contiguous_v=False)
     ragged = lambda *n: attention_kernels.Ragged.of(list(n), "cpu")
     assert kernel.path(ragged(70), ragged(70)) == "cudnn"
     assert kernel.path(ragged(64, 64), ragged(40, 40)) == "cudnn_batched"
     assert kernel.path(ragged(64, 64), ragged(40, 41)) == "flash_varlen"
+    assert kernel.path(ragged(1024, 3000), ragged(1024, 3000)) == "cudnn_loop"  # long runs: cuDNN each
     no_varlen = attention_kernels.CudnnKernel(reading, batched=False, varlen=None, contiguous_v=False)
     assert no_varlen.path(ragged(64, 64), ragged(40, 40)) == "cudnn_loop"
 
@@ -207,11 +209,11 @@ def test_bench_script_writes_rows(tmp_path):
     out = tmp_path / "b.jsonl"
     script = Path(__file__).resolve().parents[1] / "kernels" / "bench_attention.py"
     done = subprocess.run([sys.executable, str(script), "--out", str(out), "--models", "llama3-8b", "--tokens", "130",
-                           "--batches", "3x50", "--kernels", "math", "--iters", "1", "--warmup", "0"],
+                           "--batches", "3x50;40+70", "--kernels", "math", "--iters", "1", "--warmup", "0"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [(r["tokens"], r["cut"]) for r in rows] == [(130, "half"), (130, "balanced"), (150, "balanced")]
+    assert [(r["tokens"], r["cut"]) for r in rows] == [(130, "half"), (130, "balanced"), (150, "balanced"), (110, "balanced")]
     for r in rows:
         assert r["rel_err_split_vs_whole"] < 1e-5 and r["ran"] == "math,math+lse_merge"
         assert r["first_tokens"] + 0 < r["tokens"] and r["split_over_whole"] > 0
