@@ -18,8 +18,8 @@ from typing import Callable, Protocol
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
+from overlapbench.attention import ChunkPlan, causal_attention
 from overlapbench.models import ModelShape
 
 
@@ -166,8 +166,9 @@ def random_input(tokens: int, hidden: int, seed: int, dtype, device) -> torch.Te
 class Segment:
     """`length` query rows at `row` of a chunk: positions [start, start+length) of one sequence.
 
-    The sequence's keys and values live at rows [kv_row, kv_row + seq_len) of the layer's KV
-    buffer; attention of this segment reads positions [0, start + length) of them.
+    Position p < start + length of the sequence has its key and value at row kv_row + p of the
+    layer's KV buffer where an earlier chunk stored it: attention of this segment reads its
+    prefix, positions [0, start), from there, and its own keys from the chunk.
     """
 
     row: int
@@ -177,9 +178,9 @@ class Segment:
     kv_row: int
 
     @property
-    def needs_kv_buffer(self) -> bool:
-        """Whether keys/values cross chunk boundaries (written to or read from the KV buffer)."""
-        return self.start > 0 or self.start + self.length < self.seq_len
+    def continued(self) -> bool:
+        """Whether a later chunk holds more of this sequence (so reads these keys and values)."""
+        return self.start + self.length < self.seq_len
 
 
 @dataclass
@@ -190,6 +191,7 @@ class Chunk:
     end: int
     segments: tuple[Segment, ...]
     positions: torch.Tensor  # [rows] position of each row in its sequence
+    attention: ChunkPlan  # its attention's geometry, planned once (overlapbench/attention.py)
 
     @property
     def rows(self) -> slice:
@@ -209,23 +211,30 @@ def sequence_starts(seq_lens: tuple[int, ...]) -> list[int]:
 
 
 def make_chunk(
-    seq_lens: tuple[int, ...], pieces: list[tuple[int, int, int]], begin: int, device
+    seq_lens: tuple[int, ...],
+    pieces: list[tuple[int, int, int]],
+    begin: int,
+    device,
+    kv_rows: list[int] | None = None,
 ) -> Chunk:
     """A chunk beginning at layout row `begin` made of `pieces` (sequence, start, end), in order.
 
-    The KV buffer is kept in the batch's natural layout (sequences back to back), whatever
-    order the chunks put the query rows in.
+    `kv_rows[i]`: the KV-buffer row of sequence i's position 0. By default the buffer is in the
+    batch's natural layout (sequences back to back); a split whose first chunk holds every
+    sequence's prefix (iso) passes that chunk's rows, so the prefixes lie back to back there
+    and the second chunk's prefix attention is one ragged call.
     """
-    starts = sequence_starts(seq_lens)
+    kv_rows = sequence_starts(seq_lens) if kv_rows is None else kv_rows
     segments, positions, row = [], [], 0
     for seq, start, end in pieces:
         if end <= start:
             continue
-        segments.append(Segment(row, end - start, start, seq_lens[seq], starts[seq]))
+        segments.append(Segment(row, end - start, start, seq_lens[seq], kv_rows[seq]))
         positions.append(torch.arange(start, end))
         row += end - start
     pos = torch.cat(positions) if positions else torch.empty(0, dtype=torch.long)
-    return Chunk(begin, begin + row, tuple(segments), pos.to(device))
+    segments = tuple(segments)
+    return Chunk(begin, begin + row, segments, pos.to(device), ChunkPlan.of(segments, row, device))
 
 
 def whole_batch(seq_lens: tuple[int, ...], device) -> Chunk:
@@ -305,28 +314,12 @@ class KVBuffer:
         return kv
 
     def store(self, chunk: Chunk, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Keep the keys and values that a later chunk reads: those of continued segments."""
         for s in chunk.segments:
-            if s.needs_kv_buffer:
+            if s.continued:
                 rows = slice(s.kv_row + s.start, s.kv_row + s.start + s.length)
                 self.k[rows] = k[s.row : s.row + s.length]
                 self.v[rows] = v[s.row : s.row + s.length]
-
-
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal GQA attention of the last q.shape[0] positions over all k.shape[0] positions.
-
-    q: [Lq, Hq, D], k/v: [Lk, Hkv, D] -> [Lq, Hq * D]. Equal lengths take the flash path; a
-    suffix attending to its prefix needs the lower-right-aligned causal mask.
-    """
-    lq, lk = q.shape[0], k.shape[0]
-    q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-    if lq == lk:
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    else:
-        groups = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(lq, lk))
-    return out.squeeze(0).transpose(0, 1).reshape(lq, -1)
 
 
 def rope_qkv(
@@ -352,20 +345,10 @@ def attend(
 ) -> torch.Tensor:
     """Causal attention of a chunk's rows over their sequences -> [rows, heads * head_dim].
 
-    Segments that continue or are continued by other chunks read their keys and values
-    from `kv`; whole sequences use the chunk's own k and v.
+    Segments that continue a sequence read its earlier keys and values from `kv`; every
+    segment's own keys are the chunk's k and v (overlapbench/attention.py).
     """
-    if out is None:
-        out = torch.empty(chunk.size, stack.heads * stack.shape.head_dim, dtype=q.dtype, device=q.device)
-    for s in chunk.segments:
-        rows = slice(s.row, s.row + s.length)
-        if s.needs_kv_buffer:
-            assert kv is not None, "a chunk that splits a sequence needs a KV buffer"
-            keys = slice(s.kv_row, s.kv_row + s.start + s.length)
-            out[rows] = _attend(q[rows], kv.k[keys], kv.v[keys])
-        else:
-            out[rows] = _attend(q[rows], k[rows], v[rows])
-    return out
+    return causal_attention(chunk.attention, q, k, v, None if kv is None else kv.k, None if kv is None else kv.v, out)
 
 
 def attention_partial(

@@ -13,7 +13,19 @@ import torch
 import torch.distributed as dist
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from overlapbench import analysis, environment, interleave, measure, paired, printing, results, runtime, strategies
+from overlapbench import (
+    analysis,
+    attention,
+    attention_kernels,
+    environment,
+    interleave,
+    measure,
+    paired,
+    printing,
+    results,
+    runtime,
+    strategies,
+)
 from overlapbench.layer import RopeTable, Stack, build_stack, random_input
 from overlapbench.phases import PointFailed, out_of_memory
 from overlapbench.phases import phase as _phase
@@ -69,6 +81,8 @@ def _inputs(rt: runtime.Runtime, point: Point, stack: Stack | None, max_tokens: 
 
         return micro.build(rt, point, dtype, max_tokens)
     ctx = runtime.BuildContext(rt, stack, point.batch, RopeTable(point.shape, max(point.batch), rt.device), max_tokens)
+    # The attention kernel is picked (and checked) now, never while a CUDA graph is captured.
+    attention_kernels.select(rt.device, dtype, stack.heads, stack.kv_heads, point.shape.head_dim)
     return ctx, random_input(point.tokens, point.shape.hidden, point.seed, dtype, rt.device)
 
 
@@ -97,10 +111,12 @@ def prepare_point(rt: runtime.Runtime, point: Point, work: Workload, spec: Sweep
     is_reference = (point.strategy, point.knobs) == reference_setting(point.workload)
     checked = cls.is_checked(point.knobs)
     tolerance = spec.tolerance(point.dtype)
-    fields = {"rel_err": None, "tolerance": tolerance, "checked": checked}
+    fields = {"rel_err": None, "tolerance": tolerance, "checked": checked, "attention": None}
     try:
-        step = _phase(rt, lambda: cls.build(work.ctx, point.knobs))
-        out = _phase(rt, lambda: step.to_full(step.forward(work.x)))
+        with attention.recording() as ran:  # which attention kernels this strategy's forward runs
+            step = _phase(rt, lambda: cls.build(work.ctx, point.knobs))
+            out = _phase(rt, lambda: step.to_full(step.forward(work.x)))
+        fields["attention"] = attention.describe(ran)
         if checked and not is_reference:
             fields["rel_err"] = rt.max_over_ranks(measure.rel_err(out, work.reference))
         del out
@@ -220,8 +236,10 @@ def make_row(point: Point, result: dict, run_id: str, env: dict, spec: SweepSpec
     # checked: the output equals baseline's within tolerance (baseline itself: the reference);
     # False for bounds that are not correct results (no_comm, comm=none): never a tuned choice.
     # Interleaved timing (results.py): samples_ms per round, round_ids, pairing, speedup, speedup_ci.
+    # attention: the attention kernels the forward ran ("cudnn", "cudnn+lse_merge", "sdpa", "math", ...),
+    # so a slow strategy can be told from a slow kernel without a profile; None without attention.
     for key in ("ms", "p10_ms", "p90_ms", "iqr_ms", "cv", "graphs", "graph_error", "rel_err", "tolerance", "checked",
-                "timing", "speedup", "speedup_ci", "pairing", "round_ids", "samples_ms"):
+                "attention", "timing", "speedup", "speedup_ci", "pairing", "round_ids", "samples_ms"):
         row[key] = result.get(key)
     return row
 

@@ -49,6 +49,9 @@ def test_sweep_writes_checked_rows_then_resumes(spec_file: Path, tmp_path: Path)
     by_strategy = {r["strategy"]: r for r in rows if r["tokens"] == 29}
     assert by_strategy["token_split"]["rel_err"] < 1e-5
     assert by_strategy["baseline"]["rel_err"] is None and by_strategy["no_comm"]["rel_err"] is None
+    # Rows name the attention kernels that ran: a split's second chunk merges two calls.
+    assert by_strategy["baseline"]["attention"] == "math"
+    assert by_strategy["token_split"]["attention"] == "math,math+lse_merge"
     for r in rows:
         assert len(r["samples_ms"]) == 3 and r["p10_ms"] <= r["ms"] <= r["p90_ms"]
         assert r["world_size"] == 2 and r["backend"] == "gloo" and r["device"] == "cpu"

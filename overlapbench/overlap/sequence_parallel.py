@@ -74,9 +74,9 @@ class SequenceParallelForward:
     `attention`: `whole` attends every row in one call, then the O-proj pieces run on its
     output; `per_piece` attends the query rows of each O-proj piece just before that piece's
     GEMM, so the attention of later pieces overlaps the earlier pieces' transfers. Pieces after
-    the first start mid-sequence, so their causal mask is aligned lower-right, which PyTorch
-    runs on a slower attention kernel than the whole-sequence call on Hopper; the O-proj
-    pieces hide the transfers without that help, so `whole` is the default.
+    the first start mid-sequence, so their causal mask is aligned lower-right: two calls of the
+    whole-sequence kernel merged by their log-sum-exps (overlapbench/attention.py), one more
+    call and a merge per piece; `whole` is the default (measured before that change).
     """
 
     def __init__(self, ctx: BuildContext, exchange: Exchange, attention: str = "whole") -> None:

@@ -1,6 +1,7 @@
 """`iso` (ISO): cut every prefill sequence at the same fraction; chunk 1 holds the prefixes,
 chunk 2 the suffixes, whose attention reads the prefixes' keys and values (lower-right causal
-mask). The overlap schedule is split.py's; only the cut lives here.
+mask; overlapbench/attention.py). The KV buffer follows chunk 1's layout, so every suffix's
+prefix attention is one ragged call. The overlap schedule is split.py's; only the cut lives here.
 
 `split_ratio: balanced` picks the fraction that gives both chunks the same FLOPs. A prefix of c
 tokens of a sequence costs  g*c + a*c^2/2,  its suffix  g*(L-c) + a*(L^2-c^2)/2,  where g is the
@@ -65,6 +66,29 @@ def cuts(seq_lens: tuple[int, ...], ratio: float, align: int) -> list[int]:
     return out
 
 
+def chunks(seq_lens: tuple[int, ...], prefix: list[int], device):
+    """(chunk 1: every sequence's first `prefix[i]` tokens, chunk 2: the rest, layout order).
+
+    The layout puts the prefixes first, then the suffixes; `order[j]` is the natural row of
+    layout row j (None for one sequence: the layout is the natural one). The KV buffer follows
+    chunk 1's rows, so the prefixes lie back to back and chunk 2's prefix attention is one call.
+    """
+    import torch
+
+    from overlapbench.layer import make_chunk, sequence_starts
+
+    kv_rows = sequence_starts(tuple(prefix))
+    first = make_chunk(seq_lens, [(i, 0, c) for i, c in enumerate(prefix)], 0, device, kv_rows)
+    second = make_chunk(seq_lens, [(i, c, n) for i, (c, n) in enumerate(zip(prefix, seq_lens))], first.end, device, kv_rows)
+    order = None
+    if len(seq_lens) > 1:
+        starts = sequence_starts(seq_lens)
+        rows = [torch.arange(s, s + c) for s, c in zip(starts, prefix)]
+        rows += [torch.arange(s + c, s + n) for s, c, n in zip(starts, prefix, seq_lens)]
+        order = torch.cat(rows).to(device)
+    return first, second, order
+
+
 @register
 class Iso(SplitStrategy):
     name = "iso"
@@ -76,9 +100,6 @@ class Iso(SplitStrategy):
 
     @classmethod
     def build(cls, ctx, knobs):
-        import torch
-
-        from overlapbench.layer import make_chunk, sequence_starts
         from overlapbench.overlap import reducers
         from overlapbench.overlap.split import SplitPlan, split_step
 
@@ -88,14 +109,6 @@ class Iso(SplitStrategy):
         ratio = knobs["split_ratio"]
         if ratio == "balanced":
             ratio = balanced_ratio(ctx.stack.shape, ctx.stack.tp, seq_lens)
-        prefix = cuts(seq_lens, ratio, knobs["align"])
-        first = make_chunk(seq_lens, [(i, 0, c) for i, c in enumerate(prefix)], 0, device)
-        second = make_chunk(seq_lens, [(i, c, n) for i, (c, n) in enumerate(zip(prefix, seq_lens))], first.end, device)
-        order = None
-        if len(seq_lens) > 1:  # prefixes first, then suffixes: gather rows into that layout
-            starts = sequence_starts(seq_lens)
-            rows = [torch.arange(s, s + c) for s, c in zip(starts, prefix)]
-            rows += [torch.arange(s + c, s + n) for s, c, n in zip(starts, prefix, seq_lens)]
-            order = torch.cat(rows).to(device)
+        first, second, order = chunks(seq_lens, cuts(seq_lens, ratio, knobs["align"]), device)
         cta = {"comm_ctas_attn": knobs["comm_ctas"], "comm_ctas_mlp": knobs["comm_ctas"]}
         return split_step(ctx, SplitPlan(first, second, order), reducers.for_split(ctx, knobs | cta))
