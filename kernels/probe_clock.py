@@ -61,7 +61,7 @@ class ClockSampler:
             pynvml.nvmlInit()
             self._nvml = pynvml
             self._handle = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(device_index))
-        except Exception as e:  # noqa: BLE001 -- clocks are a bonus, never a failure
+        except Exception as e:
             self._nvml, self.error = None, f"{type(e).__name__}: {e}"
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -82,7 +82,7 @@ class ClockSampler:
                 mhz = nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)
                 watts = nv.nvmlDeviceGetPowerUsage(h) / 1e3
                 self.samples.append((time.perf_counter(), float(mhz), float(watts)))
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 self.error = f"{type(e).__name__}: {e}"
                 return
             time.sleep(self._every)
@@ -308,7 +308,7 @@ def main() -> None:
 def _clock_rate(dev):
     try:
         return torch.cuda.clock_rate(dev)
-    except Exception:  # noqa: BLE001 -- needs pynvml; a bonus only
+    except Exception:
         return None
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from overlapbench import results
 from overlapbench.errors import UserError
@@ -46,7 +46,7 @@ class Group:
     gemm: tuple[int, int] | None = None  # a micro workload's (N, K)
 
     @classmethod
-    def of(cls, row: dict) -> "Group":
+    def of(cls, row: dict) -> Group:
         shape = tuple(sorted(row["shape"].items()))
         return cls(row["device"], row["world_size"], row["tp"], shape, row["dtype"], row.get("model") or "custom",
                    workload_of(row), _gemm(row))
@@ -110,10 +110,11 @@ class Measured:
     speedup_ci: tuple[float, float] | None = None
 
     @classmethod
-    def of(cls, row: dict, source: str) -> "Measured":
+    def of(cls, row: dict, source: str) -> Measured:
         return cls(
             group=Group.of(row), strategy=row["strategy"], knobs=dict(row["knobs"] or {}),
-            tokens=int(row["tokens"]), batch=tuple(row.get("batch") or (int(row["tokens"]),)), ms=float(row["ms"]), p10_ms=row.get("p10_ms"),
+            tokens=int(row["tokens"]), batch=tuple(row.get("batch") or (int(row["tokens"]),)), ms=float(row["ms"]),
+            p10_ms=row.get("p10_ms"),
             p90_ms=row.get("p90_ms"), cv=row.get("cv"), samples=tuple(row.get("samples_ms") or ()),
             checked=_is_checked(row), key=row_key(row), run_id=row.get("run_id"), git=row.get("git"), source=source,
             pairing=row.get("pairing"), round_ids=tuple(row.get("round_ids") or ()),

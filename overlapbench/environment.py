@@ -39,7 +39,7 @@ def versions() -> dict:
     out["cuda"] = torch.version.cuda
     try:
         out["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None
-    except Exception:  # noqa: BLE001 -- a build without NCCL
+    except Exception:
         out["nccl"] = None
     try:
         import triton

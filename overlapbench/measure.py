@@ -58,7 +58,7 @@ def runner(step: Step, x: torch.Tensor, graphs: bool) -> tuple[Callable[[], obje
     try:
         replay = _capture(step, x)
         ok = True
-    except Exception as e:  # noqa: BLE001 -- any capture failure falls back to eager
+    except Exception as e:
         error, ok = one_line(e, limit=300), False
     if _agreed_count(0 if ok else 1) == 0:  # every rank captured
         run, used_graphs = replay, True

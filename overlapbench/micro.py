@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 
 from overlapbench.layer import random_input, seeded_randn, stable_seed
+from overlapbench.overlap.sp_schedule import ShardLayout
 from overlapbench.runtime import Runtime
 from overlapbench.step import Step
-from overlapbench.overlap.sp_schedule import ShardLayout
 
 WORKLOADS = ("gemm_ag", "gemm_rs")
 
@@ -88,7 +88,8 @@ def operand(workload: str, m: int, k: int, world: int, rank: int, seed: int, dty
     return torch.cat([a, a.new_zeros(rows - a.shape[0], k)])
 
 
-def reference(workload: str, m: int, n: int, k: int, world: int, seed: int, dtype=torch.float32, device="cpu") -> list[torch.Tensor]:
+def reference(workload: str, m: int, n: int, k: int, world: int, seed: int, dtype=torch.float32,
+              device="cpu") -> list[torch.Tensor]:
     """Every rank's full result ([M, N]), computed unsharded on one process."""
     device = torch.device(device)
     b = [weight(workload, n, k, r, seed, dtype, device) for r in range(world)]

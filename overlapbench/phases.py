@@ -33,7 +33,7 @@ def phase(rt, fn: Callable[[], T]) -> T:
         result = {"status": "skipped", "error": str(e)}
     except (dist.DistError, KeyboardInterrupt):  # a dead peer or an interrupt ends the sweep
         raise
-    except Exception as e:  # noqa: BLE001 -- OOM, a kernel error: a failed row, and go on
+    except Exception as e:
         result = {"status": "failed", "error": one_line(e)}
     verdict = rt.first_failure(result)
     if verdict is not None:

@@ -20,9 +20,9 @@ from __future__ import annotations
 import io
 import json
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable
 
 from rich.console import Console
 from rich.table import Table
@@ -195,7 +195,8 @@ def sensitivity_rows(store: Store, strategy: str, tokens: int) -> list[dict]:
     compared = [r for r in store.rows if analysis.compared(r)]
     measured = sorted({r["strategy"] for r in compared})
     if strategy not in measured:
-        raise UserError(f"--sensitivity: '{strategy}' is not in the results{did_you_mean(strategy, measured)}; measured: {', '.join(measured)}")
+        raise UserError(f"--sensitivity: '{strategy}' is not in the results{did_you_mean(strategy, measured)}; "
+                        f"measured: {', '.join(measured)}")
     rows = [r for r in compared if r["strategy"] == strategy and r.get("tokens") == tokens]
     if not rows:
         counts = sorted({r.get("tokens") for r in compared if r["strategy"] == strategy})
@@ -522,13 +523,14 @@ class Options:
 COMM = "comm"  # the workload of `overlapbench comm` rows
 
 
-def comm_report(rows: list[dict], fmt: str, console: Console, opts: "Options") -> int:
+def comm_report(rows: list[dict], fmt: str, console: Console, opts: Options) -> int:
     """A results file of collective microbenchmarks: comm's own nccl-tests table (no strategies
     to compare, so no overview)."""
     from overlapbench.comm import output as comm
 
     if opts.sensitivity is not None or opts.plot_path is not None:
-        raise UserError("--sensitivity, --plot: compare layer or micro strategies; these are comm results (shown as a table without them)")
+        raise UserError("--sensitivity, --plot: compare layer or micro strategies; "
+                        "these are comm results (shown as a table without them)")
     if fmt not in comm.FORMATS:
         raise UserError(f"--format: comm results come as {', '.join(comm.FORMATS)}, not {fmt}")
     comm.render(rows, fmt, console)
@@ -540,7 +542,8 @@ def _require_measured(store: Store) -> None:
     if not store.measured:
         first = next((e for _, e in store.errors() if e), "no rows")
         names = ", ".join(map(str, store.sources))
-        raise UserError(f"{names}: no ok rows of the {analysis.COMPARED_TEXT} workloads to report ({dict(store.statuses())}; first error: {first})")
+        raise UserError(f"{names}: no ok rows of the {analysis.COMPARED_TEXT} workloads to report "
+                        f"({dict(store.statuses())}; first error: {first})")
 
 
 def run(paths: Iterable[Path], fmt: str = "table", console: Console | None = None, **options) -> int:

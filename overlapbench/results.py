@@ -10,8 +10,8 @@ import fcntl
 import json
 import os
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from overlapbench.errors import UserError
 
@@ -150,7 +150,7 @@ def check_writable(output: str | Path, resume: bool) -> None:
     store.close()
 
 
-def open_on_ranks(output: str | Path, resume: bool, rank: int) -> tuple["ResultStore | None", set[str], str]:
+def open_on_ranks(output: str | Path, resume: bool, rank: int) -> tuple[ResultStore | None, set[str], str]:
     """Rank 0 locks the store; every rank learns the keys already done and the run id (a
     collective: all ranks call it). A refusal is the same UserError on every rank."""
     import torch.distributed as dist

@@ -7,15 +7,16 @@ from __future__ import annotations
 import math
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from overlapbench.layer import RopeTable, Stack
 from overlapbench.knobs import DEFAULT
+from overlapbench.layer import RopeTable, Stack
 
 # NVLink multicast stays off unless the user explicitly turned it on: our kernels never need
 # it, and on shared hosts it can take the GPUs down.
@@ -58,7 +59,7 @@ class Runtime:
             self._groups[key] = dist.new_group(backend="nccl", pg_options=options)
         return self._groups[key]
 
-    def side_stream(self) -> "torch.cuda.Stream":
+    def side_stream(self) -> torch.cuda.Stream:
         """The stream communication overlaps on, at the highest priority the device has."""
         if self._side_stream is None:
             self._side_stream = torch.cuda.Stream(device=self.device, priority=-100)

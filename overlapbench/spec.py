@@ -12,14 +12,17 @@ from __future__ import annotations
 import itertools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
 from overlapbench import models, strategies, yamlio
-from overlapbench.comm.paths import OPS as COMM_OPS, PATHS as COMM_PATHS, PATHS_BY_OP
+from overlapbench.comm.paths import OPS as COMM_OPS
+from overlapbench.comm.paths import PATHS as COMM_PATHS
+from overlapbench.comm.paths import PATHS_BY_OP
 from overlapbench.comm.sizes import comm_sizes
 from overlapbench.errors import UserError, did_you_mean, field_name, reject_unknown_keys
 
@@ -88,7 +91,7 @@ class Measure:
         return cuda if self.interleave == "auto" else bool(self.interleave)
 
     @classmethod
-    def from_yaml(cls, data: Any) -> "Measure":
+    def from_yaml(cls, data: Any) -> Measure:
         if data is None:
             return cls()
         if not isinstance(data, dict):
@@ -254,10 +257,11 @@ class CommSpec:
 
     @classmethod
     def build(cls, *, ops: Any, paths: Any, sizes: tuple[int, ...], nccl_max_ctas: Any, comm_ctas: Any,
-              hidden: Any, name: Callable[[str], str]) -> "CommSpec":
+              hidden: Any, name: Callable[[str], str]) -> CommSpec:
         """Validated; `name(field)` is how an error names a field (comm.ops in a spec, --ops on
         the command line)."""
-        from overlapbench.knobs import NCCL_MAX_CTAS, comm_ctas as comm_ctas_knob
+        from overlapbench.knobs import NCCL_MAX_CTAS
+        from overlapbench.knobs import comm_ctas as comm_ctas_knob
 
         ops, paths = _names(ops, COMM_OPS, name("ops")), _names(paths, COMM_PATHS, name("paths"))
         if not any(p in paths for op in ops for p in PATHS_BY_OP[op]):
@@ -271,7 +275,7 @@ class CommSpec:
         return cls(ops, paths, tuple(sizes), nccl, fused, hidden)
 
     @classmethod
-    def from_yaml(cls, data: Any, cuda: bool) -> "CommSpec":
+    def from_yaml(cls, data: Any, cuda: bool) -> CommSpec:
         if data is None:
             data = {}
         if not isinstance(data, dict):

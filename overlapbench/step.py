@@ -3,8 +3,9 @@ strategies, the mechanisms they share, the micro and comm workloads, and `measur
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
@@ -19,6 +20,6 @@ class Step:
     output into the full replicated [tokens, hidden] result, for the correctness check only.
     """
 
-    forward: Callable[["torch.Tensor"], "torch.Tensor"]
-    to_full: Callable[["torch.Tensor"], "torch.Tensor"] = field(default=lambda y: y)
+    forward: Callable[[torch.Tensor], torch.Tensor]
+    to_full: Callable[[torch.Tensor], torch.Tensor] = field(default=lambda y: y)
     graphable: bool = True

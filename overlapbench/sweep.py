@@ -121,7 +121,8 @@ def prepare_point(rt: runtime.Runtime, point: Point, work: Workload, spec: Sweep
             fields["rel_err"] = rt.max_over_ranks(measure.rel_err(out, work.reference))
         del out
         if fields["rel_err"] is not None and not fields["rel_err"] <= tolerance:
-            return fields | {"status": "failed", "error": f"wrong result: rel_err {fields['rel_err']:.3g} > tolerance {tolerance:g}"}
+            error = f"wrong result: rel_err {fields['rel_err']:.3g} > tolerance {tolerance:g}"
+            return fields | {"status": "failed", "error": error}
         run = lambda: step.forward(work.x)
         if capture:
             run, graphs, graph_error = _phase(rt, lambda: measure.runner(step, work.x, spec.measure.graphs))
@@ -272,7 +273,8 @@ def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = 
     max_tokens = max(p.tokens for p in points)
 
     written = 0
-    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("eta"), TimeRemainingColumn())
     try:
         with Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task("sweep", total=len(todo))
@@ -344,4 +346,5 @@ def _summary_line(point: Point, result: dict, task=None):
     if result["status"] != "ok":
         return printing.styled(count, (f" {result['status']:>7}", "yellow"), f" {_describe(point)}: {result['error']}")
     err = "" if result.get("rel_err") is None else f" err {result['rel_err']:.1e}"
-    return printing.styled(count, (f" {'ok':>7}", "green"), f" {_describe(point)}: {result['ms']:.4f} ms/layer cv {result['cv']:.1%}{err}")
+    timing = f" {_describe(point)}: {result['ms']:.4f} ms/layer cv {result['cv']:.1%}{err}"
+    return printing.styled(count, (f" {'ok':>7}", "green"), timing)

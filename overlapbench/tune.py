@@ -169,7 +169,8 @@ def pick(rows: list[Measured]) -> Pick | None:
         why = first.why if len(picks) == 1 else "; ".join(f"{list(p.reference.batch)}: {p.why}" for p in picks)
         return Pick(first.tokens, first.chosen, first.reference, first.gain, why)
     ref = picks[0].reference
-    why = "batches disagree (" + "; ".join(f"{list(p.reference.batch)}: {p.chosen.describe()}" for p in picks) + f"); {_ref_name(ref)} kept"
+    choices = "; ".join(f"{list(p.reference.batch)}: {p.chosen.describe()}" for p in picks)
+    why = f"batches disagree ({choices}); {_ref_name(ref)} kept"
     return Pick(ref.tokens, ref, ref, None, why)
 
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import torch.multiprocessing as mp
 
-
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -50,7 +49,7 @@ def _worker(rank: int, world: int, port: int, fn, args, queue, backend: str) -> 
         result = fn(rank, world, *args)
         dist.destroy_process_group()
         queue.put((rank, "ok", pickle.dumps(result)))  # by value: no shared-memory handles
-    except BaseException:  # noqa: BLE001 -- report any failure to the parent
+    except BaseException:
         queue.put((rank, "error", traceback.format_exc()))
 
 

@@ -37,7 +37,8 @@ def sweep(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_a_failing_point_is_a_row_and_the_sweep_goes_on(tmp_path: Path):
-    path = write_spec(tmp_path, {"baseline": {}, "fault": {"mode": ["raise", "oom"], "at_tokens": 29}, "token_split": {"align": 8}})
+    grid = {"baseline": {}, "fault": {"mode": ["raise", "oom"], "at_tokens": 29}, "token_split": {"align": 8}}
+    path = write_spec(tmp_path, grid)
     out = tmp_path / "r.jsonl"
     done = sweep(str(path), "--output", str(out))
     assert done.returncode == 0, done.stderr
@@ -162,7 +163,8 @@ def _mutate(data, path: list, value):
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(path=st.lists(st.integers(0, 10), max_size=4), value=values, extra=st.dictionaries(st.text(max_size=6), values, max_size=2))
+@given(path=st.lists(st.integers(0, 10), max_size=4), value=values,
+       extra=st.dictionaries(st.text(max_size=6), values, max_size=2))
 def test_mutated_specs_fail_only_with_a_clean_error(path, value, extra):
     data = _mutate(GOOD, path, value)
     if isinstance(data, dict):

@@ -60,7 +60,8 @@ MICRO_CASES = [
     for s, kn in FEW + [("flash_agrs", {"order": "ring"})]
 ]
 # Replayed from a CUDA graph, as the sweep times them.
-GRAPH_CASES = [(_label("graph", s, k), "small", (1023,), s, k) for s, k in FEW + [("flash_agrs", {"transport": "sm", "chunks_per_rank": 4})]]
+GRAPH_CASES = [(_label("graph", s, k), "small", (1023,), s, k)
+               for s, k in FEW + [("flash_agrs", {"transport": "sm", "chunks_per_rank": 4})]]
 
 
 def _rel_err(out, ref) -> float:
@@ -113,7 +114,7 @@ def _run_cases(rank: int, world: int) -> dict:
             else:
                 first = _rel_err(step.to_full(step.forward(x)), ref)
                 errors[label] = max(first, _rel_err(step.to_full(step.forward(x)), ref))
-        except Exception as e:  # noqa: BLE001 -- reported per case
+        except Exception as e:
             errors[label] = f"{type(e).__name__}: {e}".splitlines()[0][:500]
         torch.cuda.synchronize()
     stacks.clear()
@@ -128,7 +129,7 @@ def _run_cases(rank: int, world: int) -> dict:
             errors[label] = _rel_err(step.to_full(step.forward(x)), ref)
             graph_label = _label("graph", label)  # replayed from a CUDA graph, as the sweep times it
             errors[graph_label] = _rel_err(step.to_full(_graph_forward(step, x)), ref)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             errors[label] = f"{type(e).__name__}: {e}".splitlines()[0][:500]
         torch.cuda.synchronize()
     return errors
@@ -139,7 +140,8 @@ def results() -> list[dict]:
     return distributed.run(_run_cases, world=2, timeout=300, backend="nccl")
 
 
-@pytest.mark.parametrize("label", [c[0] for c in LAYER_CASES + GRAPH_CASES + MICRO_CASES] + [_label("graph", c[0]) for c in MICRO_CASES])
+@pytest.mark.parametrize("label", [c[0] for c in LAYER_CASES + GRAPH_CASES + MICRO_CASES]
+                         + [_label("graph", c[0]) for c in MICRO_CASES])
 def test_case_matches_reference(results, label):
     for rank, errors in enumerate(results):
         err = errors[label]

@@ -165,7 +165,8 @@ def test_spec_from_yaml_text(tmp_path: Path):
 
 
 def test_a_strategy_may_list_several_grids():
-    s = parse({"strategies": {"token_split": [{"comm": "nccl", "nccl_max_ctas": ["default", 8]}, {"comm": "fused", "comm_ctas_attn": [4, 8]}, {}]}})
+    grids = [{"comm": "nccl", "nccl_max_ctas": ["default", 8]}, {"comm": "fused", "comm_ctas_attn": [4, 8]}, {}]
+    s = parse({"strategies": {"token_split": grids}})
     knobs = [p.knobs for p in s.points(2, False) if p.tokens == 16]
     assert len(knobs) == 4  # the empty grid is the nccl default, already listed
     with pytest.raises(UserError, match=r"strategies.token_split\[1\].comm"):

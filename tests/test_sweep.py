@@ -70,7 +70,8 @@ def test_sweep_writes_checked_rows_then_resumes(spec_file: Path, tmp_path: Path)
     assert resumed.returncode == 0, resumed.stderr
     rows = read_rows(out)
     assert len(rows) == 6 and [json.loads(x) for x in lines[:4]] == rows[:4]
-    assert {(r["strategy"], r["tokens"]) for r in rows} == {(s, t) for s in ("baseline", "no_comm", "token_split") for t in (16, 29)}
+    expected = {(s, t) for s in ("baseline", "no_comm", "token_split") for t in (16, 29)}
+    assert {(r["strategy"], r["tokens"]) for r in rows} == expected
     assert rows[4]["run_id"] != rows[0]["run_id"]
 
 

@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from tests import synthetic
 from overlapbench import analysis, tune, tuned
 from overlapbench.analysis import Measured
 from overlapbench.errors import UserError
+from tests import synthetic
 
 
 def measured(*rows: dict) -> list[Measured]:
@@ -259,7 +259,8 @@ def test_a_later_file_overrides_an_earlier_one(tmp_path):
 
 def test_a_store_without_ok_layer_rows_is_a_user_error(tmp_path):
     good = two_range_store(tmp_path / "good.jsonl", random.Random(0))
-    bad = synthetic.write(tmp_path / "bad.jsonl", [synthetic.failed("baseline", 1024), synthetic.row("iso", 1024, status="skipped")])
+    not_ok = [synthetic.failed("baseline", 1024), synthetic.row("iso", 1024, status="skipped")]
+    bad = synthetic.write(tmp_path / "bad.jsonl", not_ok)
     with pytest.raises(UserError, match=r"bad\.jsonl: no ok rows.*1 failed, 1 skipped"):
         tune.run([good, bad], tmp_path / "out", quiet())
     assert not (tmp_path / "out").exists()
@@ -415,7 +416,7 @@ def test_a_knob_setting_within_the_noise_of_the_default_does_not_displace_it():
     for factor, expected in ((0.999, defaults), (0.95, other)):
         rng = random.Random(5)
         drift = common_drift(30, rng)
-        noisy = lambda f: [d * f * (1 + rng.gauss(0, 0.01)) for d in drift]  # noqa: E731
+        noisy = lambda f, rng=rng, drift=drift: [d * f * (1 + rng.gauss(0, 0.01)) for d in drift]
         rows = measured(synthetic.row("baseline", 4096, samples=noisy(1.0), pairing="run1/0"),
                         synthetic.row("flash_agrs", 4096, defaults, samples=noisy(0.9), pairing="run1/0"),
                         synthetic.row("flash_agrs", 4096, other, samples=noisy(0.9 * factor), pairing="run1/0"))

@@ -22,8 +22,9 @@ Transports move the pieces:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -133,7 +134,7 @@ class SymmetricBuffers:
     scatter_width: int
 
     @classmethod
-    def allocate(cls, group, max_shard: int, gather_width: int, scatter_width: int, dtype, device) -> "SymmetricBuffers":
+    def allocate(cls, group, max_shard: int, gather_width: int, scatter_width: int, dtype, device) -> SymmetricBuffers:
         world = dist.get_world_size(group)
         elems = 2 * _round(max_shard * gather_width) + 2 * _round(world * max_shard * scatter_width)
         return cls(symmetric_buffer(elems, dtype, device, group), world, max_shard, gather_width, scatter_width)

@@ -13,16 +13,17 @@ ops, or Flash-Overlap's rank-ordered point-to-point decomposition).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
 from overlapbench.layer import KVBuffer, add_rms_norm, attend, rms_norm, rope_qkv, swiglu, token_range, whole_batch
+from overlapbench.overlap.sp_schedule import ATTENTION_MODES, ShardLayout
 from overlapbench.runtime import BuildContext
 from overlapbench.step import Step
-from overlapbench.overlap.sp_schedule import ATTENTION_MODES, ShardLayout
 
 ATTENTION, MLP = 0, 1  # the two blocks of a layer; an Exchange may keep separate buffers for each
 

@@ -89,7 +89,7 @@ class SplitForward:
         self.ctx, self.plan = ctx, plan
         self.after_attention, self.after_mlp = reducers
         tokens, hidden = ctx.tokens, ctx.stack.shape.hidden
-        make = lambda: torch.empty(tokens, hidden, dtype=ctx.stack.dtype, device=ctx.runtime.device)  # noqa: E731
+        make = lambda: torch.empty(tokens, hidden, dtype=ctx.stack.dtype, device=ctx.runtime.device)
         self.residual, self.normed, self.partials = make(), make(), make()
         self.kv = KVBuffer(tokens, ctx.stack.kv_heads, ctx.stack.shape.head_dim, ctx.stack.dtype, ctx.runtime.device)
 

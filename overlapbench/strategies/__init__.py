@@ -35,7 +35,7 @@ def all_strategies() -> list[type[Strategy]]:
 
 
 # Registration order is the order `overlapbench strategies` and reports list them in.
-from overlapbench.strategies import baseline, no_comm, fused_norm, iso, token_split, sp_baseline, flash_agrs, async_tp  # noqa: E402,F401
+from overlapbench.strategies import async_tp, baseline, flash_agrs, fused_norm, iso, no_comm, sp_baseline, token_split  # noqa: E402,F401
 
 
 def load_plugins(names: str | None = None) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from functools import partial
 
+from overlapbench.knobs import NCCL_MAX_CTAS
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Step, Strategy
-from overlapbench.knobs import NCCL_MAX_CTAS
 
 
 @register

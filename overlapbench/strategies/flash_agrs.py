@@ -6,10 +6,10 @@ here are the knobs and the choice of transport."""
 from __future__ import annotations
 
 from overlapbench.errors import UserError
+from overlapbench.overlap.sp_schedule import ATTENTION_MODES, ORDERS
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Knob, Needs, Strategy
 from overlapbench.strategies.sp_baseline import SP_WORKLOADS
-from overlapbench.overlap.sp_schedule import ATTENTION_MODES, ORDERS
 
 TRANSPORTS = ("copy_engine", "sm")
 
@@ -80,7 +80,7 @@ class FlashAGRS(Strategy):
 
                 copy = partial(p2p.copy, num_ctas=knobs["comm_ctas"], anchor=buffers.sym.tensor)
             else:
-                copy = lambda dst, src: dst.copy_(src)  # noqa: E731
+                copy = lambda dst, src: dst.copy_(src)
             transport = fo.SymmetricTransport(buffers, plan, rt.rank, copy, rt.side_stream())
         exchange = fo.FlashExchange(plan, rt.rank, transport, gather_width, scatter_width, dtype, rt.device)
         return sp_step(ctx, exchange, knobs["attention"])

@@ -4,9 +4,9 @@ and the one that computes the micro workloads' reference."""
 
 from __future__ import annotations
 
+from overlapbench.knobs import NCCL_MAX_CTAS
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Needs, Strategy
-from overlapbench.knobs import NCCL_MAX_CTAS
 
 SP_WORKLOADS = ("layer", "gemm_ag", "gemm_rs")  # the SP strategies also run the micro workloads
 
