@@ -55,3 +55,12 @@ class Buffers:
             self._made[key] = AllReduceNorm(dist.group.WORLD, rows, case.hidden, self._dtype(case), self.rt.device)
         return self._made[key]
 
+
+    def copy_engine_norm(self, case: Case):
+        from kernels.copy_engine_norm import CopyEngineNorm
+
+        key = self._key(case)
+        if key not in self._made:
+            rows = self._largest[key] // case.hidden
+            self._made[key] = CopyEngineNorm.allocate(None, rows, case.hidden, self._dtype(case), self.rt.device)
+        return self._made[key]

@@ -50,12 +50,16 @@ class CommPath:
         if hosts > 1:
             return "symmetric memory needs every rank on one host"
         if self.world is not None and not self.world[0] <= world <= self.world[1]:
-            return f"the fused kernel runs on {self.world[0]}..{self.world[1]} ranks, not {world}"
+            return f"{self.name} runs on {self.world[0]}..{self.world[1]} ranks, not {world}"
         return None
 
 
 def _nccl_ctas(spec: Any, backend: str) -> tuple:
     return spec.nccl_max_ctas if backend == "nccl" else (None,)  # gloo has no CTA budget
+
+
+def _norm_ctas(spec: Any, backend: str) -> tuple:
+    return spec.comm_ctas  # the kernel's grid (fused_norm) or the local add+norm's (copy_engine_norm)
 
 
 def _own_grid(spec: Any, backend: str) -> tuple:
@@ -68,9 +72,11 @@ PATHS_BY_NAME = {
         CommPath("nccl", OPS, benches.nccl_bench, _nccl_ctas),
         CommPath("symm_one_shot", ("all_reduce",), benches.symm_all_reduce_bench, _own_grid, buffer="symmetric"),
         CommPath("symm_two_shot", ("all_reduce",), benches.symm_all_reduce_bench, _own_grid, buffer="symmetric"),
-        CommPath("fused_norm", ("all_reduce",), benches.fused_norm_bench, lambda spec, backend: spec.comm_ctas,
+        CommPath("fused_norm", ("all_reduce",), benches.fused_norm_bench, _norm_ctas,
                  buffer="fused_norm", rows=True, world=(2, 8)),
         CommPath("copy_engine", ("all_gather",), benches.copy_engine_bench, _own_grid, buffer="symmetric"),
+        CommPath("copy_engine_norm", ("all_reduce",), benches.copy_engine_norm_bench, _norm_ctas,
+                 buffer="copy_engine_norm", rows=True, world=(2, 8)),
     )
 }
 PATHS = tuple(PATHS_BY_NAME)
