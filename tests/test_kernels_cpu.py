@@ -239,3 +239,105 @@ def test_copy_engine_local_kernel_matches_reference(staged: int, rows: int, hidd
     add_norm_rows(part, slots, residual, weight, EPS, out, published, ctas, use_triton=True)
     assert rel_err(residual, ref_res) < 1e-6
     assert rel_err(out, ref_out) < 1e-5 and torch.equal(out, published)
+
+
+# ---------------------------------------------------------------- kernel v2 on W emulated ranks
+
+
+def _rank_main_v2(rank, world, max_tokens, hidden, calls, rounds, bufs, flags, weight, res_all, out_all) -> None:
+    """One emulated rank of kernels.allreduce_norm_v2, as _rank_main; calls alternate between an
+    `out` given and the output region's view returned."""
+    from kernels import allreduce_norm_v2 as v2
+
+    torch.set_num_threads(1)
+    me = bufs[rank].data_ptr()
+    sym = v2.SymmetricRowsV2(
+        buf=bufs[rank],
+        peer_off=torch.tensor([(b.data_ptr() - me) // 16 for b in bufs], dtype=torch.int64),
+        flag_ptrs=torch.tensor([f.data_ptr() for f in flags], dtype=torch.int64),
+        rank=rank, world=world, max_tokens=max_tokens,
+    )
+    for rnd in range(rounds):
+        for i, (a, b, ctas) in enumerate(calls):
+            bufs[rank][a:b] = _partial(rnd, rank, a, b, hidden)
+            residual = _residual(rnd, a, b, hidden)
+            out = torch.full((b - a, hidden), float("nan")) if (i + rnd) % 2 == 0 else None
+            got = v2.reduce_norm(sym, a, b, residual, weight, EPS, out, ctas)
+            assert out is None or got is out
+            res_all[rnd, rank, a:b], out_all[rnd, rank, a:b] = residual, got
+
+
+def _emulate_v2(world: int, hidden: int, calls: list[tuple[int, int, int]], rounds: int = 2) -> None:
+    from kernels import allreduce_norm_v2 as v2
+
+    max_tokens = max(b for _, b, _ in calls) + 2  # the last rows are never in a range
+    bufs = [_fresh(90 + r, v2.buffer_rows(max_tokens, world), hidden).share_memory_() for r in range(world)]
+    untouched = [buf[max_tokens - 2:max_tokens].clone() for buf in bufs]
+    flags = [torch.zeros(v2.FLAG_SLOTS, dtype=torch.int32).share_memory_() for _ in range(world)]
+    weight = _fresh(77, hidden)
+    res_all = torch.full((rounds, world, max_tokens, hidden), float("nan")).share_memory_()
+    out_all = torch.full((rounds, world, max_tokens, hidden), float("nan")).share_memory_()
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_rank_main_v2, args=(r, world, max_tokens, hidden, calls, rounds, bufs, flags,
+                                                      weight, res_all, out_all)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    hung = [p.pid for p in procs if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert not hung, f"ranks {hung} still waiting after 120 s: a flag never came"
+    assert [p.exitcode for p in procs] == [0] * world, "a rank failed (its traceback is in the captured stderr)"
+    for rnd in range(rounds):
+        for a, b, ctas in calls:
+            total = sum(_partial(rnd, r, a, b, hidden) for r in range(world))
+            before = _residual(rnd, a, b, hidden)
+            ref_res = before.clone()
+            ref_out = add_rmsnorm_reference(total, ref_res, weight, EPS)
+            where = f"round {rnd}, rows [{a}, {b}), {ctas} CTAs"
+            for r in range(world):
+                lo, hi = arn.row_block(b - a, world, r)
+                res = res_all[rnd, r, a:b]
+                assert rel_err(res[lo:hi], ref_res[lo:hi]) < 1e-5 or lo == hi, f"residual, rank {r}, {where}"
+                assert torch.equal(res[:lo], before[:lo]) and torch.equal(res[hi:], before[hi:]), \
+                    f"rank {r} wrote residual rows it does not own, {where}"
+                assert rel_err(out_all[rnd, r, a:b], ref_out) < 1e-5, f"out, rank {r}, {where}"
+                assert torch.equal(out_all[rnd, r, a:b], out_all[rnd, 0, a:b]), f"out differs, rank {r}, {where}"
+    assert all(int(f.count_nonzero()) == 0 for f in flags), "flags must return to 0 (graph replay)"
+    assert all(torch.equal(buf[max_tokens - 2:max_tokens], u) for buf, u in zip(bufs, untouched)), \
+        "partial rows outside the ranges were written"
+
+
+@pytest.mark.parametrize("world,hidden,calls", [
+    (2, 64, _SMALL + [(4, 1004, 5), (1004, 5101, arn.MAX_CTAS)]),
+    (4, 96, _SMALL + [(4, 504, 5), (504, 517, 8)]),
+    (8, 64, _SMALL + [(4, 504, 5), (504, 517, 8)]),
+])
+def test_emulated_allreduce_norm_v2_token_counts(world: int, hidden: int, calls: list) -> None:
+    _emulate_v2(world, hidden, calls, rounds=2)
+
+
+@pytest.mark.parametrize("world,hidden", [(2, 1024), (3, 1024), (4, 2048), (8, 2048)])
+def test_emulated_allreduce_norm_v2_wide_rows(world: int, hidden: int) -> None:
+    """Tiles of several reduce steps; each rank overwrites its partial rows right after the
+    previous call on them returned; CTA budgets change from call to call."""
+    from kernels import allreduce_norm_v2 as v2
+
+    t = v2.tiling(world, hidden, 4)
+    assert t.reduce_rows < t.tile_rows and t.tile_rows % t.reduce_rows == 0
+    _emulate_v2(world, hidden, [(0, 13, 2), (20, 29, 3), (29, 30, 8)], rounds=1 if world == 8 else 2)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+@pytest.mark.parametrize("hidden,elem", [(64, 4), (4096, 2), (5120, 2), (8192, 2), (8192, 4), (16384, 2)])
+def test_v2_tiling_steps_divide_and_fit(world: int, hidden: int, elem: int) -> None:
+    from kernels import allreduce_norm_v2 as v2
+
+    t = v2.tiling(world, hidden, elem)
+    pow2 = lambda x: x > 0 and x & (x - 1) == 0  # noqa: E731
+    assert pow2(t.tile_rows) and pow2(t.reduce_rows) and t.tile_rows % t.reduce_rows == 0
+    row = t.block_h * elem
+    assert t.tile_rows * row <= max(arn.STEP_BYTES, row)
+    assert (world + 1) * t.reduce_rows * row <= max(arn.STEP_BYTES, (world + 1) * row)
