@@ -1,7 +1,8 @@
 """The all-reduce + residual + RMSNorm engines on 2 GPUs, against NCCL + the torch reference:
-the fused kernel (kernels.allreduce_norm, every row of the residual replicated) and the
-copy-engine path (kernels.copy_engine_norm, the residual token-sharded: checked on the rows each
-rank owns, the other rows must stay as they were).
+the fused kernel v2 (kernels.allreduce_norm_v2) and the copy-engine path (kernels.copy_engine_norm),
+whose residual is token-sharded (checked on the rows each rank owns; the other rows must stay as
+they were), and v1 (kernels.allreduce_norm, every row of the residual replicated). v2's graph
+scenario takes the output region's view (out=None); its other scenarios pass `out`.
 
 One pair of processes (one per GPU, NCCL on a free localhost port) runs every scenario in
 lockstep and reports failures per scenario, so a broken case fails its own test and a hung
@@ -33,7 +34,7 @@ TOKENS = [1, 3, 1000, 4097, 32768]
 CTAS = [1, 2, 3, 8, 16, 32, 64]
 CASES = [(dtype, hidden) for dtype in ("bfloat16", "float32") for hidden in (4096, 5120, 8192)]
 TOL = {"bfloat16": 1e-2, "float32": 1e-5}
-ENGINES = ("fused", "copy_engine")
+ENGINES = ("fused", "fused_v1", "copy_engine")
 SCENARIOS = [f"{e}-{s}" for e in ENGINES
              for s in [f"sweep-{d}-{h}" for d, h in CASES] + ["two_ranges_with_writer", "graph_replays"]]
 TIMEOUT_S = 240
@@ -47,6 +48,10 @@ def _engine(kind: str, max_tokens: int, hidden: int, dtype, rank: int):
         from kernels.copy_engine_norm import CopyEngineNorm
 
         return CopyEngineNorm.allocate(*args)
+    if kind == "fused":
+        from kernels.allreduce_norm_v2 import AllReduceNormV2
+
+        return AllReduceNormV2(*args)
     from kernels.allreduce_norm import AllReduceNorm
 
     return AllReduceNorm(*args)
@@ -189,8 +194,13 @@ def _graph_replays(chk: Checker, kind: str, rank: int) -> None:
     _, _, weight = _inputs(7, 1, hidden, dtype, rank)
     res, out = torch.zeros(n, hidden, dtype=dtype, device=weight.device), torch.empty(n, hidden, dtype=dtype,
                                                                                         device=weight.device)
-    step = lambda: (ar(0, cut, res[:cut], weight, EPS, out[:cut], 8),  # noqa: E731
-                    ar(cut, n, res[cut:], weight, EPS, out[cut:], 16))
+    views = getattr(ar, "returns_view", False)  # v2: the output region's rows, no copy
+    got: dict = {}
+
+    def step():
+        got["A"] = ar(0, cut, res[:cut], weight, EPS, None if views else out[:cut], 8)
+        got["B"] = ar(cut, n, res[cut:], weight, EPS, None if views else out[cut:], 16)
+
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -204,11 +214,12 @@ def _graph_replays(chk: Checker, kind: str, rank: int) -> None:
         ref_res, ref_out = _reference(partial, residual, weight)
         ar.partial(0, n).copy_(partial)
         res.copy_(residual)
-        out.fill_(float("nan"))
+        for half in "AB":
+            got[half].fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        for a, b in ((0, cut), (cut, n)):
-            _check_result(chk, ar, a, b, (res[a:b], out[a:b]), (ref_res[a:b], ref_out[a:b]), residual[a:b],
+        for half, (a, b) in zip("AB", ((0, cut), (cut, n))):
+            _check_result(chk, ar, a, b, (res[a:b], got[half]), (ref_res[a:b], ref_out[a:b]), residual[a:b],
                           TOL["bfloat16"], f"replay {rnd}, rows [{a}, {b})")
 
 

@@ -131,7 +131,12 @@ def copy_engine_bench(rt: "Runtime", case: Case, buffers: "Buffers") -> Bench:
 
 
 def fused_norm_bench(rt: "Runtime", case: Case, buffers: "Buffers") -> Bench:
-    """kernels.allreduce_norm.AllReduceNorm on rows x hidden (see _norm_bench)."""
+    """kernels.allreduce_norm_v2.AllReduceNormV2 on rows x hidden (see _norm_bench)."""
+    return _norm_bench(rt, case, buffers.fused(case))
+
+
+def fused_norm_v1_bench(rt: "Runtime", case: Case, buffers: "Buffers") -> Bench:
+    """kernels.allreduce_norm.AllReduceNorm (v1: the residual replicated) on rows x hidden."""
     return _norm_bench(rt, case, buffers.fused(case))
 
 

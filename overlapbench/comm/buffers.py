@@ -45,14 +45,17 @@ class Buffers:
         return self._made[key]
 
     def fused(self, case: Case):
+        """The fused kernel's buffers: v2 (path fused_norm) or v1 (fused_norm_v1)."""
         import torch.distributed as dist
 
         from kernels.allreduce_norm import AllReduceNorm
+        from kernels.allreduce_norm_v2 import AllReduceNormV2
 
         key = self._key(case)
         if key not in self._made:
             rows = self._largest[key] // case.hidden
-            self._made[key] = AllReduceNorm(dist.group.WORLD, rows, case.hidden, self._dtype(case), self.rt.device)
+            kind = AllReduceNorm if case.buffer == "fused_norm_v1" else AllReduceNormV2
+            self._made[key] = kind(dist.group.WORLD, rows, case.hidden, self._dtype(case), self.rt.device)
         return self._made[key]
 
 

@@ -1,7 +1,8 @@
 """How a chunk's row-parallel partial sum becomes the next normed input (see layer.Reducer).
 
 `nccl`: an NCCL (gloo on CPU) all-reduce in place, then the fused residual add + RMSNorm.
-`fused`: one few-CTA Triton kernel over symmetric memory that reduces, adds and normalizes;
+`fused`: one few-CTA Triton kernel over symmetric memory that reduces, adds and normalizes
+(kernels/allreduce_norm_v2.py, the residual token-sharded; `FUSED_V1` switches back to v1);
 the GEMM writes its partial straight into the symmetric buffer, so no copy is made.
 `copy_engine`: the copy engines reduce-scatter and all-gather between symmetric buffers, a
 local few-CTA kernel adds and normalizes the rank's own rows (kernels/copy_engine_norm.py);
@@ -21,6 +22,10 @@ from overlapbench.runtime import BuildContext
 from overlapbench.knobs import DEFAULT, SYMMETRIC_COMM
 
 
+# comm=fused runs kernel v2; True runs v1 (every residual row replicated, two barriers) instead.
+FUSED_V1 = False
+
+
 def collective(ctx: BuildContext, nccl_max_ctas=DEFAULT, high_priority: bool = False) -> LocalReducer:
     group = ctx.runtime.group(nccl_max_ctas, high_priority)
     return LocalReducer(ctx.eps, partial(dist.all_reduce, group=group))
@@ -38,7 +43,7 @@ class SymmetricReducer:
         return self.kernel.partial(chunk.begin, chunk.end)
 
     def __call__(self, partial, chunk, residual, weight, out=None):
-        if out is None:
+        if out is None and not getattr(self.kernel, "returns_view", False):
             out = torch.empty_like(residual)
         return self.kernel(chunk.begin, chunk.end, residual, weight, self.eps, out, self.num_ctas)
 
@@ -56,9 +61,13 @@ def _engine(ctx: BuildContext, comm: str):
             from kernels.copy_engine_norm import CopyEngineNorm
 
             return lambda: CopyEngineNorm.allocate(*args)
-        from kernels.allreduce_norm import AllReduceNorm
+        if FUSED_V1:
+            from kernels.allreduce_norm import AllReduceNorm
 
-        return lambda: AllReduceNorm(*args)
+            return lambda: AllReduceNorm(*args)
+        from kernels.allreduce_norm_v2 import AllReduceNormV2
+
+        return lambda: AllReduceNormV2(*args)
 
     kernel = rt.cached(key)
     if kernel is not None and kernel.max_tokens >= ctx.tokens:
