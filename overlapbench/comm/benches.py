@@ -68,7 +68,8 @@ def nccl_bench(rt: "Runtime", case: Case, buffers: "Buffers") -> Bench:
 
     from overlapbench.knobs import DEFAULT
 
-    group = rt.group(case.ctas if case.ctas is not None else DEFAULT)
+    # Beside a GEMM stream its kernels run on a high-priority stream, as in the overlapped strategies.
+    group = rt.group(case.ctas if case.ctas is not None else DEFAULT, high_priority=case.beside_gemm)
     shard = case.count // rt.world_size
     if case.op == "all_reduce":
         buf = _empty(rt, case.count, case.dtype)

@@ -85,23 +85,27 @@ PATHS = tuple(PATHS_BY_NAME)
 PATHS_BY_OP = {op: tuple(p.name for p in PATHS_BY_NAME.values() if op in p.ops) for op in OPS}
 
 
-def make_cases(bench: Any, world: int, backend: str, dtype: str, hidden: int, hosts: int = 1) -> list[Case]:
+def make_cases(bench: Any, world: int, backend: str, dtype: str, hidden: int, hosts: int = 1,
+               beside_gemm: bool = False) -> list[Case]:
     """Every (op, path, CTA budget, size) of `bench` (a spec.CommSpec, which imports this
     module: hence untyped here), in nccl-tests' order: one block of
     ascending sizes per op, path and budget. Sizes are rounded down to whole units of the
-    path (16-byte vectors per rank, or rows for the fused kernel)."""
+    path (16-byte vectors per rank, or rows for the fused kernel). `beside_gemm`: every case is
+    also timed beside a GEMM stream (comm.contention)."""
     elem = DTYPE_BYTES[dtype]
     cases, seen = [], set()
     for op in bench.ops:
         for path in (PATHS_BY_NAME[p] for p in PATHS_BY_OP[op] if p in bench.paths):
             skip = path.skip(backend, world, hosts)
+            if beside_gemm and backend != "nccl":
+                skip = skip or "--beside-gemm needs CUDA GPUs (a bf16 GEMM stream beside the path)"
             unit, unit_words = path.unit(op, world, elem, hidden)
             for ctas in path.ctas(bench, backend):
                 for size in bench.sizes:
                     count = size // elem // unit * unit
                     too_small = None if count else f"{format_bytes(size)} is below {unit_words} ({unit * elem} B)"
                     case = Case(op, path.name, backend, ctas, size, count, dtype, hidden if path.rows else None,
-                                skip=skip or too_small, buffer=path.buffer)
+                                skip=skip or too_small, buffer=path.buffer, beside_gemm=beside_gemm)
                     if case.key() not in seen:
                         seen.add(case.key())
                         cases.append(case)
