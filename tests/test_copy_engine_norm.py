@@ -118,3 +118,48 @@ def test_bad_calls_are_refused():
         engine(0, 4, res, w, EPS, res.clone(), 0)
     with pytest.raises(ValueError, match="dense rows"):
         engine(0, 4, res, w, EPS, torch.zeros(4, 2 * hidden)[:, :hidden], 1)
+
+
+# --- the strategies with comm: copy_engine, ranks as threads -------------------------------------
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_strategies_with_copy_engine_match_the_reference(monkeypatch, world):
+    """fused_norm, token_split and iso built with comm: copy_engine, each rank's reducers on the
+    fake symmetric memory: the layers keep the residual token-sharded (no forward reads a row a
+    reducer did not update) and the output still equals the reference."""
+    from overlapbench import strategies
+    from overlapbench.layer import RopeTable, build_stack, random_input, reference_forward
+    from overlapbench.models import ModelShape
+    from overlapbench.overlap import reducers
+    from overlapbench.runtime import BuildContext, Runtime
+
+    shape, layers, seq_lens = ModelShape(hidden=64, ffn=128, heads=8, kv_heads=4, head_dim=8), 2, (29, 14)
+    tokens = sum(seq_lens)
+    bufs = [torch.full((buffer_elems(tokens, shape.hidden, world),), float("nan")) for _ in range(world)]
+    handle = _FakeHandle(bufs, world)
+    engines = [CopyEngineNorm(SymmetricBuffer(bufs[r], handle, "fake", r, world, 0), tokens, shape.hidden)
+               for r in range(world)]
+    monkeypatch.setattr(reducers, "_engine", lambda ctx, comm: engines[ctx.runtime.rank])
+    settings = [("fused_norm", {"comm": "copy_engine", "comm_ctas": 4}),
+                ("token_split", {"comm": "copy_engine", "comm_ctas_attn": 4, "comm_ctas_mlp": 16}),
+                ("iso", {"comm": "copy_engine", "comm_ctas": 4})]
+
+    def rank_main(rank):
+        rt = Runtime(rank, world, rank, torch.device("cpu"), "gloo")
+        stack = build_stack(shape, layers, world, rank, torch.float32, rt.device, 0)
+        ctx = BuildContext(rt, stack, seq_lens, RopeTable(shape, max(seq_lens), rt.device), tokens)
+        x = random_input(tokens, shape.hidden, 0, torch.float32, rt.device)
+        outs = []
+        for name, knobs in settings:
+            cls = strategies.get(name)
+            step = cls.build(ctx, cls.check_knobs(knobs, name))
+            outs.append(step.to_full(step.forward(x)).clone())
+        return outs
+
+    rank_main.handle = handle
+    ref = reference_forward(shape, layers, world, seq_lens, seed=0)
+    for rank, outs in enumerate(_run_ranks(world, rank_main)):
+        for (name, _), out in zip(settings, outs):
+            err = ((out - ref).norm() / ref.norm()).item()
+            assert err < 1e-5, f"{name} on rank {rank}: rel err {err:.2e}"
