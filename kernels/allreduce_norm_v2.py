@@ -26,7 +26,10 @@ same call signalled it (so the previous reader of that region, the rank's own st
 The partial rows are only read by their own rank, so they are free when the kernel returns.
 No NVLink multicast anywhere: only peer stores and atomics through mapped pointers.
 
-Only the push variant is here (a pull variant was not written; nothing measured yet).
+Compiled for sm_90 (kernels/inspect_ptx.py, Triton 3.9, hidden 4096/5120/8192): every access
+to row data is one 16-byte vector, 121-128 registers at 16 warps, no local memory (no spills).
+Only the push variant is here: a pull variant was not written, and nothing is measured yet
+(`kernels/check_issue16.sh` measures it beside v1, NCCL and the copy-engine path).
 """
 
 from __future__ import annotations
