@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
-    import torch
-
     from overlapbench.runtime import Runtime
 
 GEMM_TOKENS = 4096  # half of an 8192-token batch: one chunk of a token split

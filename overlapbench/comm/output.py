@@ -70,7 +70,8 @@ def to_table(rows: list[dict]) -> "Table":
     table = Table(title="overlapbench comm", title_justify="left", caption_justify="left", show_edge=False)
     beside = any(r.get("beside_ms") is not None for r in rows)
     extra = ("beside GEMM (us)", "busbw beside", "GEMM loss") if beside else ()
-    for name in ("size (B)", "count", "type", "op", "path", "ctas", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong") + extra:
+    names = ("size (B)", "count", "type", "op", "path", "ctas", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong")
+    for name in names + extra:
         table.add_column(name, justify="left" if name in ("type", "op", "path") else "right")
     reasons: dict[str, list[str]] = {}
     for row in rows:
