@@ -2,7 +2,7 @@
 
 `nccl`: an NCCL (gloo on CPU) all-reduce in place, then the fused residual add + RMSNorm.
 `fused`: one few-CTA Triton kernel over symmetric memory that reduces, adds and normalizes
-(kernels/allreduce_norm_v2.py, the residual token-sharded; `FUSED_V1` switches back to v1);
+(kernels/allreduce_norm_v2.py, the residual token-sharded; knobs.FUSED_KERNEL switches to v1);
 the GEMM writes its partial straight into the symmetric buffer, so no copy is made.
 `copy_engine`: the copy engines reduce-scatter and all-gather between symmetric buffers, a
 local few-CTA kernel adds and normalizes the rank's own rows (kernels/copy_engine_norm.py);
@@ -19,11 +19,7 @@ import torch.distributed as dist
 
 from overlapbench.layer import Chunk, LocalReducer
 from overlapbench.runtime import BuildContext
-from overlapbench.knobs import DEFAULT, SYMMETRIC_COMM
-
-
-# comm=fused runs kernel v2; True runs v1 (every residual row replicated, two barriers) instead.
-FUSED_V1 = False
+from overlapbench.knobs import DEFAULT, FUSED_KERNEL, SYMMETRIC_COMM
 
 
 def collective(ctx: BuildContext, nccl_max_ctas=DEFAULT, high_priority: bool = False) -> LocalReducer:
@@ -61,7 +57,7 @@ def _engine(ctx: BuildContext, comm: str):
             from kernels.copy_engine_norm import CopyEngineNorm
 
             return lambda: CopyEngineNorm.allocate(*args)
-        if FUSED_V1:
+        if FUSED_KERNEL == "v1":
             from kernels.allreduce_norm import AllReduceNorm
 
             return lambda: AllReduceNorm(*args)
