@@ -23,7 +23,9 @@ under CUDA-graph replay). Every rank computes its own rows once, so `out` is bit
 all ranks. No NVLink multicast anywhere.
 
 Bytes per rank (N = the rows x hidden tensor, W ranks): copy engines (W-1)/W N pulled twice
-(over NVLink); the kernel reads (W+1)/W N and writes 3/W N, all local.
+(over NVLink); the kernel reads (W+1)/W N and writes 3/W N, all local. The pulls from several
+peers go one after another on the caller's stream (at TP=2, one pull each way); the reduce-scatter
+is not pipelined with the kernel (a chunked version would be the next step). Not measured yet.
 """
 
 from __future__ import annotations
