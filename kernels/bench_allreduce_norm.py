@@ -1,5 +1,7 @@
-"""Fused all-reduce + residual + RMSNorm (few CTAs, symmetric memory) against NCCL all-reduce
-followed by the fused add + RMSNorm kernel, alone on the GPUs.
+"""All-reduce + residual + RMSNorm engines (few CTAs, symmetric memory) against NCCL all-reduce
+followed by the fused add + RMSNorm kernel, alone on the GPUs: the fused kernel v2
+(kernels/allreduce_norm_v2.py), v1 (kernels/allreduce_norm.py) and the copy-engine path
+(kernels/copy_engine_norm.py, whose CTA budget is its local add + norm kernel's).
 
     torchrun --nproc-per-node 2 kernels/bench_allreduce_norm.py --out bench.jsonl
 
@@ -26,9 +28,12 @@ import torch.distributed as dist  # noqa: E402
 import triton  # noqa: E402
 
 from kernels.allreduce_norm import STEP_BYTES, AllReduceNorm  # noqa: E402
+from kernels.allreduce_norm_v2 import AllReduceNormV2  # noqa: E402
+from kernels.copy_engine_norm import CopyEngineNorm  # noqa: E402
 from kernels.rmsnorm import fused_add_rmsnorm  # noqa: E402
 
 EPS = 1e-5
+ENGINES = {"v2": AllReduceNormV2, "v1": AllReduceNorm, "ce": CopyEngineNorm.allocate}
 
 
 def parse_args() -> argparse.Namespace:
@@ -37,8 +42,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", type=Path, required=True, help="JSON lines, one per (tokens, variant)")
     p.add_argument("--tokens", type=ints, default=[1024, 2048, 4096, 8192, 16384, 32768])
     p.add_argument("--hidden", type=int, default=8192)
-    p.add_argument("--ctas", type=ints, default=[4, 8, 16, 32, 64], help="CTA budgets of the fused kernel")
-    p.add_argument("--step-kib", type=ints, default=[STEP_BYTES // 1024], help="fused kernel's bytes per CTA step")
+    p.add_argument("--ctas", type=ints, default=[4, 8, 16, 32, 64], help="CTA budgets of the engines")
+    p.add_argument("--engines", type=lambda s: s.split(","), default=list(ENGINES), help=f"of {', '.join(ENGINES)}")
+    p.add_argument("--step-kib", type=ints, default=[STEP_BYTES // 1024], help="fused kernels' bytes per CTA step")
     p.add_argument("--nccl-ctas", type=int, default=8, help="also NCCL capped at this many CTAs (0: skip)")
     p.add_argument("--iters", type=int, default=60)
     p.add_argument("--warmup", type=int, default=10)
@@ -79,7 +85,7 @@ def main() -> None:
     dist.init_process_group("nccl", device_id=dev)
     rank, world = dist.get_rank(), dist.get_world_size()
     hidden, dtype, max_tokens = args.hidden, torch.bfloat16, max(args.tokens)
-    ar = AllReduceNorm(dist.group.WORLD, max_tokens, hidden, dtype, dev)
+    engines = {name: ENGINES[name](dist.group.WORLD, max_tokens, hidden, dtype, dev) for name in args.engines}
     groups = {"nccl": None}
     if args.nccl_ctas:
         opts = dist.ProcessGroupNCCL.Options()
@@ -108,30 +114,34 @@ def main() -> None:
             xn.copy_(p0[:n])
             res.copy_(r0[:n])
 
-        def refill_fused(n=n, res=res):
+        def refill_engine(ar, n=n, res=res):
             ar.partial(0, n).copy_(p0[:n])
             res.copy_(r0[:n])
 
-        variants = []  # (name, ctas, step KiB, refill, step)
+        variants = []  # (name, engine, ctas, step KiB, refill, step)
         for name, group in groups.items():
-            variants.append((f"{name} AR", None, None, refill_nccl,
+            variants.append((f"{name} AR", None, None, None, refill_nccl,
                              lambda xn=xn, group=group: dist.all_reduce(xn, group=group)))
-            variants.append((f"{name} AR+norm", None, None, refill_nccl, lambda xn=xn, res=res, o=o, group=group: (
+            variants.append((f"{name} AR+norm", None, None, None, refill_nccl, lambda xn=xn, res=res, o=o, group=group: (
                 dist.all_reduce(xn, group=group), fused_add_rmsnorm(xn, res, weight, EPS, out=o))))
-        for kib in args.step_kib:
-            for c in args.ctas:
-                variants.append((f"fused c={c} {kib}K", c, kib, refill_fused,
-                                 lambda n=n, res=res, o=o, c=c: ar(0, n, res, weight, EPS, o, c)))
+        for engine, ar in engines.items():
+            for kib in args.step_kib if hasattr(ar, "step_bytes") else [None]:
+                for c in args.ctas:
+                    variants.append((f"{engine} c={c}" + ("" if kib is None else f" {kib}K"), ar, c, kib,
+                                     lambda ar=ar: refill_engine(ar),
+                                     lambda n=n, res=res, o=o, c=c, ar=ar: ar(0, n, res, weight, EPS, o, c)))
 
-        refill_nccl()  # the reference result, for the fused variants' error
-        variants[1][4]()
+        refill_nccl()  # the reference result, for the engines' error (on out: v2 and ce keep a sharded residual)
+        variants[1][5]()
         ref = o.float().clone()
-        base_ms = None  # nccl AR+norm, measured before every fused variant
-        for name, ctas, kib, refill, step in variants:
+        base_ms = None  # nccl AR+norm, measured before every engine
+        for name, ar, ctas, kib, refill, step in variants:
             err = None
-            if kib is not None:
-                ar.step_bytes = kib * 1024  # read at launch, so also baked into the captured graph
+            if ar is not None:
+                if kib is not None:
+                    ar.step_bytes = kib * 1024  # read at launch, so also baked into the captured graph
                 refill()
+                o.fill_(float("nan"))
                 step()
                 err = ((o.float() - ref).norm() / ref.norm()).item()
             ms = timed_graph(step, refill, args.iters, args.warmup)

@@ -120,10 +120,10 @@ def comm(
     max_bytes: Optional[str] = typer.Option(None, "-e", "--max-bytes", help="Largest size. Default: 1G on GPUs, 64K on CPU."),
     factor: int = typer.Option(2, "-f", "--factor", help="Each size is the previous one times this."),
     ops: Optional[str] = typer.Option(None, "--ops", help="Comma list of all_reduce, all_gather, reduce_scatter. Default: all."),
-    paths: Optional[str] = typer.Option(None, "--paths", help="Comma list of nccl (gloo on CPU), symm_one_shot, symm_two_shot, fused_norm, copy_engine. Default: all."),
+    paths: Optional[str] = typer.Option(None, "--paths", help="Comma list of nccl (gloo on CPU), symm_one_shot, symm_two_shot, fused_norm (kernel v2), fused_norm_v1, copy_engine, copy_engine_norm. Default: all."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on GPUs, fp32 on CPU) | bf16 | fp16 | fp32."),
     nccl_max_ctas: Optional[str] = typer.Option(None, "--nccl-max-ctas", help="NCCL CTA budgets (max_ctas), 'default' or 1..64. Default: default,4,8,16,32."),
-    comm_ctas: Optional[str] = typer.Option(None, "--comm-ctas", help="CTA budgets of the fused all-reduce+RMSNorm kernel. Default: 1,2,4,8,16,32,64."),
+    comm_ctas: Optional[str] = typer.Option(None, "--comm-ctas", help="CTA budgets of the fused all-reduce+RMSNorm kernel and of the copy-engine path's add+norm kernel. Default: 1,2,4,8,16,32,64."),
     hidden: int = typer.Option(8192, "--hidden", help="fused_norm measures rows x hidden: a size becomes size / (hidden x dtype bytes) rows."),
     iters: int = typer.Option(20, "--iters", help="Timed samples per size (small sizes repeat the op within a sample)."),
     warmup: int = typer.Option(5, "--warmup", help="Untimed samples first."),
@@ -132,6 +132,7 @@ def comm(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Results file (.jsonl). Default: results/comm-{device}-{world}.jsonl."),
     resume: bool = typer.Option(False, "--resume", help="Continue: skip the cases already in the results file."),
     nproc: Optional[int] = typer.Option(None, "--nproc", help="Processes to launch when not under torchrun. Default: all local GPUs, or 2 on CPU."),
+    beside_gemm: bool = typer.Option(False, "--beside-gemm", help="Also time each case while llama3-70b TP=2 MLP GEMMs (4096 tokens, bf16) run on another stream: the path's time and busbw beside them and the GEMMs' TFLOP/s loss. GPUs only."),
 ) -> None:
     """Collective microbenchmarks in nccl-tests' terms: size, count, type, time, algbw, busbw,
     #wrong, for NCCL under CTA budgets, symmetric-memory one-/two-shot all-reduce, the fused
@@ -142,7 +143,7 @@ def comm(
     opts = comm_mod.Options.parse(
         min_bytes=min_bytes, max_bytes=max_bytes, factor=factor, ops=ops, paths=paths, dtype=dtype,
         nccl_max_ctas=nccl_max_ctas, comm_ctas=comm_ctas, hidden=hidden, iters=iters, warmup=warmup,
-        graphs=graphs, fmt=fmt, output=output, resume=resume, nproc=nproc,
+        graphs=graphs, fmt=fmt, output=output, resume=resume, nproc=nproc, beside_gemm=beside_gemm,
     )
     code = comm_mod.main(opts, console, err_console)
     if code:

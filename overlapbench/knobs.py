@@ -86,11 +86,25 @@ NCCL_MAX_CTAS = Knob(
 COMM = Knob(
     "comm", str, "nccl",
     "nccl: async NCCL all-reduce + fused add/RMSNorm; fused: one symmetric-memory all-reduce+norm "
-    "kernel; none: no reduction (a bound, not a correct result: what the split alone costs)",
-    choices=("nccl", "fused", "none"),
+    "kernel; copy_engine: reduce-scatter and all-gather by the copy engines, add+norm in a local "
+    "few-CTA kernel; none: no reduction (a bound, not a correct result: what the split alone costs)",
+    choices=("nccl", "fused", "copy_engine", "none"),
+)
+# The kernel behind comm=fused (strategies) and the comm path fused_norm: "v2"
+# (kernels/allreduce_norm_v2.py, the residual token-sharded) or "v1" (kernels/allreduce_norm.py).
+FUSED_KERNEL = "v2"
+# The comm values whose CTA budget is a comm_ctas knob (the kernel's grid, or the copy-engine
+# path's local add+norm kernel's).
+SYMMETRIC_COMM = ("fused", "copy_engine")
+FUSED_COMM = Knob(
+    "comm", str, "fused",
+    "fused: one symmetric-memory all-reduce+norm kernel; copy_engine: reduce-scatter and "
+    "all-gather by the copy engines, add+norm in a local few-CTA kernel",
+    choices=SYMMETRIC_COMM,
 )
 ALIGN = Knob("align", int, 256, "round the cut to a multiple of this many tokens", bounds=(1, 4096))
 
 
 def comm_ctas(name: str, what: str) -> Knob:
-    return Knob(name, int, 8, f"CTA budget of the fused all-reduce+norm kernel {what}", bounds=(1, MAX_COMM_CTAS))
+    return Knob(name, int, 8, f"CTA budget of the fused all-reduce+norm kernel, or of the copy-engine path's "
+                f"add+norm kernel, {what}", bounds=(1, MAX_COMM_CTAS))

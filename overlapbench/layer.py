@@ -391,7 +391,13 @@ class Reducer(Protocol):
 
     `out_buffer` says where the GEMM should write the partial (a symmetric-memory buffer, say),
     None to let it allocate. The call sums the partial over ranks, adds it into `residual` (the
-    chunk's rows, in place) and returns rmsnorm(residual) * weight for those rows.
+    chunk's rows, in place) and returns rmsnorm(residual) * weight for those rows, the same on
+    every rank.
+
+    The residual may stay token-sharded (TokenWeave's contract): a reducer may read and update
+    only the rows of `residual` that this rank owns, the same rows in every call on the same
+    chunk, and leave the others stale. So the forwards never read `residual` except through a
+    reducer; only the normed output (complete on every rank) leaves a forward.
     """
 
     def out_buffer(self, chunk: Chunk) -> torch.Tensor | None: ...

@@ -1,4 +1,8 @@
-"""The fused all-reduce + residual + RMSNorm kernel on 2 GPUs, against NCCL + the torch reference.
+"""The all-reduce + residual + RMSNorm engines on 2 GPUs, against NCCL + the torch reference:
+the fused kernel v2 (kernels.allreduce_norm_v2) and the copy-engine path (kernels.copy_engine_norm),
+whose residual is token-sharded (checked on the rows each rank owns; the other rows must stay as
+they were), and v1 (kernels.allreduce_norm, every row of the residual replicated). v2's graph
+scenario takes the output region's view (out=None); its other scenarios pass `out`.
 
 One pair of processes (one per GPU, NCCL on a free localhost port) runs every scenario in
 lockstep and reports failures per scenario, so a broken case fails its own test and a hung
@@ -26,12 +30,36 @@ pytestmark = [
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 WORLD = 2
 EPS = 1e-5
-TOKENS = [1, 3, 1000, 4097, 8192]
+TOKENS = [1, 3, 1000, 4097, 32768]
 CTAS = [1, 2, 3, 8, 16, 32, 64]
-CASES = [(dtype, hidden) for dtype in ("bfloat16", "float32") for hidden in (4096, 8192)]
+CASES = [("bfloat16", 4096), ("bfloat16", 5120), ("bfloat16", 8192), ("float32", 8192)]
 TOL = {"bfloat16": 1e-2, "float32": 1e-5}
-SCENARIOS = [f"sweep-{d}-{h}" for d, h in CASES] + ["two_ranges_with_writer", "graph_replays"]
-TIMEOUT_S = 150
+ENGINES = ("fused", "fused_v1", "copy_engine")
+SCENARIOS = [f"{e}-{s}" for e in ENGINES
+             for s in [f"sweep-{d}-{h}" for d, h in CASES] + ["two_ranges_with_writer", "graph_replays"]]
+TIMEOUT_S = 240
+
+
+def _engine(kind: str, max_tokens: int, hidden: int, dtype, rank: int):
+    import torch.distributed as dist
+
+    args = (dist.group.WORLD, max_tokens, hidden, dtype, torch.device("cuda", rank))
+    if kind == "copy_engine":
+        from kernels.copy_engine_norm import CopyEngineNorm
+
+        return CopyEngineNorm.allocate(*args)
+    if kind == "fused":
+        from kernels.allreduce_norm_v2 import AllReduceNormV2
+
+        return AllReduceNormV2(*args)
+    from kernels.allreduce_norm import AllReduceNorm
+
+    return AllReduceNorm(*args)
+
+
+def _kept(ar, a: int, b: int) -> slice:
+    """The residual rows this rank keeps: all, or its own with a sharded residual."""
+    return slice(*ar.own_rows(a, b)) if hasattr(ar, "own_rows") else slice(None)
 
 
 class Checker:
@@ -80,44 +108,55 @@ def _reference(partial, residual, weight):
 def _check_call(chk: Checker, ar, a: int, b: int, seed: int, ctas: int, dtype, hidden: int, rank: int) -> None:
     partial, residual, weight = _inputs(seed, b - a, hidden, dtype, rank)
     ref_res, ref_out = _reference(partial, residual, weight)
+    before = residual.clone()
     ar.partial(a, b).copy_(partial)
-    out = torch.empty_like(residual)
+    out = torch.full_like(residual, float("nan"))
     ar(a, b, residual, weight, EPS, out, ctas)
     torch.cuda.synchronize()
     where = f"{dtype} hidden {hidden}, rows [{a}, {b}), {ctas} CTAs"
-    chk.close("residual", residual, ref_res, TOL[str(dtype).split(".")[-1]], where)
-    chk.close("out", out, ref_out, TOL[str(dtype).split(".")[-1]], where)
-    chk.same_on_all_ranks("residual", residual, where)
+    _check_result(chk, ar, a, b, (residual, out), (ref_res, ref_out), before, TOL[str(dtype).split(".")[-1]], where)
+
+
+def _check_result(chk: Checker, ar, a: int, b: int, got, ref, before, tol: float, where: str) -> None:
+    """out everywhere; the residual on the rows this rank keeps (the others unchanged)."""
+    (residual, out), (ref_res, ref_out), kept = got, ref, _kept(ar, a, b)
+    if residual[kept].numel():
+        chk.close("residual", residual[kept], ref_res[kept], tol, where)
+    chk.close("out", out, ref_out, tol, where)
+    if kept == slice(None):
+        chk.same_on_all_ranks("residual", residual, where)
+    else:
+        untouched = torch.ones(b - a, dtype=torch.bool, device=residual.device)
+        untouched[kept] = False
+        if not torch.equal(residual[untouched], before[untouched]):
+            chk.errors.append(f"residual rows of other ranks were written ({where})")
     chk.same_on_all_ranks("out", out, where)
 
 
-def _sweep(chk: Checker, rank: int, dtype_name: str, hidden: int) -> None:
+def _sweep(chk: Checker, kind: str, rank: int, dtype_name: str, hidden: int) -> None:
     """Every token count x CTA budget, at a row offset (row_start > 0)."""
-    import torch.distributed as dist
-    from kernels.allreduce_norm import MAX_CTAS, AllReduceNorm
+    from kernels.allreduce_norm import MAX_CTAS
 
     assert MAX_CTAS in CTAS
     dtype, offset = getattr(torch, dtype_name), 5
-    ar = AllReduceNorm(dist.group.WORLD, max(TOKENS) + offset, hidden, dtype, torch.device("cuda", rank))
+    ar = _engine(kind, max(TOKENS) + offset, hidden, dtype, rank)
     for i, tokens in enumerate(TOKENS):
         for j, ctas in enumerate(CTAS):
             _check_call(chk, ar, offset, offset + tokens, 1000 * i + j, ctas, dtype, hidden, rank)
 
 
-def _two_ranges_with_writer(chk: Checker, rank: int) -> None:
+def _two_ranges_with_writer(chk: Checker, kind: str, rank: int) -> None:
     """A token split as a layer runs it: halves A and B back to back on a comm stream, while a
     writer stream (the GEMMs) writes B's partial during A's kernel and the next round's A partial
     during B's kernel, as soon as A's kernel has returned. No host sync between rounds."""
-    import torch.distributed as dist
-    from kernels.allreduce_norm import AllReduceNorm
-
     hidden, dtype, cut, n, rounds = 8192, torch.bfloat16, 2304, 4097, 4
-    ar = AllReduceNorm(dist.group.WORLD, n, hidden, dtype, torch.device("cuda", rank))
+    ar = _engine(kind, n, hidden, dtype, rank)
     ins = [(_inputs(10 * r + 1, cut, hidden, dtype, rank), _inputs(10 * r + 2, n - cut, hidden, dtype, rank))
            for r in range(rounds)]
     weight = ins[0][0][2]
     refs = [(_reference(pa, ra, weight), _reference(pb, rb, weight)) for (pa, ra, _), (pb, rb, _) in ins]
     outs = [(torch.empty_like(ra), torch.empty_like(rb)) for (_, ra, _), (_, rb, _) in ins]
+    befores = [(ra.clone(), rb.clone()) for (_, ra, _), (_, rb, _) in ins]
     comm, writer = torch.cuda.Stream(), torch.cuda.Stream()
     ar.partial(0, cut).copy_(ins[0][0][0])
     comm.wait_stream(torch.cuda.current_stream())
@@ -142,28 +181,26 @@ def _two_ranges_with_writer(chk: Checker, rank: int) -> None:
         comm.wait_stream(writer)
     torch.cuda.synchronize()
     for r in range(rounds):
-        for half, (res, out), (ref_res, ref_out) in zip("AB", ((ins[r][0][1], outs[r][0]), (ins[r][1][1], outs[r][1])),
-                                                        refs[r]):
-            where = f"round {r}, half {half}"
-            chk.close("residual", res, ref_res, TOL["bfloat16"], where)
-            chk.close("out", out, ref_out, TOL["bfloat16"], where)
-            chk.same_on_all_ranks("residual", res, where)
-            chk.same_on_all_ranks("out", out, where)
+        for half, (a, b), got, ref, before in zip("AB", ((0, cut), (cut, n)), ((ins[r][0][1], outs[r][0]),
+                                                  (ins[r][1][1], outs[r][1])), refs[r], befores[r]):
+            _check_result(chk, ar, a, b, got, ref, before, TOL["bfloat16"], f"round {r}, half {half}")
 
 
-def _graph_replays(chk: Checker, rank: int) -> None:
+def _graph_replays(chk: Checker, kind: str, rank: int) -> None:
     """Both halves captured in one CUDA graph; 20 replays on fresh inputs copied into the static
     partial and residual buffers."""
-    import torch.distributed as dist
-    from kernels.allreduce_norm import AllReduceNorm
-
     hidden, dtype, cut, n = 8192, torch.bfloat16, 1000, 3001
-    ar = AllReduceNorm(dist.group.WORLD, n, hidden, dtype, torch.device("cuda", rank))
+    ar = _engine(kind, n, hidden, dtype, rank)
     _, _, weight = _inputs(7, 1, hidden, dtype, rank)
     res, out = torch.zeros(n, hidden, dtype=dtype, device=weight.device), torch.empty(n, hidden, dtype=dtype,
                                                                                         device=weight.device)
-    step = lambda: (ar(0, cut, res[:cut], weight, EPS, out[:cut], 8),  # noqa: E731
-                    ar(cut, n, res[cut:], weight, EPS, out[cut:], 16))
+    views = getattr(ar, "returns_view", False)  # v2: the output region's rows, no copy
+    got: dict = {}
+
+    def step():
+        got["A"] = ar(0, cut, res[:cut], weight, EPS, None if views else out[:cut], 8)
+        got["B"] = ar(cut, n, res[cut:], weight, EPS, None if views else out[cut:], 16)
+
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -177,11 +214,13 @@ def _graph_replays(chk: Checker, rank: int) -> None:
         ref_res, ref_out = _reference(partial, residual, weight)
         ar.partial(0, n).copy_(partial)
         res.copy_(residual)
+        for half in "AB":
+            got[half].fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        chk.close("residual", res, ref_res, TOL["bfloat16"], f"replay {rnd}")
-        chk.close("out", out, ref_out, TOL["bfloat16"], f"replay {rnd}")
-        chk.same_on_all_ranks("out", out, f"replay {rnd}")
+        for half, (a, b) in zip("AB", ((0, cut), (cut, n))):
+            _check_result(chk, ar, a, b, (res[a:b], got[half]), (ref_res[a:b], ref_out[a:b]), residual[a:b],
+                          TOL["bfloat16"], f"replay {rnd}, rows [{a}, {b})")
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
@@ -192,9 +231,11 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
                             device_id=torch.device("cuda", rank))
-    runs = {f"sweep-{d}-{h}": (lambda c, d=d, h=h: _sweep(c, rank, d, h)) for d, h in CASES}
-    runs["two_ranges_with_writer"] = lambda c: _two_ranges_with_writer(c, rank)
-    runs["graph_replays"] = lambda c: _graph_replays(c, rank)
+    runs = {}
+    for e in ENGINES:
+        runs |= {f"{e}-sweep-{d}-{h}": (lambda c, e=e, d=d, h=h: _sweep(c, e, rank, d, h)) for d, h in CASES}
+        runs[f"{e}-two_ranges_with_writer"] = lambda c, e=e: _two_ranges_with_writer(c, e, rank)
+        runs[f"{e}-graph_replays"] = lambda c, e=e: _graph_replays(c, e, rank)
     report = {}
     for name in SCENARIOS:
         chk = Checker()

@@ -115,7 +115,7 @@ def test_cases_on_gloo_skip_symmetric_memory_and_ctas():
     assert {c.strategy for c in ran} == {"gloo"} and {c.ctas for c in ran} == {None}
     assert {(c.op, c.path) for c in cases if c.skip} == {
         ("all_reduce", "symm_one_shot"), ("all_reduce", "symm_two_shot"), ("all_reduce", "fused_norm"),
-        ("all_gather", "copy_engine")}
+        ("all_gather", "copy_engine"), ("all_reduce", "copy_engine_norm"), ("all_reduce", "fused_norm_v1")}
     assert all("gloo on CPU" in c.skip for c in cases if c.path != "nccl")
     assert len({c.seed for c in cases}) == len(cases) and min(c.seed for c in cases) > 0  # fresh per case
 
@@ -148,7 +148,7 @@ def test_symmetric_paths_refuse_multicast_and_other_hosts(monkeypatch):
     assert all("one host" in c.skip for c in cases if c.path in SYMMETRIC_PATHS)
     assert not any(c.skip for c in cases if c.path == "nccl" and c.size >= 4 * K)
     cases = paths.make_cases(bench(), world=16, backend="nccl", dtype="bf16", hidden=1024)
-    assert all("2..8 ranks" in c.skip for c in cases if c.path == "fused_norm")
+    assert all("2..8 ranks" in c.skip for c in cases if c.path in ("fused_norm", "fused_norm_v1", "copy_engine_norm"))
 
 
 # --- the inputs and the expected results --------------------------------------------------------
@@ -405,3 +405,42 @@ def test_fuzzed_comm_sections_fail_only_with_a_clean_error():
             assert str(e) and "\n" not in str(e)
 
     fuzz()
+
+
+# --- --beside-gemm -------------------------------------------------------------------------------
+
+
+def test_beside_gemm_keys_and_cpu_skip():
+    plain = paths.make_cases(bench(), world=2, backend="gloo", dtype="fp32", hidden=1024)
+    beside = paths.make_cases(bench(), world=2, backend="gloo", dtype="fp32", hidden=1024, beside_gemm=True)
+    assert all("beside_gemm" not in json.loads(c.key()) for c in plain), "keys of plain runs stay as they were"
+    assert all(json.loads(c.key())["beside_gemm"] is True for c in beside)
+    assert all(c.skip and "CUDA" in c.skip for c in beside)
+
+
+def test_beside_gemm_columns_and_table():
+    from rich.console import Console
+
+    from overlapbench.comm import output
+    from overlapbench.comm.contention import GEMM_TOKENS, mlp_shapes
+
+    assert mlp_shapes() == [(GEMM_TOKENS, 8192, 28672), (GEMM_TOKENS, 14336, 8192)]
+    row = {"bytes": M, "count": M // 2, "dtype": "bf16", "op": "all_reduce", "strategy": "copy_engine_norm",
+           "knobs": {"op": "all_reduce", "ctas": 4}, "status": "ok", "error": None, "ms": 0.25, "algbw": 4.0,
+           "busbw": 4.0, "wrong": 0, "beside_ms": 0.5, "beside_busbw": 2.0, "gemm_loss": 0.031}
+    rec = output.record(row)
+    assert rec["beside_us"] == 500.0 and rec["beside_busbw"] == 2.0 and rec["gemm_loss"] == 0.031
+    console = Console(width=200, record=True)
+    console.print(output.to_table([row]))
+    text = console.export_text()
+    assert "GEMM loss" in text and "3.1%" in text
+
+
+def test_gemm_stream_counts_its_flops():
+    from overlapbench.comm.contention import GemmStream
+
+    gemms = GemmStream.make("cpu", [(4, 8, 16), (4, 16, 8)])
+    gemms.run(2)
+    a, b, out = gemms.operands[0]
+    torch.testing.assert_close(out.float(), (a @ b).float())
+    assert gemms.flops == 2 * (4 * 8 * 16 + 4 * 16 * 8) and gemms.tflops(1.0) == gemms.flops / 1e-3 / 1e12

@@ -1,5 +1,6 @@
 """`overlapbench comm` on 2 GPUs: every path (NCCL under CTA budgets, symmetric-memory one- and
-two-shot all-reduce, the fused all-reduce + RMSNorm kernel, the copy-engine all-gather) gets
+two-shot all-reduce, the fused all-reduce + RMSNorm kernels v2 and v1, the copy-engine all-gather, the
+copy-engine all-reduce + RMSNorm) gets
 every size exactly right (#wrong == 0), and is timed from CUDA-graph replays.
 
 Sizes are chosen so that row counts split unevenly over the ranks (3 rows), one size is below a
@@ -51,9 +52,11 @@ def test_every_path_is_exact(run):
     measured = {(r["op"], r["path"]) for r in ok}
     assert measured == {(op, path) for op, paths in paths.PATHS_BY_OP.items() for path in paths}, measured
     assert {r["ctas"] for r in ok if r["path"] == "fused_norm"} == {1, 3, 64}
+    assert {r["ctas"] for r in ok if r["path"] == "copy_engine_norm"} == {1, 3, 64}
+    assert {r["ctas"] for r in ok if r["path"] == "fused_norm_v1"} == {1, 3, 64}
     assert {r["ctas"] for r in ok if r["path"] == "nccl"} == {"default", 4}
     skipped = [r for r in records if r["status"] == "skipped"]
-    assert all(r["path"] == "fused_norm" and "below one row" in r["error"] for r in skipped), skipped
+    assert all(r["path"] in ("fused_norm", "fused_norm_v1", "copy_engine_norm") and "below one row" in r["error"] for r in skipped), skipped
     assert {r["backend"] for r in rows} == {"nccl"} and {r["world_size"] for r in rows} == {2}
     assert all(r["multicast_env"]["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" for r in rows)
 

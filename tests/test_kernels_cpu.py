@@ -25,6 +25,7 @@ import triton.language as tl  # noqa: E402
 
 from kernels import allreduce_norm as arn  # noqa: E402
 from kernels.rmsnorm import add_rmsnorm_reference, fused_add_rmsnorm  # noqa: E402
+from overlapbench.models import ModelShape  # noqa: E402
 
 EPS = 1e-6
 
@@ -216,3 +217,191 @@ def test_emulated_allreduce_norm_rejects_bad_arguments() -> None:
         arn.reduce_norm(sym, 6, 10, res, w, EPS, torch.zeros(4, 64), 1)
     with pytest.raises(ValueError):
         arn.reduce_norm(sym, 0, 4, res, w, EPS, torch.zeros(3, 64), 1)
+
+
+# ---------------------------------------------------------------- copy-engine path's local kernel
+
+
+@pytest.mark.parametrize("staged, rows, hidden, ctas", [(1, 5, 64, 1), (3, 17, 96, 3), (7, 2, 128, 4), (1, 1, 4096, 2)])
+def test_copy_engine_local_kernel_matches_reference(staged: int, rows: int, hidden: int, ctas: int) -> None:
+    """The add + norm over a rank's own rows for 2, 4 and 8 ranks (1, 3, 7 staged partials),
+    with strided residual and out and slots longer than the rows (as in a call)."""
+    from kernels.copy_engine_norm import add_norm_reference, add_norm_rows
+
+    g = torch.Generator().manual_seed(staged * 100 + rows)
+    part = torch.randn(rows, hidden, generator=g)
+    slots = torch.randn(staged, rows + 3, hidden, generator=g)
+    residual = torch.randn(rows, hidden + 16, generator=g)[:, :hidden]
+    weight = torch.randn(hidden, generator=g)
+    out = torch.full((rows, hidden + 8), float("nan"))[:, :hidden]
+    published = torch.full((rows, hidden), float("nan"))
+    ref_res, ref_out, ref_pub = residual.clone(), torch.empty(rows, hidden), torch.empty(rows, hidden)
+    add_norm_reference(part, slots[:, :rows], ref_res, weight, EPS, ref_out, ref_pub)
+    add_norm_rows(part, slots, residual, weight, EPS, out, published, ctas, use_triton=True)
+    assert rel_err(residual, ref_res) < 1e-6
+    assert rel_err(out, ref_out) < 1e-5 and torch.equal(out, published)
+
+
+# ---------------------------------------------------------------- kernel v2 on W emulated ranks
+
+
+def _rank_main_v2(rank, world, max_tokens, hidden, calls, rounds, bufs, flags, weight, res_all, out_all) -> None:
+    """One emulated rank of kernels.allreduce_norm_v2, as _rank_main; calls alternate between an
+    `out` given and the output region's view returned."""
+    from kernels import allreduce_norm_v2 as v2
+
+    torch.set_num_threads(1)
+    me = bufs[rank].data_ptr()
+    sym = v2.SymmetricRowsV2(
+        buf=bufs[rank],
+        peer_off=torch.tensor([(b.data_ptr() - me) // 16 for b in bufs], dtype=torch.int64),
+        flag_ptrs=torch.tensor([f.data_ptr() for f in flags], dtype=torch.int64),
+        rank=rank, world=world, max_tokens=max_tokens,
+    )
+    for rnd in range(rounds):
+        for i, (a, b, ctas) in enumerate(calls):
+            bufs[rank][a:b] = _partial(rnd, rank, a, b, hidden)
+            residual = _residual(rnd, a, b, hidden)
+            out = torch.full((b - a, hidden), float("nan")) if (i + rnd) % 2 == 0 else None
+            got = v2.reduce_norm(sym, a, b, residual, weight, EPS, out, ctas)
+            assert out is None or got is out
+            res_all[rnd, rank, a:b], out_all[rnd, rank, a:b] = residual, got
+
+
+def _emulate_v2(world: int, hidden: int, calls: list[tuple[int, int, int]], rounds: int = 2) -> None:
+    from kernels import allreduce_norm_v2 as v2
+
+    max_tokens = max(b for _, b, _ in calls) + 2  # the last rows are never in a range
+    bufs = [_fresh(90 + r, v2.buffer_rows(max_tokens, world), hidden).share_memory_() for r in range(world)]
+    untouched = [buf[max_tokens - 2:max_tokens].clone() for buf in bufs]
+    flags = [torch.zeros(v2.FLAG_SLOTS, dtype=torch.int32).share_memory_() for _ in range(world)]
+    weight = _fresh(77, hidden)
+    res_all = torch.full((rounds, world, max_tokens, hidden), float("nan")).share_memory_()
+    out_all = torch.full((rounds, world, max_tokens, hidden), float("nan")).share_memory_()
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_rank_main_v2, args=(r, world, max_tokens, hidden, calls, rounds, bufs, flags,
+                                                      weight, res_all, out_all)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    hung = [p.pid for p in procs if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert not hung, f"ranks {hung} still waiting after 120 s: a flag never came"
+    assert [p.exitcode for p in procs] == [0] * world, "a rank failed (its traceback is in the captured stderr)"
+    for rnd in range(rounds):
+        for a, b, ctas in calls:
+            total = sum(_partial(rnd, r, a, b, hidden) for r in range(world))
+            before = _residual(rnd, a, b, hidden)
+            ref_res = before.clone()
+            ref_out = add_rmsnorm_reference(total, ref_res, weight, EPS)
+            where = f"round {rnd}, rows [{a}, {b}), {ctas} CTAs"
+            for r in range(world):
+                lo, hi = arn.row_block(b - a, world, r)
+                res = res_all[rnd, r, a:b]
+                assert rel_err(res[lo:hi], ref_res[lo:hi]) < 1e-5 or lo == hi, f"residual, rank {r}, {where}"
+                assert torch.equal(res[:lo], before[:lo]) and torch.equal(res[hi:], before[hi:]), \
+                    f"rank {r} wrote residual rows it does not own, {where}"
+                assert rel_err(out_all[rnd, r, a:b], ref_out) < 1e-5, f"out, rank {r}, {where}"
+                assert torch.equal(out_all[rnd, r, a:b], out_all[rnd, 0, a:b]), f"out differs, rank {r}, {where}"
+    assert all(int(f.count_nonzero()) == 0 for f in flags), "flags must return to 0 (graph replay)"
+    assert all(torch.equal(buf[max_tokens - 2:max_tokens], u) for buf, u in zip(bufs, untouched)), \
+        "partial rows outside the ranges were written"
+
+
+@pytest.mark.parametrize("world,hidden,calls", [
+    (2, 64, _SMALL + [(4, 1004, 5), (1004, 5101, arn.MAX_CTAS)]),
+    (4, 96, _SMALL + [(4, 504, 5), (504, 517, 8)]),
+    (8, 64, _SMALL + [(4, 504, 5), (504, 517, 8)]),
+])
+def test_emulated_allreduce_norm_v2_token_counts(world: int, hidden: int, calls: list) -> None:
+    _emulate_v2(world, hidden, calls, rounds=2)
+
+
+@pytest.mark.parametrize("world,hidden", [(2, 1024), (3, 1024), (4, 2048), (8, 2048)])
+def test_emulated_allreduce_norm_v2_wide_rows(world: int, hidden: int) -> None:
+    """Tiles of several reduce steps; each rank overwrites its partial rows right after the
+    previous call on them returned; CTA budgets change from call to call."""
+    from kernels import allreduce_norm_v2 as v2
+
+    t = v2.tiling(world, hidden, 4)
+    assert t.reduce_rows < t.tile_rows and t.tile_rows % t.reduce_rows == 0
+    _emulate_v2(world, hidden, [(0, 13, 2), (20, 29, 3), (29, 30, 8)], rounds=1 if world == 8 else 2)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+@pytest.mark.parametrize("hidden,elem", [(64, 4), (4096, 2), (5120, 2), (8192, 2), (8192, 4), (16384, 2)])
+def test_v2_tiling_steps_divide_and_fit(world: int, hidden: int, elem: int) -> None:
+    from kernels import allreduce_norm_v2 as v2
+
+    t = v2.tiling(world, hidden, elem)
+    pow2 = lambda x: x > 0 and x & (x - 1) == 0  # noqa: E731
+    assert pow2(t.tile_rows) and pow2(t.reduce_rows) and t.tile_rows % t.reduce_rows == 0
+    row = t.block_h * elem
+    assert t.tile_rows * row <= max(arn.STEP_BYTES, row)
+    assert (world + 1) * t.reduce_rows * row <= max(arn.STEP_BYTES, (world + 1) * row)
+
+
+def _rank_strategies_v2(rank, world, bufs, flags, max_tokens, settings, outs) -> None:
+    """One emulated rank running the strategies with comm: fused on kernel v2 in the interpreter."""
+    from kernels import allreduce_norm_v2 as v2
+    from overlapbench import strategies
+    from overlapbench.layer import RopeTable, build_stack, random_input
+    from overlapbench.overlap import reducers
+    from overlapbench.runtime import BuildContext, Runtime
+
+    torch.set_num_threads(1)
+    engine = v2.AllReduceNormV2.__new__(v2.AllReduceNormV2)  # buffers in shared memory, not symmetric memory
+    me = bufs[rank].data_ptr()
+    engine._sym = v2.SymmetricRowsV2(
+        buf=bufs[rank], peer_off=torch.tensor([(b.data_ptr() - me) // 16 for b in bufs], dtype=torch.int64),
+        flag_ptrs=torch.tensor([f.data_ptr() for f in flags], dtype=torch.int64),
+        rank=rank, world=world, max_tokens=max_tokens)
+    reducers._engine = lambda ctx, comm: engine  # this process only (forked)
+    rt = Runtime(rank, world, rank, torch.device("cpu"), "gloo")
+    stack = build_stack(_V2_SHAPE, 2, world, rank, torch.float32, rt.device, 0)
+    ctx = BuildContext(rt, stack, _V2_SEQS, RopeTable(_V2_SHAPE, max(_V2_SEQS), rt.device), sum(_V2_SEQS))
+    x = random_input(sum(_V2_SEQS), _V2_SHAPE.hidden, 0, torch.float32, rt.device)
+    for i, (name, knobs) in enumerate(settings):
+        cls = strategies.get(name)
+        step = cls.build(ctx, cls.check_knobs(knobs, name))
+        outs[i, rank] = step.to_full(step.forward(x))
+
+
+_V2_SEQS = (13, 6)
+_V2_SHAPE = ModelShape(hidden=64, ffn=128, heads=8, kv_heads=4, head_dim=8)
+
+
+def test_emulated_strategies_with_kernel_v2_match_the_reference() -> None:
+    """fused_norm takes the output region's view (out=None), token_split and iso pass `out`:
+    both ways, with the residual token-sharded, the layers equal the reference."""
+    from kernels import allreduce_norm_v2 as v2
+    from overlapbench.layer import reference_forward
+
+    world, tokens = 2, sum(_V2_SEQS)
+    settings = [("fused_norm", {"comm": "fused", "comm_ctas": 2}),
+                ("token_split", {"comm": "fused", "comm_ctas_attn": 1, "comm_ctas_mlp": 3}),
+                ("iso", {"comm": "fused", "comm_ctas": 2})]
+    bufs = [_fresh(50 + r, v2.buffer_rows(tokens, world), _V2_SHAPE.hidden).share_memory_() for r in range(world)]
+    flags = [torch.zeros(v2.FLAG_SLOTS, dtype=torch.int32).share_memory_() for _ in range(world)]
+    outs = torch.full((len(settings), world, tokens, _V2_SHAPE.hidden), float("nan")).share_memory_()
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_rank_strategies_v2, args=(r, world, bufs, flags, tokens, settings, outs))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+    hung = [p.pid for p in procs if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert not hung, f"ranks {hung} still waiting after 300 s"
+    assert [p.exitcode for p in procs] == [0] * world, "a rank failed (its traceback is in the captured stderr)"
+    ref = reference_forward(_V2_SHAPE, 2, world, _V2_SEQS, seed=0)
+    for i, (name, _) in enumerate(settings):
+        for r in range(world):
+            assert rel_err(outs[i, r], ref) < 1e-5, f"{name}, rank {r}"
+    assert all(int(f.count_nonzero()) == 0 for f in flags)

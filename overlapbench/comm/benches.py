@@ -68,7 +68,8 @@ def nccl_bench(rt: "Runtime", case: Case, buffers: "Buffers") -> Bench:
 
     from overlapbench.knobs import DEFAULT
 
-    group = rt.group(case.ctas if case.ctas is not None else DEFAULT)
+    # Beside a GEMM stream its kernels run on a high-priority stream, as in the overlapped strategies.
+    group = rt.group(case.ctas if case.ctas is not None else DEFAULT, high_priority=case.beside_gemm)
     shard = case.count // rt.world_size
     if case.op == "all_reduce":
         buf = _empty(rt, case.count, case.dtype)
@@ -131,14 +132,31 @@ def copy_engine_bench(rt: "Runtime", case: Case, buffers: "Buffers") -> Bench:
 
 
 def fused_norm_bench(rt: "Runtime", case: Case, buffers: "Buffers") -> Bench:
-    """kernels.allreduce_norm.AllReduceNorm on rows x hidden: the partial sums are reduced over
-    ranks, the residual becomes residual + sum (exact: small integers) and out becomes
-    rmsnorm(residual) * weight (checked against the torch reference to one rounding step)."""
+    """kernels.allreduce_norm_v2.AllReduceNormV2 on rows x hidden (see _norm_bench)."""
+    return _norm_bench(rt, case, buffers.fused(case))
+
+
+def fused_norm_v1_bench(rt: "Runtime", case: Case, buffers: "Buffers") -> Bench:
+    """kernels.allreduce_norm.AllReduceNorm (v1: the residual replicated) on rows x hidden."""
+    return _norm_bench(rt, case, buffers.fused(case))
+
+
+def copy_engine_norm_bench(rt: "Runtime", case: Case, buffers: "Buffers") -> Bench:
+    """kernels.copy_engine_norm.CopyEngineNorm on rows x hidden: copy-engine reduce-scatter and
+    all-gather, the add + norm on `ctas` CTAs; the residual checked on this rank's rows only
+    (it stays token-sharded)."""
+    return _norm_bench(rt, case, buffers.copy_engine_norm(case))
+
+
+def _norm_bench(rt: "Runtime", case: Case, kernel) -> Bench:
+    """An all-reduce + norm engine on rows x hidden: the partial sums are reduced over ranks, the
+    residual becomes residual + sum (exact: small integers) on the rows this rank keeps (all of
+    them, or its own with a sharded residual) and out becomes rmsnorm(residual) * weight
+    (checked against the torch reference to one rounding step)."""
     import torch
 
     from kernels.rmsnorm import add_rmsnorm_reference
 
-    kernel = buffers.fused(case)
     dtype = getattr(torch, TORCH_DTYPES[case.dtype])
     rows, hidden, n, world = case.rows, case.hidden, case.count, rt.world_size
     partial = kernel.partial(0, rows)
@@ -146,6 +164,7 @@ def fused_norm_bench(rt: "Runtime", case: Case, buffers: "Buffers") -> Bench:
     out = torch.empty_like(residual)
     weight = (torch.arange(hidden, device=rt.device) % 3 + 1).to(dtype)
     rtol = max(torch.finfo(dtype).eps, 1e-5)  # one rounding step of the output dtype
+    kept = slice(*kernel.own_rows(0, rows)) if hasattr(kernel, "own_rows") else slice(None)
 
     def fill(seed: int) -> None:
         partial.copy_(pattern(rt.rank, 0, n, seed, dtype, rt.device).view(rows, hidden))
@@ -160,7 +179,6 @@ def fused_norm_bench(rt: "Runtime", case: Case, buffers: "Buffers") -> Bench:
         ref_residual = pattern(world, 0, n, seed, dtype, rt.device).view(rows, hidden)
         ref_out = add_rmsnorm_reference(reduced, ref_residual, weight, FUSED_EPS)  # ref_residual += reduced
         off = ~torch.isclose(out.float(), ref_out.float(), rtol=rtol, atol=1e-6)
-        return count_wrong(residual, ref_residual) + int(off.sum())
+        return count_wrong(residual[kept], ref_residual[kept]) + int(off.sum())
 
     return Bench(fill, run, wrong, lambda: out)
-

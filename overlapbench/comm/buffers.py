@@ -45,13 +45,29 @@ class Buffers:
         return self._made[key]
 
     def fused(self, case: Case):
+        """The fused kernel's buffers: v2 (path fused_norm, unless knobs.FUSED_KERNEL says v1) or v1
+        (fused_norm_v1)."""
         import torch.distributed as dist
 
+        from overlapbench.knobs import FUSED_KERNEL
+
         from kernels.allreduce_norm import AllReduceNorm
+        from kernels.allreduce_norm_v2 import AllReduceNormV2
 
         key = self._key(case)
         if key not in self._made:
             rows = self._largest[key] // case.hidden
-            self._made[key] = AllReduceNorm(dist.group.WORLD, rows, case.hidden, self._dtype(case), self.rt.device)
+            v1 = case.buffer == "fused_norm_v1" or FUSED_KERNEL == "v1"
+            kind = AllReduceNorm if v1 else AllReduceNormV2
+            self._made[key] = kind(dist.group.WORLD, rows, case.hidden, self._dtype(case), self.rt.device)
         return self._made[key]
 
+
+    def copy_engine_norm(self, case: Case):
+        from kernels.copy_engine_norm import CopyEngineNorm
+
+        key = self._key(case)
+        if key not in self._made:
+            rows = self._largest[key] // case.hidden
+            self._made[key] = CopyEngineNorm.allocate(None, rows, case.hidden, self._dtype(case), self.rt.device)
+        return self._made[key]

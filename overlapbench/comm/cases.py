@@ -23,6 +23,7 @@ class Case:
     seed: int = 0  # makes the inputs fresh per case
     skip: str | None = None  # why this case cannot run here
     buffer: str | None = None  # the run's symmetric allocation its path uses (paths.CommPath.buffer)
+    beside_gemm: bool = False  # also timed beside a GEMM stream (comm.contention)
 
     @property
     def nbytes(self) -> int:
@@ -39,10 +40,10 @@ class Case:
     def key(self) -> str:
         """Identity in a results file (what `--resume` matches on): sizes that round to the same
         bytes are one case; sizes below one unit stay apart by the size asked for."""
-        return json.dumps(
-            {"workload": "comm", "op": self.op, "strategy": self.strategy, "ctas": self.ctas,
-             "bytes": self.nbytes, "below_unit": None if self.count else self.size,
-             "dtype": self.dtype, "hidden": self.hidden},
-            sort_keys=True,
-        )
+        key = {"workload": "comm", "op": self.op, "strategy": self.strategy, "ctas": self.ctas,
+               "bytes": self.nbytes, "below_unit": None if self.count else self.size,
+               "dtype": self.dtype, "hidden": self.hidden}
+        if self.beside_gemm:  # only then: keys of runs without it stay as they were
+            key["beside_gemm"] = True
+        return json.dumps(key, sort_keys=True)
 

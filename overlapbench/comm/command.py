@@ -41,12 +41,13 @@ class Options:
     output: Path | None
     resume: bool
     nproc: int | None
+    beside_gemm: bool = False  # also time each case beside a GEMM stream (comm.contention)
 
     @classmethod
     def parse(cls, *, min_bytes: str | None, max_bytes: str | None, factor: int, ops: str | None,
               paths: str | None, dtype: str, nccl_max_ctas: str, comm_ctas: str, hidden: int,
               iters: int, warmup: int, graphs: bool, fmt: str, output: Path | None, resume: bool,
-              nproc: int | None) -> "Options":
+              nproc: int | None, beside_gemm: bool = False) -> "Options":
         if fmt not in FORMATS:
             raise UserError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
         if dtype not in DTYPES:
@@ -70,7 +71,7 @@ class Options:
             max_bytes=None if max_bytes is None else parse_size(max_bytes, "-e/--max-bytes"),
             factor=factor, ops=lists.ops, paths=lists.paths, dtype=dtype, nccl_max_ctas=lists.nccl_max_ctas,
             comm_ctas=lists.comm_ctas, hidden=hidden, iters=iters, warmup=warmup, graphs=graphs, fmt=fmt,
-            output=output, resume=resume, nproc=nproc,
+            output=output, resume=resume, nproc=nproc, beside_gemm=beside_gemm,
         )
         opts.sizes(cuda=False)  # validates -b -e -f now, in one line
         return opts
@@ -98,7 +99,7 @@ class Options:
             "--hidden", str(self.hidden), "--iters", str(self.iters), "--warmup", str(self.warmup),
             "--graphs" if self.graphs else "--no-graphs", "--format", self.fmt, "--output", str(output),
         ]
-        return args + (["--resume"] if self.resume else [])
+        return args + (["--resume"] if self.resume else []) + (["--beside-gemm"] if self.beside_gemm else [])
 
 
 def default_output(device: str, world: int) -> Path:
@@ -146,7 +147,8 @@ def run_ranks(opts: Options, console: "Console") -> int:
     progress = printing.console(stderr=True, quiet=rt.rank != 0)
     env = environment.run_environment(rt)
     dtype = ("bf16" if rt.is_cuda else "fp32") if opts.dtype == "auto" else opts.dtype
-    cases = make_cases(opts.bench(rt.is_cuda), rt.world_size, rt.backend, dtype, opts.hidden, len(env["hosts"]))
+    cases = make_cases(opts.bench(rt.is_cuda), rt.world_size, rt.backend, dtype, opts.hidden, len(env["hosts"]),
+                       beside_gemm=opts.beside_gemm)
     output = opts.output or default_output(env["device"], rt.world_size)
     store, done, run_id = results.open_on_ranks(output, opts.resume, rt.rank)
     info = RunInfo("comm", run_id, env, opts.warmup, opts.iters, opts.graphs)

@@ -30,7 +30,7 @@ def summary_line(row: dict) -> "Text":
 
 
 COLUMNS = ("size", "count", "type", "op", "path", "ctas", "time_us", "algbw", "busbw", "wrong",
-           "p10_us", "p90_us", "cv", "status", "error")
+           "p10_us", "p90_us", "cv", "status", "error", "beside_us", "beside_busbw", "gemm_loss")
 
 
 def record(row: dict) -> dict:
@@ -43,6 +43,9 @@ def record(row: dict) -> dict:
         "time_us": us(row.get("ms")), "algbw": sig(row.get("algbw")), "busbw": sig(row.get("busbw")),
         "wrong": row.get("wrong"), "p10_us": us(row.get("p10_ms")), "p90_us": us(row.get("p90_ms")),
         "cv": sig(row.get("cv")), "status": row["status"], "error": row.get("error"),
+        # --beside-gemm: the path's time and busbw next to the GEMM stream, the GEMMs' TFLOP/s lost
+        "beside_us": us(row.get("beside_ms")), "beside_busbw": sig(row.get("beside_busbw")),
+        "gemm_loss": sig(row.get("gemm_loss")),
     }
 
 
@@ -65,7 +68,10 @@ def to_table(rows: list[dict]) -> "Table":
     from rich.text import Text
 
     table = Table(title="overlapbench comm", title_justify="left", caption_justify="left", show_edge=False)
-    for name in ("size (B)", "count", "type", "op", "path", "ctas", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"):
+    beside = any(r.get("beside_ms") is not None for r in rows)
+    extra = ("beside GEMM (us)", "busbw beside", "GEMM loss") if beside else ()
+    names = ("size (B)", "count", "type", "op", "path", "ctas", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong")
+    for name in names + extra:
         table.add_column(name, justify="left" if name in ("type", "op", "path") else "right")
     reasons: dict[str, list[str]] = {}
     for row in rows:
@@ -78,8 +84,12 @@ def to_table(rows: list[dict]) -> "Table":
             reasons.setdefault(f"failed: {row['error']}", []).append(f"{what}@{row['bytes']}")
         timed = [f"{row['ms'] * 1e3:.2f}", f"{row['algbw']:.2f}", f"{row['busbw']:.2f}"] if ok else [Text("failed", style="red")] * 3
         ctas, wrong = row["knobs"]["ctas"], row.get("wrong")
+        contention = []
+        if beside:
+            b = row.get("beside_ms")
+            contention = ["-"] * 3 if b is None else [f"{b * 1e3:.2f}", f"{row['beside_busbw']:.2f}", f"{row['gemm_loss']:.1%}"]
         table.add_row(str(row["bytes"]), str(row["count"]), row["dtype"], row["op"], row["strategy"],
-                      "-" if ctas is None else str(ctas), *timed, "-" if wrong is None else str(wrong))
+                      "-" if ctas is None else str(ctas), *timed, "-" if wrong is None else str(wrong), *contention)
     notes = [f"{', '.join(dict.fromkeys(where))}: {why}" for why, where in reasons.items()]
     table.caption = Text("\n".join(notes)) if notes else None  # literal: errors may hold brackets
     return table

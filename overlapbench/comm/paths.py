@@ -50,12 +50,16 @@ class CommPath:
         if hosts > 1:
             return "symmetric memory needs every rank on one host"
         if self.world is not None and not self.world[0] <= world <= self.world[1]:
-            return f"the fused kernel runs on {self.world[0]}..{self.world[1]} ranks, not {world}"
+            return f"{self.name} runs on {self.world[0]}..{self.world[1]} ranks, not {world}"
         return None
 
 
 def _nccl_ctas(spec: Any, backend: str) -> tuple:
     return spec.nccl_max_ctas if backend == "nccl" else (None,)  # gloo has no CTA budget
+
+
+def _norm_ctas(spec: Any, backend: str) -> tuple:
+    return spec.comm_ctas  # the kernel's grid (fused_norm) or the local add+norm's (copy_engine_norm)
 
 
 def _own_grid(spec: Any, backend: str) -> tuple:
@@ -68,32 +72,40 @@ PATHS_BY_NAME = {
         CommPath("nccl", OPS, benches.nccl_bench, _nccl_ctas),
         CommPath("symm_one_shot", ("all_reduce",), benches.symm_all_reduce_bench, _own_grid, buffer="symmetric"),
         CommPath("symm_two_shot", ("all_reduce",), benches.symm_all_reduce_bench, _own_grid, buffer="symmetric"),
-        CommPath("fused_norm", ("all_reduce",), benches.fused_norm_bench, lambda spec, backend: spec.comm_ctas,
+        CommPath("fused_norm", ("all_reduce",), benches.fused_norm_bench, _norm_ctas,
                  buffer="fused_norm", rows=True, world=(2, 8)),
+        CommPath("fused_norm_v1", ("all_reduce",), benches.fused_norm_v1_bench, _norm_ctas,
+                 buffer="fused_norm_v1", rows=True, world=(2, 8)),
         CommPath("copy_engine", ("all_gather",), benches.copy_engine_bench, _own_grid, buffer="symmetric"),
+        CommPath("copy_engine_norm", ("all_reduce",), benches.copy_engine_norm_bench, _norm_ctas,
+                 buffer="copy_engine_norm", rows=True, world=(2, 8)),
     )
 }
 PATHS = tuple(PATHS_BY_NAME)
 PATHS_BY_OP = {op: tuple(p.name for p in PATHS_BY_NAME.values() if op in p.ops) for op in OPS}
 
 
-def make_cases(bench: Any, world: int, backend: str, dtype: str, hidden: int, hosts: int = 1) -> list[Case]:
+def make_cases(bench: Any, world: int, backend: str, dtype: str, hidden: int, hosts: int = 1,
+               beside_gemm: bool = False) -> list[Case]:
     """Every (op, path, CTA budget, size) of `bench` (a spec.CommSpec, which imports this
     module: hence untyped here), in nccl-tests' order: one block of
     ascending sizes per op, path and budget. Sizes are rounded down to whole units of the
-    path (16-byte vectors per rank, or rows for the fused kernel)."""
+    path (16-byte vectors per rank, or rows for the fused kernel). `beside_gemm`: every case is
+    also timed beside a GEMM stream (comm.contention)."""
     elem = DTYPE_BYTES[dtype]
     cases, seen = [], set()
     for op in bench.ops:
         for path in (PATHS_BY_NAME[p] for p in PATHS_BY_OP[op] if p in bench.paths):
             skip = path.skip(backend, world, hosts)
+            if beside_gemm and backend != "nccl":
+                skip = skip or "--beside-gemm needs CUDA GPUs (a bf16 GEMM stream beside the path)"
             unit, unit_words = path.unit(op, world, elem, hidden)
             for ctas in path.ctas(bench, backend):
                 for size in bench.sizes:
                     count = size // elem // unit * unit
                     too_small = None if count else f"{format_bytes(size)} is below {unit_words} ({unit * elem} B)"
                     case = Case(op, path.name, backend, ctas, size, count, dtype, hidden if path.rows else None,
-                                skip=skip or too_small, buffer=path.buffer)
+                                skip=skip or too_small, buffer=path.buffer, beside_gemm=beside_gemm)
                     if case.key() not in seen:
                         seen.add(case.key())
                         cases.append(case)

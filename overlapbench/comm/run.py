@@ -51,8 +51,9 @@ class RunInfo:
     graphs: bool
 
 
-def measure_case(rt: "Runtime", case: Case, buffers: Buffers, info: RunInfo) -> dict:
-    """Check, then time one case on every rank; the result fields of its row."""
+def measure_case(rt: "Runtime", case: Case, buffers: Buffers, info: RunInfo, gemms=None) -> dict:
+    """Check, then time one case on every rank (and beside `gemms`, a contention.GemmStream,
+    if the case asks); the result fields of its row."""
     from overlapbench import measure
     from overlapbench.step import Step
 
@@ -73,11 +74,12 @@ def measure_case(rt: "Runtime", case: Case, buffers: Buffers, info: RunInfo) -> 
         reps = ops_per_sample(case.nbytes, rt.is_cuda)
         step = Step(lambda _x: _repeat(bench.run, reps))
         timing = measure.time_step(step, bench.out(), info.warmup, info.iters, info.graphs)
+        stats = measure.summarize(timing.samples_ms, per=reps)
+        beside = _beside(rt, case, bench, stats["ms"], gemms, info.iters)
     except Exception as e:  # noqa: BLE001 -- a kernel error: a failed row, and go on
         return {"status": "failed", "error": one_line(e)}
-    stats = measure.summarize(timing.samples_ms, per=reps)
     seconds = stats["ms"] / 1e3
-    return stats | {
+    return beside | stats | {
         "status": "ok",
         "error": None,
         "wrong": 0,
@@ -88,6 +90,16 @@ def measure_case(rt: "Runtime", case: Case, buffers: Buffers, info: RunInfo) -> 
         "graphs": timing.graphs,
         "graph_error": timing.graph_error,
     }
+
+
+def _beside(rt: "Runtime", case: Case, bench: Bench, op_ms: float, gemms, iters: int) -> dict:
+    """The contention fields of a --beside-gemm case (none otherwise)."""
+    from overlapbench.comm.contention import measure_beside
+
+    if not case.beside_gemm or gemms is None:
+        return {}
+    fields = measure_beside(rt, bench.run, op_ms, gemms, iters)
+    return fields | {"beside_busbw": busbw(case.op, case.nbytes, fields["beside_ms"] / 1e3, rt.world_size)}
 
 
 def _repeat(fn: Callable[[], None], times: int) -> None:
@@ -157,6 +169,10 @@ def make_row(case: Case, result: dict, info: RunInfo) -> dict:
     for key in ("ms", "p10_ms", "p90_ms", "iqr_ms", "cv", "graphs", "graph_error", "algbw", "busbw",
                 "wrong", "ops_per_sample", "samples_ms"):
         row[key] = result.get(key)
+    if case.beside_gemm:
+        row["beside_gemm"] = True
+        for key in ("beside_ms", "beside_busbw", "gemm_tflops_alone", "gemm_tflops_beside", "gemm_loss", "gemm_tokens"):
+            row[key] = result.get(key)
     return row
 
 
@@ -165,11 +181,12 @@ def run_cases(rt: "Runtime", cases: list[Case], info: RunInfo, store: "ResultSto
     """Measure every case not already in `done`, append a row each (rank 0 holds the store);
     returns the rows."""
     buffers = Buffers(rt, cases)
+    gemms = _gemm_stream(rt, [c for c in cases if c.key() not in done], info, console)
     rows, told = [], set()
     for case in cases:
         if case.key() in done:
             continue
-        result = _agree(measure_case(rt, case, buffers, info), rt)
+        result = _agree(measure_case(rt, case, buffers, info, gemms), rt)
         row = make_row(case, result, info)
         if store is not None:
             store.append(row)
@@ -180,6 +197,19 @@ def run_cases(rt: "Runtime", cases: list[Case], info: RunInfo, store: "ResultSto
         _quiesce(rt)
     return rows
 
+
+
+def _gemm_stream(rt: "Runtime", cases: list[Case], info: RunInfo, console: "Console"):
+    """The GEMM stream of --beside-gemm, timed alone once (None when no case runs beside it)."""
+    from overlapbench.comm.contention import GemmStream, gemms_alone
+
+    if not rt.is_cuda or not any(c.beside_gemm and c.skip is None for c in cases):
+        return None
+    gemms = GemmStream.make(rt.device)
+    gemms.alone_ms = gemms_alone(rt, gemms, max(5, info.iters))
+    console.print(f"beside-gemm: the MLP GEMMs alone {gemms.alone_ms:.3f} ms, "
+                  f"{gemms.tflops(gemms.alone_ms):.0f} TFLOP/s", highlight=False)
+    return gemms
 
 
 def run_in_sweep(rt: "Runtime", spec: "SweepSpec", store: "ResultStore | None", done: set[str],

@@ -1,8 +1,12 @@
 """How a chunk's row-parallel partial sum becomes the next normed input (see layer.Reducer).
 
 `nccl`: an NCCL (gloo on CPU) all-reduce in place, then the fused residual add + RMSNorm.
-`fused`: one few-CTA Triton kernel over symmetric memory that reduces, adds and normalizes;
+`fused`: one few-CTA Triton kernel over symmetric memory that reduces, adds and normalizes
+(kernels/allreduce_norm_v2.py, the residual token-sharded; knobs.FUSED_KERNEL switches to v1);
 the GEMM writes its partial straight into the symmetric buffer, so no copy is made.
+`copy_engine`: the copy engines reduce-scatter and all-gather between symmetric buffers, a
+local few-CTA kernel adds and normalizes the rank's own rows (kernels/copy_engine_norm.py);
+the residual stays token-sharded (see layer.Reducer).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import torch.distributed as dist
 
 from overlapbench.layer import Chunk, LocalReducer
 from overlapbench.runtime import BuildContext
-from overlapbench.knobs import DEFAULT
+from overlapbench.knobs import DEFAULT, FUSED_KERNEL, SYMMETRIC_COMM
 
 
 def collective(ctx: BuildContext, nccl_max_ctas=DEFAULT, high_priority: bool = False) -> LocalReducer:
@@ -25,9 +29,9 @@ def collective(ctx: BuildContext, nccl_max_ctas=DEFAULT, high_priority: bool = F
 
 @dataclass
 class SymmetricReducer:
-    """The fused all-reduce + residual + RMSNorm kernel on `num_ctas` CTAs."""
+    """A symmetric-memory all-reduce + residual + RMSNorm on `num_ctas` CTAs."""
 
-    kernel: object  # kernels.allreduce_norm.AllReduceNorm
+    kernel: object  # kernels.allreduce_norm.AllReduceNorm or kernels.copy_engine_norm.CopyEngineNorm
     eps: float
     num_ctas: int
 
@@ -35,21 +39,31 @@ class SymmetricReducer:
         return self.kernel.partial(chunk.begin, chunk.end)
 
     def __call__(self, partial, chunk, residual, weight, out=None):
-        if out is None:
+        if out is None and not getattr(self.kernel, "returns_view", False):
             out = torch.empty_like(residual)
         return self.kernel(chunk.begin, chunk.end, residual, weight, self.eps, out, self.num_ctas)
 
 
-def allreduce_norm_kernel(ctx: BuildContext):
-    """The run's symmetric buffers: made once, sized for its largest batch. Where that batch
-    does not fit in memory, sized for this one (and grown when a later point needs more)."""
-    from kernels.allreduce_norm import AllReduceNorm
-
+def _engine(ctx: BuildContext, comm: str):
+    """The run's symmetric buffers of `comm` (`fused`, `copy_engine`): made once, sized for its
+    largest batch. Where that batch does not fit in memory, sized for this one (and grown when
+    a later point needs more)."""
     shape, rt = ctx.stack.shape, ctx.runtime
-    key = ("allreduce_norm", shape.hidden, ctx.stack.dtype)
+    key = (comm, shape.hidden, ctx.stack.dtype)
 
     def make(tokens: int):
-        return lambda: AllReduceNorm(dist.group.WORLD, tokens, shape.hidden, ctx.stack.dtype, rt.device)
+        args = (dist.group.WORLD, tokens, shape.hidden, ctx.stack.dtype, rt.device)
+        if comm == "copy_engine":
+            from kernels.copy_engine_norm import CopyEngineNorm
+
+            return lambda: CopyEngineNorm.allocate(*args)
+        if FUSED_KERNEL == "v1":
+            from kernels.allreduce_norm import AllReduceNorm
+
+            return lambda: AllReduceNorm(*args)
+        from kernels.allreduce_norm_v2 import AllReduceNormV2
+
+        return lambda: AllReduceNormV2(*args)
 
     kernel = rt.cached(key)
     if kernel is not None and kernel.max_tokens >= ctx.tokens:
@@ -63,15 +77,15 @@ def allreduce_norm_kernel(ctx: BuildContext):
     return rt.replace_resource(key, make(ctx.tokens))
 
 
-def symmetric(ctx: BuildContext, num_ctas: int) -> SymmetricReducer:
-    return SymmetricReducer(allreduce_norm_kernel(ctx), ctx.eps, num_ctas)
-
+def symmetric(ctx: BuildContext, num_ctas: int, comm: str = "fused") -> SymmetricReducer:
+    return SymmetricReducer(_engine(ctx, comm), ctx.eps, num_ctas)
 
 
 def for_split(ctx: BuildContext, knobs: dict) -> tuple:
     """(after attention, after MLP) reducers, as the split knobs `comm`, `comm_ctas_attn`,
     `comm_ctas_mlp` and `nccl_max_ctas` ask."""
-    if knobs["comm"] != "fused":
-        reducer = LocalReducer(ctx.eps) if knobs["comm"] == "none" else collective(ctx, knobs["nccl_max_ctas"], high_priority=True)
+    comm = knobs["comm"]
+    if comm not in SYMMETRIC_COMM:
+        reducer = LocalReducer(ctx.eps) if comm == "none" else collective(ctx, knobs["nccl_max_ctas"], high_priority=True)
         return reducer, reducer
-    return symmetric(ctx, knobs["comm_ctas_attn"]), symmetric(ctx, knobs["comm_ctas_mlp"])
+    return symmetric(ctx, knobs["comm_ctas_attn"], comm), symmetric(ctx, knobs["comm_ctas_mlp"], comm)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from overlapbench.errors import UserError, did_you_mean, field_name
-from overlapbench.knobs import DEFAULT, Knob
+from overlapbench.knobs import DEFAULT, SYMMETRIC_COMM, Knob
 from overlapbench.step import Step
 
 if TYPE_CHECKING:
@@ -83,13 +83,13 @@ class Strategy:
 class SplitStrategy(Strategy):
     """What token_split and iso share beyond the schedule: the comm knobs' rules."""
 
-    cta_knobs: tuple[str, ...] = ()  # the CTA budgets that only comm=fused uses
+    cta_knobs: tuple[str, ...] = ()  # the CTA budgets that only comm=fused / copy_engine use
 
     @classmethod
     def check_combination(cls, knobs, where):
         """Knobs that do not apply to the chosen `comm` are reset, so a grid over both comm
         paths does not measure the same setting twice."""
-        if knobs["comm"] != "fused":
+        if knobs["comm"] not in SYMMETRIC_COMM:
             for name in cls.cta_knobs:
                 knobs[name] = None
         if knobs["comm"] != "nccl":
@@ -101,6 +101,6 @@ class SplitStrategy(Strategy):
 
     @classmethod
     def skip_reason(cls, knobs, cuda):
-        if knobs["comm"] == "fused" and not cuda:
-            return "comm=fused needs CUDA GPUs with symmetric memory"
+        if knobs["comm"] in SYMMETRIC_COMM and not cuda:
+            return f"comm={knobs['comm']} needs CUDA GPUs with symmetric memory"
         return None

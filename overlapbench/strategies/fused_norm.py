@@ -1,11 +1,12 @@
 """`fused_norm` (TokenWeave's fuse-only): no split; every all-reduce + residual add + RMSNorm
-is one few-CTA symmetric-memory kernel that the row-parallel GEMMs write into directly."""
+is one few-CTA symmetric-memory kernel that the row-parallel GEMMs write into directly
+(`comm: fused`), or copy-engine transfers around a few-CTA local add+norm (`comm: copy_engine`)."""
 
 from __future__ import annotations
 
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Needs, Step, Strategy
-from overlapbench.knobs import comm_ctas
+from overlapbench.knobs import FUSED_COMM, comm_ctas
 
 
 @register
@@ -13,7 +14,7 @@ class FusedNorm(Strategy):
     name = "fused_norm"
     simplicity = 10
     summary = "no split; each all-reduce fused with residual add + RMSNorm in one few-CTA kernel"
-    knobs = (comm_ctas("comm_ctas", "(every reduction)"),)
+    knobs = (FUSED_COMM, comm_ctas("comm_ctas", "(every reduction)"))
     needs = Needs(cuda=True, symmetric_memory=True)
 
     @classmethod
@@ -21,6 +22,6 @@ class FusedNorm(Strategy):
         from overlapbench.layer import forward_stack, whole_batch
         from overlapbench.overlap import reducers
 
-        reducer = reducers.symmetric(ctx, knobs["comm_ctas"])
+        reducer = reducers.symmetric(ctx, knobs["comm_ctas"], knobs["comm"])
         chunk = whole_batch(ctx.seq_lens, ctx.runtime.device)
         return Step(lambda x: forward_stack(ctx.stack, x, chunk, ctx.rope, reducer))

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Issue 16 on 2 GPUs, one command (about 4 minutes on 2x H200), everything under $OUT:
+#   OUT=/tmp/out bash kernels/check_issue16.sh
+# 1. the GPU tests of the all-reduce + norm engines (kernel v2, v1, the copy-engine path: every
+#    token count 1..32768 x CTA budget 1..64, bf16 hidden 4096/5120/8192 and fp32 8192, two
+#    ranges with a writer stream, CUDA-graph replays)              -> gpu-tests.log
+# 2. the compiled code of the kernels with this machine's Triton    -> ptx.txt
+# 3. overlapbench comm, all_reduce 64 MiB and 256 MiB: NCCL default/8/16/32 CTAs, fused_norm
+#    (v2), fused_norm_v1 and copy_engine_norm at 4/8/16 CTAs       -> comm.{jsonl,csv,log}
+# 4. the same at 64 MiB beside the llama3-70b TP=2 MLP GEMMs      -> comm-beside.{jsonl,csv,log}
+# 5. a small llama3-8b sweep: fused_norm, token_split and iso with comm fused (v2) and
+#    copy_engine, each point checked against the reference      -> layers.{jsonl,log}
+# Last: a short table (layer checks; busbw, #wrong, beside-GEMM busbw and GEMM TFLOP/s loss).
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+PATHS=nccl,fused_norm,fused_norm_v1,copy_engine_norm
+COMM=(python -m overlapbench comm --ops all_reduce --paths $PATHS --nccl-max-ctas default,8,16,32
+      --comm-ctas 4,8,16 --hidden 8192 --iters 10 --warmup 3 --nproc 2 --format csv)
+
+timeout 300 python -m pytest -q -p no:cacheprovider tests/test_allreduce_norm_gpu.py > "$OUT/gpu-tests.log" 2>&1
+echo "gpu tests: exit $? ($(tail -n 1 "$OUT/gpu-tests.log"))" | tee "$OUT/summary.txt"
+timeout 120 python kernels/inspect_ptx.py > "$OUT/ptx.txt" 2>&1 || echo "inspect_ptx failed (see ptx.txt)"
+cat > "$OUT/check-issue16.yaml" <<'SPEC'
+name: check-issue16
+model: llama3-8b
+tp: 2
+layers: 2
+dtype: bf16
+tokens: [1000, 4097]
+strategies:
+  baseline: {}
+  fused_norm: {comm: [fused, copy_engine], comm_ctas: 8}
+  token_split: {comm: [fused, copy_engine], comm_ctas_attn: 8, comm_ctas_mlp: 4}
+  iso: {comm: [fused, copy_engine], comm_ctas: 8}
+measure: {warmup: 2, iters: 5, warmup_s: 0.0, timeout_s: 60}
+SPEC
+timeout 150 python -m overlapbench sweep "$OUT/check-issue16.yaml" --output "$OUT/layers.jsonl" --nproc 2 > "$OUT/layers.log" 2>&1
+echo "layer check: exit $?" | tee -a "$OUT/summary.txt"
+timeout 180 "${COMM[@]}" -b 64M -e 256M -f 4 --output "$OUT/comm.jsonl" > "$OUT/comm.csv" 2> "$OUT/comm.log"
+echo "comm: exit $?" | tee -a "$OUT/summary.txt"
+timeout 180 "${COMM[@]}" -b 64M -e 64M --beside-gemm --output "$OUT/comm-beside.jsonl" > "$OUT/comm-beside.csv" 2> "$OUT/comm-beside.log"
+echo "comm --beside-gemm: exit $?" | tee -a "$OUT/summary.txt"
+cat "$OUT/ptx.txt"
+python - "$OUT" <<'SUMMARY' | tee -a "$OUT/summary.txt"
+import csv, json, sys
+from pathlib import Path
+
+out = Path(sys.argv[1])
+
+
+def rows(name):
+    p = out / name
+    return list(csv.DictReader(p.open())) if p.exists() and p.stat().st_size else []
+
+
+layers = out / "layers.jsonl"
+for line in layers.read_text().splitlines() if layers.exists() else []:
+    r = json.loads(line)
+    if r.get("workload") == "layer":
+        err = "-" if r.get("rel_err") is None else f"{r['rel_err']:.1e}"
+        ms = "-" if r.get("ms") is None else f"{r['ms']:.3f}"
+        comm = r["knobs"].get("comm", "-")
+        print(f"layer {r['strategy']:<11} comm={comm:<11} tokens {r['tokens']:>5}: {r['status']:<7} "
+              f"rel_err {err:>7}, {ms} ms/layer {(r.get('error') or '')[:80]}")
+beside = {(r["path"], r["ctas"], r["size"]): r for r in rows("comm-beside.csv")}
+print(f"{'path':<17} {'ctas':>7} {'MiB':>5} {'us':>9} {'busbw':>7} {'wrong':>5} | "
+      f"{'beside us':>9} {'busbw':>7} {'GEMM loss':>9}")
+for r in rows("comm.csv"):
+    b = beside.get((r["path"], r["ctas"], r["size"]), {})
+    status = "" if r["status"] == "ok" else f"  {r['status']}: {r['error'][:60]}"
+    loss = f"{float(b['gemm_loss']):.1%}" if b.get("gemm_loss") else "-"
+    print(f"{r['path']:<17} {r['ctas']:>7} {int(r['size']) >> 20:>5} {r['time_us'] or '-':>9} {r['busbw'] or '-':>7} "
+          f"{r['wrong'] or '-':>5} | {b.get('beside_us') or '-':>9} {b.get('beside_busbw') or '-':>7} {loss:>9}{status}")
+SUMMARY

@@ -1,0 +1,139 @@
+"""`comm --beside-gemm`: a path timed while a fixed bf16 GEMM stream runs beside it.
+
+Busbw alone does not decide an overlapped strategy's SM budget: what matters is the pair (how
+fast the communication runs next to the GEMMs, how much GEMM throughput it takes from them).
+The GEMMs are a layer's MLP of llama3-70b at TP=2 (gate/up 8192 -> 2 x 14336, down 14336 ->
+8192) on `GEMM_TOKENS` tokens, on the current stream; the path runs on its own high-priority
+stream. Two windows per sample, so that each number is taken while the other side is busy all
+along:
+
+- comm window: the GEMMs start first and last longer than the path's ops (sized from the
+  times alone); the path's time is its own stream's elapsed time over its ops.
+- GEMM window: the path's ops start first and last longer than the GEMMs; the GEMMs' TFLOP/s
+  is their stream's flops over its elapsed time.
+
+`gemm_loss` = 1 - TFLOP/s beside / TFLOP/s alone. Eager launches (no graphs): the sizes are
+64 MiB and up, where launch gaps do not matter; the GEMMs are queued far ahead anyway.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from overlapbench.runtime import Runtime
+
+GEMM_TOKENS = 4096  # half of an 8192-token batch: one chunk of a token split
+HIDDEN, FFN_PER_RANK = 8192, 14336  # llama3-70b, TP=2
+COVER = 1.5  # the busy side lasts this many times the measured side (from times alone)
+MIN_TIMED_MS = 1.0  # the path's ops timed in the comm window last at least this long (alone)
+
+
+def mlp_shapes(tokens: int = GEMM_TOKENS) -> list[tuple[int, int, int]]:
+    """(m, k, n) of the MLP's GEMMs: gate/up fused, then down."""
+    return [(tokens, HIDDEN, 2 * FFN_PER_RANK), (tokens, FFN_PER_RANK, HIDDEN)]
+
+
+@dataclass
+class GemmStream:
+    """The MLP GEMMs with their operands, made once per run."""
+
+    operands: list  # (a, b, out) per GEMM
+    flops: float  # of one pass over the GEMMs
+    alone_ms: float = 0.0  # one pass, alone (median)
+
+    @classmethod
+    def make(cls, device, shapes: list[tuple[int, int, int]] | None = None) -> "GemmStream":
+        import torch
+
+        shapes = shapes or mlp_shapes()
+        g = torch.Generator(device=device).manual_seed(1234)
+        operands = [(torch.randn(m, k, device=device, generator=g, dtype=torch.bfloat16),
+                     torch.randn(k, n, device=device, generator=g, dtype=torch.bfloat16),
+                     torch.empty(m, n, device=device, dtype=torch.bfloat16)) for m, k, n in shapes]
+        return cls(operands, float(sum(2 * m * k * n for m, k, n in shapes)))
+
+    def run(self, passes: int = 1) -> None:
+        import torch
+
+        for _ in range(passes):
+            for a, b, out in self.operands:
+                torch.matmul(a, b, out=out)
+
+    def tflops(self, ms: float) -> float:
+        return self.flops / (ms * 1e-3) / 1e12
+
+
+def _elapsed_ms(stream, fn: Callable[[], None]) -> Callable[[], float]:
+    """Run `fn` on `stream` between two events; returns a reader of their elapsed time."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(stream):
+        start.record()
+        fn()
+        end.record()
+    return lambda: start.elapsed_time(end)
+
+
+def _sync(rt: "Runtime") -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.synchronize()
+    dist.barrier(group=rt.control)
+
+
+def gemms_alone(rt: "Runtime", gemms: GemmStream, iters: int) -> float:
+    """Median ms of one pass of the GEMMs alone (warmed up); max over ranks."""
+    import torch
+
+    gemms.run(2)
+    samples = []
+    for _ in range(iters):
+        _sync(rt)
+        read = _elapsed_ms(torch.cuda.current_stream(), gemms.run)
+        torch.cuda.synchronize()
+        samples.append(read())
+    return rt.max_over_ranks(statistics.median(samples))
+
+
+def measure_beside(rt: "Runtime", run: Callable[[], None], op_ms: float, gemms: GemmStream, iters: int) -> dict:
+    """The path's `run` (one op, `op_ms` alone) beside the GEMMs: the fields of its row."""
+    import torch
+
+    main = torch.cuda.current_stream()
+    comm = torch.cuda.Stream(priority=-100)  # as the overlapped strategies' communication lane
+    timed_ops = max(1, math.ceil(MIN_TIMED_MS / op_ms))
+    gemm_passes = max(2, math.ceil(COVER * timed_ops * op_ms / gemms.alone_ms))  # comm window: GEMMs cover the ops
+    ops = max(2, math.ceil(COVER * gemms.alone_ms / op_ms))  # GEMM window: ops cover one GEMM pass
+
+    def repeat(times: int) -> Callable[[], None]:
+        return lambda: [run() for _ in range(times)]
+
+    comm_ms, gemm_ms = [], []
+    for _ in range(iters):
+        _sync(rt)
+        comm.wait_stream(main)
+        gemms.run(1)  # started first
+        _elapsed_ms(main, lambda: gemms.run(gemm_passes))
+        timed = _elapsed_ms(comm, repeat(timed_ops))
+        main.wait_stream(comm)
+        _sync(rt)
+        comm.wait_stream(main)
+        with torch.cuda.stream(comm):
+            run()  # started first
+        _elapsed_ms(comm, repeat(ops))
+        measured = _elapsed_ms(main, gemms.run)
+        main.wait_stream(comm)
+        torch.cuda.synchronize()
+        comm_ms.append(timed() / timed_ops)
+        gemm_ms.append(measured())
+    ms = rt.max_over_ranks(statistics.median(comm_ms))
+    beside_gemm_ms = rt.max_over_ranks(statistics.median(gemm_ms))
+    alone, beside = gemms.tflops(gemms.alone_ms), gemms.tflops(beside_gemm_ms)
+    return {"beside_ms": ms, "gemm_tflops_alone": alone, "gemm_tflops_beside": beside,
+            "gemm_loss": 1 - beside / alone, "gemm_tokens": GEMM_TOKENS}

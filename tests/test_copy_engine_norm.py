@@ -1,0 +1,165 @@
+"""The copy-engine all-reduce + norm's protocol on CPU: threads play the ranks over a fake
+symmetric memory (views of one process's tensors, synchronous copies, a threading barrier), the
+local step in torch (its Triton kernel is checked in the interpreter in test_kernels_cpu.py).
+What is checked: the row ownership, the staging and published offsets, the barriers' places and
+the sharded-residual contract, for 2, 4 and 8 ranks, over two row ranges back to back, twice."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from kernels.copy_engine_norm import CopyEngineNorm, buffer_elems  # noqa: E402
+from overlapbench.runtime import SymmetricBuffer  # noqa: E402
+
+EPS = 1e-5
+
+
+class _FakeHandle:
+    def __init__(self, bufs, world):
+        self.bufs, self.barriers = bufs, 0
+        self._barrier = threading.Barrier(world)
+
+    def get_buffer(self, rank, shape, dtype, storage_offset=0):
+        return self.bufs[rank][storage_offset : storage_offset + math.prod(shape)].view(shape)
+
+    def barrier(self, channel=0):
+        self._barrier.wait(timeout=30)
+
+
+def _reference(partials, residual, weight):
+    total = sum(p.double() for p in partials)
+    new = (total + residual.double()).float()
+    y = new * torch.rsqrt(new.pow(2).mean(-1, keepdim=True) + EPS) * weight
+    return new, y
+
+
+def _run_ranks(world: int, fn) -> list:
+    results, errors = [None] * world, []
+
+    def main(rank):
+        try:
+            results[rank] = fn(rank)
+        except BaseException as e:  # noqa: BLE001 -- reported by the main thread
+            errors.append(f"rank {rank}: {e!r}")
+            fn.handle._barrier.abort()
+
+    threads = [threading.Thread(target=main, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    return results
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("cut, tokens", [(1, 3), (37, 100), (5, 6), (0, 1)])
+def test_every_rank_gets_the_normed_sum_and_keeps_its_residual_rows(world, cut, tokens):
+    hidden, max_tokens, offset, rounds = 48, 110, 3, 2
+    g = torch.Generator().manual_seed(world * 1000 + tokens)
+    weight = torch.randn(hidden, generator=g)
+    ranges = [(offset, offset + cut), (offset + cut, offset + tokens)]  # halves A and B
+    inputs = [[([torch.randn(b - a, hidden, generator=g) for _ in range(world)], torch.randn(b - a, hidden, generator=g))
+               for a, b in ranges] for _ in range(rounds)]
+    bufs = [torch.full((buffer_elems(max_tokens, hidden, world),), float("nan")) for _ in range(world)]
+    handle = _FakeHandle(bufs, world)
+
+    def rank_main(rank):
+        engine = CopyEngineNorm(SymmetricBuffer(bufs[rank], handle, "fake", rank, world, 0), max_tokens, hidden)
+        outs = []
+        for rnd in range(rounds):
+            for (a, b), (partials, residual) in zip(ranges, inputs[rnd]):
+                engine.partial(a, b).copy_(partials[rank])
+                res = residual.clone()
+                out = torch.full_like(res, float("nan"))
+                assert engine(a, b, res, weight, EPS, out, num_ctas=3) is out
+                outs.append((engine.own_rows(a, b), res, out))
+        return outs
+
+    rank_main.handle = handle
+    results = _run_ranks(world, rank_main)
+    expected = [_reference(p, r, weight) for rnd in inputs for p, r in rnd]
+    for rank, outs in enumerate(results):
+        for ((lo, hi), res, out), (ref_res, ref_out), (_, residual) in zip(
+                outs, expected, [x for rnd in inputs for x in rnd]):
+            torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(res[lo:hi], ref_res[lo:hi], rtol=1e-6, atol=1e-6)
+            mask = torch.ones(res.shape[0], dtype=torch.bool)
+            mask[lo:hi] = False
+            assert torch.equal(res[mask], residual[mask]), "rows of other ranks must stay untouched"
+    for i in range(len(expected)):  # bit-identical on every rank
+        for rank in range(1, world):
+            assert torch.equal(results[rank][i][2], results[0][i][2])
+
+
+def test_rows_are_owned_once_and_in_order():
+    from kernels.allreduce_norm import row_block
+
+    for world in (2, 4, 8):
+        for n in (0, 1, 3, 7, 8, 4097):
+            blocks = [row_block(n, world, r) for r in range(world)]
+            assert blocks[0][0] == 0 and blocks[-1][1] == n
+            assert all(blocks[r][1] == blocks[r + 1][0] for r in range(world - 1))
+
+
+def test_bad_calls_are_refused():
+    world, hidden = 2, 16
+    bufs = [torch.zeros(buffer_elems(8, hidden, world)) for _ in range(world)]
+    engine = CopyEngineNorm(SymmetricBuffer(bufs[0], _FakeHandle(bufs, world), "fake", 0, world, 0), 8, hidden)
+    res, w = torch.zeros(4, hidden), torch.ones(hidden)
+    with pytest.raises(ValueError, match="outside"):
+        engine(0, 9, res, w, EPS, res.clone(), 1)
+    with pytest.raises(ValueError, match="num_ctas"):
+        engine(0, 4, res, w, EPS, res.clone(), 0)
+    with pytest.raises(ValueError, match="dense rows"):
+        engine(0, 4, res, w, EPS, torch.zeros(4, 2 * hidden)[:, :hidden], 1)
+
+
+# --- the strategies with comm: copy_engine, ranks as threads -------------------------------------
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_strategies_with_copy_engine_match_the_reference(monkeypatch, world):
+    """fused_norm, token_split and iso built with comm: copy_engine, each rank's reducers on the
+    fake symmetric memory: the layers keep the residual token-sharded (no forward reads a row a
+    reducer did not update) and the output still equals the reference."""
+    from overlapbench import strategies
+    from overlapbench.layer import RopeTable, build_stack, random_input, reference_forward
+    from overlapbench.models import ModelShape
+    from overlapbench.overlap import reducers
+    from overlapbench.runtime import BuildContext, Runtime
+
+    shape, layers, seq_lens = ModelShape(hidden=64, ffn=128, heads=8, kv_heads=4, head_dim=8), 2, (29, 14)
+    tokens = sum(seq_lens)
+    bufs = [torch.full((buffer_elems(tokens, shape.hidden, world),), float("nan")) for _ in range(world)]
+    handle = _FakeHandle(bufs, world)
+    engines = [CopyEngineNorm(SymmetricBuffer(bufs[r], handle, "fake", r, world, 0), tokens, shape.hidden)
+               for r in range(world)]
+    monkeypatch.setattr(reducers, "_engine", lambda ctx, comm: engines[ctx.runtime.rank])
+    settings = [("fused_norm", {"comm": "copy_engine", "comm_ctas": 4}),
+                ("token_split", {"comm": "copy_engine", "comm_ctas_attn": 4, "comm_ctas_mlp": 16}),
+                ("iso", {"comm": "copy_engine", "comm_ctas": 4})]
+
+    def rank_main(rank):
+        rt = Runtime(rank, world, rank, torch.device("cpu"), "gloo")
+        stack = build_stack(shape, layers, world, rank, torch.float32, rt.device, 0)
+        ctx = BuildContext(rt, stack, seq_lens, RopeTable(shape, max(seq_lens), rt.device), tokens)
+        x = random_input(tokens, shape.hidden, 0, torch.float32, rt.device)
+        outs = []
+        for name, knobs in settings:
+            cls = strategies.get(name)
+            step = cls.build(ctx, cls.check_knobs(knobs, name))
+            outs.append(step.to_full(step.forward(x)).clone())
+        return outs
+
+    rank_main.handle = handle
+    ref = reference_forward(shape, layers, world, seq_lens, seed=0)
+    for rank, outs in enumerate(_run_ranks(world, rank_main)):
+        for (name, _), out in zip(settings, outs):
+            err = ((out - ref).norm() / ref.norm()).item()
+            assert err < 1e-5, f"{name} on rank {rank}: rel err {err:.2e}"
