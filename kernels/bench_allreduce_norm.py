@@ -37,7 +37,7 @@ ENGINES = {"v2": AllReduceNormV2, "v1": AllReduceNorm, "ce": CopyEngineNorm.allo
 
 
 def parse_args() -> argparse.Namespace:
-    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
+    ints = lambda s: [int(x) for x in s.split(",")]
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="JSON lines, one per (tokens, variant)")
     p.add_argument("--tokens", type=ints, default=[1024, 2048, 4096, 8192, 16384, 32768])

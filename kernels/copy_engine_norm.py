@@ -142,7 +142,7 @@ class CopyEngineNorm:
         self._transfers: dict[tuple[int, int], _Transfers] = {}
 
     @classmethod
-    def allocate(cls, group, max_tokens: int, hidden: int, dtype: torch.dtype, device) -> "CopyEngineNorm":
+    def allocate(cls, group, max_tokens: int, hidden: int, dtype: torch.dtype, device) -> CopyEngineNorm:
         import torch.distributed as dist
 
         from overlapbench.runtime import symmetric_buffer

@@ -26,11 +26,11 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `kernels` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import triton  # noqa: E402
+import triton
 
-from kernels import allreduce_norm as v1  # noqa: E402
-from kernels import allreduce_norm_v2 as v2  # noqa: E402
-from kernels import copy_engine_norm as ce  # noqa: E402
+from kernels import allreduce_norm as v1
+from kernels import allreduce_norm_v2 as v2
+from kernels import copy_engine_norm as ce
 
 ACCESS = re.compile(r"\b((?:ld|st)\.global[.a-z0-9]*)")
 ALIGNED = ("buf_ptr", "peer_off_ptr", "flag_ptrs", "pad_ptrs", "res_ptr", "out_ptr", "w_ptr", "part_ptr",

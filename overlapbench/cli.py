@@ -9,7 +9,6 @@ import functools
 import json
 import os
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -56,11 +55,11 @@ def user_errors(fn):
 @app.command()
 @user_errors
 def sweep(
-    spec: Optional[Path] = typer.Argument(None, metavar="SPEC.yaml", help="Sweep spec (YAML). Default: the built-in demo (a copy of sweeps/quick.yaml)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Results file (.jsonl). Default: the spec's 'output', else a new results/{name}-{time}.jsonl."),
+    spec: Path | None = typer.Argument(None, metavar="SPEC.yaml", help="Sweep spec (YAML). Default: the built-in demo (a copy of sweeps/quick.yaml)."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Results file (.jsonl). Default: the spec's 'output', else a new results/{name}-{time}.jsonl."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep (the --output file, else the newest results/{name}-*.jsonl): skip points already done."),
-    nproc: Optional[int] = typer.Option(None, "--nproc", help="Processes to launch when not under torchrun. Default: all local GPUs, or 2 on CPU."),
-    profile: Optional[Path] = typer.Option(None, "--profile", help="Also profile each point: a kernel table per point into this folder (needs CUDA GPUs)."),
+    nproc: int | None = typer.Option(None, "--nproc", help="Processes to launch when not under torchrun. Default: all local GPUs, or 2 on CPU."),
+    profile: Path | None = typer.Option(None, "--profile", help="Also profile each point: a kernel table per point into this folder (needs CUDA GPUs)."),
 ) -> None:
     """Measure every strategy x knob setting x batch of a spec; append one row per point.
 
@@ -68,7 +67,8 @@ def sweep(
     itself on all local GPUs (or 2 gloo processes on CPU). Every point is checked against
     baseline's output before it is timed.
     """
-    from overlapbench import launch, spec as spec_mod
+    from overlapbench import launch
+    from overlapbench import spec as spec_mod
     from overlapbench.results import check_writable
 
     path = spec or QUICK_SPEC
@@ -116,22 +116,22 @@ def _interrupted(spec: Path | None, out: Path) -> str:
 @app.command()
 @user_errors
 def comm(
-    min_bytes: Optional[str] = typer.Option(None, "-b", "--min-bytes", help="Smallest size, bytes or with K/M/G (binary). Default: 1M on GPUs, 1K on CPU."),
-    max_bytes: Optional[str] = typer.Option(None, "-e", "--max-bytes", help="Largest size. Default: 1G on GPUs, 64K on CPU."),
+    min_bytes: str | None = typer.Option(None, "-b", "--min-bytes", help="Smallest size, bytes or with K/M/G (binary). Default: 1M on GPUs, 1K on CPU."),
+    max_bytes: str | None = typer.Option(None, "-e", "--max-bytes", help="Largest size. Default: 1G on GPUs, 64K on CPU."),
     factor: int = typer.Option(2, "-f", "--factor", help="Each size is the previous one times this."),
-    ops: Optional[str] = typer.Option(None, "--ops", help="Comma list of all_reduce, all_gather, reduce_scatter. Default: all."),
-    paths: Optional[str] = typer.Option(None, "--paths", help="Comma list of nccl (gloo on CPU), symm_one_shot, symm_two_shot, fused_norm (kernel v2), fused_norm_v1, copy_engine, copy_engine_norm. Default: all."),
+    ops: str | None = typer.Option(None, "--ops", help="Comma list of all_reduce, all_gather, reduce_scatter. Default: all."),
+    paths: str | None = typer.Option(None, "--paths", help="Comma list of nccl (gloo on CPU), symm_one_shot, symm_two_shot, fused_norm (kernel v2), fused_norm_v1, copy_engine, copy_engine_norm. Default: all."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on GPUs, fp32 on CPU) | bf16 | fp16 | fp32."),
-    nccl_max_ctas: Optional[str] = typer.Option(None, "--nccl-max-ctas", help="NCCL CTA budgets (max_ctas), 'default' or 1..64. Default: default,4,8,16,32."),
-    comm_ctas: Optional[str] = typer.Option(None, "--comm-ctas", help="CTA budgets of the fused all-reduce+RMSNorm kernel and of the copy-engine path's add+norm kernel. Default: 1,2,4,8,16,32,64."),
+    nccl_max_ctas: str | None = typer.Option(None, "--nccl-max-ctas", help="NCCL CTA budgets (max_ctas), 'default' or 1..64. Default: default,4,8,16,32."),
+    comm_ctas: str | None = typer.Option(None, "--comm-ctas", help="CTA budgets of the fused all-reduce+RMSNorm kernel and of the copy-engine path's add+norm kernel. Default: 1,2,4,8,16,32,64."),
     hidden: int = typer.Option(8192, "--hidden", help="fused_norm measures rows x hidden: a size becomes size / (hidden x dtype bytes) rows."),
     iters: int = typer.Option(20, "--iters", help="Timed samples per size (small sizes repeat the op within a sample)."),
     warmup: int = typer.Option(5, "--warmup", help="Untimed samples first."),
     graphs: bool = typer.Option(True, "--graphs/--no-graphs", help="Time CUDA-graph replays (falls back to eager where capture fails)."),
     fmt: str = typer.Option("table", "--format", help="table | csv | json (to stdout; progress goes to stderr)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Results file (.jsonl). Default: results/comm-{device}-{world}.jsonl."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Results file (.jsonl). Default: results/comm-{device}-{world}.jsonl."),
     resume: bool = typer.Option(False, "--resume", help="Continue: skip the cases already in the results file."),
-    nproc: Optional[int] = typer.Option(None, "--nproc", help="Processes to launch when not under torchrun. Default: all local GPUs, or 2 on CPU."),
+    nproc: int | None = typer.Option(None, "--nproc", help="Processes to launch when not under torchrun. Default: all local GPUs, or 2 on CPU."),
     beside_gemm: bool = typer.Option(False, "--beside-gemm", help="Also time each case while llama3-70b TP=2 MLP GEMMs (4096 tokens, bf16) run on another stream: the path's time and busbw beside them and the GEMMs' TFLOP/s loss. GPUs only."),
 ) -> None:
     """Collective microbenchmarks in nccl-tests' terms: size, count, type, time, algbw, busbw,
@@ -153,14 +153,15 @@ def comm(
 @app.command()
 @user_errors
 def tune(
-    results: Optional[List[Path]] = typer.Argument(None, metavar="RESULTS.jsonl", help="Results files, read in order (a later row for a point wins). Default: the latest in results/."),
+    results: list[Path] | None = typer.Argument(None, metavar="RESULTS.jsonl", help="Results files, read in order (a later row for a point wins). Default: the latest in results/."),
     out_dir: Path = typer.Option(Path("results/tuned"), "--out-dir", help="Where the tuned YAMLs go."),
 ) -> None:
     """Choose the best strategy and knobs per token range; write one tuned YAML per
     (device, world size, tp, shape, dtype) of the layer workload (micro runs: see report). A
     strategy beats baseline only by more than the noise (95% bootstrap interval of the speedup
     above 1); ties go to the simpler strategy."""
-    from overlapbench import results as results_mod, tune as tune_mod
+    from overlapbench import results as results_mod
+    from overlapbench import tune as tune_mod
 
     paths = results or [_newest_results(results_mod)]
     for path in tune_mod.run(paths, out_dir, console):
@@ -170,19 +171,20 @@ def tune(
 @app.command()
 @user_errors
 def report(
-    results: Optional[List[Path]] = typer.Argument(None, metavar="RESULTS.jsonl", help="Results files, read in order (a later row for a point wins). Default: the latest in results/."),
+    results: list[Path] | None = typer.Argument(None, metavar="RESULTS.jsonl", help="Results files, read in order (a later row for a point wins). Default: the latest in results/."),
     fmt: str = typer.Option("table", "--format", help="table | markdown | csv | json (csv/json: one record per cell, to stdout)."),
-    sensitivity: Optional[str] = typer.Option(None, "--sensitivity", metavar="STRATEGY", help="Show one strategy's knob grid (ms per setting) at --tokens."),
-    tokens: Optional[int] = typer.Option(None, "--tokens", metavar="N", help="The token count for --sensitivity."),
-    plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE.png", help="Also draw time per layer (micro: per GEMM) vs tokens to a PNG (needs the 'plot' extra: matplotlib)."),
+    sensitivity: str | None = typer.Option(None, "--sensitivity", metavar="STRATEGY", help="Show one strategy's knob grid (ms per setting) at --tokens."),
+    tokens: int | None = typer.Option(None, "--tokens", metavar="N", help="The token count for --sensitivity."),
+    plot: Path | None = typer.Option(None, "--plot", metavar="FILE.png", help="Also draw time per layer (micro: per GEMM) vs tokens to a PNG (needs the 'plot' extra: matplotlib)."),
     plot_metric: str = typer.Option("ms", "--plot-metric", help="ms | speedup: what --plot draws."),
-    compare: Optional[tuple[Path, Path]] = typer.Option(None, "--compare", metavar="OLD NEW", help="Per point (matched by key) the ratio NEW/OLD of ms per layer (micro: per GEMM)."),
-    fail_above: Optional[float] = typer.Option(None, "--fail-above", metavar="PCT", help="With --compare: exit 1 when any point got slower by more than PCT percent."),
+    compare: tuple[Path, Path] | None = typer.Option(None, "--compare", metavar="OLD NEW", help="Per point (matched by key) the ratio NEW/OLD of ms per layer (micro: per GEMM)."),
+    fail_above: float | None = typer.Option(None, "--fail-above", metavar="PCT", help="With --compare: exit 1 when any point got slower by more than PCT percent."),
 ) -> None:
     """Compare strategies per token count, a table per group (layer, or a micro workload's
     GEMM): ms per layer (per GEMM), speedup over the reference (baseline; micro: sp_baseline),
     share of the exposed communication hidden; the winner marked, noisy cells flagged."""
-    from overlapbench import report as report_mod, results as results_mod
+    from overlapbench import report as report_mod
+    from overlapbench import results as results_mod
 
     paths = results or ([] if compare else [_newest_results(results_mod)])
     code = report_mod.run(paths, fmt, console, sensitivity=sensitivity, tokens=tokens, plot_path=plot,

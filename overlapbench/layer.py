@@ -13,15 +13,15 @@ its model.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from overlapbench.attention import ChunkPlan, causal_attention
 from overlapbench.models import ModelShape
-
 
 # ---------------------------------------------------------------------------------------------
 # Weights
@@ -307,7 +307,7 @@ class KVBuffer:
         self.v = torch.empty_like(self.k)
 
     @classmethod
-    def holding(cls, k: torch.Tensor, v: torch.Tensor) -> "KVBuffer":
+    def holding(cls, k: torch.Tensor, v: torch.Tensor) -> KVBuffer:
         """A buffer over keys and values already computed for the whole batch (natural layout)."""
         kv = cls.__new__(cls)
         kv.k, kv.v = k, v

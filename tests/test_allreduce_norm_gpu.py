@@ -96,6 +96,7 @@ def _inputs(seed: int, rows: int, hidden: int, dtype, rank: int):
 def _reference(partial, residual, weight):
     """NCCL all-reduce in fp32, then the torch reference in fp32."""
     import torch.distributed as dist
+
     from kernels.rmsnorm import add_rmsnorm_reference
 
     total = partial.to(torch.float32, copy=True)  # never an alias of an fp32 input

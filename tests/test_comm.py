@@ -14,11 +14,11 @@ import torch
 from rich.console import Console
 from typer.testing import CliRunner
 
+from overlapbench import spec
+from overlapbench.cli import app
 from overlapbench.comm import buffers, command, output, paths, patterns, sizes
 from overlapbench.comm import run as comm_run
 from overlapbench.comm.cases import Case
-from overlapbench import spec
-from overlapbench.cli import app
 from overlapbench.errors import UserError
 from overlapbench.results import SCHEMA, read_rows
 from overlapbench.spec import CommSpec

@@ -44,7 +44,7 @@ def _run_ranks(world: int, fn) -> list:
     def main(rank):
         try:
             results[rank] = fn(rank)
-        except BaseException as e:  # noqa: BLE001 -- reported by the main thread
+        except BaseException as e:
             errors.append(f"rank {rank}: {e!r}")
             fn.handle._barrier.abort()
 

@@ -89,7 +89,7 @@ def test_row_blocks_partition_the_range(world: int, n_rows: int) -> None:
 @pytest.mark.parametrize("hidden,elem", [(64, 4), (96, 4), (4096, 2), (5120, 2), (8192, 2), (8192, 4), (16384, 2)])
 def test_tiling_steps_divide_and_fit(world: int, hidden: int, elem: int) -> None:
     t = arn.tiling(world, hidden, elem)
-    pow2 = lambda x: x > 0 and x & (x - 1) == 0  # noqa: E731
+    pow2 = lambda x: x > 0 and x & (x - 1) == 0
     assert t.block_h >= hidden and t.peers >= world - 1 and t.lanes >= world
     for lanes, group in ((t.peers, t.scatter_lanes), (t.peers, t.reduce_lanes), (t.lanes, t.gather_lanes)):
         assert pow2(group) and lanes % group == 0
@@ -337,7 +337,7 @@ def test_v2_tiling_steps_divide_and_fit(world: int, hidden: int, elem: int) -> N
     from kernels import allreduce_norm_v2 as v2
 
     t = v2.tiling(world, hidden, elem)
-    pow2 = lambda x: x > 0 and x & (x - 1) == 0  # noqa: E731
+    pow2 = lambda x: x > 0 and x & (x - 1) == 0
     assert pow2(t.tile_rows) and pow2(t.reduce_rows) and t.tile_rows % t.reduce_rows == 0
     row = t.block_h * elem
     assert t.tile_rows * row <= max(arn.STEP_BYTES, row)

@@ -3,8 +3,9 @@ timed, and the count of wrong elements). One builder per path; `paths.PATHS` say
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from overlapbench.comm.cases import Case
 from overlapbench.comm.patterns import (
@@ -32,11 +33,11 @@ class Bench:
     fill: Callable[[int], None]  # write this rank's verifiable inputs for a seed
     run: Callable[[], None]  # the communication, exactly as timed
     wrong: Callable[[int], int]  # this rank's elements that differ from the expected result
-    out: Callable[[], "torch.Tensor"]  # where this rank's result lands (after run)
+    out: Callable[[], torch.Tensor]  # where this rank's result lands (after run)
 
 
-def _collective_bench(rt: "Runtime", case: Case, inp: "torch.Tensor", out: Callable[[], "torch.Tensor"],
-                      run: Callable[[], None], poison: "torch.Tensor | None") -> Bench:
+def _collective_bench(rt: Runtime, case: Case, inp: torch.Tensor, out: Callable[[], torch.Tensor],
+                      run: Callable[[], None], poison: torch.Tensor | None) -> Bench:
     """A plain collective: inputs and expected results from op_input / op_expected. `poison`
     (the output buffer, where fixed) is set to -1 first, so a result never written is wrong."""
     import torch
@@ -55,13 +56,13 @@ def _collective_bench(rt: "Runtime", case: Case, inp: "torch.Tensor", out: Calla
     return Bench(fill, run, wrong, out)
 
 
-def _empty(rt: "Runtime", count: int, dtype: str) -> "torch.Tensor":
+def _empty(rt: Runtime, count: int, dtype: str) -> torch.Tensor:
     import torch
 
     return torch.empty(count, dtype=getattr(torch, TORCH_DTYPES[dtype]), device=rt.device)
 
 
-def nccl_bench(rt: "Runtime", case: Case, buffers: "Buffers") -> Bench:
+def nccl_bench(rt: Runtime, case: Case, buffers: Buffers) -> Bench:
     """NCCL (gloo on CPU) as the strategies call it; a CTA budget is a process group created
     with that `max_ctas`. All-reduce in place; all-gather and reduce-scatter out of place."""
     import torch.distributed as dist
@@ -83,7 +84,7 @@ def nccl_bench(rt: "Runtime", case: Case, buffers: "Buffers") -> Bench:
     return _collective_bench(rt, case, inp, lambda: out, lambda: scatter(out, inp, group=group), out)
 
 
-def symm_all_reduce_bench(rt: "Runtime", case: Case, buffers: "Buffers") -> Bench:
+def symm_all_reduce_bench(rt: Runtime, case: Case, buffers: Buffers) -> Bench:
     """torch.ops.symm_mem.one_shot_all_reduce (every rank reads all peers' buffers, writes a
     new tensor) or two_shot_all_reduce_ (reduce-scatter + all-gather in place). Both need the
     input in a rendezvoused symmetric buffer; sum only; no multicast (unicast peer loads)."""
@@ -103,7 +104,7 @@ def symm_all_reduce_bench(rt: "Runtime", case: Case, buffers: "Buffers") -> Benc
     return _collective_bench(rt, case, buf, lambda: latest["out"], run, None)
 
 
-def copy_engine_bench(rt: "Runtime", case: Case, buffers: "Buffers") -> Bench:
+def copy_engine_bench(rt: Runtime, case: Case, buffers: Buffers) -> Bench:
     """All-gather in place in a symmetric buffer, moved by the copy engines: after a barrier
     (every rank's shard is in place) each rank pulls every peer's shard with Tensor.copy_ from
     the peer's mapped buffer, on a side stream; a second barrier keeps any rank from
@@ -131,24 +132,24 @@ def copy_engine_bench(rt: "Runtime", case: Case, buffers: "Buffers") -> Bench:
     return _collective_bench(rt, case, out[rank * shard:(rank + 1) * shard], lambda: out, run, out)
 
 
-def fused_norm_bench(rt: "Runtime", case: Case, buffers: "Buffers") -> Bench:
+def fused_norm_bench(rt: Runtime, case: Case, buffers: Buffers) -> Bench:
     """kernels.allreduce_norm_v2.AllReduceNormV2 on rows x hidden (see _norm_bench)."""
     return _norm_bench(rt, case, buffers.fused(case))
 
 
-def fused_norm_v1_bench(rt: "Runtime", case: Case, buffers: "Buffers") -> Bench:
+def fused_norm_v1_bench(rt: Runtime, case: Case, buffers: Buffers) -> Bench:
     """kernels.allreduce_norm.AllReduceNorm (v1: the residual replicated) on rows x hidden."""
     return _norm_bench(rt, case, buffers.fused(case))
 
 
-def copy_engine_norm_bench(rt: "Runtime", case: Case, buffers: "Buffers") -> Bench:
+def copy_engine_norm_bench(rt: Runtime, case: Case, buffers: Buffers) -> Bench:
     """kernels.copy_engine_norm.CopyEngineNorm on rows x hidden: copy-engine reduce-scatter and
     all-gather, the add + norm on `ctas` CTAs; the residual checked on this rank's rows only
     (it stays token-sharded)."""
     return _norm_bench(rt, case, buffers.copy_engine_norm(case))
 
 
-def _norm_bench(rt: "Runtime", case: Case, kernel) -> Bench:
+def _norm_bench(rt: Runtime, case: Case, kernel) -> Bench:
     """An all-reduce + norm engine on rows x hidden: the partial sums are reduced over ranks, the
     residual becomes residual + sum (exact: small integers) on the rows this rank keeps (all of
     them, or its own with a sharded residual) and out becomes rmsnorm(residual) * weight

@@ -17,7 +17,7 @@ class Buffers:
     largest case that uses it. Allocation and rendezvous are collective: every rank asks for
     them in the same order, the case order."""
 
-    def __init__(self, rt: "Runtime", cases: list[Case]) -> None:
+    def __init__(self, rt: Runtime, cases: list[Case]) -> None:
         self.rt = rt
         self._largest: dict = {}
         for case in cases:
@@ -36,7 +36,7 @@ class Buffers:
 
         return getattr(torch, TORCH_DTYPES[case.dtype])
 
-    def symmetric(self, case: Case) -> "SymmetricBuffer":
+    def symmetric(self, case: Case) -> SymmetricBuffer:
         from overlapbench.runtime import symmetric_buffer
 
         key = self._key(case)
@@ -49,10 +49,9 @@ class Buffers:
         (fused_norm_v1)."""
         import torch.distributed as dist
 
-        from overlapbench.knobs import FUSED_KERNEL
-
         from kernels.allreduce_norm import AllReduceNorm
         from kernels.allreduce_norm_v2 import AllReduceNormV2
+        from overlapbench.knobs import FUSED_KERNEL
 
         key = self._key(case)
         if key not in self._made:

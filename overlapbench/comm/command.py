@@ -47,7 +47,7 @@ class Options:
     def parse(cls, *, min_bytes: str | None, max_bytes: str | None, factor: int, ops: str | None,
               paths: str | None, dtype: str, nccl_max_ctas: str, comm_ctas: str, hidden: int,
               iters: int, warmup: int, graphs: bool, fmt: str, output: Path | None, resume: bool,
-              nproc: int | None, beside_gemm: bool = False) -> "Options":
+              nproc: int | None, beside_gemm: bool = False) -> Options:
         if fmt not in FORMATS:
             raise UserError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
         if dtype not in DTYPES:
@@ -114,7 +114,7 @@ def _local_device_name() -> str:
     return torch.cuda.get_device_properties(0).name if torch.cuda.is_available() else "cpu"
 
 
-def main(opts: Options, console: "Console", err_console: "Console") -> int:
+def main(opts: Options, console: Console, err_console: Console) -> int:
     """Started plainly: check the store, re-launch under torchrun; under torchrun: measure."""
     from overlapbench import launch
     from overlapbench.results import check_writable
@@ -137,7 +137,7 @@ def main(opts: Options, console: "Console", err_console: "Console") -> int:
     return code
 
 
-def run_ranks(opts: Options, console: "Console") -> int:
+def run_ranks(opts: Options, console: Console) -> int:
     """The measurement on this rank: cases, the store, the rows; rank 0 prints them."""
     import torch.distributed as dist
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from overlapbench.runtime import Runtime
@@ -46,7 +47,7 @@ class GemmStream:
     alone_ms: float = 0.0  # one pass, alone (median)
 
     @classmethod
-    def make(cls, device, shapes: list[tuple[int, int, int]] | None = None) -> "GemmStream":
+    def make(cls, device, shapes: list[tuple[int, int, int]] | None = None) -> GemmStream:
         import torch
 
         shapes = shapes or mlp_shapes()
@@ -79,7 +80,7 @@ def _elapsed_ms(stream, fn: Callable[[], None]) -> Callable[[], float]:
     return lambda: start.elapsed_time(end)
 
 
-def _sync(rt: "Runtime") -> None:
+def _sync(rt: Runtime) -> None:
     import torch
     import torch.distributed as dist
 
@@ -87,7 +88,7 @@ def _sync(rt: "Runtime") -> None:
     dist.barrier(group=rt.control)
 
 
-def gemms_alone(rt: "Runtime", gemms: GemmStream, iters: int) -> float:
+def gemms_alone(rt: Runtime, gemms: GemmStream, iters: int) -> float:
     """Median ms of one pass of the GEMMs alone (warmed up); max over ranks."""
     import torch
 
@@ -101,7 +102,7 @@ def gemms_alone(rt: "Runtime", gemms: GemmStream, iters: int) -> float:
     return rt.max_over_ranks(statistics.median(samples))
 
 
-def measure_beside(rt: "Runtime", run: Callable[[], None], op_ms: float, gemms: GemmStream, iters: int) -> dict:
+def measure_beside(rt: Runtime, run: Callable[[], None], op_ms: float, gemms: GemmStream, iters: int) -> dict:
     """The path's `run` (one op, `op_ms` alone) beside the GEMMs: the fields of its row."""
     import torch
 

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 FORMATS = ("table", "csv", "json")
 
 
-def summary_line(row: dict) -> "Text":
+def summary_line(row: dict) -> Text:
     """One progress line per row (literal text; our colours as styles)."""
     from overlapbench.printing import styled
 
@@ -35,8 +35,8 @@ COLUMNS = ("size", "count", "type", "op", "path", "ctas", "time_us", "algbw", "b
 
 def record(row: dict) -> dict:
     """One flat record per row, in nccl-tests' terms (GB/s for the bandwidths)."""
-    us = lambda ms: None if ms is None else round(ms * 1e3, 3)  # noqa: E731
-    sig = lambda x: None if x is None else float(f"{x:.4g}")  # noqa: E731 -- 4 significant digits
+    us = lambda ms: None if ms is None else round(ms * 1e3, 3)
+    sig = lambda x: None if x is None else float(f"{x:.4g}")
     return {
         "size": row["bytes"], "count": row["count"], "type": row["dtype"], "op": row["op"],
         "path": row["strategy"], "ctas": row["knobs"]["ctas"],
@@ -62,7 +62,7 @@ def to_json(rows: list[dict]) -> str:
     return json.dumps([record(r) for r in rows], indent=1)
 
 
-def to_table(rows: list[dict]) -> "Table":
+def to_table(rows: list[dict]) -> Table:
     """The rich table: measured rows, and one line per distinct reason a case did not run."""
     from rich.table import Table
     from rich.text import Text
@@ -95,7 +95,7 @@ def to_table(rows: list[dict]) -> "Table":
     return table
 
 
-def render(rows: list[dict], fmt: str, console: "Console") -> None:
+def render(rows: list[dict], fmt: str, console: Console) -> None:
     if fmt == "table":
         from overlapbench.printing import print_table
 

@@ -8,8 +8,9 @@ Torch-free at import: spec validation reads the names.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 from overlapbench.comm import benches
 from overlapbench.comm.cases import Case

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 MODULUS = 13
 
 
-def _ints(source: int, chunk: int, count: int, seed: int, device) -> "torch.Tensor":
+def _ints(source: int, chunk: int, count: int, seed: int, device) -> torch.Tensor:
     import torch
 
     shift = (3 * source + 5 * seed + 11 * chunk) % MODULUS
@@ -23,12 +23,12 @@ def _ints(source: int, chunk: int, count: int, seed: int, device) -> "torch.Tens
     return torch.arange(count, dtype=index, device=device).add_(shift).remainder_(MODULUS).add_(1)
 
 
-def pattern(source: int, chunk: int, count: int, seed: int, dtype, device) -> "torch.Tensor":
+def pattern(source: int, chunk: int, count: int, seed: int, dtype, device) -> torch.Tensor:
     """Rank `source`'s input chunk `chunk` ([count]) for a case's `seed`."""
     return _ints(source, chunk, count, seed, device).to(dtype)
 
 
-def pattern_sum(sources: range, chunk: int, count: int, seed: int, dtype, device) -> "torch.Tensor":
+def pattern_sum(sources: range, chunk: int, count: int, seed: int, dtype, device) -> torch.Tensor:
     """The exact sum over `sources` of their chunk `chunk`."""
     total = _ints(sources[0], chunk, count, seed, device)
     for source in sources[1:]:
@@ -36,7 +36,7 @@ def pattern_sum(sources: range, chunk: int, count: int, seed: int, dtype, device
     return total.to(dtype)
 
 
-def op_input(op: str, rank: int, world: int, count: int, seed: int, dtype, device) -> "torch.Tensor":
+def op_input(op: str, rank: int, world: int, count: int, seed: int, dtype, device) -> torch.Tensor:
     """What `rank` contributes: the whole buffer (all-reduce), its shard (all-gather), or one
     chunk per destination rank (reduce-scatter)."""
     import torch
@@ -49,7 +49,7 @@ def op_input(op: str, rank: int, world: int, count: int, seed: int, dtype, devic
     return torch.cat([pattern(rank, c, shard, seed, dtype, device) for c in range(world)])
 
 
-def op_expected(op: str, rank: int, world: int, count: int, seed: int, dtype, device) -> "torch.Tensor":
+def op_expected(op: str, rank: int, world: int, count: int, seed: int, dtype, device) -> torch.Tensor:
     """What `rank` must hold afterwards."""
     import torch
 
@@ -61,7 +61,7 @@ def op_expected(op: str, rank: int, world: int, count: int, seed: int, dtype, de
     return pattern_sum(range(world), rank, shard, seed, dtype, device)
 
 
-def count_wrong(result: "torch.Tensor", expected: "torch.Tensor") -> int:
+def count_wrong(result: torch.Tensor, expected: torch.Tensor) -> int:
     """Elements that differ (NaN counts as wrong); a shape mismatch makes every element wrong."""
     if result.numel() != expected.numel():
         return max(result.numel(), expected.numel())

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from overlapbench.comm.benches import Bench
 from overlapbench.comm.buffers import Buffers
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from overlapbench.spec import SweepSpec
 
 
-def check(bench: Bench, seed: int, rt: "Runtime") -> int:
+def check(bench: Bench, seed: int, rt: Runtime) -> int:
     """#wrong: fresh inputs, one run, the elements differing from the exact result, summed
     over ranks."""
     bench.fill(seed)
@@ -30,7 +31,7 @@ def check(bench: Bench, seed: int, rt: "Runtime") -> int:
     return _sum_over_ranks(bench.wrong(seed), rt)
 
 
-def _sum_over_ranks(value: int, rt: "Runtime") -> int:
+def _sum_over_ranks(value: int, rt: Runtime) -> int:
     import torch
     import torch.distributed as dist
 
@@ -51,7 +52,7 @@ class RunInfo:
     graphs: bool
 
 
-def measure_case(rt: "Runtime", case: Case, buffers: Buffers, info: RunInfo, gemms=None) -> dict:
+def measure_case(rt: Runtime, case: Case, buffers: Buffers, info: RunInfo, gemms=None) -> dict:
     """Check, then time one case on every rank (and beside `gemms`, a contention.GemmStream,
     if the case asks); the result fields of its row."""
     from overlapbench import measure
@@ -62,7 +63,7 @@ def measure_case(rt: "Runtime", case: Case, buffers: Buffers, info: RunInfo, gem
     bench, failure = None, None
     try:
         bench = build(rt, case, buffers)
-    except Exception as e:  # noqa: BLE001 -- OOM, an unsupported dtype: a failed row
+    except Exception as e:
         failure = {"status": "failed", "error": one_line(e)}
     failure = rt.first_failure(failure)  # every rank learns it: none walks alone into a collective
     if failure:
@@ -76,7 +77,7 @@ def measure_case(rt: "Runtime", case: Case, buffers: Buffers, info: RunInfo, gem
         timing = measure.time_step(step, bench.out(), info.warmup, info.iters, info.graphs)
         stats = measure.summarize(timing.samples_ms, per=reps)
         beside = _beside(rt, case, bench, stats["ms"], gemms, info.iters)
-    except Exception as e:  # noqa: BLE001 -- a kernel error: a failed row, and go on
+    except Exception as e:
         return {"status": "failed", "error": one_line(e)}
     seconds = stats["ms"] / 1e3
     return beside | stats | {
@@ -92,7 +93,7 @@ def measure_case(rt: "Runtime", case: Case, buffers: Buffers, info: RunInfo, gem
     }
 
 
-def _beside(rt: "Runtime", case: Case, bench: Bench, op_ms: float, gemms, iters: int) -> dict:
+def _beside(rt: Runtime, case: Case, bench: Bench, op_ms: float, gemms, iters: int) -> dict:
     """The contention fields of a --beside-gemm case (none otherwise)."""
     from overlapbench.comm.contention import measure_beside
 
@@ -107,7 +108,7 @@ def _repeat(fn: Callable[[], None], times: int) -> None:
         fn()
 
 
-def _agree(result: dict, rt: "Runtime") -> dict:
+def _agree(result: dict, rt: Runtime) -> dict:
     """All ranks' results merged: one failing rank fails the case for everyone."""
     import torch.distributed as dist
 
@@ -122,7 +123,7 @@ def _agree(result: dict, rt: "Runtime") -> dict:
     return first | {"error": f"rank {rank}: {first['error']}"}
 
 
-def _quiesce(rt: "Runtime") -> None:
+def _quiesce(rt: Runtime) -> None:
     """Every rank's GPU work done before the next case: paths signal peers through
     symmetric-memory pads with different protocols, which must never interleave."""
     import torch
@@ -176,8 +177,8 @@ def make_row(case: Case, result: dict, info: RunInfo) -> dict:
     return row
 
 
-def run_cases(rt: "Runtime", cases: list[Case], info: RunInfo, store: "ResultStore | None",
-              done: set[str], console: "Console") -> list[dict]:
+def run_cases(rt: Runtime, cases: list[Case], info: RunInfo, store: ResultStore | None,
+              done: set[str], console: Console) -> list[dict]:
     """Measure every case not already in `done`, append a row each (rank 0 holds the store);
     returns the rows."""
     buffers = Buffers(rt, cases)
@@ -199,7 +200,7 @@ def run_cases(rt: "Runtime", cases: list[Case], info: RunInfo, store: "ResultSto
 
 
 
-def _gemm_stream(rt: "Runtime", cases: list[Case], info: RunInfo, console: "Console"):
+def _gemm_stream(rt: Runtime, cases: list[Case], info: RunInfo, console: Console):
     """The GEMM stream of --beside-gemm, timed alone once (None when no case runs beside it)."""
     from overlapbench.comm.contention import GemmStream, gemms_alone
 
@@ -212,8 +213,8 @@ def _gemm_stream(rt: "Runtime", cases: list[Case], info: RunInfo, console: "Cons
     return gemms
 
 
-def run_in_sweep(rt: "Runtime", spec: "SweepSpec", store: "ResultStore | None", done: set[str],
-                 run_id: str, env: dict, console: "Console") -> int:
+def run_in_sweep(rt: Runtime, spec: SweepSpec, store: ResultStore | None, done: set[str],
+                 run_id: str, env: dict, console: Console) -> int:
     """A study's `comm:` section, after its layer points, into the same store; rows written."""
     bench = spec.comm
     dtype = spec.resolved_dtype(rt.is_cuda)

@@ -17,9 +17,9 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
+from overlapbench.knobs import DEFAULT, FUSED_KERNEL, SYMMETRIC_COMM
 from overlapbench.layer import Chunk, LocalReducer
 from overlapbench.runtime import BuildContext
-from overlapbench.knobs import DEFAULT, FUSED_KERNEL, SYMMETRIC_COMM
 
 
 def collective(ctx: BuildContext, nccl_max_ctas=DEFAULT, high_priority: bool = False) -> LocalReducer:

@@ -76,7 +76,7 @@ class Strategy:
         return None
 
     @classmethod
-    def build(cls, ctx: "BuildContext", knobs: dict) -> Step:
+    def build(cls, ctx: BuildContext, knobs: dict) -> Step:
         raise NotImplementedError
 
 

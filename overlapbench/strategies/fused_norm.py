@@ -4,9 +4,9 @@ is one few-CTA symmetric-memory kernel that the row-parallel GEMMs write into di
 
 from __future__ import annotations
 
+from overlapbench.knobs import FUSED_COMM, comm_ctas
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Needs, Step, Strategy
-from overlapbench.knobs import FUSED_COMM, comm_ctas
 
 
 @register

@@ -12,11 +12,10 @@ balanced ratio solves  sum over sequences of (prefix - suffix) = 0  by bisection
 from __future__ import annotations
 
 from overlapbench.errors import UserError
+from overlapbench.knobs import COMM, NCCL_MAX_CTAS, comm_ctas
 from overlapbench.models import ModelShape
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Knob, SplitStrategy
-from overlapbench.knobs import COMM, NCCL_MAX_CTAS, comm_ctas
-
 
 ALIGN = Knob("align", int, 64, "round each sequence's cut to a multiple of this many tokens", bounds=(1, 4096))
 SPLIT_RATIO = Knob(

@@ -6,10 +6,9 @@ from __future__ import annotations
 import math
 
 from overlapbench.errors import UserError
+from overlapbench.knobs import ALIGN, COMM, NCCL_MAX_CTAS, comm_ctas
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Knob, SplitStrategy
-from overlapbench.knobs import ALIGN, COMM, NCCL_MAX_CTAS, comm_ctas
-
 
 
 def split_point(tokens: int, align: int, offset: int = 0, ratio: float | None = None) -> int:
