@@ -391,7 +391,8 @@ def test_fuzzed_comm_sections_fail_only_with_a_clean_error():
     scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 2**40), st.floats(allow_nan=True),
                         st.text(max_size=8), st.sampled_from(["1M", "1G", "default", "nccl", "all_reduce", "min", "max"]))
     values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                            st.dictionaries(st.text(max_size=6), inner, max_size=3)), max_leaves=6)
+                                                            st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+                          max_leaves=6)
     keys = st.sampled_from([*CommSpec.KEYS, "sizez"])
 
     @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

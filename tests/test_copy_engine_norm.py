@@ -84,7 +84,7 @@ def test_every_rank_gets_the_normed_sum_and_keeps_its_residual_rows(world, cut, 
     rank_main.handle = handle
     results = _run_ranks(world, rank_main)
     expected = [_reference(p, r, weight) for rnd in inputs for p, r in rnd]
-    for rank, outs in enumerate(results):
+    for outs in results:
         for ((lo, hi), res, out), (ref_res, ref_out), (_, residual) in zip(
                 outs, expected, [x for rnd in inputs for x in rnd]):
             torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)

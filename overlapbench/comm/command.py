@@ -133,7 +133,8 @@ def main(opts: Options, console: Console, err_console: Console) -> int:
     except launch.Interrupted:
         raise launch.Interrupted(f"interrupted; finished rows are in {out}; add --output {out} --resume to continue") from None
     if code:
-        err_console.print(styled(("comm failed", "bold red"), f" (exit {code}); finished rows are in {out}; `--resume` continues"))
+        where = f" (exit {code}); finished rows are in {out}; `--resume` continues"
+        err_console.print(styled(("comm failed", "bold red"), where))
     return code
 
 
@@ -153,7 +154,8 @@ def run_ranks(opts: Options, console: Console) -> int:
     store, done, run_id = results.open_on_ranks(output, opts.resume, rt.rank)
     info = RunInfo("comm", run_id, env, opts.warmup, opts.iters, opts.graphs)
     try:
-        progress.print(f"comm: {len(cases)} cases on {rt.world_size} x {env['device']} ({rt.backend}, {dtype}) -> {output}", highlight=False)
+        what = f"comm: {len(cases)} cases on {rt.world_size} x {env['device']} ({rt.backend}, {dtype}) -> {output}"
+        progress.print(what, highlight=False)
         rows = run_cases(rt, cases, info, store, done, progress)
     finally:
         if store is not None:

@@ -82,7 +82,8 @@ def to_table(rows: list[dict]) -> Table:
         ok = row["status"] == "ok"
         if not ok:
             reasons.setdefault(f"failed: {row['error']}", []).append(f"{what}@{row['bytes']}")
-        timed = [f"{row['ms'] * 1e3:.2f}", f"{row['algbw']:.2f}", f"{row['busbw']:.2f}"] if ok else [Text("failed", style="red")] * 3
+        failed = [Text("failed", style="red")] * 3
+        timed = [f"{row['ms'] * 1e3:.2f}", f"{row['algbw']:.2f}", f"{row['busbw']:.2f}"] if ok else failed
         ctas, wrong = row["knobs"]["ctas"], row.get("wrong")
         contention = []
         if beside:

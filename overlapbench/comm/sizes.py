@@ -56,7 +56,10 @@ def parse_size(text: Any, where: str) -> int:
     return int(value)
 
 
-def size_ladder(lo: int, hi: int, factor: int, names: tuple[str, str, str] = ("-b/--min-bytes", "-e/--max-bytes", "-f/--factor")) -> tuple[int, ...]:
+CLI_NAMES = ("-b/--min-bytes", "-e/--max-bytes", "-f/--factor")
+
+
+def size_ladder(lo: int, hi: int, factor: int, names: tuple[str, str, str] = CLI_NAMES) -> tuple[int, ...]:
     """lo, lo*f, lo*f^2, ... up to hi: nccl-tests' -b -e -f. `names` name the three fields in
     errors (options on the command line, keys in a spec)."""
     if not isinstance(factor, int) or isinstance(factor, bool) or factor < 2:

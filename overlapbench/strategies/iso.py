@@ -92,7 +92,8 @@ def chunks(seq_lens: tuple[int, ...], prefix: list[int], device):
 class Iso(SplitStrategy):
     name = "iso"
     simplicity = 30
-    summary = "ISO: every sequence cut in two chunks; chunk 2 attends to chunk 1's KV; one chunk's all-reduce overlaps the other's compute"
+    summary = ("ISO: every sequence cut in two chunks; chunk 2 attends to chunk 1's KV; "
+               "one chunk's all-reduce overlaps the other's compute")
     knobs = (SPLIT_RATIO, ALIGN, COMM, comm_ctas("comm_ctas", "(comm=fused or copy_engine)"), NCCL_MAX_CTAS)
 
     cta_knobs = ("comm_ctas",)

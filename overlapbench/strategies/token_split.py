@@ -41,7 +41,8 @@ class TokenSplit(SplitStrategy):
     knobs = (
         ALIGN,
         Knob("split_offset", int, 0, "tokens added to the aligned half-way cut", bounds=(-16384, 16384)),
-        Knob("split_ratio", float, None, "cut at this fraction of the tokens instead (alternative to split_offset)", bounds=(0.05, 0.95), optional=True),
+        Knob("split_ratio", float, None, "cut at this fraction of the tokens instead (alternative to split_offset)",
+             bounds=(0.05, 0.95), optional=True),
         COMM,
         comm_ctas("comm_ctas_attn", "after attention (comm=fused or copy_engine)"),
         comm_ctas("comm_ctas_mlp", "after the MLP (comm=fused or copy_engine)"),
