@@ -51,6 +51,17 @@ def slot_rows(max_tokens: int, world: int) -> int:
     return triton.cdiv(max_tokens, world)
 
 
+def ranks_of(group, hidden: int, dtype: torch.dtype) -> tuple[int, int]:
+    """(world size, rank) of `group`, once its size and the row width suit the kernels: rows move
+    as whole 16-byte vectors, and the flags are laid out for at most MAX_WORLD ranks."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    if not 2 <= world <= MAX_WORLD:
+        raise ValueError(f"world size {world} outside 2..{MAX_WORLD}")
+    if hidden * torch.empty((), dtype=dtype).element_size() % 16:
+        raise ValueError("a row must be a whole number of 16-byte vectors")
+    return world, rank
+
+
 def buffer_rows(max_tokens: int, world: int) -> int:
     """Rows of the symmetric buffer: the partials, then world-1 staging slots."""
     return max_tokens + (world - 1) * slot_rows(max_tokens, world)
@@ -267,11 +278,7 @@ class AllReduceNorm:
         from overlapbench.runtime import symmetric_buffer
 
         group = group or dist.group.WORLD
-        world, rank = dist.get_world_size(group), dist.get_rank(group)
-        if not 2 <= world <= MAX_WORLD:
-            raise ValueError(f"world size {world} outside 2..{MAX_WORLD}")
-        if hidden * torch.empty((), dtype=dtype).element_size() % 16:
-            raise ValueError("a row must be a whole number of 16-byte vectors")
+        world, rank = ranks_of(group, hidden, dtype)
         rows = buffer_rows(max_tokens, world)
         sym = symmetric_buffer(rows * hidden, dtype, device, group)
         handle = sym.handle

@@ -41,7 +41,7 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from kernels.allreduce_norm import MAX_CTAS, MAX_WORLD, STEP_BYTES, _row_block, row_block, slot_rows
+from kernels.allreduce_norm import MAX_CTAS, MAX_WORLD, STEP_BYTES, _row_block, ranks_of, row_block, slot_rows
 from kernels.rmsnorm import rmsnorm_rows
 
 FLAG_SLOTS = 2 * MAX_CTAS * MAX_WORLD  # arrive[cta][src], then done[cta][src]
@@ -230,11 +230,7 @@ class AllReduceNormV2:
         from overlapbench.runtime import symmetric_buffer
 
         group = group or dist.group.WORLD
-        world, rank = dist.get_world_size(group), dist.get_rank(group)
-        if not 2 <= world <= MAX_WORLD:
-            raise ValueError(f"world size {world} outside 2..{MAX_WORLD}")
-        if hidden * torch.empty((), dtype=dtype).element_size() % 16:
-            raise ValueError("a row must be a whole number of 16-byte vectors")
+        world, rank = ranks_of(group, hidden, dtype)
         rows = buffer_rows(max_tokens, world)
         data = symmetric_buffer(rows * hidden, dtype, device, group)
         flags = symmetric_buffer(FLAG_SLOTS, torch.int32, device, group)
