@@ -1,0 +1,104 @@
+"""What a grid cell shows: a strategy's figures at one point, the marks, and the legends."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from overlapbench import analysis
+from overlapbench.analysis import Group, Measured
+
+STAR, NOISY, SLOWER = "★", "~", "▲"
+NOISY_TEXT = f"{NOISY} noisy (cv > {analysis.NOISY_CV:.0%})"
+
+
+
+
+def legend(views: dict[Group, dict[str, dict[str, Cell]]]) -> str:
+    """The overview's legend; `hidden` explained where some cell shows it (a group with no_comm)."""
+    name, which = references(views)
+    cells = [c for points in views.values() for cells in points.values() for c in cells.values()]
+    hidden = (f" · hidden = share of {name}'s exposed communication ({name.removeprefix('the ')} - no_comm) removed"
+              if any(c.hidden is not None for c in cells) else "")
+    return (f"{STAR} picked by tune's rule (faster than {name} beyond the noise, else {name}) · {NOISY_TEXT} · "
+            f"speedup over {name} with default knobs{hidden} · each strategy at its best knobs{which}")
+
+
+def sensitivity_legend(groups: Iterable[Group]) -> str:
+    name, which = references(groups)
+    return f"{STAR} fastest setting · {NOISY_TEXT} · speedup over {name} with default knobs{which}"
+
+
+def references(groups: Iterable[Group]) -> tuple[str, str]:
+    """What the legend calls the reference, and a note on which it is where groups of several
+    workloads differ: ("baseline", "") or ("the reference", " · the reference: baseline (layer), ...")."""
+    by_strategy: dict[str, list[str]] = {}
+    for workload in sorted({g.workload for g in groups}):
+        by_strategy.setdefault(analysis.REFERENCES[workload], []).append(workload)
+    if len(by_strategy) == 1:
+        return next(iter(by_strategy)), ""
+    which = ", ".join(f"{s} ({', '.join(w)})" for s, w in sorted(by_strategy.items()))
+    return "the reference", f" · the reference: {which}"
+
+
+# -- what is shown -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One strategy's best knob setting at one token count, with the figures derived from it."""
+
+    m: Measured
+    speedup: float | None
+    hidden: float | None
+    winner: bool
+    speedup_ci: tuple[float, float] | None = None  # 95%, where timed interleaved with the reference
+
+    def lines(self) -> list[str]:
+        figures = [] if self.speedup is None else [f"{self.speedup:.3f}x"]
+        if self.speedup_ci is not None and self.speedup_ci[1] > self.speedup_ci[0]:
+            figures[0] += f" ±{(self.speedup_ci[1] - self.speedup_ci[0]) / 2 / self.speedup:.1%}"
+        if self.hidden is not None and self.m.strategy != analysis.BOUND:
+            figures.append(f"{round(self.hidden, 2) + 0.0:.0%} hidden")  # no "-0%"
+        return [f"{fmt_ms(self.m.ms)} ms", " ".join(figures), self.m.knob_text()]
+
+    def record(self) -> dict:
+        m = self.m
+        return m.group.fields() | {
+            "tokens": m.tokens, "batch": list(m.batch), "strategy": m.strategy, "knobs": m.knobs, "ms": m.ms,
+            "p10_ms": m.p10_ms, "p90_ms": m.p90_ms, "cv": m.cv, "noisy": m.noisy,
+            "speedup": self.speedup, "speedup_ci": None if self.speedup_ci is None else list(self.speedup_ci),
+            "hidden": self.hidden, "winner": self.winner,
+        }
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A grid cell as text lines, bold and starred when best, with a warning mark (NOISY, SLOWER)."""
+
+    lines: tuple[str, ...]
+    best: bool = False
+    mark: str = ""
+    knobs: str = ""  # the knob setting: the last line, or a tag explained under a narrow table
+
+    def all_lines(self) -> list[str]:
+        return [line for line in (*self.lines, self.knobs) if line]
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A titled table of Shown cells: rendered by rich or as markdown."""
+
+    title: str
+    header: list[str]
+    rows: list[list[Shown]]
+
+
+def fmt_ms(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def text_cell(text: str) -> Shown:
+    return Shown((text,))
+
+

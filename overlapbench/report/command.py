@@ -1,0 +1,110 @@
+"""`overlapbench report`: read the stores, pick the view, emit it in the chosen format."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from overlapbench import analysis, printing
+from overlapbench.analysis import Store
+from overlapbench.errors import UserError, did_you_mean
+from overlapbench.report.cells import legend
+from overlapbench.report.compare import compare
+from overlapbench.report.overview import footer, overview, overview_grid
+from overlapbench.report.plot import plot
+from overlapbench.report.render import emit, stderr_console
+from overlapbench.report.sensitivity import sensitivity_view
+
+FORMATS = ("table", "markdown", "csv", "json")
+PLOT_METRICS = ("ms", "speedup")
+
+
+# -- the command ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Options:
+    """The report command's options, checked together because they constrain each other."""
+
+    fmt: str = "table"
+    sensitivity: str | None = None
+    tokens: int | None = None
+    plot_path: Path | None = None
+    plot_metric: str = "ms"
+    compare_paths: tuple[Path, Path] | None = None
+    fail_above: float | None = None
+
+    def check(self, paths: list[Path]) -> None:
+        if self.fmt not in FORMATS:
+            raise UserError(f"--format: '{self.fmt}' is not one of {', '.join(FORMATS)}{did_you_mean(self.fmt, FORMATS)}")
+        if self.plot_metric not in PLOT_METRICS:
+            raise UserError(f"--plot-metric: '{self.plot_metric}' is not one of {', '.join(PLOT_METRICS)}")
+        if (self.sensitivity is None) != (self.tokens is None):
+            raise UserError("--sensitivity and --tokens go together: --sensitivity STRATEGY --tokens N")
+        if self.plot_path is not None and self.plot_path.suffix.lower() != ".png":
+            raise UserError(f"--plot: {self.plot_path} must end in .png")
+        if self.fail_above is not None and self.compare_paths is None:
+            raise UserError("--fail-above: only with --compare OLD NEW")
+        if self.fail_above is not None and not self.fail_above >= 0:
+            raise UserError(f"--fail-above: a percentage >= 0, got {self.fail_above}")
+        if self.compare_paths is not None and paths:
+            raise UserError("--compare: takes its two files (--compare OLD NEW); leave out the RESULTS arguments")
+        if self.compare_paths is not None and (self.sensitivity is not None or self.plot_path is not None):
+            raise UserError("--compare: cannot be combined with --sensitivity or --plot")
+
+
+COMM = "comm"  # the workload of `overlapbench comm` rows
+
+
+def comm_report(rows: list[dict], fmt: str, console: Console, opts: Options) -> int:
+    """A results file of collective microbenchmarks: comm's own nccl-tests table (no strategies
+    to compare, so no overview)."""
+    from overlapbench.comm import output as comm
+
+    if opts.sensitivity is not None or opts.plot_path is not None:
+        raise UserError("--sensitivity, --plot: compare layer or micro strategies; "
+                        "these are comm results (shown as a table without them)")
+    if fmt not in comm.FORMATS:
+        raise UserError(f"--format: comm results come as {', '.join(comm.FORMATS)}, not {fmt}")
+    comm.render(rows, fmt, console)
+    (console if fmt == "table" else stderr_console()).print(comm.totals(rows))
+    return 0
+
+
+def _require_measured(store: Store) -> None:
+    if not store.measured:
+        first = next((e for _, e in store.errors() if e), "no rows")
+        names = ", ".join(map(str, store.sources))
+        raise UserError(f"{names}: no ok rows of the {analysis.COMPARED_TEXT} workloads to report "
+                        f"({dict(store.statuses())}; first error: {first})")
+
+
+def run(paths: Iterable[Path], fmt: str = "table", console: Console | None = None, **options) -> int:
+    """The report command; returns the exit code (1: a regression above --fail-above).
+    `options`: the fields of Options (sensitivity, tokens, plot_path, plot_metric,
+    compare_paths, fail_above)."""
+    console, paths, opts = console or printing.console(), list(paths), Options(fmt, **options)
+    opts.check(paths)
+    if opts.compare_paths is not None:
+        return compare(*opts.compare_paths, fmt, console, opts.fail_above)
+    store = analysis.read(paths, require_ok=False)
+    comm_rows = [r for r in store.rows if analysis.workload_of(r) == COMM]
+    if not store.measured and comm_rows:
+        return comm_report(comm_rows, fmt, console, opts)
+    _require_measured(store)
+    views = overview(store)
+    if opts.sensitivity is not None:
+        grids, records, note = sensitivity_view(store, opts.sensitivity, opts.tokens)
+        emit(grids, records, fmt, console, note)
+    else:
+        grids = [overview_grid(group, points) for group, points in views.items()]
+        records = [c.record() for points in views.values() for cells in points.values() for c in cells.values()]
+        emit(grids, records, fmt, console, legend(views), footer(store))
+    if opts.plot_path is not None:
+        written = plot(views, opts.plot_path, opts.plot_metric)
+        (console if fmt == "table" else stderr_console()).print(f"wrote {written}", highlight=False)
+    return 0
+

@@ -1,0 +1,73 @@
+"""The overview: per group, one line per token count, a column per strategy at its best knobs."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from overlapbench import analysis, tune
+from overlapbench.analysis import Group, Measured, Store
+from overlapbench.report.cells import NOISY, Cell, Grid, Shown, text_cell
+
+
+def cells_at(rows: list[Measured]) -> dict[str, Cell]:
+    """Per strategy at one point: tune's choice where it is that strategy, else its best knobs."""
+    ref, free, choice = analysis.reference(rows), analysis.bound(rows), tune.pick(rows)
+    best = analysis.best_per_strategy(rows)
+    if choice is not None:
+        best[choice.chosen.strategy] = choice.chosen
+    return {
+        s: Cell(m, analysis.speedup(m, ref), analysis.hidden(m, ref, free), choice is not None and m is choice.chosen,
+                None if m is ref else analysis.speedup_ci(m, ref))
+        for s, m in sorted(best.items(), key=lambda item: column_order(item[0]))
+    }
+
+
+def column_order(strategy: str) -> tuple:
+    """Simplest first, as tune prefers them; the bound last."""
+    return (strategy == analysis.BOUND, *tune.simplicity(strategy))
+
+
+def overview(store: Store) -> dict[Group, dict[str, dict[str, Cell]]]:
+    """Cells per group and point; a point is a token count, or a token count and its batch
+    where several sequences make it up (batches are never compared with each other)."""
+    return {
+        group: {
+            analysis.batch_label(batch_rows[0]): cells_at(batch_rows)
+            for rows in points.values()
+            for batch_rows in analysis.by_batch(rows).values()
+        }
+        for group, points in analysis.by_point(store.measured).items()
+    }
+
+
+def overview_grid(group: Group, points: dict[str, dict[str, Cell]]) -> Grid:
+    strategies = sorted({s for cells in points.values() for s in cells}, key=column_order)
+    rows = []
+    for label, cells in points.items():
+        shown = [_overview_cell(cells.get(s)) for s in strategies]
+        rows.append([text_cell(label), *shown])
+    return Grid(group.label(), ["tokens", *strategies], rows)
+
+
+def _overview_cell(cell: Cell | None) -> Shown:
+    if cell is None:
+        return text_cell("-")
+    *figures, knobs = cell.lines()
+    return Shown(tuple(figures), cell.winner, NOISY if cell.m.noisy else "", knobs)
+
+
+def footer(store: Store) -> list[str]:
+    """Counts by status, and the distinct reasons rows failed or were skipped."""
+    counts = store.statuses()
+    lines = [", ".join(f"{counts[s]} {s}" for s in ("ok", "failed", "skipped") if counts[s]) + " rows"]
+    others = Counter(analysis.workload_of(r) for r in store.rows if not analysis.compared(r))
+    if others:
+        lines[0] += f" ({', '.join(f'{n} of the {w} workload' for w, n in others.items())}, not shown)"
+    reasons: dict[str, list[str]] = {}
+    for row, error in store.errors():
+        reasons.setdefault(f"{row.get('status')}: {error}", []).append(f"{row.get('strategy')}@{row.get('tokens')}")
+    for reason, where in list(reasons.items())[:8]:
+        lines.append(f"  {reason} ({', '.join(where[:4])}{' ...' if len(where) > 4 else ''})")
+    return lines
+
+

@@ -1,0 +1,103 @@
+"""`--sensitivity S --tokens N`: one strategy's knob grid at one token count."""
+
+from __future__ import annotations
+
+import json
+
+from overlapbench import analysis
+from overlapbench.analysis import Group, Measured, Store
+from overlapbench.errors import UserError, did_you_mean
+from overlapbench.report.cells import NOISY, Grid, Shown, fmt_ms, sensitivity_legend, text_cell
+
+# -- sensitivity: one strategy's knob grid at one token count -------------------------------
+
+
+def sensitivity_rows(store: Store, strategy: str, tokens: int) -> list[dict]:
+    compared = [r for r in store.rows if analysis.compared(r)]
+    measured = sorted({r["strategy"] for r in compared})
+    if strategy not in measured:
+        raise UserError(f"--sensitivity: '{strategy}' is not in the results{did_you_mean(strategy, measured)}; "
+                        f"measured: {', '.join(measured)}")
+    rows = [r for r in compared if r["strategy"] == strategy and r.get("tokens") == tokens]
+    if not rows:
+        counts = sorted({r.get("tokens") for r in compared if r["strategy"] == strategy})
+        raise UserError(f"--tokens: {strategy} was measured at {', '.join(map(str, counts))} tokens, not at {tokens}")
+    return rows
+
+
+def varying(knob_sets: list[dict]) -> list[str]:
+    """The knobs whose value differs between settings: the grid's axes."""
+    names = list(dict.fromkeys(k for knobs in knob_sets for k in knobs))
+    return [k for k in names if len({json.dumps(knobs.get(k)) for knobs in knob_sets}) > 1]
+
+
+def _value_order(v) -> tuple:
+    return (0, v, "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0, str(v))
+
+
+def sensitivity_grid(group: Group, rows: list[dict], ref: Measured | None) -> Grid:
+    """A line per combination of the varying knobs but the last, a column per value of the
+    last (one `ms` column when only one knob varies, one cell when none does)."""
+    axes = varying([r["knobs"] for r in rows])
+    outer, inner = (axes[:-1], axes[-1:]) if len(axes) > 1 else (axes, [])
+    fastest = min((r["ms"] for r in rows if r.get("status") == "ok"), default=None)
+    cols = _sorted_coords({_coord(r, inner) for r in rows})
+    grid_rows = []
+    for line in _sorted_coords({_coord(r, outer) for r in rows}):
+        label = _label(outer, line) or analysis.knob_text(rows[0]["knobs"]) or "defaults"
+        cells = [_knob_cell([r for r in rows if _coord(r, outer) == line and _coord(r, inner) == col], ref, fastest)
+                 for col in cols]
+        grid_rows.append([text_cell(label), *cells])
+    header = [" / ".join(outer) or "knobs", *(f"{inner[0]}={_label(inner, col)}" if inner else "ms" for col in cols)]
+    return Grid(f"{group.label()}: {rows[0]['strategy']} at {rows[0]['tokens']} tokens", header, grid_rows)
+
+
+def _coord(row: dict, names: list[str]) -> tuple[str, ...]:
+    """A row's position along some knob axes (JSON text, so any value type compares)."""
+    return tuple(json.dumps(row["knobs"].get(k)) for k in names)
+
+
+def _sorted_coords(coords: set[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    return sorted(coords, key=lambda c: [_value_order(json.loads(v)) for v in c])
+
+
+def _label(names: list[str], coord: tuple[str, ...]) -> str:
+    """`128` on a single axis (its name is in the header), `a=1 b=2` on several."""
+    values = [json.loads(v) for v in coord]
+    return str(values[0]) if len(names) == 1 else " ".join(f"{k}={v}" for k, v in zip(names, values))
+
+
+def _knob_cell(match: list[dict], ref: Measured | None, fastest: float | None) -> Shown:
+    ok = [r for r in match if r.get("status") == "ok"]
+    if not ok:
+        return text_cell(match[0]["status"] if match else "-")
+    best = min(ok, key=lambda r: r["ms"])
+    speedup = [] if ref is None else [f"{ref.ms / best['ms']:.3f}x"]
+    noisy = best.get("cv") is not None and best["cv"] > analysis.NOISY_CV
+    return Shown((f"{fmt_ms(best['ms'])} ms", *speedup), best["ms"] == fastest, NOISY if noisy else "")
+
+
+def sensitivity_record(row: dict, ref: Measured | None) -> dict:
+    ok = row.get("status") == "ok"
+    return Group.of(row).fields() | {
+        "tokens": row["tokens"], "strategy": row["strategy"], "knobs": row["knobs"], "status": row["status"],
+        "ms": row.get("ms"), "cv": row.get("cv"),
+        "speedup": ref.ms / row["ms"] if ok and ref is not None else None, "error": row.get("error"),
+    }
+
+
+def sensitivity_view(store: Store, strategy: str, tokens: int) -> tuple[list[Grid], list[dict], str]:
+    """The grids, their records and their legend."""
+    rows = sensitivity_rows(store, strategy, tokens)
+    points = analysis.by_point(store.measured)
+    grids, records = [], []
+    groups = sorted({Group.of(r) for r in rows}, key=lambda g: g.label())
+    for group in groups:
+        mine = [r for r in rows if Group.of(r) == group]
+        batch = tuple(mine[0].get("batch") or (tokens,))  # the reference must be of the same batch
+        ref = analysis.reference(m for m in points.get(group, {}).get(tokens, []) if m.batch == batch)
+        grids.append(sensitivity_grid(group, mine, ref))
+        records += [sensitivity_record(r, ref) for r in mine]
+    return grids, records, sensitivity_legend(groups)
+
+
