@@ -144,6 +144,23 @@ def _rank_main(rank, world, max_tokens, hidden, calls, rounds, bufs, pads, weigh
             res_all[rnd, rank, a:b], out_all[rnd, rank, a:b] = residual, out
 
 
+def _run_forked(target, world: int, args: tuple, timeout: float, stuck: str) -> None:
+    """target(rank, *args) on `world` forked processes (interpreted ranks sharing memory); fails
+    naming the ranks still waiting after `timeout` s (`stuck` says on what) or a rank that failed."""
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=target, args=(r, *args)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=timeout)
+    hung = [p.pid for p in procs if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert not hung, f"ranks {hung} still waiting after {timeout:g} s{stuck}"
+    assert [p.exitcode for p in procs] == [0] * world, "a rank failed (its traceback is in the captured stderr)"
+
+
 def _emulate(world: int, hidden: int, calls: list[tuple[int, int, int]], rounds: int = 2) -> None:
     max_tokens = max(b for _, b, _ in calls) + 2  # the last rows are never in a range
     rows = arn.buffer_rows(max_tokens, world)
@@ -154,19 +171,8 @@ def _emulate(world: int, hidden: int, calls: list[tuple[int, int, int]], rounds:
     res_all = torch.full((rounds, world, max_tokens, hidden), float("nan")).share_memory_()
     out_all = torch.full((rounds, world, max_tokens, hidden), float("nan")).share_memory_()
 
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_rank_main, args=(r, world, max_tokens, hidden, calls, rounds, bufs, pads,
-                                                   weight, res_all, out_all)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-    hung = [p.pid for p in procs if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert not hung, f"ranks {hung} still waiting after 120 s: a barrier never met"
-    assert [p.exitcode for p in procs] == [0] * world, "a rank failed (its traceback is in the captured stderr)"
+    _run_forked(_rank_main, world, (world, max_tokens, hidden, calls, rounds, bufs, pads, weight, res_all, out_all),
+                120, ": a barrier never met")
 
     for rnd in range(rounds):
         for a, b, ctas in calls:
@@ -278,19 +284,8 @@ def _emulate_v2(world: int, hidden: int, calls: list[tuple[int, int, int]], roun
     weight = _fresh(77, hidden)
     res_all = torch.full((rounds, world, max_tokens, hidden), float("nan")).share_memory_()
     out_all = torch.full((rounds, world, max_tokens, hidden), float("nan")).share_memory_()
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_rank_main_v2, args=(r, world, max_tokens, hidden, calls, rounds, bufs, flags,
-                                                      weight, res_all, out_all)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-    hung = [p.pid for p in procs if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert not hung, f"ranks {hung} still waiting after 120 s: a flag never came"
-    assert [p.exitcode for p in procs] == [0] * world, "a rank failed (its traceback is in the captured stderr)"
+    _run_forked(_rank_main_v2, world, (world, max_tokens, hidden, calls, rounds, bufs, flags, weight, res_all, out_all),
+                120, ": a flag never came")
     for rnd in range(rounds):
         for a, b, ctas in calls:
             total = sum(_partial(rnd, r, a, b, hidden) for r in range(world))
@@ -387,19 +382,7 @@ def test_emulated_strategies_with_kernel_v2_match_the_reference() -> None:
     bufs = [_fresh(50 + r, v2.buffer_rows(tokens, world), _V2_SHAPE.hidden).share_memory_() for r in range(world)]
     flags = [torch.zeros(v2.FLAG_SLOTS, dtype=torch.int32).share_memory_() for _ in range(world)]
     outs = torch.full((len(settings), world, tokens, _V2_SHAPE.hidden), float("nan")).share_memory_()
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_rank_strategies_v2, args=(r, world, bufs, flags, tokens, settings, outs))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=300)
-    hung = [p.pid for p in procs if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert not hung, f"ranks {hung} still waiting after 300 s"
-    assert [p.exitcode for p in procs] == [0] * world, "a rank failed (its traceback is in the captured stderr)"
+    _run_forked(_rank_strategies_v2, world, (world, bufs, flags, tokens, settings, outs), 300, "")
     ref = reference_forward(_V2_SHAPE, 2, world, _V2_SEQS, seed=0)
     for i, (name, _) in enumerate(settings):
         for r in range(world):
