@@ -62,6 +62,32 @@ def ranks_of(group, hidden: int, dtype: torch.dtype) -> tuple[int, int]:
     return world, rank
 
 
+def check_call(row_start: int, row_end: int, max_tokens: int, num_ctas: int, hidden: int,
+               dtype: torch.dtype | None, **rows: torch.Tensor | None) -> None:
+    """One call's arguments, for every all-reduce + norm engine: a row range inside the buffers,
+    a CTA budget in 1..MAX_CTAS, and each given tensor [rows, hidden] (of `dtype` unless None)
+    with unit column stride."""
+    n_rows = row_end - row_start
+    if not 0 <= row_start <= row_end <= max_tokens:
+        raise ValueError(f"rows [{row_start}, {row_end}) outside [0, {max_tokens})")
+    if not 1 <= num_ctas <= MAX_CTAS:
+        raise ValueError(f"num_ctas={num_ctas} outside 1..{MAX_CTAS}")
+    for name, t in rows.items():
+        if t is not None and (t.shape != (n_rows, hidden) or (dtype is not None and t.dtype != dtype)
+                              or (n_rows and t.stride(1) != 1)):
+            of = "" if dtype is None else f" {dtype}"
+            raise ValueError(f"{name} must be [{n_rows}, {hidden}]{of} with unit column stride")
+
+
+def peer_offsets(sym, device: torch.device) -> torch.Tensor:
+    """int64 [world]: where each rank's copy of `sym` (a runtime.SymmetricBuffer) lies relative to
+    this rank's, in 16-byte units, the kernels' addressing; refuses copies not 16-byte aligned."""
+    ptrs = sym.peer_ptrs()
+    if any((p - ptrs[sym.rank]) % 16 for p in ptrs):
+        raise RuntimeError("symmetric buffers are not 16-byte aligned relative to each other")
+    return torch.tensor([(p - ptrs[sym.rank]) // 16 for p in ptrs], dtype=torch.int64, device=device)
+
+
 def buffer_rows(max_tokens: int, world: int) -> int:
     """Rows of the symmetric buffer: the partials, then world-1 staging slots."""
     return max_tokens + (world - 1) * slot_rows(max_tokens, world)
@@ -242,13 +268,7 @@ def reduce_norm(
 ) -> torch.Tensor:
     """Launch the kernel on rows [row_start, row_end) (see AllReduceNorm.__call__)."""
     n_rows, hidden = row_end - row_start, sym.buf.shape[1]
-    if not 0 <= row_start <= row_end <= sym.max_tokens:
-        raise ValueError(f"rows [{row_start}, {row_end}) outside [0, {sym.max_tokens})")
-    if not 1 <= num_ctas <= MAX_CTAS:
-        raise ValueError(f"num_ctas={num_ctas} outside 1..{MAX_CTAS}")
-    for name, t in (("residual", residual), ("out", out)):
-        if t.shape != (n_rows, hidden) or t.dtype != sym.buf.dtype or (n_rows and t.stride(1) != 1):
-            raise ValueError(f"{name} must be [{n_rows}, {hidden}] {sym.buf.dtype} with unit column stride")
+    check_call(row_start, row_end, sym.max_tokens, num_ctas, hidden, sym.buf.dtype, residual=residual, out=out)
     if n_rows == 0:
         return out
     til = tiling(sym.world, hidden, sym.buf.element_size(), step_bytes)
@@ -284,12 +304,9 @@ class AllReduceNorm:
         handle = sym.handle
         # The flags must start at 0 (a pooled allocation may reuse a pad); raises if the pad is smaller.
         handle.get_signal_pad(rank, [SIGNAL_SLOTS], torch.int32).zero_()
-        ptrs = sym.peer_ptrs()
-        if any((p - ptrs[rank]) % 16 for p in ptrs):
-            raise RuntimeError("symmetric buffers are not 16-byte aligned relative to each other")
         self._sym = SymmetricRows(
             buf=sym.tensor.view(rows, hidden),
-            peer_off=torch.tensor([(p - ptrs[rank]) // 16 for p in ptrs], dtype=torch.int64, device=device),
+            peer_off=peer_offsets(sym, device),
             pad_ptrs=torch.tensor(list(handle.signal_pad_ptrs), dtype=torch.int64, device=device),
             rank=rank,
             world=world,

@@ -41,7 +41,17 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from kernels.allreduce_norm import MAX_CTAS, MAX_WORLD, STEP_BYTES, _row_block, ranks_of, row_block, slot_rows
+from kernels.allreduce_norm import (
+    MAX_CTAS,
+    MAX_WORLD,
+    STEP_BYTES,
+    _row_block,
+    check_call,
+    peer_offsets,
+    ranks_of,
+    row_block,
+    slot_rows,
+)
 from kernels.rmsnorm import rmsnorm_rows
 
 FLAG_SLOTS = 2 * MAX_CTAS * MAX_WORLD  # arrive[cta][src], then done[cta][src]
@@ -193,13 +203,7 @@ def reduce_norm(sym: SymmetricRowsV2, row_start: int, row_end: int, residual: to
                 eps: float, out: torch.Tensor | None, num_ctas: int, step_bytes: int = STEP_BYTES) -> torch.Tensor:
     """Launch the kernel on rows [row_start, row_end) (see AllReduceNormV2.__call__)."""
     n_rows, hidden = row_end - row_start, sym.buf.shape[1]
-    if not 0 <= row_start <= row_end <= sym.max_tokens:
-        raise ValueError(f"rows [{row_start}, {row_end}) outside [0, {sym.max_tokens})")
-    if not 1 <= num_ctas <= MAX_CTAS:
-        raise ValueError(f"num_ctas={num_ctas} outside 1..{MAX_CTAS}")
-    for name, t in (("residual", residual), ("out", out)):
-        if t is not None and (t.shape != (n_rows, hidden) or t.dtype != sym.buf.dtype or (n_rows and t.stride(1) != 1)):
-            raise ValueError(f"{name} must be [{n_rows}, {hidden}] {sym.buf.dtype} with unit column stride")
+    check_call(row_start, row_end, sym.max_tokens, num_ctas, hidden, sym.buf.dtype, residual=residual, out=out)
     if n_rows == 0:
         return sym.landed(row_start, row_end) if out is None else out
     til = tiling(sym.world, hidden, sym.buf.element_size(), step_bytes)
@@ -235,12 +239,9 @@ class AllReduceNormV2:
         data = symmetric_buffer(rows * hidden, dtype, device, group)
         flags = symmetric_buffer(FLAG_SLOTS, torch.int32, device, group)
         flags.tensor.zero_()
-        ptrs = data.peer_ptrs()
-        if any((p - ptrs[rank]) % 16 for p in ptrs):
-            raise RuntimeError("symmetric buffers are not 16-byte aligned relative to each other")
         self._sym = SymmetricRowsV2(
             buf=data.tensor.view(rows, hidden),
-            peer_off=torch.tensor([(p - ptrs[rank]) // 16 for p in ptrs], dtype=torch.int64, device=device),
+            peer_off=peer_offsets(data, device),
             flag_ptrs=torch.tensor(flags.peer_ptrs(), dtype=torch.int64, device=device),
             rank=rank, world=world, max_tokens=max_tokens,
         )

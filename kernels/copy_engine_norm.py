@@ -36,10 +36,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.allreduce_norm import MAX_WORLD, row_block, slot_rows
+from kernels.allreduce_norm import MAX_WORLD, check_call, row_block, slot_rows
 from kernels.rmsnorm import rmsnorm_rows
 
-MAX_CTAS = 64  # the CTA budget's bound (overlapbench.knobs.MAX_COMM_CTAS)
 TILE_ELEMS = 16384  # elements per tensor one CTA loads per step (32 KiB of bf16): all in flight at once
 
 
@@ -194,12 +193,7 @@ class CopyEngineNorm:
         """Reduce rows [row_start, row_end) of the partials over ranks; on this rank's own rows
         (own_rows) residual += sum; out = rmsnorm(residual) * weight on every row, every rank."""
         n, h = row_end - row_start, self.hidden
-        self._check_rows(row_start, row_end)
-        if not 1 <= num_ctas <= MAX_CTAS:
-            raise ValueError(f"num_ctas={num_ctas} outside 1..{MAX_CTAS}")
-        for name, t in (("residual", residual), ("out", out)):
-            if t.shape != (n, h) or (n and t.stride(1) != 1):
-                raise ValueError(f"{name} must be [{n}, {h}] with unit column stride")
+        check_call(row_start, row_end, self.max_tokens, num_ctas, h, None, residual=residual, out=out)
         if n and out.stride(0) != h:
             raise ValueError("out must be dense rows: the copy engines write row ranges of it")
         if n == 0:
