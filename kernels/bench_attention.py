@@ -26,7 +26,7 @@ if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapben
 
 import torch
 
-from overlapbench import attention, attention_kernels
+from overlapbench import attention, attention_kernels, measure
 from overlapbench.layer import KVBuffer, token_range, whole_batch
 from overlapbench.models import preset
 from overlapbench.strategies import iso
@@ -69,14 +69,7 @@ def timed_graph(fn, iters: int, warmup: int) -> tuple[float, float, float]:
             times.append((time.perf_counter() - start) * 1e3)
         ms = torch.tensor(times)
         return ms.median().item(), ms.quantile(0.1).item(), ms.quantile(0.9).item()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph = measure.capture(fn, warmup=1)
     for _ in range(warmup):
         graph.replay()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]

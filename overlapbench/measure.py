@@ -33,20 +33,25 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float(err) if torch.isfinite(err) else float("inf")
 
 
-def _capture(step: Step, x: torch.Tensor):
-    """A replay function for the step's CUDA graph (warm-up on a side stream first, as CUDA
-    graphs require)."""
+def capture(fn: Callable[[], object], warmup: int = 2) -> torch.cuda.CUDAGraph:
+    """`fn` captured in a CUDA graph, after `warmup` calls on a side stream (as capture requires).
+    The caller keeps the graph (and what `fn` reads and writes) alive while it replays it."""
     warm = torch.cuda.Stream()
     warm.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(warm):
-        for _ in range(2):
-            step.forward(x)
+        for _ in range(warmup):
+            fn()
     torch.cuda.current_stream().wait_stream(warm)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        step.forward(x)
+        fn()
     torch.cuda.synchronize()
-    return graph.replay
+    return graph
+
+
+def _capture(step: Step, x: torch.Tensor):
+    """A replay function for the step's CUDA graph."""
+    return capture(lambda: step.forward(x)).replay
 
 
 def runner(step: Step, x: torch.Tensor, graphs: bool) -> tuple[Callable[[], object], bool, str | None]:

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from overlapbench import attention, attention_kernels  # noqa: E402
+from overlapbench import attention, attention_kernels, measure  # noqa: E402
 from overlapbench.models import PRESETS  # noqa: E402
 from overlapbench.runtime import apply_safe_env  # noqa: E402
 from tests import distributed  # noqa: E402
@@ -88,14 +88,7 @@ def test_split_chunks_match_masked_softmax(model, split, graph):
             attention.causal_attention(c.attention, cq, ck, cv, kv.k, kv.v, out=o)
 
     if graph:  # as the sweep times it: warmed on a side stream, captured, replayed
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            step()
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            step()
+        g = measure.capture(step, warmup=1)
         for o in outs:
             o.zero_()
         g.replay()

@@ -10,7 +10,7 @@ import statistics
 
 import pytest
 
-from overlapbench import interleave
+from overlapbench import interleave, measure
 from overlapbench.interleave import Plan
 from overlapbench.spec import Measure
 
@@ -30,15 +30,7 @@ def gemm_chain(length: int, m: int = 2048, n: int = 8192, k: int = 8192):
         for _ in range(length):
             torch.matmul(a, w, out=out)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        chain()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        chain()
-    torch.cuda.synchronize()
+    graph = measure.capture(chain, warmup=1)
     return graph.replay, (a, w, out, graph)
 
 
