@@ -9,7 +9,14 @@ from overlapbench.errors import UserError, did_you_mean
 
 @dataclass(frozen=True)
 class ModelShape:
-    """One decoder layer's dimensions (Llama-style, grouped-query attention)."""
+    """One decoder layer's dimensions (Llama-style, grouped-query attention).
+
+    The attention details of the deployed models ride along: `qkv_bias` (Qwen2, and configs that
+    set `attention_bias`) and `qk_norm` (Qwen3's per-head RMSNorm of q and k before RoPE). A shape
+    with `experts` > 0 is a mixture-of-experts layer: each token goes to its `top_k` experts, each
+    an FFN of width `expert_ffn` (sharded over the TP ranks like the dense FFN); `ffn` is then the
+    config's dense width, which the layer does not use.
+    """
 
     hidden: int
     ffn: int
@@ -18,12 +25,31 @@ class ModelShape:
     head_dim: int
     eps: float = 1e-5
     rope_theta: float = 500000.0
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    experts: int = 0  # 0: a dense MLP
+    top_k: int = 0
+    expert_ffn: int = 0
 
     def __post_init__(self) -> None:
         for name in ("hidden", "ffn", "heads", "kv_heads", "head_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise UserError(f"shape.{name}: must be a positive integer, got {value!r}")
+        for name in ("qkv_bias", "qk_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise UserError(f"shape.{name}: must be true or false, got {getattr(self, name)!r}")
+        for name in ("experts", "top_k", "expert_ffn"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise UserError(f"shape.{name}: must be an integer >= 0, got {value!r}")
+        if self.experts and not (1 <= self.top_k <= self.experts and self.expert_ffn):
+            raise UserError(
+                f"shape.top_k: a MoE shape (experts={self.experts}) needs 1 <= top_k <= experts "
+                f"and expert_ffn > 0, got top_k={self.top_k}, expert_ffn={self.expert_ffn}"
+            )
+        if not self.experts and (self.top_k or self.expert_ffn):
+            raise UserError("shape.experts: top_k and expert_ffn are for MoE shapes; set experts > 0 or drop them")
         if self.heads % self.kv_heads:
             raise UserError(
                 f"shape.kv_heads: {self.kv_heads} must divide shape.heads={self.heads}"
@@ -33,14 +59,23 @@ class ModelShape:
         if not self.eps > 0:
             raise UserError(f"shape.eps: must be positive, got {self.eps!r}")
 
+    @property
+    def moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def mlp_width(self) -> int:
+        """The width the layer's MLP shards over the TP ranks: each expert's, or the dense one."""
+        return self.expert_ffn if self.moe else self.ffn
+
     def check_tp(self, tp: int) -> None:
-        """Megatron sharding needs tp to divide heads, kv_heads and ffn."""
-        for name in ("heads", "kv_heads", "ffn"):
+        """Megatron sharding needs tp to divide heads, kv_heads and the MLP's width."""
+        for name in ("heads", "kv_heads", "expert_ffn" if self.moe else "ffn"):
             value = getattr(self, name)
             if value % tp:
                 raise UserError(
                     f"tp: {tp} does not divide shape.{name}={value}; "
-                    f"choose a tp that divides heads, kv_heads and ffn"
+                    f"choose a tp that divides heads, kv_heads and {name}"
                 )
 
     def as_dict(self) -> dict:
