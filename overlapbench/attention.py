@@ -14,6 +14,10 @@ exactly the lower-right amount. All runs of a chunk go into one call each (batch
 their lengths are equal, varlen otherwise), not a loop over sequences; the geometry is planned
 once, at build (`ChunkPlan`), so nothing is copied to the device while a CUDA graph is captured.
 
+Decode tokens of a mixed batch each attend to their own sequence's KV cache: one query over
+context + 1 keys, no mask. All of a chunk's decode tokens go into ONE batched call
+(`decode_attention`: batch = decode tokens, one query each, K/V with their own kv heads).
+
 The kernel is picked once per (device, dtype, heads) by what this GPU and torch can do, checked
 against a float32 reference (`attention_kernels.select`); `recording()` collects the names of
 the paths that ran, for the result rows.
@@ -149,6 +153,23 @@ def causal_attention(
         done = p.rows.stop
     if done < rows:
         out3[done:].copy_(o_own[done:])
+    return out
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """Each decode token's query over its own cache, one batched call -> [tokens, heads * head_dim].
+
+    q [tokens, Hq, D]; k_cache/v_cache [tokens, keys, Hkv, D] (token i's keys are row i's).
+    """
+    tokens, heads, dim = q.shape
+    kernel = kernels.select(q.device, q.dtype, heads, k_cache.shape[2], dim)
+    if out is None:
+        out = torch.empty(tokens, heads * dim, dtype=q.dtype, device=q.device)
+    if tokens == 0:
+        return out
+    _note(kernel.decode_path)
+    out.view(tokens, heads, dim).copy_(kernel.decode(q, k_cache, v_cache))
     return out
 
 

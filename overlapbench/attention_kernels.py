@@ -6,7 +6,11 @@ Each kernel computes, for packed runs of rows (`Ragged`: lengths and cumulative 
     cross(q, k, v, q_runs, k_runs)   each run's queries over its keys, no mask;
 
 returning the output [rows, Hq, D] and the natural-log log-sum-exp of the scaled scores
-[Hq, rows] (any strides), with K/V of fewer heads than q taken as they are (GQA).
+[Hq, rows] (any strides), with K/V of fewer heads than q taken as they are (GQA), and
+
+    decode(q, k_cache, v_cache)      n decode queries [n, Hq, D], each over its own cache
+                                     [n, keys, Hkv, D], no mask: one batched call (`decode_path`
+                                     names it: math_decode, flash_decode, cudnn_decode, sdpa_decode).
 
   * `cudnn`: PyTorch's private cuDNN attention op, the whole-sequence kernel on Hopper; one
     dense call for one run, one batched call for runs of equal lengths, PyTorch's flash varlen
@@ -76,9 +80,66 @@ def softmax_attention(q, k, v, causal: bool) -> tuple[torch.Tensor, torch.Tensor
     return out.reshape(sq, hq, d).to(q.dtype), lse.reshape(hq, sq)
 
 
+def decode_reference(q, k, v) -> torch.Tensor:
+    """n decode queries over their caches in float32, batched: q [n, Hq, D], k/v [n, S, Hkv, D]."""
+    n, hq, d = q.shape
+    hkv = k.shape[2]
+    qf = q.float().reshape(n, hkv, hq // hkv, d)  # q head h reads kv head h // (hq // hkv)
+    scores = torch.einsum("nhgd,nshd->nhgs", qf, k.float()) / math.sqrt(d)
+    out = torch.einsum("nhgs,nshd->nhgd", scores.softmax(dim=-1), v.float())
+    return out.reshape(n, hq, d).to(q.dtype)
+
+
+def _flash_decode(q, k, v) -> torch.Tensor:
+    """PyTorch's flash kernel, dense batch: q as [n, 1, Hq, D] over the caches as they are
+    ([n, S, Hkv, D], GQA native); flash splits the keys across CTAs for one-row queries."""
+    return torch.ops.aten._flash_attention_forward(
+        q.unsqueeze(1), k, v, None, None, 1, k.shape[1], 0.0, False, False, scale=1 / math.sqrt(q.shape[-1]))[0].squeeze(1)
+
+
+def _cudnn_decode(q, k, v) -> torch.Tensor:
+    """cuDNN's attention with batch = decode tokens, one query each (K/V as strided views)."""
+    out = torch.ops.aten._scaled_dot_product_cudnn_attention(
+        q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2), None, False, 0.0, False, False,
+        scale=1 / math.sqrt(q.shape[-1]))[0]
+    return out.squeeze(2)
+
+
+def _sdpa_decode(q, k, v) -> torch.Tensor:
+    """SDPA with batch = decode tokens (PyTorch picks the backend; GQA without repeating K/V)."""
+    return F.scaled_dot_product_attention(q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True).squeeze(2)
+
+
+DECODE_PATHS = {"flash_decode": _flash_decode, "cudnn_decode": _cudnn_decode, "sdpa_decode": _sdpa_decode}
+
+
+def _decode_passes(fn, device, dtype, hq: int, hkv: int, d: int) -> bool:
+    """Whether fn matches the float32 reference on a small decode batch (caches sliced from a
+    larger one, as the layer slices its cache)."""
+    try:
+        g = torch.Generator(device=device).manual_seed(4321)
+        q = torch.randn(5, hq, d, generator=g, device=device).to(dtype)
+        k = torch.randn(7, 78, hkv, d, generator=g, device=device).to(dtype)[1:6]
+        v = torch.randn(7, 78, hkv, d, generator=g, device=device).to(dtype)[1:6]
+        out, ref = fn(q, k, v).float(), decode_reference(q, k, v).float()
+        return out.shape == ref.shape and ((out - ref).norm() / ref.norm()).item() < 2e-2
+    except Exception:
+        return False
+
+
+def decode_path(device, dtype, hq: int, hkv: int, d: int) -> str:
+    """The first decode kernel that passes its check here (sdpa_decode, the fallback, unchecked)."""
+    return next((name for name, fn in DECODE_PATHS.items() if _decode_passes(fn, device, dtype, hq, hkv, d)),
+                "sdpa_decode")
+
+
 class MathKernel:
     name = "math"
     has_lse = True
+    decode_path = "math_decode"
+
+    def decode(self, q, k, v):
+        return decode_reference(q, k, v)
 
     def path(self, q_runs: Ragged, k_runs: Ragged) -> str:
         return self.name
@@ -156,8 +217,13 @@ class CudnnKernel:
     name = "cudnn"
     has_lse = True
 
-    def __init__(self, dense: LseReading, batched: bool, varlen: LseReading | None, contiguous_v: bool) -> None:
+    def __init__(self, dense: LseReading, batched: bool, varlen: LseReading | None, contiguous_v: bool,
+                 decode_path: str = "sdpa_decode") -> None:
         self.dense, self.batched, self.varlen, self.contiguous_v = dense, batched, varlen, contiguous_v
+        self.decode_path = decode_path  # the decode kernel that passed its check (DECODE_PATHS)
+
+    def decode(self, q, k, v):
+        return DECODE_PATHS[self.decode_path](q, k, v)
 
     def path(self, q_runs: Ragged, k_runs: Ragged) -> str:
         if len(q_runs.lengths) <= 1:
@@ -204,6 +270,10 @@ class SdpaKernel:
 
     name = "sdpa"
     has_lse = False
+    decode_path = "sdpa_decode"
+
+    def decode(self, q, k, v):
+        return _sdpa_decode(q, k, v)
 
     def lower_right(self, plan, q, k, v, kv_k, kv_v, out):
         from torch.nn.attention.bias import causal_lower_right
@@ -290,7 +360,8 @@ def _cudnn_kernel(device, dtype, hq: int, hkv: int, d: int) -> CudnnKernel | Non
                           device, dtype, hq, hkv, d, [64, 64, 64], [40, 40, 40])
         varlen = _passes(lambda q, k, v, rq, rk, causal: _flash_varlen(q, k, fix(v), rq, rk, causal),
                          device, dtype, hq, hkv, d, [77, 130, 5], [45, 3, 200])
-        return CudnnKernel(dense, batched == LseReading(True, dense.log2), varlen, contiguous_v)
+        return CudnnKernel(dense, batched == LseReading(True, dense.log2), varlen, contiguous_v,
+                           decode_path(device, dtype, hq, hkv, d))
     return None
 
 

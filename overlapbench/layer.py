@@ -14,13 +14,13 @@ its model.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-from overlapbench.attention import ChunkPlan, causal_attention
+from overlapbench.attention import ChunkPlan, causal_attention, decode_attention
 from overlapbench.models import ModelShape
 
 # ---------------------------------------------------------------------------------------------
@@ -184,14 +184,84 @@ class Segment:
 
 
 @dataclass
+class DecodeCache:
+    """The decode tokens' KV cache on one rank: per layer, keys and values of `tokens` sequences
+    of `context` cached tokens each, [tokens, context + 1, kv_heads, head_dim] (one sequence per
+    batch entry, as one query attends to it), with one slot past the context for the new token,
+    which each step writes in place before attending over all context + 1 keys."""
+
+    tokens: int
+    context: int
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+
+    def attend(self, layer: int, rows: DecodeRows, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               out: torch.Tensor) -> torch.Tensor:
+        """Store the rows' new keys and values in their slot, then one batched attention call of
+        their queries over their caches, into `out` [rows, heads * head_dim]."""
+        tokens = slice(rows.first, rows.first + rows.length)
+        cache_k, cache_v = self.k[layer][tokens], self.v[layer][tokens]
+        cache_k[:, self.context] = k
+        cache_v[:, self.context] = v
+        return decode_attention(q, cache_k, cache_v, out)
+
+
+def build_decode_cache(
+    shape: ModelShape,
+    num_layers: int,
+    tp: int,
+    rank: int | None,
+    tokens: int,
+    context: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int = 0,
+) -> DecodeCache:
+    """Rank `rank`'s KV-head shard of the cache (`rank=None`: all shards joined, for the reference),
+    seeded per (layer, shard) as the weights are, so both see the same keys and values.
+
+    Memory per layer and rank: 2 x tokens x (context + 1) x kv_heads / tp x head_dim elements
+    (512 tokens at 4096 context, 4 kv heads of 128 in bf16: 1 GiB each for K and V)."""
+    shards = range(tp) if rank is None else [rank]
+    heads = shape.kv_heads // tp
+
+    def make(layer: int, name: str) -> torch.Tensor:
+        parts = [
+            seeded_randn((tokens, context + 1, heads, shape.head_dim), stable_seed(seed, layer, name, s), device, 1.0).to(dtype)
+            for s in shards
+        ]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+
+    layers = range(num_layers)
+    return DecodeCache(tokens, context, [make(i, "cache_k") for i in layers], [make(i, "cache_v") for i in layers])
+
+
+@dataclass(frozen=True)
+class DecodeRows:
+    """`length` rows at the front of a chunk: decode tokens [first, first + length) of the batch,
+    each the next token (position `context`) of its own sequence, whose keys and values are in
+    `cache`."""
+
+    length: int
+    first: int
+    cache: DecodeCache = field(compare=False, repr=False)
+
+    @property
+    def context(self) -> int:
+        return self.cache.context
+
+
+@dataclass
 class Chunk:
-    """Rows [begin, end) of the stack's token layout, with their sequences and positions."""
+    """Rows [begin, end) of the stack's token layout, with their sequences and positions: the
+    decode rows first (if any), then the prefill segments."""
 
     begin: int
     end: int
     segments: tuple[Segment, ...]
     positions: torch.Tensor  # [rows] position of each row in its sequence
-    attention: ChunkPlan  # its attention's geometry, planned once (overlapbench/attention.py)
+    attention: ChunkPlan  # its prefill rows' attention geometry, planned once (overlapbench/attention.py)
+    decode: DecodeRows | None = None
 
     @property
     def rows(self) -> slice:
@@ -202,12 +272,16 @@ class Chunk:
         return self.end - self.begin
 
 
-def sequence_starts(seq_lens: tuple[int, ...]) -> list[int]:
-    starts, total = [], 0
+def sequence_starts(seq_lens: tuple[int, ...], offset: int = 0) -> list[int]:
+    starts, total = [], offset
     for n in seq_lens:
         starts.append(total)
         total += n
     return starts
+
+
+def decode_tokens(decode: DecodeCache | None) -> int:
+    return 0 if decode is None else decode.tokens
 
 
 def make_chunk(
@@ -216,16 +290,26 @@ def make_chunk(
     begin: int,
     device,
     kv_rows: list[int] | None = None,
+    decode: DecodeCache | None = None,
+    decode_range: tuple[int, int] | None = None,
 ) -> Chunk:
-    """A chunk beginning at layout row `begin` made of `pieces` (sequence, start, end), in order.
+    """A chunk beginning at layout row `begin`: decode tokens [lo, hi) of `decode` (`decode_range`;
+    none when absent or empty), then `pieces` (sequence, start, end) of the prefill sequences, in order.
 
     `kv_rows[i]`: the KV-buffer row of sequence i's position 0. By default the buffer is in the
-    batch's natural layout (sequences back to back); a split whose first chunk holds every
-    sequence's prefix (iso) passes that chunk's rows, so the prefixes lie back to back there
-    and the second chunk's prefix attention is one ragged call.
+    batch's natural layout (decode tokens, then sequences back to back); a split whose first chunk
+    holds every sequence's prefix (iso) passes that chunk's rows, so the prefixes lie back to back
+    there and the second chunk's prefix attention is one ragged call.
     """
-    kv_rows = sequence_starts(seq_lens) if kv_rows is None else kv_rows
-    segments, positions, row = [], [], 0
+    kv_rows = sequence_starts(seq_lens, decode_tokens(decode)) if kv_rows is None else kv_rows
+    rows_of_decode = None
+    positions = []
+    if decode is not None and decode_range is not None and decode_range[1] > decode_range[0]:
+        lo, hi = decode_range
+        rows_of_decode = DecodeRows(hi - lo, lo, decode)
+        positions.append(torch.full((hi - lo,), decode.context, dtype=torch.long))
+    first = 0 if rows_of_decode is None else rows_of_decode.length
+    segments, row = [], first
     for seq, start, end in pieces:
         if end <= start:
             continue
@@ -234,21 +318,24 @@ def make_chunk(
         row += end - start
     pos = torch.cat(positions) if positions else torch.empty(0, dtype=torch.long)
     segments = tuple(segments)
-    return Chunk(begin, begin + row, segments, pos.to(device), ChunkPlan.of(segments, row, device))
+    plan = ChunkPlan.of(tuple(replace(s, row=s.row - first) for s in segments), row - first, device)
+    return Chunk(begin, begin + row, segments, pos.to(device), plan, rows_of_decode)
 
 
-def whole_batch(seq_lens: tuple[int, ...], device) -> Chunk:
-    return make_chunk(seq_lens, [(i, 0, n) for i, n in enumerate(seq_lens)], 0, device)
+def whole_batch(seq_lens: tuple[int, ...], device, decode: DecodeCache | None = None) -> Chunk:
+    return token_range(seq_lens, 0, sum(seq_lens) + decode_tokens(decode), device, decode)
 
 
-def token_range(seq_lens: tuple[int, ...], begin: int, end: int, device) -> Chunk:
-    """The rows [begin, end) of the flattened batch: cuts sequences wherever the range does."""
+def token_range(seq_lens: tuple[int, ...], begin: int, end: int, device, decode: DecodeCache | None = None) -> Chunk:
+    """The rows [begin, end) of the flattened batch (decode tokens first, then the sequences):
+    cuts sequences, or the decode tokens, wherever the range does."""
+    first = decode_tokens(decode)
     pieces = []
-    for seq, (first, n) in enumerate(zip(sequence_starts(seq_lens), seq_lens)):
-        lo, hi = max(begin, first), min(end, first + n)
+    for seq, (start, n) in enumerate(zip(sequence_starts(seq_lens, first), seq_lens)):
+        lo, hi = max(begin, start), min(end, start + n)
         if lo < hi:
-            pieces.append((seq, lo - first, hi - first))
-    return make_chunk(seq_lens, pieces, begin, device)
+            pieces.append((seq, lo - start, hi - start))
+    return make_chunk(seq_lens, pieces, begin, device, decode=decode, decode_range=(begin, min(end, first)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -342,13 +429,25 @@ def attend(
     chunk: Chunk,
     kv: KVBuffer | None,
     out: torch.Tensor | None = None,
+    layer: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of a chunk's rows over their sequences -> [rows, heads * head_dim].
 
     Segments that continue a sequence read its earlier keys and values from `kv`; every
-    segment's own keys are the chunk's k and v (overlapbench/attention.py).
+    segment's own keys are the chunk's k and v (overlapbench/attention.py). Decode rows write
+    their keys and values into layer `layer`'s KV cache and attend over it, in one call.
     """
-    return causal_attention(chunk.attention, q, k, v, None if kv is None else kv.k, None if kv is None else kv.v, out)
+    kv_k, kv_v = (None, None) if kv is None else (kv.k, kv.v)
+    if chunk.decode is None:
+        return causal_attention(chunk.attention, q, k, v, kv_k, kv_v, out)
+    if layer is None:
+        raise ValueError("attend: a chunk with decode rows needs its layer (for that layer's KV cache)")
+    n = chunk.decode.length
+    if out is None:
+        out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
+    chunk.decode.cache.attend(layer, chunk.decode, q[:n], k[:n], v[:n], out[:n])
+    causal_attention(chunk.attention, q[n:], k[n:], v[n:], kv_k, kv_v, out[n:])
+    return out
 
 
 def attention_partial(
@@ -365,7 +464,7 @@ def attention_partial(
     q, k, v = rope_qkv(stack, normed @ w.wqkv.t(), chunk.positions, rope)
     if kv is not None:
         kv.store(chunk, k, v)
-    return torch.matmul(attend(stack, q, k, v, chunk, kv), w.wo.t(), out=out)
+    return torch.matmul(attend(stack, q, k, v, chunk, kv, layer=layer), w.wo.t(), out=out)
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
@@ -454,10 +553,19 @@ def reference_forward(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     seed: int = 0,
+    decode: tuple[int, int] | None = None,
 ) -> torch.Tensor:
-    """The unsharded stack on one process: what every TP strategy must reproduce."""
+    """The unsharded stack on one process: what every TP strategy must reproduce. `decode`:
+    (tokens, context) of a mixed batch's decode tokens, with their KV cache."""
     device = torch.device(device)
     stack = build_stack(shape, num_layers, tp, None, dtype, device, seed)
-    x = random_input(sum(seq_lens), shape.hidden, seed, dtype, device)
-    rope = RopeTable(shape, max(seq_lens), device)
-    return forward_stack(stack, x, whole_batch(seq_lens, device), rope, LocalReducer(shape.eps))
+    cache = None if decode is None else build_decode_cache(shape, num_layers, tp, None, *decode, dtype, device, seed)
+    x = random_input(sum(seq_lens) + decode_tokens(cache), shape.hidden, seed, dtype, device)
+    rope = RopeTable(shape, rope_positions(seq_lens, cache), device)
+    return forward_stack(stack, x, whole_batch(seq_lens, device, cache), rope, LocalReducer(shape.eps))
+
+
+def rope_positions(seq_lens: tuple[int, ...], decode: DecodeCache | tuple[int, int] | None) -> int:
+    """Positions the RoPE table must cover: the longest sequence's, and a decode token's (its context)."""
+    context = decode[1] if isinstance(decode, tuple) else (decode.context if decode is not None else -1)
+    return max(max(seq_lens, default=1), context + 1)

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from overlapbench.knobs import DEFAULT
-from overlapbench.layer import RopeTable, Stack
+from overlapbench.layer import DecodeCache, RopeTable, Stack, decode_tokens
 
 # NVLink multicast stays off unless the user explicitly turned it on: our kernels never need
 # it, and on shared hosts it can take the GPUs down.
@@ -187,13 +187,14 @@ class BuildContext:
 
     runtime: Runtime
     stack: Stack
-    seq_lens: tuple[int, ...]
+    seq_lens: tuple[int, ...]  # the prefill sequences
     rope: RopeTable
     max_tokens: int  # the largest batch of the run: size buffers once, for all points
+    decode: DecodeCache | None = None  # a mixed batch's decode tokens (first in the layout) and their cache
 
     @property
     def tokens(self) -> int:
-        return sum(self.seq_lens)
+        return sum(self.seq_lens) + decode_tokens(self.decode)
 
     @property
     def eps(self) -> float:

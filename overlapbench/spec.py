@@ -174,6 +174,18 @@ class Gemm:
 
 
 @dataclass(frozen=True)
+class Decode:
+    """A mixed batch's decode tokens: `tokens` sequences, each decoding its next token after
+    `context` cached ones."""
+
+    tokens: int
+    context: int
+
+    def as_dict(self) -> dict:
+        return {"tokens": self.tokens, "context": self.context}
+
+
+@dataclass(frozen=True)
 class Point:
     """One measurement: a batch through the stack with one strategy and one knob setting."""
 
@@ -189,15 +201,17 @@ class Point:
     knobs: dict
     workload: str = "layer"
     gemm: Gemm | None = None  # a micro workload's N and K
+    decode: Decode | None = None  # a mixed batch's decode tokens (`batch`: its prefill sequences)
 
     @property
     def tokens(self) -> int:
-        return sum(self.batch)
+        return sum(self.batch) + (self.decode.tokens if self.decode else 0)
 
     @property
     def workload_key(self) -> tuple:
         """Points sharing this key share weights, inputs and the baseline's reference output."""
-        return (self.workload, self.gemm, self.shape, self.tp, self.dtype, self.layers, self.seed, self.batch)
+        return (self.workload, self.gemm, self.shape, self.tp, self.dtype, self.layers, self.seed, self.batch,
+                self.decode)
 
     def key(self) -> str:
         """Identity of the point in a results file (what `--resume` matches on)."""
@@ -211,6 +225,8 @@ class Point:
                 "layers": self.layers,
                 "seed": self.seed,
                 "batch": list(self.batch),
+                # only mixed batches carry it, so the keys of prefill-only points stay as they were
+                **({"decode": self.decode.as_dict()} if self.decode else {}),
                 "strategy": self.strategy,
                 "knobs": self.knobs,
             },
@@ -299,13 +315,18 @@ class SweepSpec:
     dtype: str
     layers: int
     seed: int
-    batches: tuple[tuple[int, ...], ...]
+    batches: tuple[tuple[int, ...], ...]  # each batch's prefill sequence lengths
     strategies: tuple[StrategyGrid, ...]
     measure: Measure = field(default_factory=Measure)
     output: str | None = None
     comm: CommSpec | None = None  # collective microbenchmarks after the layer points
     workload: str = "layer"  # or a micro workload (WORKLOADS), whose GEMM is `gemm`
     gemm: Gemm | None = None
+    decodes: tuple[Decode | None, ...] = ()  # each batch's decode tokens (mixed batches); () for none
+
+    def compositions(self) -> list[tuple[tuple[int, ...], Decode | None]]:
+        """(prefill sequence lengths, decode tokens or None) of each batch, in order."""
+        return list(zip(self.batches, self.decodes or (None,) * len(self.batches), strict=True))
 
     def resolved_dtype(self, cuda: bool) -> str:
         return ("bf16" if cuda else "fp32") if self.dtype == "auto" else self.dtype
@@ -349,8 +370,8 @@ class SweepSpec:
                     settings.append((grid.name, knobs))
         return [
             Point(self.name, self.model, self.shape, tp, dtype, layers, self.seed,
-                  batch, name, knobs, self.workload, self.gemm)
-            for batch in self.batches
+                  batch, name, knobs, self.workload, self.gemm, decode)
+            for batch, decode in self.compositions()
             for name, knobs in settings
         ]
 
@@ -361,28 +382,48 @@ TOP_KEYS = (
 )
 
 
-def _batches(data: dict) -> tuple[tuple[int, ...], ...]:
-    batches: list[tuple[int, ...]] = []
+def _mixed(batch: dict, where: str) -> tuple[tuple[int, ...], Decode]:
+    """`{prefill: [lengths], decode: N, context: C}`: prefill may be empty or absent (decode only)."""
+    reject_unknown_keys(batch, ("prefill", "decode", "context"), where)
+    prefill = batch.get("prefill") or []
+    if isinstance(prefill, int) and not isinstance(prefill, bool):
+        prefill = [prefill]
+    if not isinstance(prefill, list):
+        raise UserError(f"{where}.prefill: must be a list of sequence lengths, got {prefill!r}")
+    lengths = tuple(_positive_int(n, f"{where}.prefill[{j}]") for j, n in enumerate(prefill))
+    for name in ("decode", "context"):
+        if name not in batch:
+            raise UserError(f"{where}.{name}: missing; a mixed batch is {{prefill: [2048], decode: 256, context: 4096}}")
+    return lengths, Decode(_positive_int(batch["decode"], f"{where}.decode"), _positive_int(batch["context"], f"{where}.context"))
+
+
+def _batches(data: dict) -> tuple[tuple[tuple[int, ...], ...], tuple[Decode | None, ...]]:
+    """Each batch's prefill sequence lengths, and its decode tokens (None: prefill only)."""
+    batches: list[tuple[tuple[int, ...], Decode | None]] = []
     tokens = data.get("tokens", [])
     if not isinstance(tokens, list):
         tokens = [tokens]
     for i, n in enumerate(tokens):
-        batches.append((_positive_int(n, f"tokens[{i}]"),))
+        batches.append(((_positive_int(n, f"tokens[{i}]"),), None))
     raw = data.get("batches", [])
     if not isinstance(raw, list):
-        raise UserError("batches: must be a list of batches, each a list of sequence lengths")
+        raise UserError("batches: must be a list of batches, each a list of sequence lengths or {prefill, decode, context}")
     for i, batch in enumerate(raw):
         if isinstance(batch, int) and not isinstance(batch, bool):
             batch = [batch]
+        if isinstance(batch, dict):
+            batches.append(_mixed(batch, f"batches[{i}]"))
+            continue
         if not isinstance(batch, list) or not batch:
-            raise UserError(f"batches[{i}]: must be a non-empty list of sequence lengths")
-        batches.append(tuple(_positive_int(n, f"batches[{i}][{j}]") for j, n in enumerate(batch)))
+            raise UserError(f"batches[{i}]: must be a non-empty list of sequence lengths, or {{prefill: [...], decode: N, context: C}}")
+        batches.append((tuple(_positive_int(n, f"batches[{i}][{j}]") for j, n in enumerate(batch)), None))
     if not batches:
         raise UserError("tokens: no batches; give 'tokens: [1024, ...]' or 'batches: [[512, 512], ...]'")
     if len(set(batches)) != len(batches):
         dup = next(b for b in batches if batches.count(b) > 1)
-        raise UserError(f"tokens: the batch {list(dup)} appears twice; remove the duplicate")
-    return tuple(batches)
+        shown = list(dup[0]) if dup[1] is None else {"prefill": list(dup[0]), **dup[1].as_dict()}
+        raise UserError(f"tokens: the batch {shown} appears twice; remove the duplicate")
+    return tuple(b for b, _ in batches), tuple(d for _, d in batches)
 
 
 def _model(data: dict) -> tuple[str, models.ModelShape]:
@@ -461,6 +502,9 @@ def from_dict(data: Any, name: str, cuda: bool) -> SweepSpec:
         raise UserError(f"output: must be a path ending in .jsonl, got {output!r}")
     grids = _strategy_grids(data.get("strategies"))
     workload, gemm = _workload(data, grids)
+    batches, decodes = _batches(data)
+    if workload != "layer" and any(decodes):
+        raise UserError(f"batches: mixed prefill + decode batches are for the layer workload, not {workload}")
     spec = SweepSpec(
         name=spec_name,
         model=model,
@@ -469,13 +513,14 @@ def from_dict(data: Any, name: str, cuda: bool) -> SweepSpec:
         dtype=dtype,
         layers=layers,
         seed=seed,
-        batches=_batches(data),
+        batches=batches,
         strategies=grids,
         measure=Measure.from_yaml(data.get("measure")),
         output=output,
         comm=CommSpec.from_yaml(data["comm"], cuda) if "comm" in data else None,
         workload=workload,
         gemm=gemm,
+        decodes=decodes if any(decodes) else (),
     )
     for grid in spec.strategies:  # expand once now, so bad knobs fail before any launch
         grid.settings()

@@ -26,7 +26,7 @@ from overlapbench import (
     runtime,
     strategies,
 )
-from overlapbench.layer import RopeTable, Stack, build_stack, random_input
+from overlapbench.layer import RopeTable, Stack, build_decode_cache, build_stack, random_input, rope_positions
 from overlapbench.phases import PointFailed, out_of_memory
 from overlapbench.phases import phase as _phase
 from overlapbench.results import SCHEMA
@@ -80,7 +80,12 @@ def _inputs(rt: runtime.Runtime, point: Point, stack: Stack | None, max_tokens: 
         from overlapbench import micro
 
         return micro.build(rt, point, dtype, max_tokens)
-    ctx = runtime.BuildContext(rt, stack, point.batch, RopeTable(point.shape, max(point.batch), rt.device), max_tokens)
+    cache = None
+    if point.decode is not None:  # the decode tokens' KV cache: this rank's kv heads, every layer
+        cache = build_decode_cache(point.shape, point.layers, point.tp, rt.rank, point.decode.tokens,
+                                   point.decode.context, dtype, rt.device, point.seed)
+    rope = RopeTable(point.shape, rope_positions(point.batch, cache), rt.device)
+    ctx = runtime.BuildContext(rt, stack, point.batch, rope, max_tokens, cache)
     # The attention kernel is picked (and checked) now, never while a CUDA graph is captured.
     attention_kernels.select(rt.device, dtype, stack.heads, stack.kv_heads, point.shape.head_dim)
     return ctx, random_input(point.tokens, point.shape.hidden, point.seed, dtype, rt.device)
@@ -214,8 +219,9 @@ def make_row(point: Point, result: dict, run_id: str, env: dict, spec: SweepSpec
         "shape": point.shape.as_dict(),
         "layers": point.layers,
         "dtype": point.dtype,
-        "batch": list(point.batch),
-        "tokens": point.tokens,
+        "batch": list(point.batch),  # the prefill sequences
+        "decode": point.decode.as_dict() if point.decode else None,  # a mixed batch's decode tokens
+        "tokens": point.tokens,  # prefill plus decode tokens
         "tp": point.tp,
         "seed": point.seed,
         "world_size": env["world_size"],
@@ -247,13 +253,15 @@ def make_row(point: Point, result: dict, run_id: str, env: dict, spec: SweepSpec
 
 def _slug(point: Point) -> str:
     knobs = "-".join(f"{k}={v}" for k, v in point.knobs.items() if v not in (None, "default"))
-    return f"{point.strategy}-{point.tokens}" + (f"-{knobs}" if knobs else "")
+    decode = f"-decode{point.decode.tokens}x{point.decode.context}" if point.decode else ""
+    return f"{point.strategy}-{point.tokens}{decode}" + (f"-{knobs}" if knobs else "")
 
 
 def _describe(point: Point) -> str:
     """`strategy tokens=N knob=value ...`; knobs left unset (null) are not shown."""
     knobs = " ".join(f"{k}={v}" for k, v in point.knobs.items() if v is not None)
-    return f"{point.strategy} tokens={point.tokens} {knobs}".strip()
+    decode = f" decode={point.decode.tokens}@{point.decode.context}" if point.decode else ""
+    return f"{point.strategy} tokens={point.tokens}{decode} {knobs}".strip()
 
 
 def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = None) -> int:

@@ -92,12 +92,12 @@ class SequenceParallelForward:
         # Attention output of the padded layout: its padding rows stay zero, so the O-proj
         # sends zero partial sums for them.
         self.attn = torch.zeros(layout.padded, stack.heads * stack.shape.head_dim, dtype=dtype, device=device)
-        self.positions = whole_batch(ctx.seq_lens, device).positions
+        self.positions = whole_batch(ctx.seq_lens, device, ctx.decode).positions
         # Query chunks of the rows attended at once, made now: not while capturing.
         self.attend_by_piece = attention == "per_piece"
         ranges = exchange.scatter_rows() if self.attend_by_piece else [(0, layout.padded)]
         self.query_chunks = {
-            (lo, hi): token_range(ctx.seq_lens, lo, min(hi, self.tokens), device)
+            (lo, hi): token_range(ctx.seq_lens, lo, min(hi, self.tokens), device, ctx.decode)
             for lo, hi in ranges
             if lo < self.tokens
         }
@@ -116,7 +116,7 @@ class SequenceParallelForward:
             end = min(hi, self.tokens)
             if lo < end:
                 chunk = self.query_chunks[(lo, hi)]
-                attend(stack, q[lo:end], k[lo:end], v[lo:end], chunk, kv, out=self.attn[lo:end])
+                attend(stack, q[lo:end], k[lo:end], v[lo:end], chunk, kv, out=self.attn[lo:end], layer=layer)
 
         def attended(lo: int, hi: int) -> torch.Tensor:
             if self.attend_by_piece:

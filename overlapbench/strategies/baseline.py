@@ -24,5 +24,5 @@ class Baseline(Strategy):
 
         group = ctx.runtime.group(knobs["nccl_max_ctas"])
         reducer = LocalReducer(ctx.eps, partial(dist.all_reduce, group=group))
-        chunk = whole_batch(ctx.seq_lens, ctx.runtime.device)
+        chunk = whole_batch(ctx.seq_lens, ctx.runtime.device, ctx.decode)
         return Step(lambda x: forward_stack(ctx.stack, x, chunk, ctx.rope, reducer))

@@ -23,5 +23,5 @@ class FusedNorm(Strategy):
         from overlapbench.overlap import reducers
 
         reducer = reducers.symmetric(ctx, knobs["comm_ctas"], knobs["comm"])
-        chunk = whole_batch(ctx.seq_lens, ctx.runtime.device)
+        chunk = whole_batch(ctx.seq_lens, ctx.runtime.device, ctx.decode)
         return Step(lambda x: forward_stack(ctx.stack, x, chunk, ctx.rope, reducer))

@@ -3,10 +3,17 @@ chunk 2 the suffixes, whose attention reads the prefixes' keys and values (lower
 mask; overlapbench/attention.py). The KV buffer follows chunk 1's layout, so every suffix's
 prefix attention is one ragged call. The overlap schedule is split.py's; only the cut lives here.
 
+A mixed batch's decode tokens are not cut: they go whole into chunk 1, at its front, where they
+are in the batch (decode tokens first), so for one prefill sequence the layout stays the batch's
+own (no row permutation), and their attention over their caches lands in the chunk whose
+prefill rows attend to fewer keys (chunk 2's suffixes also read the prefixes). `balanced`
+counts them in chunk 1.
+
 `split_ratio: balanced` picks the fraction that gives both chunks the same FLOPs. A prefix of c
 tokens of a sequence costs  g*c + a*c^2/2,  its suffix  g*(L-c) + a*(L^2-c^2)/2,  where g is the
 per-token GEMM FLOPs of a layer on one rank and a the attention FLOPs per (query, key) pair; the
-balanced ratio solves  sum over sequences of (prefix - suffix) = 0  by bisection.
+balanced ratio solves  sum over sequences of (prefix - suffix) + decode = 0  by bisection, where
+decode = d * (g + a * (context + 1)) for d decode tokens.
 """
 
 from __future__ import annotations
@@ -33,11 +40,13 @@ def layer_flops(shape: ModelShape, tp: int) -> tuple[float, float]:
     return gemm, attention
 
 
-def balanced_ratio(shape: ModelShape, tp: int, seq_lens: tuple[int, ...]) -> float:
+def balanced_ratio(shape: ModelShape, tp: int, seq_lens: tuple[int, ...], decode: tuple[int, int] = (0, 0)) -> float:
+    """`decode`: (tokens, context) of the decode tokens in chunk 1."""
     g, a = layer_flops(shape, tp)
+    tokens, context = decode
 
     def imbalance(r: float) -> float:
-        total = 0.0
+        total = tokens * (g + a * (context + 1)) if tokens else 0.0
         for n in seq_lens:
             c = r * n
             total += (g * c + a * c * c / 2) - (g * (n - c) + a * (n * n - c * c) / 2)
@@ -65,24 +74,27 @@ def cuts(seq_lens: tuple[int, ...], ratio: float, align: int) -> list[int]:
     return out
 
 
-def chunks(seq_lens: tuple[int, ...], prefix: list[int], device):
-    """(chunk 1: every sequence's first `prefix[i]` tokens, chunk 2: the rest, layout order).
+def chunks(seq_lens: tuple[int, ...], prefix: list[int], device, decode=None):
+    """(chunk 1: the decode tokens (of `decode`, a DecodeCache, if given) and every sequence's
+    first `prefix[i]` tokens, chunk 2: the rest, layout order).
 
-    The layout puts the prefixes first, then the suffixes; `order[j]` is the natural row of
-    layout row j (None for one sequence: the layout is the natural one). The KV buffer follows
-    chunk 1's rows, so the prefixes lie back to back and chunk 2's prefix attention is one call.
+    The layout puts the decode tokens and the prefixes first, then the suffixes; `order[j]` is
+    the natural row of layout row j (None for one sequence: the layout is the natural one). The
+    KV buffer follows chunk 1's prefix rows, so the prefixes lie back to back and chunk 2's
+    prefix attention is one call.
     """
     import torch
 
-    from overlapbench.layer import make_chunk, sequence_starts
+    from overlapbench.layer import decode_tokens, make_chunk, sequence_starts
 
+    d = decode_tokens(decode)
     kv_rows = sequence_starts(tuple(prefix))
-    first = make_chunk(seq_lens, [(i, 0, c) for i, c in enumerate(prefix)], 0, device, kv_rows)
+    first = make_chunk(seq_lens, [(i, 0, c) for i, c in enumerate(prefix)], 0, device, kv_rows, decode, (0, d))
     second = make_chunk(seq_lens, [(i, c, n) for i, (c, n) in enumerate(zip(prefix, seq_lens))], first.end, device, kv_rows)
     order = None
     if len(seq_lens) > 1:
-        starts = sequence_starts(seq_lens)
-        rows = [torch.arange(s, s + c) for s, c in zip(starts, prefix)]
+        starts = sequence_starts(seq_lens, d)
+        rows = [torch.arange(d)] + [torch.arange(s, s + c) for s, c in zip(starts, prefix)]
         rows += [torch.arange(s + c, s + n) for s, c, n in zip(starts, prefix, seq_lens)]
         order = torch.cat(rows).to(device)
     return first, second, order
@@ -103,12 +115,15 @@ class Iso(SplitStrategy):
         from overlapbench.overlap import reducers
         from overlapbench.overlap.split import SplitPlan, split_step
 
-        seq_lens, device = ctx.seq_lens, ctx.runtime.device
+        seq_lens, device, decode = ctx.seq_lens, ctx.runtime.device, ctx.decode
+        if not seq_lens:
+            raise UserError("iso: cuts prefill sequences, and this batch has none (decode tokens only); use token_split")
         if ctx.tokens < 2:
             raise UserError("iso: a single token cannot be split")
         ratio = knobs["split_ratio"]
         if ratio == "balanced":
-            ratio = balanced_ratio(ctx.stack.shape, ctx.stack.tp, seq_lens)
-        first, second, order = chunks(seq_lens, cuts(seq_lens, ratio, knobs["align"]), device)
+            mixed = (decode.tokens, decode.context) if decode is not None else (0, 0)
+            ratio = balanced_ratio(ctx.stack.shape, ctx.stack.tp, seq_lens, mixed)
+        first, second, order = chunks(seq_lens, cuts(seq_lens, ratio, knobs["align"]), device, decode)
         cta = {"comm_ctas_attn": knobs["comm_ctas"], "comm_ctas_mlp": knobs["comm_ctas"]}
         return split_step(ctx, SplitPlan(first, second, order), reducers.for_split(ctx, knobs | cta))

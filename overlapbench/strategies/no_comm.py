@@ -19,5 +19,5 @@ class NoComm(Strategy):
         from overlapbench.layer import LocalReducer, forward_stack, whole_batch
 
         reducer = LocalReducer(ctx.eps)
-        chunk = whole_batch(ctx.seq_lens, ctx.runtime.device)
+        chunk = whole_batch(ctx.seq_lens, ctx.runtime.device, ctx.decode)
         return Step(lambda x: forward_stack(ctx.stack, x, chunk, ctx.rope, reducer))

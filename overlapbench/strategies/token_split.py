@@ -65,5 +65,6 @@ class TokenSplit(SplitStrategy):
 
         tokens, device = ctx.tokens, ctx.runtime.device
         cut = split_point(tokens, knobs["align"], knobs["split_offset"], knobs["split_ratio"])
-        plan = SplitPlan(token_range(ctx.seq_lens, 0, cut, device), token_range(ctx.seq_lens, cut, tokens, device))
+        seq_lens, decode = ctx.seq_lens, ctx.decode  # rows: the decode tokens, then the sequences
+        plan = SplitPlan(token_range(seq_lens, 0, cut, device, decode), token_range(seq_lens, cut, tokens, device, decode))
         return split_step(ctx, plan, reducers.for_split(ctx, knobs))
