@@ -415,8 +415,10 @@ def _batches(data: dict) -> tuple[tuple[tuple[int, ...], ...], tuple[Decode | No
             batches.append(_mixed(batch, f"batches[{i}]"))
             continue
         if not isinstance(batch, list) or not batch:
-            raise UserError(f"batches[{i}]: must be a non-empty list of sequence lengths, or {{prefill: [...], decode: N, context: C}}")
-        batches.append((tuple(_positive_int(n, f"batches[{i}][{j}]") for j, n in enumerate(batch)), None))
+            raise UserError(f"batches[{i}]: must be a non-empty list of sequence lengths, "
+                            "or {prefill: [...], decode: N, context: C}")
+        lengths = tuple(_positive_int(n, f"batches[{i}][{j}]") for j, n in enumerate(batch))
+        batches.append((lengths, None))
     if not batches:
         raise UserError("tokens: no batches; give 'tokens: [1024, ...]' or 'batches: [[512, 512], ...]'")
     if len(set(batches)) != len(batches):
