@@ -27,7 +27,7 @@ LAYER = "layer"  # the default workload: rows written before micro workloads exi
 # Workloads not listed (`comm` microbenchmarks) are not compared here.
 REFERENCES = {LAYER: "baseline", "gemm_ag": "sp_baseline", "gemm_rs": "sp_baseline"}
 COMPARED_TEXT = "/".join(REFERENCES)  # for messages: "layer/gemm_ag/gemm_rs"
-_KEY_FIELDS = ("workload", "shape", "tp", "dtype", "layers", "seed", "batch", "strategy", "knobs")
+_KEY_FIELDS = ("workload", "shape", "tp", "dtype", "layers", "seed", "batch", "decode", "strategy", "knobs")
 _REQUIRED = ("strategy", "knobs", "tokens", "ms", "device", "world_size", "tp", "shape", "dtype")
 
 
@@ -108,6 +108,9 @@ class Measured:
     round_ids: tuple[int, ...] = ()
     speedup: float | None = None  # over the reference timed beside it (whose row may be of an earlier run)
     speedup_ci: tuple[float, float] | None = None
+    # A mixed batch's decode tokens (tokens, context) beside its prefill `batch`; None for a
+    # prefill-only batch (and rows written before mixed batches existed).
+    decode: tuple[int, int] | None = None
 
     @classmethod
     def of(cls, row: dict, source: str) -> Measured:
@@ -119,7 +122,14 @@ class Measured:
             checked=_is_checked(row), key=row_key(row), run_id=row.get("run_id"), git=row.get("git"), source=source,
             pairing=row.get("pairing"), round_ids=tuple(row.get("round_ids") or ()),
             speedup=row.get("speedup"), speedup_ci=tuple(row["speedup_ci"]) if row.get("speedup_ci") else None,
+            decode=decode_of(row),
         )
+
+    @property
+    def composition(self) -> tuple[tuple[int, ...], tuple[int, int] | None]:
+        """The batch's make-up: prefill sequence lengths and decode (tokens, context). Rows are
+        compared only within one composition."""
+        return self.batch, self.decode
 
     @property
     def setting(self) -> tuple[str, str]:
@@ -246,17 +256,31 @@ def by_point(measured: Iterable[Measured]) -> dict[Group, dict[int, list[Measure
     return {group: dict(sorted(points.items())) for group, points in ordered}
 
 
-def by_batch(rows: Iterable[Measured]) -> dict[tuple[int, ...], list[Measured]]:
-    """Rows at one token count split by batch: different batches of equal size (one sequence
-    of 8192 tokens, or two of 4096) are different workloads, never compared with each other."""
-    out: dict[tuple[int, ...], list[Measured]] = {}
+def decode_of(row: dict) -> tuple[int, int] | None:
+    """A row's decode tokens as (tokens, context); None for prefill-only batches and older rows."""
+    decode = row.get("decode")
+    return (int(decode["tokens"]), int(decode["context"])) if decode else None
+
+
+def by_batch(rows: Iterable[Measured]) -> dict[tuple, list[Measured]]:
+    """Rows at one token count split by batch composition: different batches of equal size (one
+    sequence of 8192 tokens, two of 4096, or 7936 prefill tokens and 256 decode tokens) are
+    different workloads, never compared with each other. Prefill-only batches first."""
+    out: dict[tuple, list[Measured]] = {}
     for m in rows:
-        out.setdefault(m.batch, []).append(m)
-    return dict(sorted(out.items(), key=lambda item: (len(item[0]), item[0])))
+        out.setdefault(m.composition, []).append(m)
+    order = lambda item: (item[0][1] is not None, len(item[0][0]), item[0][0], item[0][1] or (0, 0))
+    return dict(sorted(out.items(), key=order))
+
+
+def batch_text(m: Measured) -> str:
+    """The composition in words: `[2048]`, `[2048]+256 decode@4096`."""
+    decode = f"+{m.decode[0]} decode@{m.decode[1]}" if m.decode else ""
+    return f"{list(m.batch)}{decode}"
 
 
 def batch_label(m: Measured) -> str:
-    return str(m.tokens) if len(m.batch) == 1 else f"{m.tokens} {list(m.batch)}"
+    return str(m.tokens) if len(m.batch) == 1 and m.decode is None else f"{m.tokens} {batch_text(m)}"
 
 
 def best_per_strategy(rows: Iterable[Measured]) -> dict[str, Measured]:
@@ -313,7 +337,8 @@ def stored_speedup(m: Measured, ref: Measured) -> tuple[float, tuple[float, floa
     """The speedup and interval a row holds over the reference timed beside it, where `ref` is
     that reference's row in the same store but of another timing (a resumed sweep re-times the
     reference without writing it again); None otherwise."""
-    if (m.speedup is None or m.speedup_ci is None or m is ref or m.source != ref.source or m.batch != ref.batch
+    if (m.speedup is None or m.speedup_ci is None or m is ref or m.source != ref.source
+            or m.composition != ref.composition
             or ref.strategy != ref.group.reference_strategy or not is_default(ref)):
         return None
     return m.speedup, m.speedup_ci

@@ -166,10 +166,10 @@ def pick(rows: list[Measured]) -> Pick | None:
         return None
     if len({p.chosen.setting for p in picks}) == 1:
         first = picks[0]
-        why = first.why if len(picks) == 1 else "; ".join(f"{list(p.reference.batch)}: {p.why}" for p in picks)
+        why = first.why if len(picks) == 1 else "; ".join(f"{analysis.batch_text(p.reference)}: {p.why}" for p in picks)
         return Pick(first.tokens, first.chosen, first.reference, first.gain, why)
     ref = picks[0].reference
-    choices = "; ".join(f"{list(p.reference.batch)}: {p.chosen.describe()}" for p in picks)
+    choices = "; ".join(f"{analysis.batch_text(p.reference)}: {p.chosen.describe()}" for p in picks)
     why = f"batches disagree ({choices}); {_ref_name(ref)} kept"
     return Pick(ref.tokens, ref, ref, None, why)
 

@@ -478,3 +478,21 @@ def test_compare_flags_only_what_lies_beyond_the_noise_of_both_runs(tmp_path):
     code, text = captured([], "json", compare_paths=(paths[0], paths[2]), fail_above=2.0)
     flagged = {(r["strategy"], r["tokens"]) for r in json.loads(text) if r["regression"]}
     assert code == 1 and flagged == {("iso", t) for t in (512, 1024, 2048, 4096, 8192)}
+
+
+def test_mixed_compositions_get_their_own_rows(tmp_path):
+    """Two compositions of 4096 tokens: two points of the table, each with its own baseline; the
+    records say which decode tokens a row had."""
+    rng = random.Random(5)
+    rows = []
+    for where, base in (({}, 1.0), ({"decode": (256, 4096)}, 1.4)):
+        rows.append(synthetic.row("baseline", 4096, samples=synthetic.draw(base, 0.005, rng), **where))
+        rows.append(synthetic.row("token_split", 4096, samples=synthetic.draw(base * 0.9, 0.005, rng), **where))
+    path = synthetic.write(tmp_path / "mixed.jsonl", rows)
+    recs = records(path)
+    split = {json.dumps(r["decode"]): r for r in recs if r["strategy"] == "token_split"}
+    assert set(split) == {"null", json.dumps({"tokens": 256, "context": 4096})}
+    for r in split.values():
+        assert r["speedup"] == pytest.approx(1 / 0.9, rel=0.02)  # each against its own composition's baseline
+    code, text = captured([path])
+    assert code == 0 and "[3840]+256 decode@4096" in text

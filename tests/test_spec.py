@@ -178,3 +178,52 @@ def test_interleaving_is_the_default_on_gpus_only():
 
     assert Measure().interleaved(cuda=True) and not Measure().interleaved(cuda=False)
     assert Measure(interleave=True).interleaved(cuda=False) and not Measure(interleave=False).interleaved(cuda=True)
+
+
+MIXED = {"prefill": [24], "decode": 8, "context": 40}
+
+
+@pytest.mark.parametrize(
+    "batch, field",
+    [
+        ({"prefill": [24], "decode": 0, "context": 40}, "batches[0].decode"),
+        ({"prefill": [24], "decode": "many", "context": 40}, "batches[0].decode"),
+        ({"prefill": [24], "context": 40}, "batches[0].decode"),
+        ({"prefill": [24], "decode": 8}, "batches[0].context"),
+        ({"prefill": [24], "decode": 8, "context": -1}, "batches[0].context"),
+        ({"prefill": [24, 0], "decode": 8, "context": 40}, "batches[0].prefill[1]"),
+        ({"prefill": "long", "decode": 8, "context": 40}, "batches[0].prefill"),
+        ({"prefil": [24], "decode": 8, "context": 40}, "batches[0].prefil"),
+    ],
+)
+def test_bad_mixed_batches_name_the_field(batch, field):
+    with pytest.raises(UserError) as info:
+        parse({"batches": [batch]}, ("tokens",))
+    message = str(info.value)
+    assert message.startswith(field), message
+    assert "\n" not in message
+
+
+def test_mixed_batches_expand_to_points_with_their_decode_tokens():
+    s = parse({"batches": [[24], MIXED, {"decode": 8, "context": 40}]}, ("tokens",))
+    assert s.compositions() == [((24,), None), ((24,), spec.Decode(8, 40)), ((), spec.Decode(8, 40))]
+    points = [p for p in s.points(2, cuda=False) if p.strategy == "no_comm"]
+    assert [p.tokens for p in points] == [24, 32, 8]
+    assert [p.decode for p in points] == [None, spec.Decode(8, 40), spec.Decode(8, 40)]
+    keys = [p.key() for p in points]
+    assert len(set(keys)) == 3 and '"decode"' not in keys[0] and '"context": 40' in keys[1]
+    assert len({p.workload_key for p in points}) == 3
+    prefill_only = parse({"batches": [[24]]}, ("tokens",)).points(2, cuda=False)
+    assert prefill_only[0].key() == next(p for p in s.points(2, cuda=False) if p.decode is None).key()
+
+
+def test_a_mixed_batch_given_twice_is_refused():
+    with pytest.raises(UserError, match="^tokens: the batch .*appears twice"):
+        parse({"batches": [MIXED, dict(MIXED)]}, ("tokens",))
+    parse({"batches": [MIXED, MIXED | {"context": 41}]}, ("tokens",))  # another context: another batch
+
+
+def test_mixed_batches_are_for_the_layer_workload():
+    with pytest.raises(UserError, match="^batches: mixed"):
+        parse({"batches": [MIXED], "workload": "gemm_ag", "gemm": {"n": 64, "k": 32},
+               "strategies": ["sp_baseline"]}, ("tokens",))

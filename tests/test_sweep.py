@@ -177,3 +177,26 @@ def test_interleaved_rows_carry_paired_speedups_and_resume_retimes_the_reference
     again = read_rows(out)
     assert len(again) == 6 and again[-1]["strategy"] == "token_split" and again[-1]["tokens"] == 29
     assert again[-1]["speedup"] is not None and again[-1]["pairing"] != rows[-1]["pairing"]
+
+
+@pytest.mark.slow
+def test_a_mixed_batch_sweeps_checked_rows_that_say_their_decode_tokens(tmp_path: Path):
+    """A prefill-only and a mixed batch of the same size through the CLI: every strategy checked
+    against baseline on the mixed batch, rows carry `decode` and the decode kernel, and --resume
+    tells the two batches apart."""
+    spec = write(tmp_path, SPEC.replace("tokens: [16, 29]", "batches: [[29], {prefill: [21], decode: 8, context: 40}]").replace(
+        "token_split: {align: 8}", "token_split: {align: 8}\n  iso: {align: 4}\n  sp_baseline: {}"))
+    out = tmp_path / "r.jsonl"
+    done = sweep(str(spec), "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = read_rows(out)
+    assert len(rows) == 10 and {r["status"] for r in rows} == {"ok"}
+    mixed = {r["strategy"]: r for r in rows if r["decode"] is not None}
+    assert set(mixed) == {"baseline", "no_comm", "token_split", "iso", "sp_baseline"}
+    for r in mixed.values():
+        assert r["decode"] == {"tokens": 8, "context": 40} and r["tokens"] == 29 and r["batch"] == [21]
+        assert "math_decode" in r["attention"]
+    assert all(mixed[s]["rel_err"] < 1e-5 for s in ("token_split", "iso", "sp_baseline"))
+    assert all(r["decode"] is None and "math_decode" not in r["attention"] for r in rows if r["batch"] == [29])
+    again = sweep(str(spec), "--output", str(out), "--resume")
+    assert again.returncode == 0 and "10 of 10 points already done" in again.stdout, again.stdout

@@ -423,3 +423,30 @@ def test_a_knob_setting_within_the_noise_of_the_default_does_not_displace_it():
         assert analysis.best_per_strategy(rows)["flash_agrs"].knobs == other  # the fastest median, both times
         assert tune.settled_per_strategy(rows)["flash_agrs"].knobs == expected
         assert tune.pick(rows).chosen.knobs == expected
+
+
+def test_mixed_compositions_of_equal_size_are_judged_apart():
+    """A prefill of 4096 and a prefill of 3840 plus 256 decode tokens are both 4096 tokens but
+    different workloads: each composition is judged on its own, and they must agree."""
+    rng = random.Random(12)
+    prefill, mixed = {}, {"decode": (256, 4096)}
+    rows = measured(
+        synthetic.row("baseline", 4096, median=1.0, rng=rng, **prefill),
+        synthetic.row("token_split", 4096, median=0.9, rng=rng, **prefill),
+        synthetic.row("baseline", 4096, median=1.4, rng=rng, **mixed),  # decode attention: costlier
+        synthetic.row("token_split", 4096, median=1.5, rng=rng, **mixed),
+    )
+    assert [key for key in analysis.by_batch(rows)] == [((4096,), None), ((3840,), (256, 4096))]
+    choice = tune.pick(rows)
+    assert choice.chosen.strategy == "baseline" and "batches disagree" in choice.why
+    assert "[3840]+256 decode@4096: baseline" in choice.why
+    agreeing = measured(*(synthetic.row(s, 4096, median=m, rng=rng, **where) for s, m, where in (
+        ("baseline", 1.0, prefill), ("token_split", 0.9, prefill), ("baseline", 1.4, mixed), ("token_split", 1.2, mixed))))
+    assert tune.pick(agreeing).chosen.strategy == "token_split"
+
+
+def test_old_rows_without_decode_read_as_prefill_only():
+    row = synthetic.row("baseline", 2048)
+    del row["decode"]
+    (m,) = measured(row)
+    assert m.decode is None and m.composition == ((2048,), None) and analysis.batch_label(m) == "2048"

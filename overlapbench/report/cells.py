@@ -65,7 +65,9 @@ class Cell:
     def record(self) -> dict:
         m = self.m
         return m.group.fields() | {
-            "tokens": m.tokens, "batch": list(m.batch), "strategy": m.strategy, "knobs": m.knobs, "ms": m.ms,
+            "tokens": m.tokens, "batch": list(m.batch),
+            "decode": None if m.decode is None else {"tokens": m.decode[0], "context": m.decode[1]},
+            "strategy": m.strategy, "knobs": m.knobs, "ms": m.ms,
             "p10_ms": m.p10_ms, "p90_ms": m.p90_ms, "cv": m.cv, "noisy": m.noisy,
             "speedup": self.speedup, "speedup_ci": None if self.speedup_ci is None else list(self.speedup_ci),
             "hidden": self.hidden, "winner": self.winner,

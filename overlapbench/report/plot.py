@@ -32,9 +32,10 @@ def plot(views: dict[Group, dict[str, dict[str, Cell]]], path: Path, metric: str
 
 
 def _panel(ax, group: Group, points: dict[str, dict[str, Cell]], metric: str) -> None:
-    # Lines run over single-sequence batches only: a line through batches of different shapes
-    # would mix workloads (a store of multi-sequence batches only is plotted as it is).
-    single = {label: cells for label, cells in points.items() if all(len(c.m.batch) == 1 for c in cells.values())}
+    # Lines run over single-sequence prefill batches only: a line through batches of different
+    # shapes would mix workloads (a store of other batches only is plotted as it is).
+    single = {label: cells for label, cells in points.items()
+              if all(len(c.m.batch) == 1 and c.m.decode is None for c in cells.values())}
     points = single or points
     strategies = sorted({s for cells in points.values() for s in cells}, key=column_order)
     for s in strategies:

@@ -94,8 +94,9 @@ def sensitivity_view(store: Store, strategy: str, tokens: int) -> tuple[list[Gri
     groups = sorted({Group.of(r) for r in rows}, key=lambda g: g.label())
     for group in groups:
         mine = [r for r in rows if Group.of(r) == group]
-        batch = tuple(mine[0].get("batch") or (tokens,))  # the reference must be of the same batch
-        ref = analysis.reference(m for m in points.get(group, {}).get(tokens, []) if m.batch == batch)
+        # the reference must be of the same batch composition
+        composition = (tuple(mine[0].get("batch") or (tokens,)), analysis.decode_of(mine[0]))
+        ref = analysis.reference(m for m in points.get(group, {}).get(tokens, []) if m.composition == composition)
         grids.append(sensitivity_grid(group, mine, ref))
         records += [sensitivity_record(r, ref) for r in mine]
     return grids, records, sensitivity_legend(groups)
