@@ -23,7 +23,7 @@ def compare_pairs(old: Store, new: Store) -> list[tuple[Measured, Measured]]:
     if not pairs:
         raise UserError(
             f"--compare: {old.sources[0]} and {new.sources[0]} share no points "
-            f"(matched by point key: workload, gemm, shape, tp, dtype, layers, seed, batch, strategy, knobs)"
+            f"(matched by point key: workload, gemm, shape, tp, dtype, layers, seed, batch, decode, strategy, knobs)"
         )
     return sorted(pairs, key=lambda p: (p[1].group.label(), p[1].tokens, column_order(p[1].strategy)))
 
