@@ -8,8 +8,8 @@ fresh random order that every rank draws alike (one seeded RNG), with a clock ma
 candidates. The host queues round r+1 before it waits for round r: the device never idles
 between candidates or rounds, and the host syncs once per round.
 
-A candidate's speedup is the median over rounds of t_reference / t in the same round, with a
-95% bootstrap interval over rounds. A candidate leaves once that interval is within
+A candidate's speedup is the trimmed geometric mean over rounds of t_reference / t in the same
+round (analysis.paired_estimate), with a 95% bootstrap interval over rounds. A candidate leaves once that interval is within
 +-`ci_target` of its speedup (after `min_rounds`); the reference stays to the end. Everything
 device-specific is in the `Clock` and the `agree` function, so the scheduler runs on a fake
 clock in the tests.
@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from overlapbench.analysis import median_ci
+from overlapbench.analysis import paired_ci, paired_estimate
 
 
 class Clock(Protocol):
@@ -101,7 +100,7 @@ class Timed:
     samples_ms: list[float]
     round_ids: list[int]
     iters: int  # iterations timed in all
-    speedup: float | None = None  # median over rounds of t_reference / t
+    speedup: float | None = None  # analysis.paired_estimate of t_reference / t over rounds
     speedup_ci: tuple[float, float] | None = None
 
 
@@ -191,7 +190,7 @@ def _score(timed: list[Timed], reference: int, which) -> None:
             continue
         ratios = [ref[r] / ms for r, ms in zip(t.round_ids, t.samples_ms) if r in ref and ms > 0]
         if ratios:
-            t.speedup, t.speedup_ci = statistics.median(ratios), median_ci(ratios)
+            t.speedup, t.speedup_ci = paired_estimate(ratios), paired_ci(ratios)
 
 
 def _narrow(t: Timed, target: float, min_rounds: int) -> bool:

@@ -23,7 +23,7 @@ STATUSES = ("ok", "failed", "skipped")
 # "interleaved" (a batch's candidates in rounds, interleave.py) or "sequential". Interleaved,
 # `samples_ms` holds one value per round (ms per layer in that round, the slowest rank's),
 # `round_ids` which rounds of the batch's timing those are, `pairing` that timing's id (rows of one
-# pairing compare round by round), `speedup` the median over rounds of t_reference / t in the same
+# pairing compare round by round), `speedup` the trimmed geometric mean over rounds of t_reference / t in the same
 # round, `speedup_ci` its 95% bootstrap interval over rounds [lo, hi] (the reference itself: 1.0,
 # [1.0, 1.0]), `span_ms` the time per candidate per round and `iters` the iterations timed in all;
 # sequential rows hold null there.

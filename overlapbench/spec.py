@@ -57,9 +57,12 @@ class Measure:
     # strayed by up to 0.8% (results/h200x2/probes/probe_clock.log): with no idle gap the clock
     # stays in its sustained regime, and short spans pair candidates closer in time.
     span_ms: float = 20.0
-    rounds: int = 100
+    # Rounds' log ratios have an sd of 2-3% at 1-8K tokens on the H200 (1% at 32K): +-0.5% needs
+    # ~90 rounds at 4K with the trimmed mean, which 1.5x the sequential time could not buy
+    # (results/h200x2/paired/check-paired-trimmed.txt). Timing is about half a sweep's wall time.
+    rounds: int = 200
     ci_target: float = 0.005
-    time_factor: float = 1.5
+    time_factor: float = 3.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) or self.warmup < 0:

@@ -34,7 +34,6 @@ import hashlib
 import json
 import math
 import re
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,8 +106,8 @@ class Span:
 def gain(challenger: Measured, incumbent: Measured, level: float = LEVEL) -> Gain:
     ratios = analysis.paired_ratios(incumbent, challenger)
     if ratios is not None:  # timed in the same rounds: the drift cancels round by round
-        lo, hi = analysis.median_ci(ratios, level, RESAMPLES, SEED)
-        return Gain(statistics.median(ratios), lo, hi, "paired")
+        lo, hi = analysis.paired_ci(ratios, level, RESAMPLES, SEED)
+        return Gain(analysis.paired_estimate(ratios), lo, hi, "paired")
     stored = analysis.stored_speedup(challenger, incumbent)
     if stored is not None and level == LEVEL:  # paired with a re-timed reference (a resumed sweep)
         return Gain(stored[0], *stored[1], "paired")
