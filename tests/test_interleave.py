@@ -145,15 +145,37 @@ def test_ranks_agree_on_rounds_drops_and_times():
 
 
 def test_rounds_stop_within_the_time_the_sequential_mode_would_take():
-    """A budget of 1.5x what iters / min_time_s would time caps the rounds of slow candidates."""
-    plan = Plan(span_ms=20, max_rounds=100, ci_target=1e-9, iters=20, min_time_s=1.0)
-    assert plan.rounds_cap([1.0, 1.0]) == 75  # 1.5 x 2 x 1 s (min_time_s) / 40 ms per round
-    assert Plan(20, 100, 0.01, iters=20, min_time_s=4.0).rounds_cap([1.0, 1.0]) == 100  # max_rounds first
-    assert plan.rounds_cap([100.0, 100.0]) == int(1.5 * 2 * 2000 // 200)  # 20 x 100 ms each: 30 rounds
-    assert Plan(20, 100, 0.01, min_rounds=5, iters=1, min_time_s=0.001).rounds_cap([300.0]) == 5  # never below the minimum
+    """A budget of time_factor x what iters / min_time_s would time bounds the rounds."""
+    plan = Plan(span_ms=20, max_rounds=100, ci_target=1e-9, iters=20, min_time_s=1.0, budget_factor=1.5)
+    assert plan.budget_ms([1.0, 1.0]) == 1.5 * 2 * 1000  # min_time_s rules: 20 iterations take 20 ms
+    assert plan.budget_ms([100.0, 100.0]) == 1.5 * 2 * 2000  # iters rule: 20 x 100 ms each
+    assert Plan(20, 100, 0.01).budget_ms([5.0]) == float("inf")  # no iters, no min_time_s: no budget
     device = DriftingDevice(0.0, seed=8)
     timed = interleave.time_rounds([device.candidate("A", 100.0), device.candidate("B", 100.0)], [100.0, 100.0], 0, plan, device)
     assert len(timed[0].samples_ms) == 30 and device.now_ms <= 1.5 * 2 * 2000 + 200
+    assert interleave.longest_s([100.0, 100.0], plan) * 1e3 >= device.now_ms
+    device = DriftingDevice(0.0, seed=8)  # max_rounds first
+    timed = interleave.time_rounds([device.candidate("A", 1.0), device.candidate("B", 1.0)], [1.0, 1.0], 0,
+                                   Plan(20, 100, 1e-9, iters=20, min_time_s=4.0), device)
+    assert len(timed[0].samples_ms) == 100
+    device = DriftingDevice(0.0, seed=8)  # never below the minimum
+    timed = interleave.time_rounds([device.candidate("A", 300.0), device.candidate("B", 300.0)], [300.0, 300.0], 0,
+                                   Plan(20, 100, 1e-9, min_rounds=5, iters=1, min_time_s=0.001), device)
+    assert len(timed[0].samples_ms) == 5
+
+
+def test_the_time_of_candidates_that_left_goes_to_those_still_wide():
+    """Quiet candidates leave early; the budget they did not use buys rounds for the noisy one,
+    which a cap on rounds (the budget over a full round's cost) would have cut short."""
+    plan = Plan(span_ms=10, max_rounds=10_000, ci_target=0.004, iters=10, min_time_s=0.0, budget_factor=3)
+    device = DriftingDevice(0.0, seed=random.randrange(1 << 30), noise=0.002)
+    runs = [device.candidate(name, 10.0) for name in "RABCD"]
+    noisy = device.candidate("N", 10.0, noise=0.03)
+    timed = interleave.time_rounds([*runs, noisy], [10.0] * 6, 0, plan, device)
+    full_round_cap = plan.budget_ms([10.0] * 6) / (6 * 10.0)
+    assert all(len(t.samples_ms) < full_round_cap / 2 for t in timed[1:5])  # the quiet ones left early
+    assert len(timed[5].samples_ms) > 1.5 * full_round_cap
+    assert device.now_ms <= plan.budget_ms([10.0] * 6) + 2 * 60.0
 
 
 def _noisy_ratios(true: float, sd: float, n: int, seed: int) -> list[float]:
