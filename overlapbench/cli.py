@@ -158,8 +158,8 @@ def tune(
 ) -> None:
     """Choose the best strategy and knobs per token range; write one tuned YAML per
     (device, world size, tp, shape, dtype) of the layer workload (micro runs: see report). A
-    strategy beats baseline only by more than the noise (95% bootstrap interval of the speedup
-    above 1); ties go to the simpler strategy."""
+    strategy beats a simpler one only by 1% beyond the noise (95% bootstrap interval of the
+    speedup above 1.01); ties go to the simpler strategy."""
     from overlapbench import results as results_mod
     from overlapbench import tune as tune_mod
 
