@@ -86,8 +86,13 @@ PRESETS: dict[str, ModelShape] = {
     "tiny": ModelShape(hidden=64, ffn=128, heads=4, kv_heads=2, head_dim=16, eps=1e-5),
     "llama3-8b": ModelShape(hidden=4096, ffn=14336, heads=32, kv_heads=8, head_dim=128),
     "llama3-70b": ModelShape(hidden=8192, ffn=28672, heads=64, kv_heads=8, head_dim=128),
+    # Qwen2 has biases on q, k and v (not on o); Qwen3 drops them and RMS-normalizes q and k
+    # per head. Qwen3's heads are not hidden / heads wide: 64 x 128 = 8192 from hidden 5120.
     "qwen2.5-72b": ModelShape(
-        hidden=8192, ffn=29568, heads=64, kv_heads=8, head_dim=128, eps=1e-6, rope_theta=1e6
+        hidden=8192, ffn=29568, heads=64, kv_heads=8, head_dim=128, eps=1e-6, rope_theta=1e6, qkv_bias=True
+    ),
+    "qwen3-32b": ModelShape(
+        hidden=5120, ffn=25600, heads=64, kv_heads=8, head_dim=128, eps=1e-6, rope_theta=1e6, qk_norm=True
     ),
 }
 
