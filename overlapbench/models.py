@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 
 from overlapbench.errors import UserError, did_you_mean
 
@@ -81,6 +81,12 @@ class ModelShape:
     def as_dict(self) -> dict:
         return asdict(self)
 
+
+def completed(shape: dict) -> dict:
+    """A shape's fields as rows store them, in ModelShape's order, the fields it lacks at their
+    defaults: rows written before a field existed lack it (results.upgraded). Unknown keys stay."""
+    out = {f.name: shape.get(f.name, f.default) for f in fields(ModelShape) if f.name in shape or f.default is not MISSING}
+    return out | shape
 
 PRESETS: dict[str, ModelShape] = {
     "tiny": ModelShape(hidden=64, ffn=128, heads=4, kv_heads=2, head_dim=16, eps=1e-5),
