@@ -286,3 +286,43 @@ def test_the_moe_config_types_sweep_correct_at_tp2():
                 out = rank_outputs[kind, name]
                 err = (torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref)).item()
                 assert err < 1e-4, f"{kind} with {name}: rel err {err:.2e}"
+
+
+# -- rows written before the shape had these fields -----------------------------------------------
+
+
+def _as_written_before(row: dict) -> dict:
+    """A row as an overlapbench without qkv_bias, qk_norm and the MoE fields wrote it."""
+    new = ("qkv_bias", "qk_norm", "experts", "top_k", "expert_ffn")
+    key = json.loads(row["key"])
+    key["shape"] = {k: v for k, v in key["shape"].items() if k not in new}
+    return row | {"shape": {k: v for k, v in row["shape"].items() if k not in new},
+                  "key": json.dumps(key, sort_keys=True)}
+
+
+def test_old_rows_read_as_rows_of_the_same_shape(tmp_path):
+    import random
+
+    from overlapbench import analysis, tune
+    from overlapbench.report.compare import compare_pairs
+    from overlapbench.results import ResultStore
+    from tests import synthetic
+
+    rng = random.Random(7)
+    rows = [synthetic.row(s, t, median=m * t / 1024, rng=rng)
+            for t in (1024, 2048) for s, m in (("baseline", 1.0), ("token_split", 0.9))]
+    old = synthetic.write(tmp_path / "old.jsonl", [_as_written_before(r) for r in rows])
+    new = synthetic.write(tmp_path / "new.jsonl", rows)
+    assert "qkv_bias" not in old.read_text()
+
+    both = analysis.read([old, new])
+    assert len({m.group for m in both.measured}) == 1 and len(both.measured) == 4  # new rows replace old ones
+    assert all(m.source == str(new) for m in both.measured)
+    assert len(compare_pairs(analysis.read([old]), analysis.read([new]))) == 4
+    assert len(analysis.by_point(analysis.read([old]).measured)) == 1
+    assert tune.file_names(list(analysis.by_point(analysis.read([old]).measured))) == \
+        tune.file_names(list(analysis.by_point(analysis.read([new]).measured)))
+    # --resume of an old store skips the points it holds.
+    store = ResultStore(old)
+    assert store.open(resume=True) == {r["key"] for r in rows}
+    store.close()
