@@ -221,7 +221,7 @@ def from_config(data: Any, name: str) -> HFModel:
         notes.append(f"sliding_window: {window} is not modelled: attention is full causal "
                      f"(the same for sequences up to {window} tokens)")
     act = data.get("hidden_act", "silu")
-    if act != "silu":
+    if act not in ("silu", "swish"):
         notes.append(f"hidden_act: {act!r} is modelled as SiLU (the same GEMMs)")
     moe = _moe(r, family) if family.moe else {}
     ffn_key = "intermediate_size" if not family.moe or r.present("intermediate_size") else "moe_intermediate_size"
@@ -232,7 +232,8 @@ def from_config(data: Any, name: str) -> HFModel:
         "hidden": "hidden_size", "ffn": ffn_key, "heads": "num_attention_heads",
         "kv_heads": r.sources["num_key_value_heads"], "head_dim": r.sources["head_dim"],
         "eps": r.sources["rms_norm_eps"], "rope_theta": theta_from,
-        "qkv_bias": {"always": f"{kind}: always", "never": f"{kind}: never"}.get(family.qkv_bias, "attention_bias"),
+        "qkv_bias": {"always": f"{kind}: always", "never": f"{kind}: never"}.get(
+            family.qkv_bias, "attention_bias" if "attention_bias" in data else "absent: false"),
         "qk_norm": f"{kind}: {'always' if family.qk_norm else 'never'}",
     }
     if family.moe == "mixtral":
