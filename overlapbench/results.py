@@ -63,8 +63,29 @@ def read_rows(path: str | Path) -> list[dict]:
                 f"{path}:{n}: schema is {row['schema']!r}, this overlapbench reads {SCHEMA!r}; "
                 f"re-run the sweep with this version"
             )
-        rows.append(row)
+        rows.append(upgraded(row))
     return rows
+
+
+def upgraded(row: dict) -> dict:
+    """A row written before ModelShape gained a field, with that field's default filled in its
+    `shape` and in the shape inside its point `key`: old and new rows of one shape then group
+    (report, tune) and match (`--compare`, `--resume`) as one. Other rows are left as they are."""
+    from overlapbench.models import completed
+
+    shape = row.get("shape")
+    if isinstance(shape, dict):
+        row["shape"] = completed(shape)
+    key = row.get("key")
+    if isinstance(key, str) and '"shape"' in key:
+        try:
+            parsed = json.loads(key)
+        except json.JSONDecodeError:
+            return row
+        old = parsed.get("shape") if isinstance(parsed, dict) else None
+        if isinstance(old, dict) and completed(old) != old:
+            row["key"] = json.dumps(parsed | {"shape": completed(parsed["shape"])}, sort_keys=True)
+    return row
 
 
 def latest(results_dir: str | Path = "results") -> Path:
