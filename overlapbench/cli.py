@@ -158,8 +158,8 @@ def tune(
 ) -> None:
     """Choose the best strategy and knobs per token range; write one tuned YAML per
     (device, world size, tp, shape, dtype) of the layer workload (micro runs: see report). A
-    strategy beats baseline only by more than the noise (95% bootstrap interval of the speedup
-    above 1); ties go to the simpler strategy."""
+    strategy beats a simpler one only by 1% beyond the noise (95% bootstrap interval of the
+    speedup above 1.01); ties go to the simpler strategy."""
     from overlapbench import results as results_mod
     from overlapbench import tune as tune_mod
 
@@ -227,14 +227,36 @@ def list_strategies() -> None:
 
 
 @app.command()
-def models() -> None:
-    """List the model presets and their shapes."""
+@user_errors
+def models(
+    config: Path | None = typer.Option(None, "--config", metavar="FILE.json", help="Show the shape read from a Hugging Face config.json (what `model: FILE.json` in a spec measures): each field, the JSON field it came from, and what is not modelled."),
+) -> None:
+    """List the model presets and their shapes (the attention details and MoE fields beside
+    the sizes); with --config, the shape of one Hugging Face config.json."""
     from overlapbench.models import PRESETS
 
-    table = printing.table("preset", "hidden", "ffn", "heads", "kv_heads", "head_dim", "eps", "rope_theta", keep=("preset",))
+    if config is not None:
+        return _show_config(config)
+    columns = ("hidden", "ffn", "heads", "kv_heads", "head_dim", "eps", "rope_theta")
+    table = printing.table("preset", *columns, "attention", "experts", keep=("preset",))
     for name, s in PRESETS.items():
-        table.add_row(name, *(str(v) for v in (s.hidden, s.ffn, s.heads, s.kv_heads, s.head_dim, s.eps, s.rope_theta)))
+        attention = ", ".join(text for on, text in ((s.qkv_bias, "qkv_bias"), (s.qk_norm, "qk_norm")) if on) or "-"
+        experts = f"{s.experts} (top_k {s.top_k}, expert_ffn {s.expert_ffn})" if s.moe else "-"
+        table.add_row(name, *(str(getattr(s, c)) for c in columns), attention, experts)
     printing.print_table(console, table)
+
+
+def _show_config(path: Path) -> None:
+    from overlapbench import hf_config
+
+    read = hf_config.read(path)
+    console.print(printing.styled((read.name, "bold"), f" (model name in rows; from {path})"), soft_wrap=True)
+    table = printing.table("field", "value", "read from", keep=("field",))
+    for name, value in read.shape.as_dict().items():
+        table.add_row(name, str(value), read.sources.get(name, "default"))
+    printing.print_table(console, table)
+    for note in read.notes:
+        console.print(printing.styled(("note:", "yellow"), f" {note}"), soft_wrap=True)
 
 
 @app.command()

@@ -8,8 +8,8 @@ fresh random order that every rank draws alike (one seeded RNG), with a clock ma
 candidates. The host queues round r+1 before it waits for round r: the device never idles
 between candidates or rounds, and the host syncs once per round.
 
-A candidate's speedup is the median over rounds of t_reference / t in the same round, with a
-95% bootstrap interval over rounds. A candidate leaves once that interval is within
+A candidate's speedup is the trimmed geometric mean over rounds of t_reference / t in the same
+round (analysis.paired_estimate), with a 95% bootstrap interval over rounds. A candidate leaves once that interval is within
 +-`ci_target` of its speedup (after `min_rounds`); the reference stays to the end. Everything
 device-specific is in the `Clock` and the `agree` function, so the scheduler runs on a fake
 clock in the tests.
@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from overlapbench.analysis import median_ci
+from overlapbench.analysis import paired_ci, paired_estimate
 
 
 class Clock(Protocol):
@@ -80,18 +79,16 @@ class Plan:
     seed: int = 0
     # The time the sequential mode would time each candidate (max(iters x its iteration,
     # min_time_s)); rounds stop once they have taken `budget_factor` times that, summed over the
-    # candidates, so that an interleaved study costs about what a sequential one does.
+    # candidates. The budget is of time, not of rounds: once the quiet candidates have left,
+    # rounds of the reference and the noisy ones cost less, and the time left goes to them.
     iters: int = 0
     min_time_s: float = 0.0
-    budget_factor: float = 1.5
+    budget_factor: float = 3.0
 
-    def rounds_cap(self, per_iter_ms: Sequence[float]) -> int:
-        """max_rounds, or fewer where the budget runs out first (never below min_rounds)."""
-        budget_ms = self.budget_factor * sum(max(self.iters * p, self.min_time_s * 1e3) for p in per_iter_ms)
-        if budget_ms <= 0:
-            return self.max_rounds
-        round_ms = sum(repetitions(self.span_ms, p) * p for p in per_iter_ms)
-        return max(min(self.min_rounds, self.max_rounds), min(self.max_rounds, int(budget_ms // round_ms)))
+    def budget_ms(self, per_iter_ms: Sequence[float]) -> float:
+        """The timed milliseconds the rounds may take (inf where the plan sets no budget)."""
+        budget = self.budget_factor * sum(max(self.iters * p, self.min_time_s * 1e3) for p in per_iter_ms)
+        return budget if budget > 0 else math.inf
 
 
 @dataclass
@@ -101,7 +98,7 @@ class Timed:
     samples_ms: list[float]
     round_ids: list[int]
     iters: int  # iterations timed in all
-    speedup: float | None = None  # median over rounds of t_reference / t
+    speedup: float | None = None  # analysis.paired_estimate of t_reference / t over rounds
     speedup_ci: tuple[float, float] | None = None
 
 
@@ -110,10 +107,17 @@ def repetitions(span_ms: float, per_iter_ms: float) -> int:
     return max(1, round(span_ms / max(per_iter_ms, 1e-6)))
 
 
+def round_ms(per_iter_ms: Sequence[float], span_ms: float) -> float:
+    """How long a round of these candidates takes."""
+    return sum(repetitions(span_ms, p) * p for p in per_iter_ms)
+
+
 def longest_s(per_iter_ms: Sequence[float], plan: Plan) -> float:
-    """The most seconds time_rounds can take (every candidate to the last round, warm-up included)."""
-    round_ms = sum(repetitions(plan.span_ms, p) * p for p in per_iter_ms)
-    return plan.warmup_s + round_ms * (plan.rounds_cap(per_iter_ms) + 2) / 1e3
+    """The most seconds time_rounds can take (warm-up, the minimum rounds, the budget, and the
+    rounds in flight when it runs out)."""
+    full = round_ms(per_iter_ms, plan.span_ms)
+    timed = min(plan.budget_ms(per_iter_ms), plan.max_rounds * full)
+    return plan.warmup_s + (max(timed, plan.min_rounds * full) + 2 * full) / 1e3
 
 
 def time_rounds(
@@ -129,10 +133,10 @@ def time_rounds(
     must be the same on every rank; `agree` returns the elementwise max over the ranks (every
     rank calls it at the same moments); round ids count from `first_round`."""
     reps = [repetitions(plan.span_ms, p) for p in per_iter_ms]
-    round_ms = sum(r * p for r, p in zip(reps, per_iter_ms))
-    warm = math.ceil(plan.warmup_s * 1e3 / round_ms) if plan.warmup_s > 0 else 0
-    max_rounds = plan.rounds_cap(per_iter_ms)
-    min_rounds = min(plan.min_rounds, max_rounds)
+    cost = [r * p for r, p in zip(reps, per_iter_ms)]  # ms a candidate adds to a round
+    warm = math.ceil(plan.warmup_s * 1e3 / sum(cost)) if plan.warmup_s > 0 else 0
+    budget_ms, spent_ms = plan.budget_ms(per_iter_ms), 0.0
+    min_rounds = min(plan.min_rounds, plan.max_rounds)
     rng = random.Random(plan.seed)
     timed = [Timed([], [], 0) for _ in runs]
     active = set(range(len(runs)))
@@ -151,10 +155,13 @@ def time_rounds(
 
     def wanted() -> bool:
         done = queued - warm
-        return done < min_rounds or (done < max_rounds and len(active) > 1)
+        affordable = spent_ms + sum(cost[i] for i in active) <= budget_ms
+        return done < min_rounds or (done < plan.max_rounds and len(active) > 1 and affordable)
 
     while wanted() or in_flight:
         if wanted():
+            if queued >= warm:
+                spent_ms += sum(cost[i] for i in active)  # ranks agree on `active`, so on this too
             in_flight.append((queued, *enqueue(active)))
             queued += 1
             if len(in_flight) < 2 and wanted():
@@ -191,7 +198,7 @@ def _score(timed: list[Timed], reference: int, which) -> None:
             continue
         ratios = [ref[r] / ms for r, ms in zip(t.round_ids, t.samples_ms) if r in ref and ms > 0]
         if ratios:
-            t.speedup, t.speedup_ci = statistics.median(ratios), median_ci(ratios)
+            t.speedup, t.speedup_ci = paired_estimate(ratios), paired_ci(ratios)
 
 
 def _narrow(t: Timed, target: float, min_rounds: int) -> bool:

@@ -33,6 +33,9 @@ class LayerWeights:
 
     attn_norm: torch.Tensor  # [hidden]
     wqkv: torch.Tensor  # [(heads + 2 kv_heads) / tp * head_dim, hidden]: this rank's q | k | v
+    bqkv: torch.Tensor | None  # [(heads + 2 kv_heads) / tp * head_dim]: its bias (shape.qkv_bias), else None
+    q_norm: torch.Tensor | None  # [head_dim], replicated: Qwen3's per-head q RMSNorm (shape.qk_norm), else None
+    k_norm: torch.Tensor | None  # [head_dim], replicated: the same for k
     wo: torch.Tensor  # [hidden, heads / tp * head_dim]
     mlp_norm: torch.Tensor  # [hidden]
     w_gate_up: torch.Tensor  # [2 ffn / tp, hidden]: this rank's gate | up
@@ -95,10 +98,15 @@ def _shard(shape: ModelShape, tp: int, layer: int, shard: int, seed: int, num_la
     def make(name: str, rows: int, cols: int, scale: float = 1.0) -> torch.Tensor:
         return seeded_randn((rows, cols), stable_seed(seed, layer, name, shard), device, scale * cols**-0.5)
 
+    biases = {}
+    if shape.qkv_bias:  # N(0, 0.5^2) against q, k, v of unit scale: a bias that matters, as Qwen2's do
+        for name, rows in (("bq", q), ("bk", kv), ("bv", kv)):
+            biases[name] = seeded_randn((rows,), stable_seed(seed, layer, name, shard), device, 0.5)
     return {
         "wq": make("wq", q, h),
         "wk": make("wk", kv, h),
         "wv": make("wv", kv, h),
+        **biases,
         "wo": make("wo", h, q, out_scale),
         "gate": make("gate", f, h),
         "up": make("up", f, h),
@@ -120,6 +128,9 @@ def _layer(shape: ModelShape, tp: int, layer: int, shards, seed: int, num_layers
     return LayerWeights(
         attn_norm=_norm_weight(shape.hidden, seed, layer, "attn_norm", device),
         wqkv=torch.cat([cat("wq"), cat("wk"), cat("wv")]),
+        bqkv=torch.cat([cat("bq"), cat("bk"), cat("bv")]) if shape.qkv_bias else None,
+        q_norm=_norm_weight(shape.head_dim, seed, layer, "q_norm", device) if shape.qk_norm else None,
+        k_norm=_norm_weight(shape.head_dim, seed, layer, "k_norm", device) if shape.qk_norm else None,
         wo=cat("wo", dim=1),
         mlp_norm=_norm_weight(shape.hidden, seed, layer, "mlp_norm", device),
         w_gate_up=torch.cat([cat("gate"), cat("up")]),
@@ -148,7 +159,8 @@ def build_stack(
     stack = Stack(shape, 1 if rank is None else tp, layers, final)
     for w in stack.layers:
         for name, t in vars(w).items():
-            setattr(w, name, t.to(dtype).contiguous())
+            if t is not None:  # absent attention details (no QKV bias, no q/k norms)
+                setattr(w, name, t.to(dtype).contiguous())
     stack.final_norm = final.to(dtype)
     return stack
 
@@ -409,16 +421,29 @@ class KVBuffer:
                 self.v[rows] = v[s.row : s.row + s.length]
 
 
+def qkv_projection(w: LayerWeights, normed: torch.Tensor) -> torch.Tensor:
+    """normed @ Wqkv^T, plus the QKV bias where the layer has one (in the GEMM, as engines do)."""
+    return normed @ w.wqkv.t() if w.bqkv is None else torch.addmm(w.bqkv, normed, w.wqkv.t())
+
+
+def add_qkv_bias(w: LayerWeights, qkv: torch.Tensor) -> torch.Tensor:
+    """The QKV bias added (in place) to a projection computed without it: the SP path's GEMM
+    is fused with its all-gather and takes no bias."""
+    return qkv if w.bqkv is None else qkv.add_(w.bqkv)
+
+
 def rope_qkv(
-    stack: Stack, qkv: torch.Tensor, positions: torch.Tensor, rope: RopeTable
+    stack: Stack, w: LayerWeights, qkv: torch.Tensor, positions: torch.Tensor, rope: RopeTable
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Rows of the QKV projection, split into heads, with RoPE on q and k:
+    """Rows of the QKV projection (its bias already added), split into heads, with the per-head
+    q/k RMSNorms where the layer has them (Qwen3), then RoPE on q and k:
     q [rows, heads, head_dim], k and v [rows, kv_heads, head_dim]."""
     d = stack.shape.head_dim
     q, k, v = qkv.split([stack.heads * d, stack.kv_heads * d, stack.kv_heads * d], dim=-1)
-    q = rope.apply(q.view(-1, stack.heads, d), positions)
-    k = rope.apply(k.view(-1, stack.kv_heads, d), positions)
-    return q, k, v.view(-1, stack.kv_heads, d)
+    q, k = q.view(-1, stack.heads, d), k.view(-1, stack.kv_heads, d)
+    if w.q_norm is not None:
+        q, k = rms_norm(q, w.q_norm, stack.shape.eps), rms_norm(k, w.k_norm, stack.shape.eps)
+    return rope.apply(q, positions), rope.apply(k, positions), v.view(-1, stack.kv_heads, d)
 
 
 def attend(
@@ -459,9 +484,10 @@ def attention_partial(
     kv: KVBuffer | None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """QKV -> RoPE -> causal attention -> O-proj of one chunk: this rank's partial sum."""
+    """QKV (+ bias) -> q/k norms -> RoPE -> causal attention -> O-proj of one chunk: this
+    rank's partial sum."""
     w = stack.layers[layer]
-    q, k, v = rope_qkv(stack, normed @ w.wqkv.t(), chunk.positions, rope)
+    q, k, v = rope_qkv(stack, w, qkv_projection(w, normed), chunk.positions, rope)
     if kv is not None:
         kv.store(chunk, k, v)
     return torch.matmul(attend(stack, q, k, v, chunk, kv, layer=layer), w.wo.t(), out=out)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 
 from overlapbench.errors import UserError, did_you_mean
 
@@ -82,12 +82,23 @@ class ModelShape:
         return asdict(self)
 
 
+def completed(shape: dict) -> dict:
+    """A shape's fields as rows store them, in ModelShape's order, the fields it lacks at their
+    defaults: rows written before a field existed lack it (results.upgraded). Unknown keys stay."""
+    out = {f.name: shape.get(f.name, f.default) for f in fields(ModelShape) if f.name in shape or f.default is not MISSING}
+    return out | shape
+
 PRESETS: dict[str, ModelShape] = {
     "tiny": ModelShape(hidden=64, ffn=128, heads=4, kv_heads=2, head_dim=16, eps=1e-5),
     "llama3-8b": ModelShape(hidden=4096, ffn=14336, heads=32, kv_heads=8, head_dim=128),
     "llama3-70b": ModelShape(hidden=8192, ffn=28672, heads=64, kv_heads=8, head_dim=128),
+    # Qwen2 has biases on q, k and v (not on o); Qwen3 drops them and RMS-normalizes q and k
+    # per head. Qwen3's heads are not hidden / heads wide: 64 x 128 = 8192 from hidden 5120.
     "qwen2.5-72b": ModelShape(
-        hidden=8192, ffn=29568, heads=64, kv_heads=8, head_dim=128, eps=1e-6, rope_theta=1e6
+        hidden=8192, ffn=29568, heads=64, kv_heads=8, head_dim=128, eps=1e-6, rope_theta=1e6, qkv_bias=True
+    ),
+    "qwen3-32b": ModelShape(
+        hidden=5120, ffn=25600, heads=64, kv_heads=8, head_dim=128, eps=1e-6, rope_theta=1e6, qk_norm=True
     ),
 }
 

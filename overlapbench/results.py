@@ -23,7 +23,7 @@ STATUSES = ("ok", "failed", "skipped")
 # "interleaved" (a batch's candidates in rounds, interleave.py) or "sequential". Interleaved,
 # `samples_ms` holds one value per round (ms per layer in that round, the slowest rank's),
 # `round_ids` which rounds of the batch's timing those are, `pairing` that timing's id (rows of one
-# pairing compare round by round), `speedup` the median over rounds of t_reference / t in the same
+# pairing compare round by round), `speedup` the trimmed geometric mean over rounds of t_reference / t in the same
 # round, `speedup_ci` its 95% bootstrap interval over rounds [lo, hi] (the reference itself: 1.0,
 # [1.0, 1.0]), `span_ms` the time per candidate per round and `iters` the iterations timed in all;
 # sequential rows hold null there.
@@ -63,8 +63,29 @@ def read_rows(path: str | Path) -> list[dict]:
                 f"{path}:{n}: schema is {row['schema']!r}, this overlapbench reads {SCHEMA!r}; "
                 f"re-run the sweep with this version"
             )
-        rows.append(row)
+        rows.append(upgraded(row))
     return rows
+
+
+def upgraded(row: dict) -> dict:
+    """A row written before ModelShape gained a field, with that field's default filled in its
+    `shape` and in the shape inside its point `key`: old and new rows of one shape then group
+    (report, tune) and match (`--compare`, `--resume`) as one. Other rows are left as they are."""
+    from overlapbench.models import completed
+
+    shape = row.get("shape")
+    if isinstance(shape, dict):
+        row["shape"] = completed(shape)
+    key = row.get("key")
+    if isinstance(key, str) and '"shape"' in key:
+        try:
+            parsed = json.loads(key)
+        except json.JSONDecodeError:
+            return row
+        old = parsed.get("shape") if isinstance(parsed, dict) else None
+        if isinstance(old, dict) and completed(old) != old:
+            row["key"] = json.dumps(parsed | {"shape": completed(parsed["shape"])}, sort_keys=True)
+    return row
 
 
 def latest(results_dir: str | Path = "results") -> Path:

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from overlapbench import models, strategies, yamlio
+from overlapbench import hf_config, models, strategies, yamlio
 from overlapbench.comm.paths import OPS as COMM_OPS
 from overlapbench.comm.paths import PATHS as COMM_PATHS
 from overlapbench.comm.paths import PATHS_BY_OP
@@ -57,9 +57,12 @@ class Measure:
     # strayed by up to 0.8% (results/h200x2/probes/probe_clock.log): with no idle gap the clock
     # stays in its sustained regime, and short spans pair candidates closer in time.
     span_ms: float = 20.0
-    rounds: int = 100
+    # Rounds' log ratios have an sd of 2-3% at 1-8K tokens on the H200 (1% at 32K): +-0.5% needs
+    # ~90 rounds at 4K with the trimmed mean, which 1.5x the sequential time could not buy
+    # (results/h200x2/paired/check-paired-trimmed.txt). Timing is about half a sweep's wall time.
+    rounds: int = 200
     ci_target: float = 0.005
-    time_factor: float = 1.5
+    time_factor: float = 3.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) or self.warmup < 0:
@@ -309,7 +312,7 @@ class CommSpec:
 @dataclass(frozen=True)
 class SweepSpec:
     name: str
-    model: str  # preset name, or "custom"
+    model: str  # preset name, a config.json's model name (hf_config.model_name), or "custom"
     shape: models.ModelShape
     tp: int | str  # an int, or "auto": the world size
     dtype: str
@@ -428,7 +431,9 @@ def _batches(data: dict) -> tuple[tuple[tuple[int, ...], ...], tuple[Decode | No
     return tuple(b for b, _ in batches), tuple(d for _, d in batches)
 
 
-def _model(data: dict) -> tuple[str, models.ModelShape]:
+def _model(data: dict, base: Path | None) -> tuple[str, models.ModelShape]:
+    """A preset, a custom shape, or a Hugging Face config.json (a relative path: from `base`,
+    the spec file's folder): the row's model name and the shape."""
     if "model" in data and "shape" in data:
         raise UserError("model: give either a preset 'model' or a custom 'shape', not both")
     if "shape" in data:
@@ -443,7 +448,13 @@ def _model(data: dict) -> tuple[str, models.ModelShape]:
         return "custom", models.ModelShape(**shape)
     name = data.get("model")
     if not isinstance(name, str):
-        raise UserError("model: missing; name a preset (see `overlapbench models`) or give 'shape'")
+        raise UserError("model: missing; name a preset (see `overlapbench models`), a config.json, or give 'shape'")
+    if hf_config.is_config_path(name, base):
+        try:
+            read = hf_config.read(hf_config.resolve(name, base))
+        except UserError as e:
+            raise UserError(f"model: {e}") from None
+        return read.name, read.shape
     return name, models.preset(name)
 
 
@@ -469,8 +480,9 @@ def _workload(data: dict, grids: tuple[StrategyGrid, ...]) -> tuple[str, Gemm | 
     return workload, Gemm(_positive_int(gemm["n"], "gemm.n"), _positive_int(gemm["k"], "gemm.k"))
 
 
-def from_dict(data: Any, name: str, cuda: bool) -> SweepSpec:
-    """Validate a parsed YAML document; `cuda` picks the device section that applies."""
+def from_dict(data: Any, name: str, cuda: bool, base: Path | None = None) -> SweepSpec:
+    """Validate a parsed YAML document; `cuda` picks the device section that applies; a
+    relative `model: path/config.json` is read from `base` (the spec's folder; None: the cwd)."""
     if not isinstance(data, dict):
         raise UserError(f"spec: must be a YAML mapping of settings, got {type(data).__name__}")
     reject_unknown_keys(data, TOP_KEYS, "")
@@ -488,7 +500,7 @@ def from_dict(data: Any, name: str, cuda: bool) -> SweepSpec:
     spec_name = data.get("name", name)
     if not isinstance(spec_name, str) or not spec_name or "/" in spec_name:
         raise UserError(f"name: must be a non-empty string without '/', got {spec_name!r}")
-    model, shape = _model(data)
+    model, shape = _model(data, base)
     tp = data.get("tp", "auto")
     if tp != "auto":
         _positive_int(tp, "tp")
@@ -549,6 +561,6 @@ def load(path: str | Path, cuda: bool) -> SweepSpec:
     if data is None:
         raise UserError(f"{path}: the spec is empty; see sweeps/quick.yaml for an example")
     try:
-        return from_dict(data, path.stem, cuda)
+        return from_dict(data, path.stem, cuda, path.parent)
     except UserError as e:
         raise UserError(f"{path}: {e}") from None

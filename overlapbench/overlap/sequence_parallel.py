@@ -20,7 +20,17 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from overlapbench.layer import KVBuffer, add_rms_norm, attend, rms_norm, rope_qkv, swiglu, token_range, whole_batch
+from overlapbench.layer import (
+    KVBuffer,
+    add_qkv_bias,
+    add_rms_norm,
+    attend,
+    rms_norm,
+    rope_qkv,
+    swiglu,
+    token_range,
+    whole_batch,
+)
 from overlapbench.overlap.sp_schedule import ATTENTION_MODES, ShardLayout
 from overlapbench.runtime import BuildContext
 from overlapbench.step import Step
@@ -108,8 +118,8 @@ class SequenceParallelForward:
 
     def _attention(self, layer: int, normed: torch.Tensor) -> torch.Tensor:
         stack, w = self.ctx.stack, self.ctx.stack.layers[layer]
-        qkv = self.ex.gather_matmul(ATTENTION, normed, w.wqkv)
-        q, k, v = rope_qkv(stack, qkv[: self.tokens], self.positions, self.ctx.rope)
+        qkv = add_qkv_bias(w, self.ex.gather_matmul(ATTENTION, normed, w.wqkv)[: self.tokens])
+        q, k, v = rope_qkv(stack, w, qkv, self.positions, self.ctx.rope)
         kv = KVBuffer.holding(k, v)
 
         def attend_rows(lo: int, hi: int) -> None:
