@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from overlapbench import results
+from overlapbench.batches import decode_of
 from overlapbench.errors import UserError
 from overlapbench.knobs import DEFAULT
 
@@ -254,33 +255,6 @@ def by_point(measured: Iterable[Measured]) -> dict[Group, dict[int, list[Measure
         out.setdefault(m.group, {}).setdefault(m.tokens, []).append(m)
     ordered = sorted(out.items(), key=lambda item: (item[0].label(), item[0].shape))
     return {group: dict(sorted(points.items())) for group, points in ordered}
-
-
-def decode_of(row: dict) -> tuple[int, int] | None:
-    """A row's decode tokens as (tokens, context); None for prefill-only batches and older rows."""
-    decode = row.get("decode")
-    return (int(decode["tokens"]), int(decode["context"])) if decode else None
-
-
-def by_batch(rows: Iterable[Measured]) -> dict[tuple, list[Measured]]:
-    """Rows at one token count split by batch composition: different batches of equal size (one
-    sequence of 8192 tokens, two of 4096, or 7936 prefill tokens and 256 decode tokens) are
-    different workloads, never compared with each other. Prefill-only batches first."""
-    out: dict[tuple, list[Measured]] = {}
-    for m in rows:
-        out.setdefault(m.composition, []).append(m)
-    order = lambda item: (item[0][1] is not None, len(item[0][0]), item[0][0], item[0][1] or (0, 0))
-    return dict(sorted(out.items(), key=order))
-
-
-def batch_text(m: Measured) -> str:
-    """The composition in words: `[2048]`, `[2048]+256 decode@4096`."""
-    decode = f"+{m.decode[0]} decode@{m.decode[1]}" if m.decode else ""
-    return f"{list(m.batch)}{decode}"
-
-
-def batch_label(m: Measured) -> str:
-    return str(m.tokens) if len(m.batch) == 1 and m.decode is None else f"{m.tokens} {batch_text(m)}"
 
 
 def best_per_strategy(rows: Iterable[Measured]) -> dict[str, Measured]:

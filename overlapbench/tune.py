@@ -40,7 +40,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from overlapbench import analysis, strategies, tuned
+from overlapbench import analysis, batches, strategies, tuned
 from overlapbench.analysis import Group, Measured
 from overlapbench.errors import UserError
 
@@ -167,15 +167,15 @@ def pick(rows: list[Measured]) -> Pick | None:
     Each batch of that size is judged on its own; a strategy is chosen for the token count only
     where every measured batch chose it, else the reference stays (the engine sees only the count).
     """
-    picks = [p for p in map(_pick_in_batch, analysis.by_batch(rows).values()) if p is not None]
+    picks = [p for p in map(_pick_in_batch, batches.by_batch(rows).values()) if p is not None]
     if not picks:
         return None
     if len({p.chosen.setting for p in picks}) == 1:
         first = picks[0]
-        why = first.why if len(picks) == 1 else "; ".join(f"{analysis.batch_text(p.reference)}: {p.why}" for p in picks)
+        why = first.why if len(picks) == 1 else "; ".join(f"{batches.batch_text(p.reference)}: {p.why}" for p in picks)
         return Pick(first.tokens, first.chosen, first.reference, first.gain, why)
     ref = picks[0].reference
-    choices = "; ".join(f"{analysis.batch_text(p.reference)}: {p.chosen.describe()}" for p in picks)
+    choices = "; ".join(f"{batches.batch_text(p.reference)}: {p.chosen.describe()}" for p in picks)
     why = f"batches disagree ({choices}); {_ref_name(ref)} kept"
     return Pick(ref.tokens, ref, ref, None, why)
 

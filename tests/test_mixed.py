@@ -88,6 +88,14 @@ def test_mixed_batch_four_ranks(strategy, knobs):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("strategy, knobs", [("token_split", {"align": 8}), ("flash_agrs", {})])
+def test_mixed_batch_with_qkv_bias_and_qk_norm(strategy, knobs):
+    """The decode rows take the same QKV bias and q/k norms as the prefill rows."""
+    shape = ModelShape(hidden=64, ffn=128, heads=4, kv_heads=2, head_dim=16, qkv_bias=True, qk_norm=True)
+    _check(strategy, knobs, (37,), (11, 23), shape=shape)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy, knobs", [("baseline", {}), ("token_split", {"align": 4}), ("sp_baseline", {})])
 def test_decode_only_batch(strategy, knobs):
     _check(strategy, knobs, (), (13, 21))

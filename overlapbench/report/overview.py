@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from overlapbench import analysis, tune
+from overlapbench import analysis, batches, tune
 from overlapbench.analysis import Group, Measured, Store
 from overlapbench.report.cells import NOISY, Cell, Grid, Shown, text_cell
 
@@ -32,9 +32,9 @@ def overview(store: Store) -> dict[Group, dict[str, dict[str, Cell]]]:
     where several sequences make it up (batches are never compared with each other)."""
     return {
         group: {
-            analysis.batch_label(batch_rows[0]): cells_at(batch_rows)
+            batches.batch_label(batch_rows[0]): cells_at(batch_rows)
             for rows in points.values()
-            for batch_rows in analysis.by_batch(rows).values()
+            for batch_rows in batches.by_batch(rows).values()
         }
         for group, points in analysis.by_point(store.measured).items()
     }

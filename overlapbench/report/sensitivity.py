@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from overlapbench import analysis
+from overlapbench import analysis, batches
 from overlapbench.analysis import Group, Measured, Store
 from overlapbench.errors import UserError, did_you_mean
 from overlapbench.report.cells import NOISY, Grid, Shown, fmt_ms, sensitivity_legend, text_cell
@@ -95,7 +95,7 @@ def sensitivity_view(store: Store, strategy: str, tokens: int) -> tuple[list[Gri
     for group in groups:
         mine = [r for r in rows if Group.of(r) == group]
         # the reference must be of the same batch composition
-        composition = (tuple(mine[0].get("batch") or (tokens,)), analysis.decode_of(mine[0]))
+        composition = (tuple(mine[0].get("batch") or (tokens,)), batches.decode_of(mine[0]))
         ref = analysis.reference(m for m in points.get(group, {}).get(tokens, []) if m.composition == composition)
         grids.append(sensitivity_grid(group, mine, ref))
         records += [sensitivity_record(r, ref) for r in mine]
