@@ -12,6 +12,8 @@ from overlapbench.models import ModelShape
 from tests import distributed
 
 SHAPE = ModelShape(hidden=64, ffn=128, heads=8, kv_heads=4, head_dim=8)  # divisible by tp=4
+WIDE = ModelShape(hidden=64, ffn=128, heads=8, kv_heads=8, head_dim=8)  # and by tp=8 (issue 20: TP=8 on CPU)
+SHAPES = {2: SHAPE, 4: SHAPE, 8: WIDE}
 LAYERS = 2
 SEQ_LENS = (29, 14)  # two sequences, neither a multiple of any alignment
 
@@ -32,9 +34,10 @@ def _rank_all(rank: int, world: int, names: list[str]) -> dict:
     from overlapbench.layer import RopeTable, build_stack, random_input
 
     rt = runtime.init(timeout_s=60)
-    stack = build_stack(SHAPE, LAYERS, world, rank, torch.float32, rt.device, 0)
-    ctx = runtime.BuildContext(rt, stack, SEQ_LENS, RopeTable(SHAPE, max(SEQ_LENS), rt.device), sum(SEQ_LENS))
-    x = random_input(sum(SEQ_LENS), SHAPE.hidden, 0, torch.float32, rt.device)
+    shape = SHAPES[world]
+    stack = build_stack(shape, LAYERS, world, rank, torch.float32, rt.device, 0)
+    ctx = runtime.BuildContext(rt, stack, SEQ_LENS, RopeTable(shape, max(SEQ_LENS), rt.device), sum(SEQ_LENS))
+    x = random_input(sum(SEQ_LENS), shape.hidden, 0, torch.float32, rt.device)
     outputs = {}
     for name in names:
         cls = strategies.get(name)
@@ -44,7 +47,7 @@ def _rank_all(rank: int, world: int, names: list[str]) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, 4, 8])
 def test_every_registered_strategy_matches_the_reference(world):
     runnable, skipped = [], {}
     for cls in strategies.all_strategies():
@@ -54,7 +57,7 @@ def test_every_registered_strategy_matches_the_reference(world):
         else:
             runnable.append(cls.name)
     assert "baseline" in runnable and len(runnable) >= 5, f"too few strategies run on CPU: {runnable}; skipped {skipped}"
-    ref = reference_forward(SHAPE, LAYERS, world, SEQ_LENS, seed=0)
+    ref = reference_forward(SHAPES[world], LAYERS, world, SEQ_LENS, seed=0)
     outputs = distributed.run(_rank_all, runnable, world=world, timeout=240)
     for rank_outputs in outputs:
         for name, out in rank_outputs.items():
