@@ -13,6 +13,7 @@ its model.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -163,6 +164,17 @@ def build_stack(
                 setattr(w, name, t.to(dtype).contiguous())
     stack.final_norm = final.to(dtype)
     return stack
+
+
+def cast(stack: Stack, dtype: torch.dtype) -> Stack:
+    """A copy of the stack with every weight in `dtype`: the fp32 truth of a bf16 stack computes
+    with the very weights the bf16 one rounded to."""
+
+    def convert(value):
+        return value.to(dtype) if isinstance(value, torch.Tensor) else value
+
+    layers = [dataclasses.replace(w, **{name: convert(v) for name, v in vars(w).items()}) for w in stack.layers]
+    return Stack(stack.shape, stack.tp, layers, convert(stack.final_norm))
 
 
 def random_input(tokens: int, hidden: int, seed: int, dtype, device) -> torch.Tensor:
