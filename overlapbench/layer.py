@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from overlapbench.attention import ChunkPlan, causal_attention
 from overlapbench.models import ModelShape
+from overlapbench.moe import moe_partial
 
 # ---------------------------------------------------------------------------------------------
 # Weights
@@ -35,8 +36,9 @@ class LayerWeights:
     wqkv: torch.Tensor  # [(heads + 2 kv_heads) / tp * head_dim, hidden]: this rank's q | k | v
     wo: torch.Tensor  # [hidden, heads / tp * head_dim]
     mlp_norm: torch.Tensor  # [hidden]
-    w_gate_up: torch.Tensor  # [2 ffn / tp, hidden]: this rank's gate | up
-    w_down: torch.Tensor  # [hidden, ffn / tp]
+    w_gate_up: torch.Tensor  # [2 ffn / tp, hidden]: this rank's gate | up (MoE: [experts, 2 expert_ffn / tp, hidden])
+    w_down: torch.Tensor  # [hidden, ffn / tp] (MoE: [experts, hidden, expert_ffn / tp])
+    router: torch.Tensor | None = None  # MoE: [experts, hidden], the same on every rank
 
 
 @dataclass
@@ -89,20 +91,21 @@ def _shard(shape: ModelShape, tp: int, layer: int, shard: int, seed: int, num_la
     outputs, bf16 rounding differences between two correct schedules compound to ~1e-2.)
     """
     h, d = shape.hidden, shape.head_dim
-    q, kv, f = shape.heads // tp * d, shape.kv_heads // tp * d, shape.ffn // tp
+    q, kv, f = shape.heads // tp * d, shape.kv_heads // tp * d, shape.mlp_width // tp
     out_scale = (2 * num_layers) ** -0.5
 
-    def make(name: str, rows: int, cols: int, scale: float = 1.0) -> torch.Tensor:
-        return seeded_randn((rows, cols), stable_seed(seed, layer, name, shard), device, scale * cols**-0.5)
+    def make(name: str, rows: int, cols: int, scale: float = 1.0, base: int = seed) -> torch.Tensor:
+        return seeded_randn((rows, cols), stable_seed(base, layer, name, shard), device, scale * cols**-0.5)
 
-    return {
-        "wq": make("wq", q, h),
-        "wk": make("wk", kv, h),
-        "wv": make("wv", kv, h),
-        "wo": make("wo", h, q, out_scale),
-        "gate": make("gate", f, h),
-        "up": make("up", f, h),
-        "down": make("down", h, f, out_scale),
+    weights = {"wq": make("wq", q, h), "wk": make("wk", kv, h), "wv": make("wv", kv, h), "wo": make("wo", h, q, out_scale)}
+    if not shape.moe:
+        return weights | {"gate": make("gate", f, h), "up": make("up", f, h), "down": make("down", h, f, out_scale)}
+    # Expert e's shard is seeded from (layer, e, shard): shards are made independently, as above.
+    bases = [stable_seed(seed, layer, "expert", e) for e in range(shape.experts)]
+    return weights | {
+        "gate": torch.stack([make("gate", f, h, base=b) for b in bases]),
+        "up": torch.stack([make("up", f, h, base=b) for b in bases]),
+        "down": torch.stack([make("down", h, f, out_scale, base=b) for b in bases]),
     }
 
 
@@ -117,14 +120,27 @@ def _layer(shape: ModelShape, tp: int, layer: int, shards, seed: int, num_layers
     def cat(name: str, dim: int = 0) -> torch.Tensor:
         return torch.cat([p[name] for p in parts], dim=dim)
 
+    e = 1 if shape.moe else 0  # MoE: [experts, ...], every dimension one further
     return LayerWeights(
         attn_norm=_norm_weight(shape.hidden, seed, layer, "attn_norm", device),
         wqkv=torch.cat([cat("wq"), cat("wk"), cat("wv")]),
         wo=cat("wo", dim=1),
         mlp_norm=_norm_weight(shape.hidden, seed, layer, "mlp_norm", device),
-        w_gate_up=torch.cat([cat("gate"), cat("up")]),
-        w_down=cat("down", dim=1),
+        w_gate_up=torch.cat([cat("gate", e), cat("up", e)], dim=e),
+        w_down=cat("down", dim=1 + e),
+        router=_router(shape, seed, layer, device) if shape.moe else None,
     )
+
+
+# Router logits ~ N(0, ROUTER_SCALE^2) per expert: spread like a trained router's, so near-ties
+# in the top-k (whose choice flips with rounding) are rare. See moe.py and docs/design.md.
+ROUTER_SCALE = 1.0
+
+
+def _router(shape: ModelShape, seed: int, layer: int, device) -> torch.Tensor:
+    """The MoE router [experts, hidden]: one seed for all ranks (it is replicated, not sharded)."""
+    scale = ROUTER_SCALE * shape.hidden**-0.5
+    return seeded_randn((shape.experts, shape.hidden), stable_seed(seed, layer, "router", 0), device, scale)
 
 
 def build_stack(
@@ -148,7 +164,8 @@ def build_stack(
     stack = Stack(shape, 1 if rank is None else tp, layers, final)
     for w in stack.layers:
         for name, t in vars(w).items():
-            setattr(w, name, t.to(dtype).contiguous())
+            if t is not None:
+                setattr(w, name, t.to(dtype).contiguous())
     stack.final_norm = final.to(dtype)
     return stack
 
@@ -377,8 +394,11 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 def mlp_partial(
     stack: Stack, layer: int, normed: torch.Tensor, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """gate/up -> SiLU * up -> down of one chunk: this rank's partial sum."""
+    """gate/up -> SiLU * up -> down of one chunk: this rank's partial sum (a MoE layer: router,
+    then every token's experts, overlapbench/moe.py)."""
     w = stack.layers[layer]
+    if w.router is not None:
+        return moe_partial(normed, w.router, w.w_gate_up, w.w_down, stack.shape.top_k, out)
     return torch.matmul(swiglu(normed @ w.w_gate_up.t()), w.w_down.t(), out=out)
 
 
