@@ -132,15 +132,10 @@ def _layer(shape: ModelShape, tp: int, layer: int, shards, seed: int, num_layers
     )
 
 
-# Router logits ~ N(0, ROUTER_SCALE^2) per expert: spread like a trained router's, so near-ties
-# in the top-k (whose choice flips with rounding) are rare. See moe.py and docs/design.md.
-ROUTER_SCALE = 1.0
-
-
 def _router(shape: ModelShape, seed: int, layer: int, device) -> torch.Tensor:
-    """The MoE router [experts, hidden]: one seed for all ranks (it is replicated, not sharded)."""
-    scale = ROUTER_SCALE * shape.hidden**-0.5
-    return seeded_randn((shape.experts, shape.hidden), stable_seed(seed, layer, "router", 0), device, scale)
+    """The MoE router [experts, hidden]: one seed for all ranks (it is replicated, not sharded).
+    N(0, 1/hidden) like the other weights: logits of about unit spread, a soft top-k."""
+    return seeded_randn((shape.experts, shape.hidden), stable_seed(seed, layer, "router", 0), device, shape.hidden**-0.5)
 
 
 def build_stack(
