@@ -84,6 +84,7 @@ class ModelShape:
 
 PRESETS: dict[str, ModelShape] = {
     "tiny": ModelShape(hidden=64, ffn=128, heads=4, kv_heads=2, head_dim=16, eps=1e-5),
+    "tiny-moe": ModelShape(hidden=64, ffn=128, heads=4, kv_heads=2, head_dim=16, experts=4, top_k=2, expert_ffn=64),
     "llama3-8b": ModelShape(hidden=4096, ffn=14336, heads=32, kv_heads=8, head_dim=128),
     "llama3-70b": ModelShape(hidden=8192, ffn=28672, heads=64, kv_heads=8, head_dim=128),
     "qwen2.5-72b": ModelShape(
