@@ -74,7 +74,7 @@ def moe_partial(
     offsets = counts.cumsum(0, dtype=torch.int32)
     rows = normed[order // top_k]  # each sorted assignment's token
     y = grouped_mm(_swiglu(grouped_mm(rows, w_gate_up, offsets)), w_down, offsets)
-    by_assignment = torch.empty_like(y)
+    by_assignment = y.new_empty(y.shape)  # contiguous (a grouped GEMM may pad its rows)
     by_assignment[order] = y
     return _weighted_sum(weights, by_assignment.view(tokens, top_k, -1), out)
 
