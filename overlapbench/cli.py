@@ -231,9 +231,11 @@ def models() -> None:
     """List the model presets and their shapes."""
     from overlapbench.models import PRESETS
 
-    table = printing.table("preset", "hidden", "ffn", "heads", "kv_heads", "head_dim", "eps", "rope_theta", keep=("preset",))
+    columns = ("preset", "hidden", "ffn", "heads", "kv_heads", "head_dim", "eps", "rope_theta", "experts")
+    table = printing.table(*columns, keep=("preset",))
     for name, s in PRESETS.items():
-        table.add_row(name, *(str(v) for v in (s.hidden, s.ffn, s.heads, s.kv_heads, s.head_dim, s.eps, s.rope_theta)))
+        experts = f"{s.experts} top {s.top_k} x {s.expert_ffn}" if s.moe else "-"  # MoE: ffn is unused
+        table.add_row(name, *(str(v) for v in (s.hidden, s.ffn, s.heads, s.kv_heads, s.head_dim, s.eps, s.rope_theta)), experts)
     printing.print_table(console, table)
 
 
