@@ -66,6 +66,8 @@ def moe_partial(
 ) -> torch.Tensor:
     """This rank's partial sum of the routed experts' outputs for `normed` [tokens, hidden]."""
     tokens, experts = normed.shape[0], router.shape[0]
+    if tokens == 0:  # no rows (a shape, not a value: no sync); grouped GEMMs want at least one
+        return normed.new_zeros(0, w_down.shape[1]) if out is None else out
     weights, chosen = route(normed, router, top_k)
     flat = chosen.flatten()  # assignment a = token * top_k + j
     order = flat.argsort(stable=True)  # assignments sorted by expert

@@ -43,11 +43,14 @@ def test_route_picks_the_top_k_and_renormalizes():
 
 
 @pytest.mark.parametrize("shape", [MOE, WIDE], ids=["4x2", "16x5"])
-@pytest.mark.parametrize("tokens", [1, 7, 37, 200])
+@pytest.mark.parametrize("tokens", [0, 1, 7, 37, 200])
 def test_grouped_path_equals_the_per_expert_oracle(shape, tokens):
     w = build_stack(shape, 1, 1, None, torch.float32, CPU).layers[0]
     x = _inputs(tokens, shape.hidden)
     ref = reference_moe(x, w.router, w.w_gate_up, w.w_down, shape.top_k)
+    if tokens == 0:
+        assert moe_partial(x, w.router, w.w_gate_up, w.w_down, shape.top_k).shape == (0, shape.hidden)
+        return
     assert ref.abs().sum() > 0
     assert _rel_err(moe_partial(x, w.router, w.w_gate_up, w.w_down, shape.top_k), ref) < 1e-6
     out = torch.full((tokens, shape.hidden), float("nan"))

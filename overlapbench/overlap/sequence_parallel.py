@@ -175,9 +175,7 @@ class CollectiveExchange:
         return None
 
     def gather_matmul(self, block: int, shard: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        full = shard.new_empty(self.layout.padded, shard.shape[1])
-        all_gather_single(full, shard, group=self.group)
-        return full @ weight.t()
+        return self.gather(block, shard) @ weight.t()
 
     def scatter_rows(self) -> list[tuple[int, int]]:
         return [(0, self.layout.padded)]
