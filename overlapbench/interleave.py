@@ -75,7 +75,7 @@ class Plan:
     max_rounds: int
     ci_target: float  # a candidate leaves when its interval's half-width is within this share of its speedup
     warmup_s: float = 0.0  # whole rounds, untimed, first: the clock reaches the interleaved regime
-    min_rounds: int = 5
+    min_rounds: int = 10  # before a candidate may leave: percentile intervals of fewer rounds are too narrow
     seed: int = 0
     # The time the sequential mode would time each candidate (max(iters x its iteration,
     # min_time_s)); rounds stop once they have taken `budget_factor` times that, summed over the

@@ -13,6 +13,7 @@ its model.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 
 from overlapbench.attention import ChunkPlan, causal_attention, decode_attention
 from overlapbench.models import ModelShape
+from overlapbench.moe import moe_partial
 
 # ---------------------------------------------------------------------------------------------
 # Weights
@@ -38,8 +40,9 @@ class LayerWeights:
     k_norm: torch.Tensor | None  # [head_dim], replicated: the same for k
     wo: torch.Tensor  # [hidden, heads / tp * head_dim]
     mlp_norm: torch.Tensor  # [hidden]
-    w_gate_up: torch.Tensor  # [2 ffn / tp, hidden]: this rank's gate | up
-    w_down: torch.Tensor  # [hidden, ffn / tp]
+    w_gate_up: torch.Tensor  # [2 ffn / tp, hidden]: this rank's gate | up (MoE: [experts, 2 expert_ffn / tp, hidden])
+    w_down: torch.Tensor  # [hidden, ffn / tp] (MoE: [experts, hidden, expert_ffn / tp])
+    router: torch.Tensor | None = None  # MoE: [experts, hidden], the same on every rank
 
 
 @dataclass
@@ -92,25 +95,26 @@ def _shard(shape: ModelShape, tp: int, layer: int, shard: int, seed: int, num_la
     outputs, bf16 rounding differences between two correct schedules compound to ~1e-2.)
     """
     h, d = shape.hidden, shape.head_dim
-    q, kv, f = shape.heads // tp * d, shape.kv_heads // tp * d, shape.ffn // tp
+    q, kv, f = shape.heads // tp * d, shape.kv_heads // tp * d, shape.mlp_width // tp
     out_scale = (2 * num_layers) ** -0.5
 
-    def make(name: str, rows: int, cols: int, scale: float = 1.0) -> torch.Tensor:
-        return seeded_randn((rows, cols), stable_seed(seed, layer, name, shard), device, scale * cols**-0.5)
+    def make(name: str, rows: int, cols: int, scale: float = 1.0, base: int = seed) -> torch.Tensor:
+        return seeded_randn((rows, cols), stable_seed(base, layer, name, shard), device, scale * cols**-0.5)
 
     biases = {}
     if shape.qkv_bias:  # N(0, 0.5^2) against q, k, v of unit scale: a bias that matters, as Qwen2's do
         for name, rows in (("bq", q), ("bk", kv), ("bv", kv)):
             biases[name] = seeded_randn((rows,), stable_seed(seed, layer, name, shard), device, 0.5)
-    return {
-        "wq": make("wq", q, h),
-        "wk": make("wk", kv, h),
-        "wv": make("wv", kv, h),
-        **biases,
-        "wo": make("wo", h, q, out_scale),
-        "gate": make("gate", f, h),
-        "up": make("up", f, h),
-        "down": make("down", h, f, out_scale),
+    weights = {"wq": make("wq", q, h), "wk": make("wk", kv, h), "wv": make("wv", kv, h), **biases,
+               "wo": make("wo", h, q, out_scale)}
+    if not shape.moe:
+        return weights | {"gate": make("gate", f, h), "up": make("up", f, h), "down": make("down", h, f, out_scale)}
+    # Expert e's shard is seeded from (layer, e, shard): shards are made independently, as above.
+    bases = [stable_seed(seed, layer, "expert", e) for e in range(shape.experts)]
+    return weights | {
+        "gate": torch.stack([make("gate", f, h, base=b) for b in bases]),
+        "up": torch.stack([make("up", f, h, base=b) for b in bases]),
+        "down": torch.stack([make("down", h, f, out_scale, base=b) for b in bases]),
     }
 
 
@@ -125,6 +129,7 @@ def _layer(shape: ModelShape, tp: int, layer: int, shards, seed: int, num_layers
     def cat(name: str, dim: int = 0) -> torch.Tensor:
         return torch.cat([p[name] for p in parts], dim=dim)
 
+    e = 1 if shape.moe else 0  # MoE: [experts, ...], every dimension one further
     return LayerWeights(
         attn_norm=_norm_weight(shape.hidden, seed, layer, "attn_norm", device),
         wqkv=torch.cat([cat("wq"), cat("wk"), cat("wv")]),
@@ -133,9 +138,16 @@ def _layer(shape: ModelShape, tp: int, layer: int, shards, seed: int, num_layers
         k_norm=_norm_weight(shape.head_dim, seed, layer, "k_norm", device) if shape.qk_norm else None,
         wo=cat("wo", dim=1),
         mlp_norm=_norm_weight(shape.hidden, seed, layer, "mlp_norm", device),
-        w_gate_up=torch.cat([cat("gate"), cat("up")]),
-        w_down=cat("down", dim=1),
+        w_gate_up=torch.cat([cat("gate", e), cat("up", e)], dim=e),
+        w_down=cat("down", dim=1 + e),
+        router=_router(shape, seed, layer, device) if shape.moe else None,
     )
+
+
+def _router(shape: ModelShape, seed: int, layer: int, device) -> torch.Tensor:
+    """The MoE router [experts, hidden]: one seed for all ranks (it is replicated, not sharded).
+    N(0, 1/hidden) like the other weights: logits of about unit spread, a soft top-k."""
+    return seeded_randn((shape.experts, shape.hidden), stable_seed(seed, layer, "router", 0), device, shape.hidden**-0.5)
 
 
 def build_stack(
@@ -163,6 +175,17 @@ def build_stack(
                 setattr(w, name, t.to(dtype).contiguous())
     stack.final_norm = final.to(dtype)
     return stack
+
+
+def cast(stack: Stack, dtype: torch.dtype) -> Stack:
+    """A copy of the stack with every weight in `dtype`: the fp32 truth of a bf16 stack computes
+    with the very weights the bf16 one rounded to."""
+
+    def convert(value):
+        return value.to(dtype) if isinstance(value, torch.Tensor) else value
+
+    layers = [dataclasses.replace(w, **{name: convert(v) for name, v in vars(w).items()}) for w in stack.layers]
+    return Stack(stack.shape, stack.tp, layers, convert(stack.final_norm))
 
 
 def random_input(tokens: int, hidden: int, seed: int, dtype, device) -> torch.Tensor:
@@ -216,6 +239,10 @@ class DecodeCache:
         cache_k[:, self.context] = k
         cache_v[:, self.context] = v
         return decode_attention(q, cache_k, cache_v, out)
+
+    def to(self, dtype: torch.dtype) -> DecodeCache:
+        """A copy in `dtype` (the fp32 truth reads the very keys and values the bf16 cache holds)."""
+        return DecodeCache(self.tokens, self.context, [t.to(dtype) for t in self.k], [t.to(dtype) for t in self.v])
 
 
 def build_decode_cache(
@@ -502,8 +529,11 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 def mlp_partial(
     stack: Stack, layer: int, normed: torch.Tensor, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """gate/up -> SiLU * up -> down of one chunk: this rank's partial sum."""
+    """gate/up -> SiLU * up -> down of one chunk: this rank's partial sum (a MoE layer: router,
+    then every token's experts, overlapbench/moe.py)."""
     w = stack.layers[layer]
+    if w.router is not None:
+        return moe_partial(normed, w.router, w.w_gate_up, w.w_down, stack.shape.top_k, out)
     return torch.matmul(swiglu(normed @ w.w_gate_up.t()), w.w_down.t(), out=out)
 
 

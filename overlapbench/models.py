@@ -90,6 +90,7 @@ def completed(shape: dict) -> dict:
 
 PRESETS: dict[str, ModelShape] = {
     "tiny": ModelShape(hidden=64, ffn=128, heads=4, kv_heads=2, head_dim=16, eps=1e-5),
+    "tiny-moe": ModelShape(hidden=64, ffn=128, heads=4, kv_heads=2, head_dim=16, experts=4, top_k=2, expert_ffn=64),
     "llama3-8b": ModelShape(hidden=4096, ffn=14336, heads=32, kv_heads=8, head_dim=128),
     "llama3-70b": ModelShape(hidden=8192, ffn=28672, heads=64, kv_heads=8, head_dim=128),
     # Qwen2 has biases on q, k and v (not on o); Qwen3 drops them and RMS-normalizes q and k
@@ -99,6 +100,16 @@ PRESETS: dict[str, ModelShape] = {
     ),
     "qwen3-32b": ModelShape(
         hidden=5120, ffn=25600, heads=64, kv_heads=8, head_dim=128, eps=1e-6, rope_theta=1e6, qk_norm=True
+    ),
+    # Mixture-of-experts (config.json: num_local_experts / num_experts, num_experts_per_tok,
+    # and for Qwen3-MoE moe_intermediate_size; both renormalize the top-k routing weights).
+    "mixtral-8x7b": ModelShape(
+        hidden=4096, ffn=14336, heads=32, kv_heads=8, head_dim=128, eps=1e-5, rope_theta=1e6,
+        experts=8, top_k=2, expert_ffn=14336,
+    ),
+    "qwen3-30b-a3b": ModelShape(
+        hidden=2048, ffn=6144, heads=32, kv_heads=4, head_dim=128, eps=1e-6, rope_theta=1e6,
+        qk_norm=True, experts=128, top_k=8, expert_ffn=768,
     ),
 }
 

@@ -26,7 +26,15 @@ from overlapbench import (
     runtime,
     strategies,
 )
-from overlapbench.layer import RopeTable, Stack, build_decode_cache, build_stack, random_input, rope_positions
+from overlapbench.layer import (
+    RopeTable,
+    Stack,
+    build_decode_cache,
+    build_stack,
+    cast,
+    random_input,
+    rope_positions,
+)
 from overlapbench.phases import PointFailed, out_of_memory
 from overlapbench.phases import phase as _phase
 from overlapbench.results import SCHEMA
@@ -44,6 +52,19 @@ class Workload:
     x: torch.Tensor | None
     reference: torch.Tensor | None
     reference_error: str | None
+    truth: torch.Tensor | None = None  # measure.check fp32: the reference's arithmetic in fp32
+    floor: float | None = None  # ... and the reference's own distance from it
+
+    def check(self, out: torch.Tensor, rt: runtime.Runtime, tolerance: float) -> tuple[float, float]:
+        """(rel_err, tolerance) of an output: against the truth, within the larger of the
+        tolerance and twice the reference's own error, where there is a truth; else against the
+        reference's output."""
+        if self.truth is None:
+            return rt.max_over_ranks(measure.rel_err(out, self.reference)), tolerance
+        return rt.max_over_ranks(measure.rel_err(out, self.truth)), max(tolerance, FLOOR_FACTOR * self.floor)
+
+
+FLOOR_FACTOR = 2.0  # an output may be this many times further from the fp32 truth than the reference's
 
 
 def reference_setting(workload: str) -> tuple[str, dict]:
@@ -59,17 +80,30 @@ def reference_output(ctx, x: torch.Tensor, workload: str) -> torch.Tensor:
     return step.to_full(step.forward(x)).clone()
 
 
-def build_workload(rt: runtime.Runtime, point: Point, stack: Stack | None, max_tokens: int) -> Workload:
-    """The batch's context, input and reference output. A batch that cannot be built (too
-    large for the device, or for any memory) fails its own points, on every rank alike, and
-    the sweep goes on."""
+def build_workload(rt: runtime.Runtime, point: Point, stack: Stack | None, max_tokens: int,
+                   fp32_truth: bool = False) -> Workload:
+    """The batch's context, input and reference output (with `fp32_truth`, also the truth the
+    points are checked against). A batch that cannot be built (too large for the device, or for
+    any memory) fails its own points, on every rank alike, and the sweep goes on."""
     try:
         ctx, x = _phase(rt, lambda: _inputs(rt, point, stack, max_tokens))
         if point.workload == analysis.LAYER:
             dist.broadcast(x, src=0)  # identical input on every rank, whatever the RNG does per device
-        return Workload(ctx, x, _phase(rt, lambda: reference_output(ctx, x, point.workload)), None)
+        reference = _phase(rt, lambda: reference_output(ctx, x, point.workload))
+        if not (fp32_truth and point.workload == analysis.LAYER):
+            return Workload(ctx, x, reference, None)
+        truth = _phase(rt, lambda: _truth(ctx, x, point))
+        return Workload(ctx, x, reference, None, truth, rt.max_over_ranks(measure.rel_err(reference, truth)))
     except PointFailed as failure:
         return Workload(None, None, None, f"{analysis.REFERENCES[point.workload]} reference: {failure.result['error']}")
+
+
+def _truth(ctx: runtime.BuildContext, x: torch.Tensor, point: Point) -> torch.Tensor:
+    """The reference strategy's output in fp32, on the stack's own (rounded) weights and input."""
+    attention_kernels.select(x.device, torch.float32, ctx.stack.heads, ctx.stack.kv_heads, point.shape.head_dim)
+    cache = None if ctx.decode is None else ctx.decode.to(torch.float32)  # a mixed batch's KV cache too
+    exact = dataclasses.replace(ctx, stack=cast(ctx.stack, torch.float32), decode=cache)
+    return reference_output(exact, x.float(), point.workload)
 
 
 def _inputs(rt: runtime.Runtime, point: Point, stack: Stack | None, max_tokens: int):
@@ -116,15 +150,17 @@ def prepare_point(rt: runtime.Runtime, point: Point, work: Workload, spec: Sweep
     is_reference = (point.strategy, point.knobs) == reference_setting(point.workload)
     checked = cls.is_checked(point.knobs)
     tolerance = spec.tolerance(point.dtype)
-    fields = {"rel_err": None, "tolerance": tolerance, "checked": checked, "attention": None}
+    fields = {"rel_err": None, "tolerance": tolerance, "checked": checked, "attention": None,
+              "check": "baseline" if work.truth is None else "fp32"}
     try:
         with attention.recording() as ran:  # which attention kernels this strategy's forward runs
             step = _phase(rt, lambda: cls.build(work.ctx, point.knobs))
             out = _phase(rt, lambda: step.to_full(step.forward(work.x)))
         fields["attention"] = attention.describe(ran)
-        if checked and not is_reference:
-            fields["rel_err"] = rt.max_over_ranks(measure.rel_err(out, work.reference))
+        if checked and (not is_reference or work.truth is not None):
+            fields["rel_err"], fields["tolerance"] = work.check(out, rt, tolerance)
         del out
+        tolerance = fields["tolerance"]
         if fields["rel_err"] is not None and not fields["rel_err"] <= tolerance:
             error = f"wrong result: rel_err {fields['rel_err']:.3g} > tolerance {tolerance:g}"
             return fields | {"status": "failed", "error": error}
@@ -241,11 +277,12 @@ def make_row(point: Point, result: dict, run_id: str, env: dict, spec: SweepSpec
         "span_ms": spec.measure.span_ms if result.get("timing") == "interleaved" else None,
     }
     # checked: the output equals baseline's within tolerance (baseline itself: the reference);
+    # check: what rel_err is measured against, "baseline" or "fp32" (measure.check; the truth);
     # False for bounds that are not correct results (no_comm, comm=none): never a tuned choice.
     # Interleaved timing (results.py): samples_ms per round, round_ids, pairing, speedup, speedup_ci.
     # attention: the attention kernels the forward ran ("cudnn", "cudnn+lse_merge", "sdpa", "math", ...),
     # so a slow strategy can be told from a slow kernel without a profile; None without attention.
-    for key in ("ms", "p10_ms", "p90_ms", "iqr_ms", "cv", "graphs", "graph_error", "rel_err", "tolerance", "checked",
+    for key in ("ms", "p10_ms", "p90_ms", "iqr_ms", "cv", "graphs", "graph_error", "rel_err", "tolerance", "check", "checked",
                 "attention", "timing", "speedup", "speedup_ci", "pairing", "round_ids", "samples_ms"):
         row[key] = result.get(key)
     return row
@@ -298,7 +335,8 @@ def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = 
                         first.shape, first.layers, first.tp, rt.rank, TORCH_DTYPES[first.dtype], rt.device, first.seed
                     )
                 with watchdog.guard(f"building the workload of {_describe(first)}"):
-                    work = build_workload(rt, first, stacks.get(stack_key), max_tokens)
+                    truth = spec.measure.checks_against_fp32(first.tp, first.shape.moe, first.dtype)
+                    work = build_workload(rt, first, stacks.get(stack_key), max_tokens, truth)
                 if spec.measure.interleaved(rt.is_cuda):
                     progress.update(task, description=f"{first.tokens} tokens: {len(group)} points interleaved", refresh=True)
                     measured = measure_batch(rt, group, work, spec, f"{run_id}/{batch}", watchdog, profile_dir)

@@ -96,6 +96,14 @@ def test_mixed_batch_with_qkv_bias_and_qk_norm(strategy, knobs):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("strategy, knobs", [("token_split", {"align": 8}), ("iso", {"align": 4})])
+def test_mixed_batch_of_a_moe_stack(strategy, knobs):
+    """Decode rows go through the experts like any row (a MoE layer's all-reduce is the same one)."""
+    shape = ModelShape(hidden=64, ffn=128, heads=8, kv_heads=4, head_dim=8, experts=4, top_k=2, expert_ffn=32)
+    _check(strategy, knobs, (37,), (11, 23), shape=shape)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy, knobs", [("baseline", {}), ("token_split", {"align": 4}), ("sp_baseline", {})])
 def test_decode_only_batch(strategy, knobs):
     _check(strategy, knobs, (), (13, 21))

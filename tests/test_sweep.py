@@ -187,7 +187,8 @@ def test_a_mixed_batch_sweeps_checked_rows_that_say_their_decode_tokens(tmp_path
     against baseline on the mixed batch, rows carry `decode` and the decode kernel, and --resume
     tells the two batches apart."""
     spec = write(tmp_path, SPEC.replace("tokens: [16, 29]", "batches: [[29], {prefill: [21], decode: 8, context: 40}]").replace(
-        "token_split: {align: 8}", "token_split: {align: 8}\n  iso: {align: 4}\n  sp_baseline: {}"))
+        "token_split: {align: 8}", "token_split: {align: 8}\n  iso: {align: 4}\n  sp_baseline: {}").replace(
+        "timeout_s: 60}", "timeout_s: 60, check: fp32}"))  # the fp32 truth reads the cache too
     out = tmp_path / "r.jsonl"
     done = sweep(str(spec), "--output", str(out))
     assert done.returncode == 0, done.stderr
@@ -197,7 +198,7 @@ def test_a_mixed_batch_sweeps_checked_rows_that_say_their_decode_tokens(tmp_path
     assert set(mixed) == {"baseline", "no_comm", "token_split", "iso", "sp_baseline"}
     for r in mixed.values():
         assert r["decode"] == {"tokens": 8, "context": 40} and r["tokens"] == 29 and r["batch"] == [21]
-        assert "math_decode" in r["attention"]
+        assert "math_decode" in r["attention"] and r["check"] == "fp32"
     assert all(mixed[s]["rel_err"] < 1e-5 for s in ("token_split", "iso", "sp_baseline"))
     assert all(r["decode"] is None and "math_decode" not in r["attention"] for r in rows if r["batch"] == [29])
     again = sweep(str(spec), "--output", str(out), "--resume")

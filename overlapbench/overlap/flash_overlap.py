@@ -102,12 +102,30 @@ class FlashExchange:
         return [(p.lo, p.hi) for p in self.scatter_pieces]
 
     def matmul_scatter(self, block: int, rows: RowSource, weight: torch.Tensor) -> torch.Tensor:
+        return self._scatter(block, lambda lo, hi, out: torch.matmul(rows(lo, hi), weight.t(), out=out))
+
+    def gather(self, block: int, shard: torch.Tensor) -> torch.Tensor:
+        """The same pulls as gather_matmul's, into `gathered`; the own pieces copied in."""
+        self.transport.start_gather(block, self.gather_pieces, self.gathered)
+        for p in self.gather_pieces:
+            if p.owner == self.rank:
+                self.gathered[p.lo : p.hi].copy_(_local(shard, p))
+            else:
+                self.transport.arrived(p)
+        self.transport.end_gather(block)
+        return self.gathered
+
+    def scatter(self, block: int, rows: RowSource) -> torch.Tensor:
+        """Each piece's rows computed just before its push: the next piece's compute overlaps it."""
+        return self._scatter(block, lambda lo, hi, out: out.copy_(rows(lo, hi)))
+
+    def _scatter(self, block: int, produce: Callable[[int, int, torch.Tensor], object]) -> torch.Tensor:
         slots = self.transport.slots(block)
         self.transport.start_scatter(block)
         for p in self.scatter_pieces:
             own = p.owner == self.rank
             out = _local(slots[self.rank], p) if own else self.staging[p.lo : p.hi]
-            torch.matmul(rows(p.lo, p.hi), weight.t(), out=out)
+            produce(p.lo, p.hi, out)
             if not own:
                 self.transport.push(block, p, out)
         self.transport.end_scatter(block)

@@ -9,6 +9,12 @@ followed by the residual add and RMSNorm on the shard. The arithmetic is layer.p
 strategies differ only in the `Exchange`: how a block's all-gather feeds its first GEMM and
 how its last GEMM feeds the reduce-scatter (blocking collectives, PyTorch's fused async-TP
 ops, or Flash-Overlap's rank-ordered point-to-point decomposition).
+
+A MoE layer's MLP block has no single GEMM to fuse a collective into (its experts are grouped
+GEMMs over the tokens each expert drew, after a router), so it runs all-gather -> router +
+experts -> reduce-scatter through the Exchange's `gather` and `scatter`; the attention block
+keeps its fused exchange. Routing is per token, so an Exchange that scatters piece by piece
+(flash_agrs) computes the experts of one piece while the previous piece is pushed.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from overlapbench.layer import (
     token_range,
     whole_batch,
 )
+from overlapbench.moe import moe_partial
 from overlapbench.overlap.sp_schedule import ATTENTION_MODES, ShardLayout
 from overlapbench.runtime import BuildContext
 from overlapbench.step import Step
@@ -65,6 +72,13 @@ class Exchange(Protocol):
     def matmul_scatter(self, block: int, rows: RowSource, weight: torch.Tensor) -> torch.Tensor:
         """reduce_scatter(A @ weight.T) over ranks, this rank's shard: [shard, out]. A's rows
         come from `rows(lo, hi)`, asked for in the ranges of `scatter_rows()`, in that order."""
+
+    def gather(self, block: int, shard: torch.Tensor) -> torch.Tensor:
+        """all_gather(shard) alone (a MoE block's input): [padded, width]."""
+
+    def scatter(self, block: int, rows: RowSource) -> torch.Tensor:
+        """reduce_scatter of the partial sums `rows(lo, hi)` gives, asked for in the ranges of
+        `scatter_rows()`, in that order (a MoE block's output): [shard, width]."""
 
     def fence(self) -> None:
         """Order this rank's next writes into shared buffers after every peer's reads of them.
@@ -139,6 +153,9 @@ class SequenceParallelForward:
 
     def _mlp(self, layer: int, normed: torch.Tensor) -> torch.Tensor:
         w = self.ctx.stack.layers[layer]
+        if w.router is not None:
+            full, top_k = self.ex.gather(MLP, normed), self.ctx.stack.shape.top_k
+            return self.ex.scatter(MLP, lambda lo, hi: moe_partial(full[lo:hi], w.router, w.w_gate_up, w.w_down, top_k))
         act = swiglu(self.ex.gather_matmul(MLP, normed, w.w_gate_up))
         return self.ex.matmul_scatter(MLP, lambda lo, hi: act[lo:hi], w.w_down)
 
@@ -168,15 +185,21 @@ class CollectiveExchange:
         return None
 
     def gather_matmul(self, block: int, shard: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        full = shard.new_empty(self.layout.padded, shard.shape[1])
-        all_gather_single(full, shard, group=self.group)
-        return full @ weight.t()
+        return self.gather(block, shard) @ weight.t()
 
     def scatter_rows(self) -> list[tuple[int, int]]:
         return [(0, self.layout.padded)]
 
     def matmul_scatter(self, block: int, rows: RowSource, weight: torch.Tensor) -> torch.Tensor:
-        partial = rows(0, self.layout.padded) @ weight.t()
+        return self.scatter(block, lambda lo, hi: rows(lo, hi) @ weight.t())
+
+    def gather(self, block: int, shard: torch.Tensor) -> torch.Tensor:
+        full = shard.new_empty(self.layout.padded, shard.shape[1])
+        all_gather_single(full, shard, group=self.group)
+        return full
+
+    def scatter(self, block: int, rows: RowSource) -> torch.Tensor:
+        partial = rows(0, self.layout.padded)
         out = partial.new_empty(self.layout.shard, partial.shape[1])
         reduce_scatter_single(out, partial, group=self.group)
         return out
@@ -208,6 +231,14 @@ class FusedExchange:
     def matmul_scatter(self, block: int, rows: RowSource, weight: torch.Tensor) -> torch.Tensor:
         a = rows(0, self.layout.padded)
         return self.ops.fused_matmul_reduce_scatter(a, weight.t(), "sum", 0, self.group_name)
+
+    # A MoE block has no GEMM for the fused ops: plain NCCL collectives on the world group
+    # (the group `group_name` names, runtime.enable_symmetric_memory), nothing overlapped.
+    def gather(self, block: int, shard: torch.Tensor) -> torch.Tensor:
+        return CollectiveExchange(self.layout).gather(block, shard)
+
+    def scatter(self, block: int, rows: RowSource) -> torch.Tensor:
+        return CollectiveExchange(self.layout).scatter(block, rows)
 
     def fence(self) -> None:
         pass  # the fused ops synchronize their own workspace

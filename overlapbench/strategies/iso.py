@@ -33,9 +33,11 @@ SPLIT_RATIO = Knob(
 
 
 def layer_flops(shape: ModelShape, tp: int) -> tuple[float, float]:
-    """(GEMM FLOPs per token, attention FLOPs per query-key pair) of one layer on one rank."""
+    """(GEMM FLOPs per token, attention FLOPs per query-key pair) of one layer on one rank.
+    A MoE layer's token runs its top_k experts' FFN shards and the (replicated) router."""
     q, kv = shape.heads // tp * shape.head_dim, shape.kv_heads // tp * shape.head_dim
-    gemm = 2 * shape.hidden * (q + 2 * kv + q + 3 * shape.ffn // tp)
+    mlp = 3 * shape.top_k * shape.expert_ffn // tp + shape.experts if shape.moe else 3 * shape.ffn // tp
+    gemm = 2 * shape.hidden * (q + 2 * kv + q + mlp)
     attention = 4 * q  # QK^T and PV, a multiply-add each
     return gemm, attention
 

@@ -1,0 +1,75 @@
+"""measure.check: points checked against the fp32 truth where bf16 rounding between two correct
+schedules grows past a fixed tolerance (TP >= 8, MoE top-k flips)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from overlapbench.errors import UserError
+from overlapbench.results import read_rows
+from overlapbench.spec import Measure
+from overlapbench.sweep import FLOOR_FACTOR, Workload
+from tests import distributed
+
+
+def test_auto_checks_against_fp32_at_tp8_and_for_moe_in_half_precision():
+    auto = Measure()
+    assert auto.checks_against_fp32(8, False, "bf16") and auto.checks_against_fp32(2, True, "fp16")
+    assert not auto.checks_against_fp32(4, False, "bf16") and not auto.checks_against_fp32(8, True, "fp32")
+    assert Measure(check="fp32").checks_against_fp32(2, False, "bf16")
+    assert not Measure(check="baseline").checks_against_fp32(8, True, "bf16")
+    with pytest.raises(UserError, match="measure.check"):
+        Measure(check="exact")
+
+
+class _OneRank:
+    def max_over_ranks(self, value: float) -> float:
+        return value
+
+
+def test_an_output_may_be_twice_as_far_from_the_truth_as_the_reference_and_no_further():
+    g = torch.Generator().manual_seed(torch.seed() % (1 << 31))
+    truth = torch.randn(64, 32, generator=g)
+    noise = lambda: torch.randn(truth.shape, generator=g) * 0.01 * truth.norm() / truth.numel() ** 0.5
+    reference = truth + noise()
+    floor = (reference - truth).norm().item() / truth.norm().item()
+    work = Workload(None, None, reference, None, truth, floor)
+    near, far = truth + 1.3 * noise(), truth + 3.0 * noise()
+    err, tol = work.check(near, _OneRank(), 1e-9)
+    assert tol == pytest.approx(FLOOR_FACTOR * floor) and err <= tol
+    err, tol = work.check(far, _OneRank(), 1e-9)
+    assert err > tol
+    assert work.check(far, _OneRank(), 1.0)[1] == 1.0  # never tighter than the tolerance asked for
+    plain = Workload(None, None, reference, None)
+    assert plain.check(reference, _OneRank(), 1e-2) == (0.0, 1e-2)  # no truth: against the reference
+
+
+SPEC = """
+name: check-fp32
+model: tiny
+layers: 2
+dtype: bf16
+tokens: [29]
+strategies:
+  baseline: {}
+  no_comm: {}
+  token_split: {align: 8}
+measure: {warmup: 1, iters: 2, timeout_s: 60, check: fp32}
+"""
+
+
+@pytest.mark.slow
+def test_a_bf16_sweep_checked_against_the_fp32_truth(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    out = tmp_path / "r.jsonl"
+    done = distributed.overlapbench("sweep", str(spec), "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = {r["strategy"]: r for r in read_rows(out)}
+    assert {r["status"] for r in rows.values()} == {"ok"} and {r["check"] for r in rows.values()} == {"fp32"}
+    floor = rows["baseline"]["rel_err"]
+    assert 1e-4 < floor < 2e-2  # bf16 against its own fp32 arithmetic: rounding, not zero
+    split = rows["token_split"]
+    assert split["tolerance"] == pytest.approx(max(1e-2, FLOOR_FACTOR * floor)) and split["rel_err"] <= split["tolerance"]
+    assert rows["no_comm"]["rel_err"] is None  # a bound is not checked
