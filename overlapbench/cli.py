@@ -155,16 +155,17 @@ def comm(
 def tune(
     results: list[Path] | None = typer.Argument(None, metavar="RESULTS.jsonl", help="Results files, read in order (a later row for a point wins). Default: the latest in results/."),
     out_dir: Path = typer.Option(Path("results/tuned"), "--out-dir", help="Where the tuned YAMLs go."),
+    min_gain: float = typer.Option(0.01, "--min-gain", metavar="FRACTION", help="How much faster, beyond the noise, a strategy must be to replace a simpler one (0.01: 1%; 0: any gain)."),
 ) -> None:
     """Choose the best strategy and knobs per token range; write one tuned YAML per
     (device, world size, tp, shape, dtype) of the layer workload (micro runs: see report). A
-    strategy beats a simpler one only by 1% beyond the noise (95% bootstrap interval of the
-    speedup above 1.01); ties go to the simpler strategy."""
+    strategy replaces a simpler one only if it is faster by --min-gain beyond the noise (95%
+    bootstrap interval of the speedup above 1 + min-gain); ties go to the simpler strategy."""
     from overlapbench import results as results_mod
     from overlapbench import tune as tune_mod
 
     paths = results or [_newest_results(results_mod)]
-    for path in tune_mod.run(paths, out_dir, console):
+    for path in tune_mod.run(paths, out_dir, console, min_gain):
         console.print(f"wrote {path}")
 
 

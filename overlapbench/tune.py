@@ -51,14 +51,18 @@ SEED = 0
 # Switching for less buys little, and the best few settings are often within 1% of each other:
 # there a rule of "beats it at all" picks by the noise. On two paired runs of sp-llama3-70b-tp2
 # (results/h200x2/a034cb8/) picks agreed at 3 of 6 token counts with no margin, 6 of 6 with 1%.
-MIN_GAIN = 0.01
-METHOD = (
-    f"per token count, a strategy's fastest knob setting replaces the simpler choice only if the "
-    f"{LEVEL:.0%} bootstrap CI ({RESAMPLES} resamples, seed {SEED}) of its speedup lies above {1 + MIN_GAIN:g} "
-    f"(rows timed interleaved: the 10%-trimmed geometric mean of per-round ratios, resampled over rounds; else the "
-    f"ratio of medians; no samples: p10/p90 ranges must not overlap); boundaries at floor(sqrt(a*b)) between "
-    f"measured counts"
-)
+MIN_GAIN = 0.01  # `tune --min-gain`
+
+
+def method(min_gain: float = MIN_GAIN) -> str:
+    """How the picks were made, for the tuned YAML's provenance."""
+    return (
+        f"per token count, a strategy's fastest knob setting replaces the simpler choice only if the "
+        f"{LEVEL:.0%} bootstrap CI ({RESAMPLES} resamples, seed {SEED}) of its speedup lies above {1 + min_gain:g} "
+        f"(rows timed interleaved: the 10%-trimmed geometric mean of per-round ratios, resampled over rounds; else "
+        f"the ratio of medians; no samples: p10/p90 ranges must not overlap); boundaries at floor(sqrt(a*b)) "
+        f"between measured counts"
+    )
 
 
 def simplicity(strategy: str) -> tuple[float, str]:
@@ -77,10 +81,9 @@ class Gain:
     hi: float
     method: str  # "paired" (same rounds), "bootstrap" (medians) or "p10/p90"
 
-    @property
-    def beats_noise(self) -> bool:
-        """Faster by at least MIN_GAIN across the whole interval: worth switching for."""
-        return self.lo > 1.0 + MIN_GAIN
+    def beats(self, min_gain: float = MIN_GAIN) -> bool:
+        """Faster by more than `min_gain` across the whole interval: worth switching for."""
+        return self.lo > 1.0 + min_gain
 
     def text(self) -> str:
         return f"{self.speedup:.3f}x [{self.lo:.3f}, {self.hi:.3f}]"
@@ -160,14 +163,14 @@ def _block_resample(x, rng):
     return x[index]
 
 
-def pick(rows: list[Measured]) -> Pick | None:
+def pick(rows: list[Measured], min_gain: float = MIN_GAIN) -> Pick | None:
     """The choice at one token count of one group; None without a row of the group's reference
     strategy (baseline for the layer) to compare to.
 
     Each batch of that size is judged on its own; a strategy is chosen for the token count only
     where every measured batch chose it, else the reference stays (the engine sees only the count).
     """
-    picks = [p for p in map(_pick_in_batch, batches.by_batch(rows).values()) if p is not None]
+    picks = [p for b in batches.by_batch(rows).values() if (p := _pick_in_batch(b, min_gain)) is not None]
     if not picks:
         return None
     if len({p.chosen.setting for p in picks}) == 1:
@@ -180,14 +183,14 @@ def pick(rows: list[Measured]) -> Pick | None:
     return Pick(ref.tokens, ref, ref, None, why)
 
 
-def settled_per_strategy(rows: list[Measured]) -> dict[str, Measured]:
+def settled_per_strategy(rows: list[Measured], min_gain: float = MIN_GAIN) -> dict[str, Measured]:
     """Each strategy's knob setting for the pick: its default setting, unless its fastest
     setting beats the default beyond the noise. The fastest of several near-equal settings is
     a coin toss between two runs of the same code; the default is not, so picks repeat."""
     best = analysis.best_per_strategy(rows)
     for name, fastest in best.items():
         default = _default_setting(name, rows)
-        if default is not None and default is not fastest and not gain(fastest, default).beats_noise:
+        if default is not None and default is not fastest and not gain(fastest, default).beats(min_gain):
             best[name] = default
     return best
 
@@ -201,15 +204,15 @@ def _default_setting(strategy: str, rows: list[Measured]) -> Measured | None:
     return next((m for m in rows if m.strategy == strategy and m.checked and m.knobs == defaults), None)
 
 
-def _pick_in_batch(rows: list[Measured]) -> Pick | None:
+def _pick_in_batch(rows: list[Measured], min_gain: float) -> Pick | None:
     ref = analysis.reference(rows)
     if ref is None:
         return None
-    best = settled_per_strategy([m for m in rows if m.strategy != analysis.BOUND])
+    best = settled_per_strategy([m for m in rows if m.strategy != analysis.BOUND], min_gain)
     challengers = sorted((m for m in best.values() if m is not ref), key=lambda m: simplicity(m.strategy))
     winner = ref
     for challenger in challengers:
-        if gain(challenger, winner).beats_noise:
+        if gain(challenger, winner).beats(min_gain):
             winner = challenger
     if winner is ref:
         return Pick(ref.tokens, ref, ref, None, _kept_why(ref, challengers))
@@ -267,13 +270,13 @@ def _sig(x: float) -> float:
     return float(f"{x:.5g}")
 
 
-def config(group: Group, picks: list[Pick], rows: list[Measured]) -> tuned.TunedConfig:
+def config(group: Group, picks: list[Pick], rows: list[Measured], min_gain: float = MIN_GAIN) -> tuned.TunedConfig:
     spans = merge(picks)
     provenance = {
         "sources": sorted({m.source for m in rows}),
         "run_ids": sorted({m.run_id for m in rows if m.run_id}),
         "git": sorted({m.git for m in rows if m.git}),
-        "method": METHOD,
+        "method": method(min_gain),
     }
     return tuned.TunedConfig(
         device=group.device, world_size=group.world_size, tp=group.tp, model=group.model,
@@ -303,11 +306,11 @@ def _digest(group: Group) -> str:
     return hashlib.sha1(identity.encode()).hexdigest()[:8]
 
 
-def picks_of(points: dict[int, list[Measured]]) -> tuple[list[Pick], list[int]]:
+def picks_of(points: dict[int, list[Measured]], min_gain: float = MIN_GAIN) -> tuple[list[Pick], list[int]]:
     """Picks per measured token count, and the counts skipped for lack of a baseline row."""
     picks, skipped = [], []
     for tokens, rows in points.items():
-        p = pick(rows)
+        p = pick(rows, min_gain)
         if p is None:
             skipped.append(tokens)
         else:
@@ -315,19 +318,21 @@ def picks_of(points: dict[int, list[Measured]]) -> tuple[list[Pick], list[int]]:
     return picks, skipped
 
 
-def run(paths: list[Path], out_dir: Path, console: Console) -> list[Path]:
+def run(paths: list[Path], out_dir: Path, console: Console, min_gain: float = MIN_GAIN) -> list[Path]:
     """Tune every layer group in the stores; write one YAML each; return the paths written."""
+    if not 0 <= min_gain < 1:
+        raise UserError(f"--min-gain: must be a fraction in [0, 1) such as 0.01 for 1%, got {min_gain!r}")
     grouped = analysis.by_point(layer_rows(analysis.read(paths), console))
     names = file_names(list(grouped))
     written = []
     for group, points in grouped.items():
-        picks, skipped = picks_of(points)
+        picks, skipped = picks_of(points, min_gain)
         if skipped:
             console.print(Text(f"{group.label()}: no baseline row at {_join(skipped)} tokens; skipped there", style="yellow"))
         if not picks:
             continue
         rows = [m for ms in points.values() for m in ms]
-        cfg = config(group, picks, rows)
+        cfg = config(group, picks, rows, min_gain)
         console.print(explain(group, cfg, picks))
         written.append(_save(cfg, Path(out_dir) / names[group]))
     if not written:

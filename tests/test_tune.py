@@ -116,7 +116,7 @@ def test_without_samples_p10_p90_ranges_decide():
     far = synthetic.row("fused_norm", 1024, samples=synthetic.draw(0.85, 0.01, rng), keep_samples=False)
     assert near["samples_ms"] is None and near["p90_ms"] > base["p10_ms"]  # overlapping ranges
     g = tune.gain(*measured(near, base))
-    assert g.method == "p10/p90" and not g.beats_noise
+    assert g.method == "p10/p90" and not g.beats()
     assert g.lo == pytest.approx(base["p10_ms"] / near["p90_ms"])
     assert tune.pick(measured(base, near)).chosen.strategy == "baseline"
     assert tune.pick(measured(base, far)).chosen.strategy == "fused_norm"
@@ -381,6 +381,7 @@ def test_a_gain_beyond_the_noise_but_under_min_gain_keeps_the_simpler_choice(see
     g = tune.gain(split, base)
     assert 1.0 < g.lo and g.hi < 1.0 + tune.MIN_GAIN
     assert tune.pick([base, split]).chosen is base
+    assert tune.pick([base, split], min_gain=0.0).chosen is split  # `tune --min-gain 0`: any gain beyond the noise
 
 
 def test_rows_of_different_pairings_are_not_paired():
