@@ -439,6 +439,16 @@ def median_ms(fn, iters: int = 20, warmup: int = 3) -> float:
     return sorted(s.elapsed_time(e) for s, e in events)[iters // 2]
 
 
+def time_variants(variants: dict, res: dict) -> None:
+    """Each variant's median ms into `res` under its name; one that fails: None, and its error."""
+    for name, fn in variants.items():
+        try:
+            res[name] = median_ms(fn)
+        except Exception as e:
+            res[name] = None
+            res[name + "_error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+
+
 def time_size(model: str, hq: int, hkv: int, n: int) -> dict:
     """One token count: every variant's median ms, the merged chunk 2's error against today's."""
     from kernels.lse_merge import lse_merge
@@ -513,12 +523,7 @@ def time_size(model: str, hq: int, hkv: int, n: int) -> dict:
         res["merge_torch"] = median_ms(lambda: merge_torch(o1, l1, o2, l2))
     except Exception as e:
         res["merge_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-    for name, fn in variants.items():
-        try:
-            res[name] = median_ms(fn)
-        except Exception as e:
-            res[name] = None
-            res[name + "_error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    time_variants(variants, res)
     emit("time", f"{model} {n}", True, **res)
     return res
 
@@ -552,12 +557,7 @@ def batch_timing(model: str, hq: int, hkv: int, scale: float) -> dict:
             q.view(64, 512, hq, D).transpose(1, 2), k.view(64, 512, hkv, D).transpose(1, 2),
             v.reshape(64, 512, hkv, D).transpose(1, 2), None, False, 0.0, True, False, scale=scale),
     }
-    for name, fn in variants.items():
-        try:
-            res[name] = median_ms(fn)
-        except Exception as e:
-            res[name] = None
-            res[name + "_error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    time_variants(variants, res)
     emit("time", f"{model} batch 64x512", True, **res)
     return res
 

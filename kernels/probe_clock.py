@@ -22,11 +22,17 @@ import json
 import math
 import random
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
 
 import torch
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from overlapbench.measure import capture
 
 
 def parse_args() -> argparse.Namespace:
@@ -117,17 +123,7 @@ def build(length: int, m: int, n: int, k: int, dev) -> tuple[torch.cuda.CUDAGrap
         for i in range(length):
             torch.matmul(a, w, out=outs[i % 2])
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        chain()
-        chain()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        chain()
-    torch.cuda.synchronize()
-    return graph, [a, w, outs]
+    return capture(chain, warmup=2), [a, w, outs]
 
 
 def per_replay_ms(graph, seconds: float) -> float:

@@ -9,8 +9,9 @@ candidates. The host queues round r+1 before it waits for round r: the device ne
 between candidates or rounds, and the host syncs once per round.
 
 A candidate's speedup is the trimmed geometric mean over rounds of t_reference / t in the same
-round (analysis.paired_estimate), with a 95% bootstrap interval over rounds. A candidate leaves once that interval is within
-+-`ci_target` of its speedup (after `min_rounds`); the reference stays to the end. Everything
+round (analysis.paired_estimate), with a 95% bootstrap interval over rounds. A candidate leaves
+once that interval is within +-`ci_target` of its speedup (after `min_rounds`); the reference
+stays to the end. Rounds stop at the plan's budget of time. Everything
 device-specific is in the `Clock` and the `agree` function, so the scheduler runs on a fake
 clock in the tests.
 """
@@ -153,15 +154,18 @@ def time_rounds(
             marks.append(clock.mark())
         return order, marks
 
+    def next_round_ms() -> float:  # ranks agree on `active`, so on this too
+        return sum(cost[i] for i in active)
+
     def wanted() -> bool:
         done = queued - warm
-        affordable = spent_ms + sum(cost[i] for i in active) <= budget_ms
+        affordable = spent_ms + next_round_ms() <= budget_ms
         return done < min_rounds or (done < plan.max_rounds and len(active) > 1 and affordable)
 
     while wanted() or in_flight:
         if wanted():
             if queued >= warm:
-                spent_ms += sum(cost[i] for i in active)  # ranks agree on `active`, so on this too
+                spent_ms += next_round_ms()
             in_flight.append((queued, *enqueue(active)))
             queued += 1
             if len(in_flight) < 2 and wanted():

@@ -13,7 +13,6 @@ its model.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -184,7 +183,7 @@ def cast(stack: Stack, dtype: torch.dtype) -> Stack:
     def convert(value):
         return value.to(dtype) if isinstance(value, torch.Tensor) else value
 
-    layers = [dataclasses.replace(w, **{name: convert(v) for name, v in vars(w).items()}) for w in stack.layers]
+    layers = [replace(w, **{name: convert(v) for name, v in vars(w).items()}) for w in stack.layers]
     return Stack(stack.shape, stack.tp, layers, convert(stack.final_norm))
 
 

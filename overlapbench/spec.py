@@ -13,7 +13,7 @@ import itertools
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -201,7 +201,7 @@ class Decode:
     context: int
 
     def as_dict(self) -> dict:
-        return {"tokens": self.tokens, "context": self.context}
+        return asdict(self)
 
 
 @dataclass(frozen=True)

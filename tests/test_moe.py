@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from overlapbench import strategies
 from overlapbench.errors import UserError
 from overlapbench.layer import build_stack, reference_forward
 from overlapbench.models import PRESETS, ModelShape
 from overlapbench.moe import moe_partial, reference_moe, route
 from tests import distributed
+from tests.test_sequence_parallel import _rank_forwards
 
 MOE = ModelShape(hidden=64, ffn=128, heads=8, kv_heads=4, head_dim=8, experts=4, top_k=2, expert_ffn=32)
 WIDE = ModelShape(hidden=64, ffn=128, heads=8, kv_heads=4, head_dim=8, experts=16, top_k=5, expert_ffn=48)
@@ -122,26 +122,10 @@ CASES = [
 ]
 
 
-def _rank_sp(rank: int, world: int, cases: list):
-    from overlapbench import runtime
-    from overlapbench.layer import RopeTable, random_input
-
-    rt = runtime.init(timeout_s=60)
-    stack = build_stack(MOE, LAYERS, world, rank, torch.float32, rt.device, seed=0)
-    outs = []
-    for name, knobs, seq_lens in cases:
-        ctx = runtime.BuildContext(rt, stack, seq_lens, RopeTable(MOE, max(seq_lens), rt.device), 64)
-        cls = strategies.get(name)
-        step = cls.build(ctx, cls.check_knobs(knobs, name))
-        x = random_input(sum(seq_lens), MOE.hidden, 0, torch.float32, rt.device)
-        outs.append([step.to_full(step.forward(x)).clone() for _ in range(2)])  # re-runnable
-    return outs
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_sp_moe_block_matches_the_reference(world):
-    results = distributed.run(_rank_sp, CASES, world=world)
+    results = distributed.run(_rank_forwards, MOE, CASES, world=world)  # each case run twice: re-runnable
     failures = []
     for i, (name, knobs, seq_lens) in enumerate(CASES):
         ref = reference_forward(MOE, LAYERS, world, seq_lens)
