@@ -4,9 +4,13 @@ GPU clocks wander by a few percent over hundreds of milliseconds. Timed one afte
 two candidates meet different clocks; timed in the same round, they meet the same one, and the
 ratio of their times in that round is free of the drift. Each round replays every active
 candidate back to back for about `span_ms` (long enough for the sustained clock regime), in a
-fresh random order that every rank draws alike (one seeded RNG), with a clock mark between
-candidates. The host queues round r+1 before it waits for round r: the device never idles
-between candidates or rounds, and the host syncs once per round.
+fresh random order that every rank draws alike (one seeded RNG). Before each candidate the ranks
+meet in a device-side barrier (`align`), and its span is timed from there: a candidate that never
+syncs the ranks (no_comm) leaves them apart by a millisecond or so, and the first collective of
+the next one would otherwise count that wait into its time (on 2x H200 the candidate after
+no_comm came out 2.5-3% slow on average, a quarter of the rounds' spread). The host queues round
+r+1 before it waits for round r: the device never idles between candidates or rounds, and the
+host syncs once per round.
 
 A candidate's speedup is the trimmed geometric mean over rounds of t_reference / t in the same
 round (analysis.paired_estimate), with a 95% bootstrap interval over rounds. A candidate leaves
@@ -129,10 +133,12 @@ def time_rounds(
     clock: Clock,
     agree: Callable[[list[float]], list[float]] = lambda values: values,
     first_round: int = 0,
+    align: Callable[[], None] = lambda: None,
 ) -> list[Timed]:
     """Time `runs` interleaved; one Timed per run, in order. `per_iter_ms` (one estimate per run)
     must be the same on every rank; `agree` returns the elementwise max over the ranks (every
-    rank calls it at the same moments); round ids count from `first_round`."""
+    rank calls it at the same moments); `align` queues a barrier of the ranks on the device;
+    round ids count from `first_round`."""
     reps = [repetitions(plan.span_ms, p) for p in per_iter_ms]
     cost = [r * p for r, p in zip(reps, per_iter_ms)]  # ms a candidate adds to a round
     warm = math.ceil(plan.warmup_s * 1e3 / sum(cost)) if plan.warmup_s > 0 else 0
@@ -147,12 +153,14 @@ def time_rounds(
     def enqueue(members: set[int]) -> tuple[list[int], list]:
         order = sorted(members)
         rng.shuffle(order)
-        marks = [clock.mark()]
+        spans = []
         for i in order:
+            align()
+            start = clock.mark()
             for _ in range(reps[i]):
                 runs[i]()
-            marks.append(clock.mark())
-        return order, marks
+            spans.append((start, clock.mark()))
+        return order, spans
 
     def next_round_ms() -> float:  # ranks agree on `active`, so on this too
         return sum(cost[i] for i in active)
@@ -170,9 +178,9 @@ def time_rounds(
             queued += 1
             if len(in_flight) < 2 and wanted():
                 continue  # keep one round queued behind the one the host waits for
-        number, order, marks = in_flight.popleft()
-        clock.wait(marks[-1])
-        local = [clock.elapsed_ms(marks[k], marks[k + 1]) / reps[i] for k, i in enumerate(order)]
+        number, order, spans = in_flight.popleft()
+        clock.wait(spans[-1][1])
+        local = [clock.elapsed_ms(*span) / reps[i] for span, i in zip(spans, order)]
         ms = agree(local)
         if number < warm:
             continue

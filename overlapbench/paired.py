@@ -102,13 +102,14 @@ def _time_group(rt, ref: Prepared, group: list[Prepared], plan: Plan, pairing: s
     cuda = rt.is_cuda
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     agree = _max_over_ranks(rt)
+    align = _barrier(rt)
     clock = interleave.CudaClock() if cuda else interleave.WallClock()
     try:
         with guard(f"warming up {what}"):
             per_iter = phase(rt, lambda: agree([measure._warm_up(c.run, WARMUP_ITERS, 0.0, sync) * 1e3 for c in members]))
         with guard(f"timing {what} interleaved", interleave.longest_s(per_iter, plan)):
             runs = [c.run for c in members]
-            timed = phase(rt, lambda: interleave.time_rounds(runs, per_iter, 0, plan, clock, agree, first_round))
+            timed = phase(rt, lambda: interleave.time_rounds(runs, per_iter, 0, plan, clock, agree, first_round, align))
     except PointFailed as failure:
         return failure.result
     results = []
@@ -141,6 +142,16 @@ def _max_over_ranks(rt) -> Callable[[list[float]], list[float]]:
         return t.tolist()
 
     return agree
+
+
+def _barrier(rt) -> Callable[[], None]:
+    """The ranks meet before each candidate (interleave.py says why): a one-element all-reduce,
+    queued on the device like the work around it, so the host does not wait for it (on CPUs,
+    where work runs as it is issued, it is a barrier of the host)."""
+    if rt.world_size == 1:
+        return lambda: None
+    token = torch.zeros(1, dtype=torch.int32, device=rt.device)
+    return lambda: dist.all_reduce(token, op=dist.ReduceOp.MAX)
 
 
 def _release(rt) -> None:

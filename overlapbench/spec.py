@@ -58,12 +58,13 @@ class Measure:
     # strayed by up to 0.8% (results/h200x2/probes/probe_clock.log): with no idle gap the clock
     # stays in its sustained regime, and short spans pair candidates closer in time.
     span_ms: float = 20.0
-    # Rounds' log ratios have an sd of 2-3% at 1-8K tokens on the H200 (1% at 32K): +-0.5% needs
-    # ~90 rounds at 4K with the trimmed mean, which 1.5x the sequential time could not buy
-    # (results/h200x2/paired/check-paired-trimmed.txt). Timing is about half a sweep's wall time.
+    # Rounds' log ratios had an sd of 2-3% at 1-8K tokens on the H200 (1% at 32K), a quarter of
+    # it the ranks' lag that the candidate before left (interleave.py now keeps it out): +-0.5%
+    # took ~90 rounds at 4K, which 3x the sequential time bought only in part
+    # (results/h200x2/a034cb8/check-paired.txt). Timing is about half a sweep's wall time.
     rounds: int = 200
     ci_target: float = 0.005
-    time_factor: float = 3.0
+    time_factor: float = 4.0
     # What a point's output is checked against: `baseline`'s output within `tolerance`, or
     # (fp32) the truth, baseline's arithmetic in fp32 on the same rounded weights and input, within
     # max(tolerance, 2 x baseline's own distance from it). Two correct bf16 schedules differ by
