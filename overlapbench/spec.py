@@ -62,9 +62,9 @@ class Measure:
     # it the ranks' lag that the candidate before left (interleave.py now keeps it out): +-0.5%
     # took ~90 rounds at 4K, which 3x the sequential time bought only in part
     # (results/h200x2/a034cb8/check-paired.txt). Timing is about half a sweep's wall time.
-    rounds: int = 200
+    rounds: int = 400
     ci_target: float = 0.005
-    time_factor: float = 4.0
+    time_factor: float = 5.0
     # What a point's output is checked against: `baseline`'s output within `tolerance`, or
     # (fp32) the truth, baseline's arithmetic in fp32 on the same rounded weights and input, within
     # max(tolerance, 2 x baseline's own distance from it). Two correct bf16 schedules differ by
