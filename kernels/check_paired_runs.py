@@ -20,7 +20,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from overlapbench import analysis, results, tune
+from overlapbench import analysis, batches, results, tune
 
 
 def speedups(path: Path) -> dict:
@@ -29,7 +29,7 @@ def speedups(path: Path) -> dict:
     out = {}
     for points in analysis.by_point(m for m in store.measured if m.group.workload == analysis.LAYER).values():
         for rows in points.values():
-            for batch_rows in analysis.by_batch(rows).values():
+            for batch_rows in batches.by_batch(rows).values():
                 ref = analysis.reference(batch_rows)
                 for m in batch_rows:
                     if ref is not None and m is not ref:
