@@ -14,7 +14,8 @@ host syncs once per round.
 
 A candidate's speedup is the trimmed geometric mean over rounds of t_reference / t in the same
 round (analysis.paired_estimate), with a 95% bootstrap interval over rounds. A candidate leaves
-once that interval is within +-`ci_target` of its speedup (after `min_rounds`); the reference
+once that interval is within +-`ci_target` of its speedup (after `min_rounds`), and the round
+already queued when it left does not count (it would move the interval it left with); the reference
 stays to the end. Rounds stop at the plan's budget of time. Everything
 device-specific is in the `Clock` and the `agree` function, so the scheduler runs on a fake
 clock in the tests.
@@ -185,6 +186,8 @@ def time_rounds(
         if number < warm:
             continue
         for i, t in zip(order, ms):
+            if i not in active:  # it left after this round was queued
+                continue
             timed[i].samples_ms.append(t)
             timed[i].round_ids.append(first_round + number - warm)
             timed[i].iters += reps[i]
