@@ -171,7 +171,8 @@ class CudaStreams:
     call, joined into it at the end (so CUDA-graph capture sees them as one fork and one join)."""
 
     def __init__(self, device: torch.device) -> None:
-        self._side = (torch.cuda.Stream(device), torch.cuda.Stream(device))
+        # high priority: their only kernels are the one-CTA barriers, which must not queue behind GEMMs
+        self._side = (torch.cuda.Stream(device, priority=-1), torch.cuda.Stream(device, priority=-1))
         self._device = device
         self._main = None
 
