@@ -203,12 +203,14 @@ class CudaStreams:
 @dataclass
 class _Chunk:
     """One chunk of a call: own rows [lo, hi) (relative to the call's row_start), this rank's
-    reduce-scatter pulls (staging dst, peer's partial src), the published rows, and the
-    all-gather pulls ((row range of `out`, peer's published src))."""
+    reduce-scatter pulls (staging dst, peer's partial src), the kernel's partial, staged and
+    published rows, and the all-gather pulls ((row range of `out`, peer's published src))."""
 
     lo: int
     hi: int
     scatter: list
+    part: torch.Tensor
+    staged: torch.Tensor
     published: torch.Tensor
     gather: list
 
@@ -302,7 +304,9 @@ class CopyEngineNorm:
                     qa, qb = piece(*row_block(n, self.world, q), chunks, j)
                     if qb > qa:
                         gather.append(((qa, qb), view(self._pub_start + (row_start + qa) * h, (qb - qa, h), q)))
-                plan.append(_Chunk(a, b, scatter, view(self._pub_start + (row_start + a) * h, (b - a, h)), gather))
+                part, staged = self.partial(row_start + a, row_start + b), self._stage[:, a - lo : b - lo]
+                published = view(self._pub_start + (row_start + a) * h, (b - a, h))
+                plan.append(_Chunk(a, b, scatter, part, staged, published, gather))
             self._plans[key] = plan
         return self._plans[key]
 
@@ -338,13 +342,12 @@ class CopyEngineNorm:
         for c in plan:
             ex.run(SCATTER, lambda c=c: _copy_all(c.scatter))
             pulled.append(ex.record(SCATTER))
-        lo = plan[0].lo
         for c, ready in zip(plan, pulled):
             ex.wait(MAIN, ready)
             sm_out = out[c.lo : c.hi] if self.sm_out else None
             ex.run(MAIN, lambda c=c, sm_out=sm_out: add_norm_rows(
-                self.partial(row_start + c.lo, row_start + c.hi), self._stage[:, c.lo - lo : c.hi - lo],
-                residual[c.lo : c.hi], weight, eps, sm_out, c.published, num_ctas, use_triton=out.is_cuda))
+                c.part, c.staged, residual[c.lo : c.hi], weight, eps, sm_out, c.published, num_ctas,
+                use_triton=out.is_cuda))
             ex.wait(GATHER, ex.record(MAIN))
             if not self.sm_out:
                 ex.run(GATHER, lambda c=c: out[c.lo : c.hi].copy_(c.published))
