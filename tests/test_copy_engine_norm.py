@@ -258,10 +258,12 @@ def test_bad_calls_are_refused():
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_strategies_with_copy_engine_match_the_reference(monkeypatch, world):
+@pytest.mark.parametrize("chunks", [None, 3])
+def test_strategies_with_copy_engine_match_the_reference(monkeypatch, world, chunks):
     """fused_norm, token_split and iso built with comm: copy_engine, each rank's reducers on the
     fake symmetric memory: the layers keep the residual token-sharded (no forward reads a row a
-    reducer did not update) and the output still equals the reference."""
+    reducer did not update) and the output still equals the reference. chunks None: by size
+    (1 here, the serial schedule); 3: the pipeline on stand-in streams."""
     from overlapbench import strategies
     from overlapbench.layer import RopeTable, build_stack, random_input, reference_forward
     from overlapbench.models import ModelShape
@@ -272,8 +274,8 @@ def test_strategies_with_copy_engine_match_the_reference(monkeypatch, world):
     tokens = sum(seq_lens)
     bufs = [torch.full((buffer_elems(tokens, shape.hidden, world),), float("nan")) for _ in range(world)]
     handle = _FakeHandle(bufs, world)
-    engines = [CopyEngineNorm(SymmetricBuffer(bufs[r], handle, "fake", r, world, 0), tokens, shape.hidden)
-               for r in range(world)]
+    engines = [CopyEngineNorm(SymmetricBuffer(bufs[r], handle, "fake", r, world, 0), tokens, shape.hidden, chunks,
+                              streams=_SimStreams(r) if chunks else None) for r in range(world)]
     monkeypatch.setattr(reducers, "_engine", lambda ctx, comm: engines[ctx.runtime.rank])
     settings = [("fused_norm", {"comm": "copy_engine", "comm_ctas": 4}),
                 ("token_split", {"comm": "copy_engine", "comm_ctas_attn": 4, "comm_ctas_mlp": 16}),
