@@ -28,21 +28,25 @@ Why it is safe. Within a rank, events order each kernel after its pull and each 
 its kernel; the copy streams fork from the caller's stream after what precedes the call and are
 joined into it before the return, so nothing of a call is left running behind it (CUDA-graph
 capture sees one fork and one join; no host sync anywhere). Across ranks: (a) a peer's partial
-rows are only read after barrier 1, which no rank passes before every rank's partial is
+rows are only read after the opening barrier, which no rank passes before every rank's partial is
 written. (b) A peer's published chunk j is only read after the chunk-j barrier, which the peer
 enters after its kernel for chunk j. (c) Back to back calls: my partial rows are free when my
 call returns, because I return after my last chunk barrier, which every peer enters only after
 its kernel for its last chunk, which waits for all its reduce-scatter pulls (one stream, in
 order); so the next GEMM may overwrite them. My published rows are rewritten only by my next
-call's kernels, which follow my next call's barrier 1; no peer enters that barrier before its
+call's kernels, which follow my next call's opening barrier; no peer enters that barrier before its
 current call returned, i.e. before its gather pulls of my rows are done. My staging slots are
-read and written by me only, in stream order. (d) Barriers pair up in order: each rank issues
-the same sequence on each channel (channel 0 on the caller's stream, channel 1 on the gather
-stream or, serially, the caller's), and the handle's signals are binary (a put waits until the
-last one was consumed), so barrier k of one rank meets barrier k of every other. Two channels
-only, far below the signal pad's limit (its int32 slots / world). The barriers are the
-symmetric-memory handle's (one CTA, counters that return to zero: safe under graph replay).
-Every rank computes its own rows once, so `out` is bit-identical on all ranks. No multicast.
+read and written by me only, in stream order. (d) Barriers pair up in order: every rank issues
+the same sequence (per call one on channel 0, then one per chunk on channel 1; the chunk count
+depends on the row count only), and on each rank they are totally ordered (the opening
+barrier precedes the first kernel, chunk j's barrier follows kernel j and precedes chunk j+1's
+on the one gather stream, the next call's opening barrier follows the join), so barrier k of one
+rank meets barrier k of every other. A channel takes `world` int32 slots of the handle's signal pad (2 KiB or more: at
+least 64 channels at 8 ranks); two are used. Per-peer put_signal/wait_signal instead of the
+chunk barrier would let a gather start as each peer publishes (it matters beyond 2 ranks only).
+The barriers are the symmetric-memory handle's (one CTA, counters that return to zero: safe
+under graph replay). Every rank computes its own rows once, so `out` is bit-identical on all
+ranks. No NVLink multicast anywhere.
 
 Bytes per rank (N = the rows x hidden tensor, W ranks): copy engines (W-1)/W N pulled twice
 over NVLink plus 1/W N copied locally (published -> out); the kernel reads (W+1)/W N and
