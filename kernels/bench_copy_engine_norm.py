@@ -74,13 +74,15 @@ def main() -> None:
         residual = torch.empty(n, hidden, dtype=dtype, device=dev)
         out = torch.empty_like(residual)
         nccl_buf = torch.empty_like(residual)
-        ref_res = pattern(world, 0, n * hidden, seed, dtype, dev).view(n, hidden)
+        mine = pattern(rank, 0, n * hidden, seed, dtype, dev).view(n, hidden)
+        given = pattern(world, 0, n * hidden, seed, dtype, dev).view(n, hidden)  # the residual: one more source
+        ref_res = given.clone()
         ref_out = add_rmsnorm_reference(pattern_sum(range(world), 0, n * hidden, seed, torch.float32, dev).view(n, hidden),
                                         ref_res, weight, EPS)  # ref_res += the sum
 
-        def refill(n=n, seed=seed, partial=partial, residual=residual) -> None:
-            partial.copy_(pattern(rank, 0, n * hidden, seed, dtype, dev).view(n, hidden))
-            residual.copy_(pattern(world, 0, n * hidden, seed, dtype, dev).view(n, hidden))
+        def refill(partial=partial, residual=residual, mine=mine, given=given) -> None:
+            partial.copy_(mine)
+            residual.copy_(given)
 
         def wrong(out=out, residual=residual, kept=kept, ref_res=ref_res, ref_out=ref_out) -> int:
             off = ~torch.isclose(out.float(), ref_out.float(), rtol=torch.finfo(dtype).eps, atol=1e-6)
