@@ -3,29 +3,57 @@
 TokenWeave's contract, without multicast. Rank r owns the row block `row_block(r)` of a call's
 rows; it keeps and updates the residual of those rows only (the residual stays token-sharded:
 the other rows of `residual` are neither read nor written), and every rank ends with the whole
-normalized output. One call, on the caller's stream:
+normalized output. The rank's own rows are cut into `chunks` pieces (chunk_count: pieces of
+about CHUNK_BYTES, at most MAX_AUTO_CHUNKS, unless asked; every peer's block is cut by the same
+rule, so every rank knows where a peer's chunk j lies). One call:
 
-1. barrier: every rank's partial sum of these rows is in its symmetric buffer.
-2. reduce-scatter: rank r pulls its block's rows of every peer's partial into its staging slots
-   with Tensor.copy_ from the peer's mapped view (cudaMemcpyAsync: a copy engine, no SM).
-3. a local Triton kernel on `num_ctas` CTAs (the CTA budget) over the rank's own rows: partial
-   + staged partials + residual in fp32, the new residual rounded once and stored, then
-   rmsnorm(new residual) * weight written to `out` and published in the symmetric buffer.
-4. barrier: every rank's normalized rows are published (and no peer reads a partial any more).
-5. all-gather: rank r pulls every peer's published rows into `out` (copy engine again).
+1. barrier (channel 0, caller's stream): every rank's partial sum of these rows is written.
+2. reduce-scatter, on a copy stream: for chunk j = 0, 1, ... rank r pulls chunk j's rows of
+   every peer's partial into its staging slots with Tensor.copy_ from the peer's mapped view
+   (cudaMemcpyAsync: a copy engine, no SM), and records an event after each chunk.
+3. on the caller's stream, per chunk j after its pull's event: a local Triton kernel on
+   `num_ctas` CTAs (the CTA budget): partial + staged partials + residual in fp32, the new
+   residual rounded once and stored, rmsnorm(new residual) * weight published in the symmetric
+   buffer (only there: `out` gets it from the copy engine, step 4). The pull of chunk j+1 runs
+   beside it.
+4. all-gather, on a second copy stream, per chunk j after its kernel's event: a local copy of
+   the published chunk into `out`, a barrier (channel 1: every rank has published its chunk
+   j), then pulls of every peer's published chunk j into `out`; beside the kernel of chunk j+1.
+5. the caller's stream waits for both copy streams before the call returns.
 
-No closing barrier: a rank writes its published rows again only in a later call on the same
-stream, after that call's first barrier, which no peer passes before its pulls of this call are
-done (they precede it on the peer's stream). The partial rows are free when the call returns
-(barrier 4 follows every peer's reduce-scatter pulls), so the next GEMM may overwrite them.
+With chunks=1 every step runs on the caller's stream in this order: the serial schedule (no
+side streams; `sm_out=True` also makes the kernel write `out` itself instead of the copy).
+
+Why it is safe. Within a rank, events order each kernel after its pull and each gather after
+its kernel; the copy streams fork from the caller's stream after what precedes the call and are
+joined into it before the return, so nothing of a call is left running behind it (CUDA-graph
+capture sees one fork and one join; no host sync anywhere). Across ranks: (a) a peer's partial
+rows are only read after the opening barrier, which no rank passes before every rank's partial is
+written. (b) A peer's published chunk j is only read after the chunk-j barrier, which the peer
+enters after its kernel for chunk j. (c) Back to back calls: my partial rows are free when my
+call returns, because I return after my last chunk barrier, which every peer enters only after
+its kernel for its last chunk, which waits for all its reduce-scatter pulls (one stream, in
+order); so the next GEMM may overwrite them. My published rows are rewritten only by my next
+call's kernels, which follow my next call's opening barrier; no peer enters that barrier before its
+current call returned, i.e. before its gather pulls of my rows are done. My staging slots are
+read and written by me only, in stream order. (d) Barriers pair up in order: every rank issues
+the same sequence (per call one on channel 0, then one per chunk on channel 1; the chunk count
+depends on the row count only), and on each rank they are totally ordered (the opening
+barrier precedes the first kernel, chunk j's barrier follows kernel j and precedes chunk j+1's
+on the one gather stream, the next call's opening barrier follows the join), so barrier k of one
+rank meets barrier k of every other. A channel takes `world` int32 slots of the handle's signal pad (2 KiB or more: at
+least 64 channels at 8 ranks); two are used. Per-peer put_signal/wait_signal instead of the
+chunk barrier would let a gather start as each peer publishes (it matters beyond 2 ranks only).
 The barriers are the symmetric-memory handle's (one CTA, counters that return to zero: safe
-under CUDA-graph replay). Every rank computes its own rows once, so `out` is bit-identical on
-all ranks. No NVLink multicast anywhere.
+under graph replay). Every rank computes its own rows once, so `out` is bit-identical on all
+ranks. No NVLink multicast anywhere.
 
 Bytes per rank (N = the rows x hidden tensor, W ranks): copy engines (W-1)/W N pulled twice
-(over NVLink); the kernel reads (W+1)/W N and writes 3/W N, all local. The pulls from several
-peers go one after another on the caller's stream (at TP=2, one pull each way); the reduce-scatter
-is not pipelined with the kernel (a chunked version would be the next step). Not measured yet.
+over NVLink plus 1/W N copied locally (published -> out); the kernel reads (W+1)/W N and
+writes 2/W N (residual, published), all local: 5 tensors of own-rows size through the SMs
+instead of 6 with `sm_out`. Measured on 2x H200 before the pipeline (chunks=1, sm_out): 64 MiB
+at 66/107/155 GB/s busbw on 4/8/16 CTAs (results/h200x2/df28d53/comm-paths.txt); the chunked
+pipeline is not measured yet (kernels/bench_copy_engine_norm.py).
 """
 
 from __future__ import annotations
@@ -40,6 +68,9 @@ from kernels.allreduce_norm import MAX_WORLD, check_call, row_block, slot_rows
 from kernels.rmsnorm import rmsnorm_rows
 
 TILE_ELEMS = 16384  # elements per tensor one CTA loads per step (32 KiB of bf16): all in flight at once
+CHUNK_BYTES = 2 << 20  # automatic chunks: about this many bytes of own rows each
+MAX_AUTO_CHUNKS = 8
+MAIN, SCATTER, GATHER = 0, 1, 2  # the streams of a call: the caller's and two copy streams
 
 
 def buffer_elems(max_tokens: int, hidden: int, world: int) -> int:
@@ -47,15 +78,20 @@ def buffer_elems(max_tokens: int, hidden: int, world: int) -> int:
     return (2 * max_tokens + (world - 1) * slot_rows(max_tokens, world)) * hidden
 
 
+def piece(lo: int, hi: int, chunks: int, j: int) -> tuple[int, int]:
+    """Rows of chunk j when [lo, hi) is cut into `chunks` pieces (the same rule on every rank)."""
+    return lo + j * (hi - lo) // chunks, lo + (j + 1) * (hi - lo) // chunks
+
+
 @triton.jit
 def _add_norm_kernel(
     part_ptr,  # own rows of this rank's partial, dense [n_rows, hidden]
-    stage_ptr,  # staging slots, dense [STAGED, slot_rows, hidden]
-    res_ptr, out_ptr,  # [n_rows, hidden] with row strides
+    stage_ptr,  # staging slots [STAGED, >= n_rows, hidden], dense rows, slots slot_elems apart
+    res_ptr, out_ptr,  # [n_rows, hidden] with row strides (out unused unless WRITE_OUT)
     pub_ptr,  # published rows in the symmetric buffer, dense [n_rows, hidden]
     w_ptr,
     n_rows, hidden, slot_elems, stride_res, stride_out, eps,
-    STAGED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
+    STAGED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, WRITE_OUT: tl.constexpr,
 ):
     cols = tl.arange(0, BLOCK_H)
     col_ok = cols < hidden
@@ -72,76 +108,157 @@ def _add_norm_kernel(
         acc += tl.load(res_ptrs, mask=ok, other=0.0).to(tl.float32)
         new = acc.to(res_ptr.dtype.element_ty)
         tl.store(res_ptrs, new, mask=ok)
-        y = rmsnorm_rows(new.to(tl.float32), w[None, :], hidden, eps, 1).to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], y, mask=ok)
+        y = rmsnorm_rows(new.to(tl.float32), w[None, :], hidden, eps, 1).to(pub_ptr.dtype.element_ty)
+        if WRITE_OUT:
+            tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], y, mask=ok)
         tl.store(pub_ptr + dense, y, mask=ok)
 
 
 def add_norm_reference(part, staged, residual, weight, eps, out, published) -> None:
-    """Torch version of the local kernel (CPU, and the tests' oracle): same order of sums."""
+    """Torch version of the local kernel (CPU, and the tests' oracle): same order of sums.
+    `out` None: only the published rows are written."""
     acc = part.float() + staged.float().sum(0)
     new = (acc + residual.float()).to(residual.dtype)
     residual.copy_(new)
     r = new.float()
     y = r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
-    out.copy_(y)
+    if out is not None:
+        out.copy_(y)
     published.copy_(y)
 
 
 def add_norm_rows(part, staged, residual, weight, eps, out, published, num_ctas: int, use_triton: bool) -> None:
-    """The local step over a rank's own rows; `staged` is the whole staging area [world-1,
-    slot_rows, hidden] (dense), of which each slot's first rows hold the peers' partials."""
+    """The local step over a rank's own rows; `staged` [world-1, >= rows, hidden] holds the
+    peers' partials of these rows in each slot's first rows (slots may lie apart: a chunk's rows
+    of the staging area). `out` None: the kernel writes only the published rows."""
     n_rows, hidden = part.shape
     if n_rows == 0:
         return
     if not use_triton:
         add_norm_reference(part, staged[:, :n_rows], residual, weight, eps, out, published)
         return
-    for name, t in (("partial", part), ("published", published), ("staged", staged)):  # dense: offsets below
+    for name, t in (("partial", part), ("published", published), ("staged", staged[0])):  # dense: offsets below
         if not t.is_contiguous():
             raise ValueError(f"{name} must be dense")
     block_h = triton.next_power_of_2(hidden)
     block_r = max(1, TILE_ELEMS // block_h)
+    target = published if out is None else out
     _add_norm_kernel[(num_ctas,)](
-        part, staged, residual, out, published, weight.contiguous(),
-        n_rows, hidden, staged.shape[1] * hidden, residual.stride(0), out.stride(0), eps,
-        STAGED=staged.shape[0], BLOCK_R=block_r, BLOCK_H=block_h,
+        part, staged, residual, target, published, weight.contiguous(),
+        n_rows, hidden, staged.stride(0), residual.stride(0), target.stride(0), eps,
+        STAGED=staged.shape[0], BLOCK_R=block_r, BLOCK_H=block_h, WRITE_OUT=out is not None,
         num_warps=max(4, min(16, block_r * block_h // 1024)),
     )
 
 
-@dataclass
-class _Transfers:
-    """A call's copy-engine transfers for one row range: (this rank's dst, peer's src) pairs
-    for the reduce-scatter, (row range of `out`, peer's src) pairs for the all-gather."""
+class InOrder:
+    """Every op on the caller's stream in the order issued: the serial schedule (and the CPU's)."""
 
+    def fork(self) -> None:
+        pass
+
+    def run(self, stream: int, fn) -> None:
+        fn()
+
+    def record(self, stream: int):
+        return None
+
+    def wait(self, stream: int, event) -> None:
+        pass
+
+    def join(self) -> None:
+        pass
+
+
+class CudaStreams:
+    """The caller's stream and two copy streams: forked from the caller's at the start of a
+    call, joined into it at the end (so CUDA-graph capture sees them as one fork and one join)."""
+
+    def __init__(self, device: torch.device) -> None:
+        # high priority: their only kernels are the one-CTA barriers, which must not queue behind GEMMs
+        self._side = (torch.cuda.Stream(device, priority=-1), torch.cuda.Stream(device, priority=-1))
+        self._device = device
+        self._main = None
+
+    def fork(self) -> None:
+        self._main = torch.cuda.current_stream(self._device)
+        for side in self._side:
+            side.wait_stream(self._main)
+
+    def _stream(self, stream: int):
+        return self._main if stream == MAIN else self._side[stream - 1]
+
+    def run(self, stream: int, fn) -> None:
+        with torch.cuda.stream(self._stream(stream)):
+            fn()
+
+    def record(self, stream: int):
+        return self._stream(stream).record_event()
+
+    def wait(self, stream: int, event) -> None:
+        self._stream(stream).wait_event(event)
+
+    def join(self) -> None:
+        for side in self._side:
+            self._main.wait_stream(side)
+        self._main = None
+
+
+@dataclass
+class _Chunk:
+    """One chunk of a call: own rows [lo, hi) (relative to the call's row_start), this rank's
+    reduce-scatter pulls (staging dst, peer's partial src), the kernel's partial, staged and
+    published rows, and the all-gather pulls ((row range of `out`, peer's published src))."""
+
+    lo: int
+    hi: int
     scatter: list
+    part: torch.Tensor
+    staged: torch.Tensor
+    published: torch.Tensor
     gather: list
+
+
+def _copy_all(pairs) -> None:
+    for dst, src in pairs:
+        dst.copy_(src)
 
 
 class CopyEngineNorm:
     """Owns a symmetric buffer sized for `max_tokens` rows (see the module docstring).
 
-    Calls on one instance must be issued in order on one stream, with the same row range on
-    every rank (`num_ctas` may differ: it is local). The call signature is AllReduceNorm's, so
-    reducers.SymmetricReducer drives either; the residual contract is the sharded one.
+    Calls on one instance must be issued in order on one stream, with the same row range and
+    chunk count on every rank (`num_ctas` may differ: it is local). The call signature is
+    AllReduceNorm's (plus an optional `chunks`), so reducers.SymmetricReducer drives either;
+    the residual contract is the sharded one.
     """
 
-    def __init__(self, sym, max_tokens: int, hidden: int) -> None:
+    def __init__(self, sym, max_tokens: int, hidden: int, chunks: int | None = None,
+                 sm_out: bool = False, streams=None) -> None:
         """`sym`: a runtime.SymmetricBuffer of at least buffer_elems(...) elements (or a fake
-        with the same view/handle in the CPU tests)."""
+        with the same view/handle in the CPU tests). `chunks`: pieces of own rows per call (None:
+        chunk_count decides by size). `sm_out`: the kernel also writes `out`'s own rows (6 SM
+        tensors instead of 5; no local copy). `streams`: the pipeline's stream stand-in (CPU
+        tests); default CudaStreams on a GPU, InOrder on the CPU."""
         world = sym.world
         if not 2 <= world <= MAX_WORLD:
             raise ValueError(f"world size {world} outside 2..{MAX_WORLD}")
+        if chunks is not None and chunks < 1:
+            raise ValueError(f"chunks={chunks}: must be at least 1 (or None: by size)")
         self.sym, self.world, self.rank = sym, world, sym.rank
         self.max_tokens, self.hidden = max_tokens, hidden
+        self.chunks, self.sm_out = chunks, sm_out
         self.slot = slot_rows(max_tokens, world)
         self._stage = sym.view(max_tokens * hidden, (world - 1, self.slot, hidden))
         self._pub_start = (max_tokens + (world - 1) * self.slot) * hidden
-        self._transfers: dict[tuple[int, int], _Transfers] = {}
+        self._plans: dict[tuple[int, int, int], list[_Chunk]] = {}
+        if streams is None:
+            streams = CudaStreams(sym.tensor.device) if sym.tensor.is_cuda else InOrder()
+        self._streams, self._in_order = streams, InOrder()
 
     @classmethod
-    def allocate(cls, group, max_tokens: int, hidden: int, dtype: torch.dtype, device) -> CopyEngineNorm:
+    def allocate(cls, group, max_tokens: int, hidden: int, dtype: torch.dtype, device,
+                 chunks: int | None = None, sm_out: bool = False) -> CopyEngineNorm:
         import torch.distributed as dist
 
         from overlapbench.runtime import symmetric_buffer
@@ -149,7 +266,8 @@ class CopyEngineNorm:
         if hidden * torch.empty((), dtype=dtype).element_size() % 16:
             raise ValueError("a row must be a whole number of 16-byte vectors")
         world = dist.get_world_size(group or dist.group.WORLD)
-        return cls(symmetric_buffer(buffer_elems(max_tokens, hidden, world), dtype, device, group), max_tokens, hidden)
+        sym = symmetric_buffer(buffer_elems(max_tokens, hidden, world), dtype, device, group)
+        return cls(sym, max_tokens, hidden, chunks, sm_out)
 
     def partial(self, row_start: int, row_end: int) -> torch.Tensor:
         """[rows, hidden] view of this rank's partial rows: the GEMM writes its sum here."""
@@ -160,25 +278,41 @@ class CopyEngineNorm:
         """The rows [lo, hi) of the call's range (relative to row_start) this rank reduces."""
         return row_block(row_end - row_start, self.world, self.rank)
 
+    def chunk_count(self, n_rows: int, chunks: int | None = None) -> int:
+        """Chunks of a call over n_rows (the same on every rank: it depends on n_rows only): as
+        asked, or pieces of about CHUNK_BYTES of a rank's rows (at most MAX_AUTO_CHUNKS); never
+        more than the smallest row block has rows, and at least 1."""
+        chunks = self.chunks if chunks is None else chunks
+        per_rank = n_rows // self.world
+        if chunks is None:
+            chunks = min(MAX_AUTO_CHUNKS, per_rank * self.hidden * self.sym.tensor.element_size() // CHUNK_BYTES)
+        return max(1, min(chunks, per_rank))
+
     def _check_rows(self, row_start: int, row_end: int) -> None:
         if not 0 <= row_start <= row_end <= self.max_tokens:
             raise ValueError(f"rows [{row_start}, {row_end}) outside [0, {self.max_tokens})")
 
-    def _plan(self, row_start: int, row_end: int) -> _Transfers:
-        key = (row_start, row_end)
-        if key not in self._transfers:
+    def _plan(self, row_start: int, row_end: int, chunks: int) -> list[_Chunk]:
+        key = (row_start, row_end, chunks)
+        if key not in self._plans:
             n, h, view = row_end - row_start, self.hidden, self.sym.view
             lo, hi = self.own_rows(row_start, row_end)
             peers = [(self.rank + s) % self.world for s in range(1, self.world)]  # staggered
-            scatter = [(self._stage[s, : hi - lo], view((row_start + lo) * h, (hi - lo, h), q))
-                       for s, q in enumerate(peers) if hi > lo]
-            gather = []
-            for q in peers:
-                qlo, qhi = row_block(n, self.world, q)
-                if qhi > qlo:
-                    gather.append(((qlo, qhi), view(self._pub_start + (row_start + qlo) * h, (qhi - qlo, h), q)))
-            self._transfers[key] = _Transfers(scatter, gather)
-        return self._transfers[key]
+            plan = []
+            for j in range(chunks):
+                a, b = piece(lo, hi, chunks, j)
+                scatter = [(self._stage[s, a - lo : b - lo], view((row_start + a) * h, (b - a, h), q))
+                           for s, q in enumerate(peers) if b > a]
+                gather = []
+                for q in peers:
+                    qa, qb = piece(*row_block(n, self.world, q), chunks, j)
+                    if qb > qa:
+                        gather.append(((qa, qb), view(self._pub_start + (row_start + qa) * h, (qb - qa, h), q)))
+                part, staged = self.partial(row_start + a, row_start + b), self._stage[:, a - lo : b - lo]
+                published = view(self._pub_start + (row_start + a) * h, (b - a, h))
+                plan.append(_Chunk(a, b, scatter, part, staged, published, gather))
+            self._plans[key] = plan
+        return self._plans[key]
 
     def __call__(
         self,
@@ -189,24 +323,39 @@ class CopyEngineNorm:
         eps: float,
         out: torch.Tensor,
         num_ctas: int,
+        chunks: int | None = None,
     ) -> torch.Tensor:
         """Reduce rows [row_start, row_end) of the partials over ranks; on this rank's own rows
-        (own_rows) residual += sum; out = rmsnorm(residual) * weight on every row, every rank."""
+        (own_rows) residual += sum; out = rmsnorm(residual) * weight on every row, every rank.
+        `chunks`: this call's (None: the instance's)."""
         n, h = row_end - row_start, self.hidden
         check_call(row_start, row_end, self.max_tokens, num_ctas, h, None, residual=residual, out=out)
+        if chunks is not None and chunks < 1:
+            raise ValueError(f"chunks={chunks}: must be at least 1 (or None: the instance's)")
         if n and out.stride(0) != h:
             raise ValueError("out must be dense rows: the copy engines write row ranges of it")
         if n == 0:
             return out
-        plan, barrier = self._plan(row_start, row_end), self.sym.handle.barrier
-        lo, hi = self.own_rows(row_start, row_end)
-        barrier(channel=0)  # every rank's partial of these rows is written
-        for dst, src in plan.scatter:
-            dst.copy_(src)
-        published = self.sym.view(self._pub_start + (row_start + lo) * h, (hi - lo, h))
-        add_norm_rows(self.partial(row_start + lo, row_start + hi), self._stage, residual[lo:hi],
-                      weight, eps, out[lo:hi], published, num_ctas, use_triton=out.is_cuda)
-        barrier(channel=0)  # every rank's rows are published; no peer reads a partial any more
-        for (qlo, qhi), src in plan.gather:
-            out[qlo:qhi].copy_(src)
+        chunks = self.chunk_count(n, chunks)
+        plan, barrier = self._plan(row_start, row_end, chunks), self.sym.handle.barrier
+        ex = self._in_order if chunks == 1 else self._streams
+        ex.fork()
+        ex.run(MAIN, lambda: barrier(channel=0))  # every rank's partial of these rows is written
+        ex.wait(SCATTER, ex.record(MAIN))
+        pulled = []
+        for c in plan:
+            ex.run(SCATTER, lambda c=c: _copy_all(c.scatter))
+            pulled.append(ex.record(SCATTER))
+        for c, ready in zip(plan, pulled):
+            ex.wait(MAIN, ready)
+            sm_out = out[c.lo : c.hi] if self.sm_out else None
+            ex.run(MAIN, lambda c=c, sm_out=sm_out: add_norm_rows(
+                c.part, c.staged, residual[c.lo : c.hi], weight, eps, sm_out, c.published, num_ctas,
+                use_triton=out.is_cuda))
+            ex.wait(GATHER, ex.record(MAIN))
+            if not self.sm_out:
+                ex.run(GATHER, lambda c=c: out[c.lo : c.hi].copy_(c.published))
+            ex.run(GATHER, lambda: barrier(channel=1))  # every rank published chunk j (so did its pulls up to j)
+            ex.run(GATHER, lambda c=c: _copy_all((out[qa:qb], src) for (qa, qb), src in c.gather))
+        ex.join()
         return out

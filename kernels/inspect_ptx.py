@@ -83,9 +83,10 @@ def inspect(hidden: int, world: int, arch: int) -> list[dict]:
     local = dict(part_ptr="*bf16", stage_ptr="*bf16", res_ptr="*bf16", out_ptr="*bf16", pub_ptr="*bf16",
                  w_ptr="*bf16", n_rows="i32", hidden="i32", slot_elems="i32", stride_res="i32", stride_out="i32",
                  eps="fp32")
-    kernels.append(("copy_engine local", _compile(
-        ce._add_norm_kernel, local, dict(STAGED=world - 1, BLOCK_R=block_r, BLOCK_H=block_h),
-        max(4, min(16, block_r * block_h // 1024)), arch)))
+    for write_out in (False, True):  # out by the copy engine (default), or also by the kernel (sm_out)
+        kernels.append((f"copy_engine local{' sm_out' if write_out else ''}", _compile(
+            ce._add_norm_kernel, local, dict(STAGED=world - 1, BLOCK_R=block_r, BLOCK_H=block_h, WRITE_OUT=write_out),
+            max(4, min(16, block_r * block_h // 1024)), arch)))
     return [{"kernel": name, "accesses": dict(sorted(collections.Counter(
                 m.group(1) for m in ACCESS.finditer(k.asm["ptx"])).items())),
              "resources": _resources(k.asm["cubin"])} for name, k in kernels]

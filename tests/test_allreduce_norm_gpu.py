@@ -1,8 +1,10 @@
 """The all-reduce + residual + RMSNorm engines on 2 GPUs, against NCCL + the torch reference:
 the fused kernel v2 (kernels.allreduce_norm_v2) and the copy-engine path (kernels.copy_engine_norm),
 whose residual is token-sharded (checked on the rows each rank owns; the other rows must stay as
-they were), and v1 (kernels.allreduce_norm, every row of the residual replicated). v2's graph
-scenario takes the output region's view (out=None); its other scenarios pass `out`.
+they were; `copy_engine` cuts its rows into chunks by size, copy_engine_c1 is its serial
+schedule with the kernel writing `out` (sm_out), _c3 and _c8 force 3 and 8 chunks), and v1
+(kernels.allreduce_norm, every row of the residual replicated). v2's graph scenario takes the
+output region's view (out=None); its other scenarios pass `out`.
 
 One pair of processes (one per GPU, NCCL on a free localhost port) runs every scenario in
 lockstep and reports failures per scenario, so a broken case fails its own test and a hung
@@ -35,19 +37,22 @@ CTAS = [1, 2, 3, 8, 16, 32, 64]
 CASES = [("bfloat16", 4096), ("bfloat16", 5120), ("bfloat16", 8192), ("float32", 8192)]
 TOL = {"bfloat16": 1e-2, "float32": 1e-5}
 ENGINES = ("fused", "fused_v1", "copy_engine")
+CHUNKED = ("copy_engine_c1", "copy_engine_c3", "copy_engine_c8")  # the copy-engine path's chunk counts
 SCENARIOS = [f"{e}-{s}" for e in ENGINES
              for s in [f"sweep-{d}-{h}" for d, h in CASES] + ["two_ranges_with_writer", "graph_replays"]]
-TIMEOUT_S = 240
+SCENARIOS += [f"{e}-{s}" for e in CHUNKED for s in ("sweep-bfloat16-8192", "two_ranges_with_writer", "graph_replays")]
+TIMEOUT_S = 420
 
 
 def _engine(kind: str, max_tokens: int, hidden: int, dtype, rank: int):
     import torch.distributed as dist
 
     args = (dist.group.WORLD, max_tokens, hidden, dtype, torch.device("cuda", rank))
-    if kind == "copy_engine":
+    if kind.startswith("copy_engine"):
         from kernels.copy_engine_norm import CopyEngineNorm
 
-        return CopyEngineNorm.allocate(*args)
+        chunks = int(kind.rsplit("_c", 1)[1]) if "_c" in kind else None
+        return CopyEngineNorm.allocate(*args, chunks=chunks, sm_out=chunks == 1)
     if kind == "fused":
         from kernels.allreduce_norm_v2 import AllReduceNormV2
 
@@ -233,7 +238,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
                             device_id=torch.device("cuda", rank))
     runs = {}
-    for e in ENGINES:
+    for e in ENGINES + CHUNKED:
         runs |= {f"{e}-sweep-{d}-{h}": (lambda c, e=e, d=d, h=h: _sweep(c, e, rank, d, h)) for d, h in CASES}
         runs[f"{e}-two_ranges_with_writer"] = lambda c, e=e: _two_ranges_with_writer(c, e, rank)
         runs[f"{e}-graph_replays"] = lambda c, e=e: _graph_replays(c, e, rank)

@@ -332,6 +332,7 @@ def test_bad_comm_section_is_one_line_naming_the_field(section, message):
     (["-f", "1"], "-f/--factor: must be an integer >= 2"),
     (["--paths", "nccll"], "--paths: unknown 'nccll' (did you mean 'nccl'?)"),
     (["--comm-ctas", "4,x"], "--comm-ctas: 'x' is not an int"),
+    (["--ce-chunks", "4,0"], "--ce-chunks: '0' is not auto or an int >= 1"),
     (["--format", "xml"], "--format: 'xml' is not one of table, csv, json"),
     (["--iters", "0"], "--iters: must be at least 1"),
     (["--output", "r.csv"], "--output: must be a path ending in .jsonl"),
@@ -435,6 +436,41 @@ def test_beside_gemm_columns_and_table():
     console.print(output.to_table([row]))
     text = console.export_text()
     assert "GEMM loss" in text and "3.1%" in text
+
+
+# --- --ce-chunks ---------------------------------------------------------------------------------
+
+
+def test_ce_chunks_make_a_case_block_each_with_keys_only_where_asked():
+    plain = paths.make_cases(bench(), world=2, backend="nccl", dtype="bf16", hidden=1024)
+    chunked = paths.make_cases(bench(), world=2, backend="nccl", dtype="bf16", hidden=1024, ce_chunks=(1, None, 4))
+    ce = [c for c in chunked if c.path == "copy_engine_norm"]
+    assert [c.chunks for c in ce[:3 * len(bench().sizes)]] == [1] * 4 + [None] * 4 + [4] * 4  # per budget: a block each
+    assert len(ce) == 3 * len([c for c in plain if c.path == "copy_engine_norm"])
+    assert {c.chunks for c in chunked if c.path != "copy_engine_norm"} == {None}
+    assert all("chunks" not in json.loads(c.key()) for c in plain), "keys of plain runs stay as they were"
+    assert len({c.key() for c in ce}) == len(ce) and json.loads(ce[0].key())["chunks"] == 1
+
+
+def test_ce_chunks_parse_forward_and_show():
+    from rich.console import Console
+
+    from overlapbench.comm import output
+
+    opts = command.Options.parse(min_bytes=None, max_bytes="512K", factor=4, ops="all_reduce", paths=None,
+                                 dtype="auto", nccl_max_ctas="default", comm_ctas="4", hidden=8192, iters=3,
+                                 warmup=1, graphs=True, fmt="table", output=None, resume=False, nproc=None,
+                                 ce_chunks="1, auto,4,1")
+    assert opts.ce_chunks == (1, None, 4)
+    argv = opts.argv(cuda=True, output=Path("x.jsonl"))
+    assert argv[argv.index("--ce-chunks") + 1] == "1,auto,4"
+    row = {"bytes": M, "count": M // 2, "dtype": "bf16", "op": "all_reduce", "strategy": "copy_engine_norm",
+           "knobs": {"op": "all_reduce", "ctas": 4, "chunks": 4}, "status": "ok", "error": None, "ms": 0.25,
+           "algbw": 4.0, "busbw": 4.0, "wrong": 0, "cv": 0.01}
+    assert output.record(row)["chunks"] == 4 and "chunks=4" in str(output.summary_line(row))
+    console = Console(width=200, record=True)
+    console.print(output.to_table([row]))
+    assert "copy_engine_norm chunks=4" in console.export_text()
 
 
 def test_gemm_stream_counts_its_flops():

@@ -1,6 +1,6 @@
 """`overlapbench comm` on 2 GPUs: every path (NCCL under CTA budgets, symmetric-memory one- and
 two-shot all-reduce, the fused all-reduce + RMSNorm kernels v2 and v1, the copy-engine all-gather, the
-copy-engine all-reduce + RMSNorm) gets
+copy-engine all-reduce + RMSNorm, by size-chosen chunks, serial and in 3 chunks) gets
 every size exactly right (#wrong == 0), and is timed from CUDA-graph replays.
 
 Sizes are chosen so that row counts split unevenly over the ranks (3 rows), one size is below a
@@ -35,7 +35,7 @@ def run(request, tmp_path_factory) -> tuple[list[dict], list[dict]]:
     out = tmp_path_factory.mktemp("comm") / "comm.jsonl"
     done = subprocess.run(
         [sys.executable, "-m", "overlapbench", "comm", "-b", lo, "-e", hi, "-f", "4", "--dtype", request.param,
-         "--hidden", hidden, "--nccl-max-ctas", "default,4", "--comm-ctas", "1,3,64",
+         "--hidden", hidden, "--nccl-max-ctas", "default,4", "--comm-ctas", "1,3,64", "--ce-chunks", "auto,1,3",
          "--iters", "3", "--warmup", "1", "--nproc", "2", "--format", "json", "--output", str(out)],
         capture_output=True, text=True, timeout=600, cwd=REPO, env=os.environ | {"PYTHONPATH": str(REPO)},
     )
@@ -53,6 +53,7 @@ def test_every_path_is_exact(run):
     assert measured == {(op, path) for op, paths in paths.PATHS_BY_OP.items() for path in paths}, measured
     assert {r["ctas"] for r in ok if r["path"] == "fused_norm"} == {1, 3, 64}
     assert {r["ctas"] for r in ok if r["path"] == "copy_engine_norm"} == {1, 3, 64}
+    assert {r["chunks"] for r in ok if r["path"] == "copy_engine_norm"} == {None, 1, 3}  # auto, serial, pipelined
     assert {r["ctas"] for r in ok if r["path"] == "fused_norm_v1"} == {1, 3, 64}
     assert {r["ctas"] for r in ok if r["path"] == "nccl"} == {"default", 4}
     skipped = [r for r in records if r["status"] == "skipped"]

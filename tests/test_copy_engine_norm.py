@@ -7,7 +7,9 @@ the sharded-residual contract, for 2, 4 and 8 ranks, over two row ranges back to
 from __future__ import annotations
 
 import math
+import random
 import threading
+import time
 
 import pytest
 
@@ -20,15 +22,69 @@ EPS = 1e-5
 
 
 class _FakeHandle:
+    """Views of every rank's buffer, one threading barrier per channel, and each rank's barrier
+    channels in the order it entered them (`log`, by the rank that _run_ranks gave the thread)."""
+
+    local = threading.local()
+
     def __init__(self, bufs, world):
-        self.bufs, self.barriers = bufs, 0
-        self._barrier = threading.Barrier(world)
+        self.bufs = bufs
+        self._barriers = {channel: threading.Barrier(world) for channel in range(4)}
+        self.log = [[] for _ in range(world)]
 
     def get_buffer(self, rank, shape, dtype, storage_offset=0):
         return self.bufs[rank][storage_offset : storage_offset + math.prod(shape)].view(shape)
 
     def barrier(self, channel=0):
-        self._barrier.wait(timeout=30)
+        self.log[self.local.rank].append(channel)
+        self._barriers[channel].wait(timeout=30)
+
+    def abort(self):
+        for b in self._barriers.values():
+            b.abort()
+
+
+class _Event:
+    done = False
+
+
+class _SimStreams:
+    """CopyEngineNorm's streams on a CPU thread: ops queue per stream and run at join, each
+    step the head of a random stream that is ready (a wait is ready once its event was
+    recorded), with now and then a short sleep so the ranks' threads interleave differently."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.queues: dict[int, list] = {0: [], 1: [], 2: []}
+
+    def fork(self) -> None:
+        event = self.record(0)
+        self.wait(1, event)
+        self.wait(2, event)
+
+    def run(self, stream, fn) -> None:
+        self.queues[stream].append(("run", fn))
+
+    def record(self, stream):
+        event = _Event()
+        self.queues[stream].append(("record", event))
+        return event
+
+    def wait(self, stream, event) -> None:
+        self.queues[stream].append(("wait", event))
+
+    def join(self) -> None:
+        while any(self.queues.values()):
+            ready = [s for s, q in self.queues.items() if q and (q[0][0] != "wait" or q[0][1].done)]
+            if not ready:
+                raise RuntimeError(f"streams wait on events never recorded: {self.queues}")
+            kind, arg = self.queues[self.rng.choice(ready)].pop(0)
+            if kind == "run":
+                arg()
+            elif kind == "record":
+                arg.done = True
+            if self.rng.random() < 0.05:
+                time.sleep(0.0002)
 
 
 def _reference(partials, residual, weight):
@@ -42,11 +98,12 @@ def _run_ranks(world: int, fn) -> list:
     results, errors = [None] * world, []
 
     def main(rank):
+        _FakeHandle.local.rank = rank
         try:
             results[rank] = fn(rank)
         except BaseException as e:
             errors.append(f"rank {rank}: {e!r}")
-            fn.handle._barrier.abort()
+            fn.handle.abort()
 
     threads = [threading.Thread(target=main, args=(r,)) for r in range(world)]
     for t in threads:
@@ -97,6 +154,79 @@ def test_every_rank_gets_the_normed_sum_and_keeps_its_residual_rows(world, cut, 
             assert torch.equal(results[rank][i][2], results[0][i][2])
 
 
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("chunks", [1, 2, 3, 7])
+@pytest.mark.parametrize("rows", [1, 3, 1000, 4097])
+def test_chunked_pipeline_on_stand_in_streams(world, chunks, rows):
+    """The chunked schedule (7 divides none of the row blocks) with its ops in a random valid
+    order per rank: two ranges back to back, twice, with sm_out off (the published rows copied
+    to `out`) and, on odd rounds, on. Per call: out, the residual's own rows, the other rows
+    untouched, the published rows at their offset, one barrier on channel 0 then one per chunk
+    on channel 1, out bit-identical on every rank."""
+    hidden, offset, rounds = 8, 3, 2
+    max_tokens, cut = offset + rows + 2, rows // 3
+    g = torch.Generator().manual_seed(world * 100_000 + rows * 10 + chunks)
+    weight = torch.randn(hidden, generator=g)
+    ranges = [(offset, offset + cut), (offset + cut, offset + rows)]
+    inputs = [[([torch.randn(b - a, hidden, generator=g) for _ in range(world)], torch.randn(b - a, hidden, generator=g))
+               for a, b in ranges] for _ in range(rounds)]
+    bufs = [torch.full((buffer_elems(max_tokens, hidden, world),), float("nan")) for _ in range(world)]
+    handle = _FakeHandle(bufs, world)
+
+    def rank_main(rank):
+        sym = SymmetricBuffer(bufs[rank], handle, "fake", rank, world, 0)
+        engine = CopyEngineNorm(sym, max_tokens, hidden, chunks=chunks, streams=_SimStreams(rank * 7 + rows))
+        outs = []
+        for rnd in range(rounds):
+            engine.sm_out = bool(rnd % 2)
+            for (a, b), (partials, residual) in zip(ranges, inputs[rnd]):
+                engine.partial(a, b).copy_(partials[rank])
+                res, logged = residual.clone(), len(handle.log[rank])
+                out = torch.full_like(res, float("nan"))
+                assert engine(a, b, res, weight, EPS, out, num_ctas=2) is out
+                lo, hi = engine.own_rows(a, b)
+                n_chunks = engine.chunk_count(b - a)
+                assert n_chunks == max(1, min(chunks, (b - a) // world))
+                assert handle.log[rank][logged:] == ([0] + [1] * n_chunks if b > a else [])
+                published = sym.view(engine._pub_start + (a + lo) * hidden, (hi - lo, hidden))
+                assert torch.equal(published, out[lo:hi]), "published rows not at their offset"
+                outs.append(((lo, hi), res, out))
+        return outs
+
+    rank_main.handle = handle
+    results = _run_ranks(world, rank_main)
+    flat = [x for rnd in inputs for x in rnd]
+    expected = [_reference(p, r, weight) for p, r in flat]
+    for outs in results:
+        for ((lo, hi), res, out), (ref_res, ref_out), (_, residual) in zip(outs, expected, flat):
+            torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(res[lo:hi], ref_res[lo:hi], rtol=1e-6, atol=1e-6)
+            mask = torch.ones(res.shape[0], dtype=torch.bool)
+            mask[lo:hi] = False
+            assert torch.equal(res[mask], residual[mask]), "rows of other ranks must stay untouched"
+    for i in range(len(expected)):
+        for rank in range(1, world):
+            assert torch.equal(results[rank][i][2], results[0][i][2])
+
+
+def test_automatic_chunks_are_about_chunk_bytes_and_agree_on_every_rank():
+    import types
+
+    from kernels.copy_engine_norm import CHUNK_BYTES, MAX_AUTO_CHUNKS
+
+    world, hidden, max_tokens = 2, 8192, 40000
+    bf16 = torch.empty(0, dtype=torch.bfloat16)
+    engines = [CopyEngineNorm(types.SimpleNamespace(world=world, rank=r, tensor=bf16, view=lambda *a: None), max_tokens,
+                              hidden) for r in range(world)]  # chunk_count only: no buffer needed
+    row_bytes = hidden * 2
+    assert {e.chunk_count(4096) for e in engines} == {MAX_AUTO_CHUNKS}  # 64 MiB: 32 MiB a rank
+    assert engines[0].chunk_count(2 * CHUNK_BYTES // row_bytes) == 1
+    assert engines[0].chunk_count(2 * CHUNK_BYTES // row_bytes - 2) == 1  # below one chunk: still 1
+    assert engines[0].chunk_count(2 * 3 * CHUNK_BYTES // row_bytes) == 3
+    assert engines[1].chunk_count(1) == engines[1].chunk_count(3) == 1
+    assert engines[0].chunk_count(4096, 5) == 5 and engines[0].chunk_count(5, 4) == 2
+
+
 def test_rows_are_owned_once_and_in_order():
     from kernels.allreduce_norm import row_block
 
@@ -118,16 +248,22 @@ def test_bad_calls_are_refused():
         engine(0, 4, res, w, EPS, res.clone(), 0)
     with pytest.raises(ValueError, match="dense rows"):
         engine(0, 4, res, w, EPS, torch.zeros(4, 2 * hidden)[:, :hidden], 1)
+    with pytest.raises(ValueError, match="chunks"):
+        engine(0, 4, res, w, EPS, res.clone(), 1, chunks=0)
+    with pytest.raises(ValueError, match="chunks"):
+        CopyEngineNorm(engine.sym, 8, hidden, chunks=0)
 
 
 # --- the strategies with comm: copy_engine, ranks as threads -------------------------------------
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_strategies_with_copy_engine_match_the_reference(monkeypatch, world):
+@pytest.mark.parametrize("chunks", [None, 3])
+def test_strategies_with_copy_engine_match_the_reference(monkeypatch, world, chunks):
     """fused_norm, token_split and iso built with comm: copy_engine, each rank's reducers on the
     fake symmetric memory: the layers keep the residual token-sharded (no forward reads a row a
-    reducer did not update) and the output still equals the reference."""
+    reducer did not update) and the output still equals the reference. chunks None: by size
+    (1 here, the serial schedule); 3: the pipeline on stand-in streams."""
     from overlapbench import strategies
     from overlapbench.layer import RopeTable, build_stack, random_input, reference_forward
     from overlapbench.models import ModelShape
@@ -138,8 +274,8 @@ def test_strategies_with_copy_engine_match_the_reference(monkeypatch, world):
     tokens = sum(seq_lens)
     bufs = [torch.full((buffer_elems(tokens, shape.hidden, world),), float("nan")) for _ in range(world)]
     handle = _FakeHandle(bufs, world)
-    engines = [CopyEngineNorm(SymmetricBuffer(bufs[r], handle, "fake", r, world, 0), tokens, shape.hidden)
-               for r in range(world)]
+    engines = [CopyEngineNorm(SymmetricBuffer(bufs[r], handle, "fake", r, world, 0), tokens, shape.hidden, chunks,
+                              streams=_SimStreams(r) if chunks else None) for r in range(world)]
     monkeypatch.setattr(reducers, "_engine", lambda ctx, comm: engines[ctx.runtime.rank])
     settings = [("fused_norm", {"comm": "copy_engine", "comm_ctas": 4}),
                 ("token_split", {"comm": "copy_engine", "comm_ctas_attn": 4, "comm_ctas_mlp": 16}),

@@ -229,23 +229,30 @@ def test_emulated_allreduce_norm_rejects_bad_arguments() -> None:
 
 
 @pytest.mark.parametrize("staged, rows, hidden, ctas", [(1, 5, 64, 1), (3, 17, 96, 3), (7, 2, 128, 4), (1, 1, 4096, 2)])
-def test_copy_engine_local_kernel_matches_reference(staged: int, rows: int, hidden: int, ctas: int) -> None:
+@pytest.mark.parametrize("sm_out", [True, False])
+def test_copy_engine_local_kernel_matches_reference(staged: int, rows: int, hidden: int, ctas: int, sm_out: bool) -> None:
     """The add + norm over a rank's own rows for 2, 4 and 8 ranks (1, 3, 7 staged partials),
-    with strided residual and out and slots longer than the rows (as in a call)."""
+    with strided residual and out, on a chunk's rows of the staging slots (slots longer than the
+    rows, starting past their first row, as in a chunked call); without `out` (sm_out off) only
+    the published rows are written."""
     from kernels.copy_engine_norm import add_norm_reference, add_norm_rows
 
     g = torch.Generator().manual_seed(staged * 100 + rows)
     part = torch.randn(rows, hidden, generator=g)
-    slots = torch.randn(staged, rows + 3, hidden, generator=g)
+    slots = torch.randn(staged, rows + 5, hidden, generator=g)[:, 2:]  # chunk rows from slot row 2
     residual = torch.randn(rows, hidden + 16, generator=g)[:, :hidden]
     weight = torch.randn(hidden, generator=g)
     out = torch.full((rows, hidden + 8), float("nan"))[:, :hidden]
     published = torch.full((rows, hidden), float("nan"))
     ref_res, ref_out, ref_pub = residual.clone(), torch.empty(rows, hidden), torch.empty(rows, hidden)
     add_norm_reference(part, slots[:, :rows], ref_res, weight, EPS, ref_out, ref_pub)
-    add_norm_rows(part, slots, residual, weight, EPS, out, published, ctas, use_triton=True)
+    add_norm_rows(part, slots, residual, weight, EPS, out if sm_out else None, published, ctas, use_triton=True)
     assert rel_err(residual, ref_res) < 1e-6
-    assert rel_err(out, ref_out) < 1e-5 and torch.equal(out, published)
+    assert rel_err(published, ref_out) < 1e-5
+    if sm_out:
+        assert torch.equal(out, published)
+    else:
+        assert out.isnan().all(), "sm_out off: the kernel must not write out"
 
 
 # ---------------------------------------------------------------- kernel v2 on W emulated ranks

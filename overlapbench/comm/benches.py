@@ -145,15 +145,16 @@ def fused_norm_v1_bench(rt: Runtime, case: Case, buffers: Buffers) -> Bench:
 def copy_engine_norm_bench(rt: Runtime, case: Case, buffers: Buffers) -> Bench:
     """kernels.copy_engine_norm.CopyEngineNorm on rows x hidden: copy-engine reduce-scatter and
     all-gather, the add + norm on `ctas` CTAs; the residual checked on this rank's rows only
-    (it stays token-sharded)."""
-    return _norm_bench(rt, case, buffers.copy_engine_norm(case))
+    (it stays token-sharded); its own rows cut into `case.chunks` chunks (None: by size)."""
+    return _norm_bench(rt, case, buffers.copy_engine_norm(case), chunks=case.chunks)
 
 
-def _norm_bench(rt: Runtime, case: Case, kernel) -> Bench:
+def _norm_bench(rt: Runtime, case: Case, kernel, **call) -> Bench:
     """An all-reduce + norm engine on rows x hidden: the partial sums are reduced over ranks, the
     residual becomes residual + sum (exact: small integers) on the rows this rank keeps (all of
     them, or its own with a sharded residual) and out becomes rmsnorm(residual) * weight
-    (checked against the torch reference to one rounding step)."""
+    (checked against the torch reference to one rounding step). `call`: the engine's own
+    keyword arguments (copy_engine_norm: chunks)."""
     import torch
 
     from kernels.rmsnorm import add_rmsnorm_reference
@@ -173,7 +174,7 @@ def _norm_bench(rt: Runtime, case: Case, kernel) -> Bench:
         out.fill_(-1)
 
     def run() -> None:
-        kernel(0, rows, residual, weight, FUSED_EPS, out, case.ctas)
+        kernel(0, rows, residual, weight, FUSED_EPS, out, case.ctas, **call)
 
     def wrong(seed: int) -> int:
         reduced = pattern_sum(range(world), 0, n, seed, torch.float32, rt.device).view(rows, hidden)

@@ -24,6 +24,7 @@ class Case:
     skip: str | None = None  # why this case cannot run here
     buffer: str | None = None  # the run's symmetric allocation its path uses (paths.CommPath.buffer)
     beside_gemm: bool = False  # also timed beside a GEMM stream (comm.contention)
+    chunks: int | None = None  # copy_engine_norm: its own rows cut into this many chunks; None: by size
 
     @property
     def nbytes(self) -> int:
@@ -45,5 +46,7 @@ class Case:
                "dtype": self.dtype, "hidden": self.hidden}
         if self.beside_gemm:  # only then: keys of runs without it stay as they were
             key["beside_gemm"] = True
+        if self.chunks is not None:  # likewise
+            key["chunks"] = self.chunks
         return json.dumps(key, sort_keys=True)
 

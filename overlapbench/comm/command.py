@@ -42,12 +42,13 @@ class Options:
     resume: bool
     nproc: int | None
     beside_gemm: bool = False  # also time each case beside a GEMM stream (comm.contention)
+    ce_chunks: tuple[int | None, ...] = (None,)  # copy_engine_norm's chunk counts (None: by size)
 
     @classmethod
     def parse(cls, *, min_bytes: str | None, max_bytes: str | None, factor: int, ops: str | None,
               paths: str | None, dtype: str, nccl_max_ctas: str, comm_ctas: str, hidden: int,
               iters: int, warmup: int, graphs: bool, fmt: str, output: Path | None, resume: bool,
-              nproc: int | None, beside_gemm: bool = False) -> Options:
+              nproc: int | None, beside_gemm: bool = False, ce_chunks: str | None = None) -> Options:
         if fmt not in FORMATS:
             raise UserError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
         if dtype not in DTYPES:
@@ -72,6 +73,7 @@ class Options:
             factor=factor, ops=lists.ops, paths=lists.paths, dtype=dtype, nccl_max_ctas=lists.nccl_max_ctas,
             comm_ctas=lists.comm_ctas, hidden=hidden, iters=iters, warmup=warmup, graphs=graphs, fmt=fmt,
             output=output, resume=resume, nproc=nproc, beside_gemm=beside_gemm,
+            ce_chunks=(None,) if ce_chunks is None else parse_chunks(ce_chunks),
         )
         opts.sizes(cuda=False)  # validates -b -e -f now, in one line
         return opts
@@ -99,7 +101,23 @@ class Options:
             "--hidden", str(self.hidden), "--iters", str(self.iters), "--warmup", str(self.warmup),
             "--graphs" if self.graphs else "--no-graphs", "--format", self.fmt, "--output", str(output),
         ]
+        args += ["--ce-chunks", ",".join("auto" if c is None else str(c) for c in self.ce_chunks)]
         return args + (["--resume"] if self.resume else []) + (["--beside-gemm"] if self.beside_gemm else [])
+
+
+def parse_chunks(text: str) -> tuple[int | None, ...]:
+    """--ce-chunks: a comma list of chunk counts >= 1 or `auto` (chosen by size), each once."""
+    chunks: list[int | None] = []
+    for item in (x.strip() for x in text.split(",")):
+        if item == "auto":
+            value = None
+        elif item.isdigit() and int(item) >= 1:
+            value = int(item)
+        else:
+            raise UserError(f"--ce-chunks: {item!r} is not auto or an int >= 1")
+        if value not in chunks:
+            chunks.append(value)
+    return tuple(chunks)
 
 
 def default_output(device: str, world: int) -> Path:
@@ -149,7 +167,7 @@ def run_ranks(opts: Options, console: Console) -> int:
     env = environment.run_environment(rt)
     dtype = ("bf16" if rt.is_cuda else "fp32") if opts.dtype == "auto" else opts.dtype
     cases = make_cases(opts.bench(rt.is_cuda), rt.world_size, rt.backend, dtype, opts.hidden, len(env["hosts"]),
-                       beside_gemm=opts.beside_gemm)
+                       beside_gemm=opts.beside_gemm, ce_chunks=opts.ce_chunks)
     output = opts.output or default_output(env["device"], rt.world_size)
     store, done, run_id = results.open_on_ranks(output, opts.resume, rt.rank)
     info = RunInfo("comm", run_id, env, opts.warmup, opts.iters, opts.graphs)

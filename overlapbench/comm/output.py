@@ -22,7 +22,7 @@ def summary_line(row: dict) -> Text:
     if row["status"] == "skipped":  # printed once per op and path
         return styled("  ", ("skipped", "yellow"), f" {row['op']} {row['strategy']}: {row['error']}")
     ctas = row["knobs"]["ctas"]
-    what = f"{row['op']} {row['strategy']}{'' if ctas is None else f' ctas={ctas}'} {row['bytes']} B"
+    what = f"{row['op']} {path_label(row)}{'' if ctas is None else f' ctas={ctas}'} {row['bytes']} B"
     if row["status"] != "ok":
         return styled("  ", (f"{row['status']:>7}", "red"), f" {what}: {row['error']}")
     return styled("  ", (f"{'ok':>7}", "green"), f" {what}: {row['ms'] * 1e3:.1f} us, "
@@ -30,7 +30,13 @@ def summary_line(row: dict) -> Text:
 
 
 COLUMNS = ("size", "count", "type", "op", "path", "ctas", "time_us", "algbw", "busbw", "wrong",
-           "p10_us", "p90_us", "cv", "status", "error", "beside_us", "beside_busbw", "gemm_loss")
+           "p10_us", "p90_us", "cv", "status", "error", "beside_us", "beside_busbw", "gemm_loss", "chunks")
+
+
+def path_label(row: dict) -> str:
+    """The path, with copy_engine_norm's chunk count where one was asked for."""
+    chunks = row["knobs"].get("chunks")
+    return row["strategy"] if chunks is None else f"{row['strategy']} chunks={chunks}"
 
 
 def record(row: dict) -> dict:
@@ -46,6 +52,7 @@ def record(row: dict) -> dict:
         # --beside-gemm: the path's time and busbw next to the GEMM stream, the GEMMs' TFLOP/s lost
         "beside_us": us(row.get("beside_ms")), "beside_busbw": sig(row.get("beside_busbw")),
         "gemm_loss": sig(row.get("gemm_loss")),
+        "chunks": row["knobs"].get("chunks"),  # copy_engine_norm's, where asked for
     }
 
 
@@ -89,7 +96,7 @@ def to_table(rows: list[dict]) -> Table:
         if beside:
             b = row.get("beside_ms")
             contention = ["-"] * 3 if b is None else [f"{b * 1e3:.2f}", f"{row['beside_busbw']:.2f}", f"{row['gemm_loss']:.1%}"]
-        table.add_row(str(row["bytes"]), str(row["count"]), row["dtype"], row["op"], row["strategy"],
+        table.add_row(str(row["bytes"]), str(row["count"]), row["dtype"], row["op"], path_label(row),
                       "-" if ctas is None else str(ctas), *timed, "-" if wrong is None else str(wrong), *contention)
     notes = [f"{', '.join(dict.fromkeys(where))}: {why}" for why, where in reasons.items()]
     table.caption = Text("\n".join(notes)) if notes else None  # literal: errors may hold brackets

@@ -87,12 +87,13 @@ PATHS_BY_OP = {op: tuple(p.name for p in PATHS_BY_NAME.values() if op in p.ops) 
 
 
 def make_cases(bench: Any, world: int, backend: str, dtype: str, hidden: int, hosts: int = 1,
-               beside_gemm: bool = False) -> list[Case]:
+               beside_gemm: bool = False, ce_chunks: tuple = (None,)) -> list[Case]:
     """Every (op, path, CTA budget, size) of `bench` (a spec.CommSpec, which imports this
     module: hence untyped here), in nccl-tests' order: one block of
     ascending sizes per op, path and budget. Sizes are rounded down to whole units of the
     path (16-byte vectors per rank, or rows for the fused kernel). `beside_gemm`: every case is
-    also timed beside a GEMM stream (comm.contention)."""
+    also timed beside a GEMM stream (comm.contention). `ce_chunks`: the chunk counts of
+    copy_engine_norm (None: chosen by size), one block per count inside each CTA budget's."""
     elem = DTYPE_BYTES[dtype]
     cases, seen = [], set()
     for op in bench.ops:
@@ -102,14 +103,15 @@ def make_cases(bench: Any, world: int, backend: str, dtype: str, hidden: int, ho
                 skip = skip or "--beside-gemm needs CUDA GPUs (a bf16 GEMM stream beside the path)"
             unit, unit_words = path.unit(op, world, elem, hidden)
             for ctas in path.ctas(bench, backend):
-                for size in bench.sizes:
-                    count = size // elem // unit * unit
-                    too_small = None if count else f"{format_bytes(size)} is below {unit_words} ({unit * elem} B)"
-                    case = Case(op, path.name, backend, ctas, size, count, dtype, hidden if path.rows else None,
-                                skip=skip or too_small, buffer=path.buffer, beside_gemm=beside_gemm)
-                    if case.key() not in seen:
-                        seen.add(case.key())
-                        cases.append(case)
+                for chunks in ce_chunks if path.name == "copy_engine_norm" else (None,):
+                    for size in bench.sizes:
+                        count = size // elem // unit * unit
+                        too_small = None if count else f"{format_bytes(size)} is below {unit_words} ({unit * elem} B)"
+                        case = Case(op, path.name, backend, ctas, size, count, dtype, hidden if path.rows else None,
+                                    skip=skip or too_small, buffer=path.buffer, beside_gemm=beside_gemm, chunks=chunks)
+                        if case.key() not in seen:
+                            seen.add(case.key())
+                            cases.append(case)
     return [replace(c, seed=i + 1) for i, c in enumerate(cases)]
 
 

@@ -149,7 +149,7 @@ def make_row(case: Case, result: dict, info: RunInfo) -> dict:
         "error": result.get("error"),
         "workload": "comm",
         "strategy": case.strategy,
-        "knobs": {"op": case.op, "ctas": case.ctas},
+        "knobs": {"op": case.op, "ctas": case.ctas} | ({} if case.chunks is None else {"chunks": case.chunks}),
         "model": None,
         "shape": {"hidden": case.hidden} if case.hidden else None,
         "layers": None,
