@@ -132,7 +132,7 @@ def comm(
     output: Path | None = typer.Option(None, "--output", "-o", help="Results file (.jsonl). Default: results/comm-{device}-{world}.jsonl."),
     resume: bool = typer.Option(False, "--resume", help="Continue: skip the cases already in the results file."),
     nproc: int | None = typer.Option(None, "--nproc", help="Processes to launch when not under torchrun. Default: all local GPUs, or 2 on CPU."),
-    ce_chunks: str | None = typer.Option(None, "--ce-chunks", help="copy_engine_norm: comma list of chunk counts its rows are cut into (1: the serial schedule) or auto (by size). Default: auto."),
+    ce_chunks: str | None = typer.Option(None, "--ce-chunks", help="copy_engine_norm: comma list of chunk counts its rows are cut into (1: the serial schedule) or auto (by size). Default: 1, the schedule measured so far."),
     beside_gemm: bool = typer.Option(False, "--beside-gemm", help="Also time each case while llama3-70b TP=2 MLP GEMMs (4096 tokens, bf16) run on another stream: the path's time and busbw beside them and the GEMMs' TFLOP/s loss. GPUs only."),
 ) -> None:
     """Collective microbenchmarks in nccl-tests' terms: size, count, type, time, algbw, busbw,

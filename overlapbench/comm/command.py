@@ -42,7 +42,7 @@ class Options:
     resume: bool
     nproc: int | None
     beside_gemm: bool = False  # also time each case beside a GEMM stream (comm.contention)
-    ce_chunks: tuple[int | None, ...] = (None,)  # copy_engine_norm's chunk counts (None: by size)
+    ce_chunks: tuple[int | None, ...] = (1,)  # copy_engine_norm's chunk counts (None: by size)
 
     @classmethod
     def parse(cls, *, min_bytes: str | None, max_bytes: str | None, factor: int, ops: str | None,
@@ -73,7 +73,7 @@ class Options:
             factor=factor, ops=lists.ops, paths=lists.paths, dtype=dtype, nccl_max_ctas=lists.nccl_max_ctas,
             comm_ctas=lists.comm_ctas, hidden=hidden, iters=iters, warmup=warmup, graphs=graphs, fmt=fmt,
             output=output, resume=resume, nproc=nproc, beside_gemm=beside_gemm,
-            ce_chunks=(None,) if ce_chunks is None else parse_chunks(ce_chunks),
+            ce_chunks=(1,) if ce_chunks is None else parse_chunks(ce_chunks),
         )
         opts.sizes(cuda=False)  # validates -b -e -f now, in one line
         return opts

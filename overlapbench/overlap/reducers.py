@@ -5,8 +5,8 @@
 (kernels/allreduce_norm_v2.py, the residual token-sharded; knobs.FUSED_KERNEL switches to v1);
 the GEMM writes its partial straight into the symmetric buffer, so no copy is made.
 `copy_engine`: the copy engines reduce-scatter and all-gather between symmetric buffers, a
-local few-CTA kernel adds and normalizes the rank's own rows (kernels/copy_engine_norm.py),
-chunk by chunk so the transfers of one chunk run beside the kernel of the next (CE_CHUNKS);
+local few-CTA kernel adds and normalizes the rank's own rows (kernels/copy_engine_norm.py), in
+its serial schedule until the chunked one is measured on a GPU (CE_CHUNKS);
 the residual stays token-sharded (see layer.Reducer).
 """
 
@@ -22,7 +22,9 @@ from overlapbench.knobs import DEFAULT, FUSED_KERNEL, SYMMETRIC_COMM
 from overlapbench.layer import Chunk, LocalReducer
 from overlapbench.runtime import BuildContext
 
-CE_CHUNKS = None  # copy_engine's chunk count: None chooses by size (pieces of ~2 MiB, at most 8)
+# copy_engine's schedule: one chunk with the kernel writing `out` is the one measured on 2x H200
+# (results/h200x2/df28d53/); the chunked pipeline (None: by size) has run on CPU only so far.
+CE_CHUNKS, CE_SM_OUT = 1, True
 
 
 def collective(ctx: BuildContext, nccl_max_ctas=DEFAULT, high_priority: bool = False) -> LocalReducer:
@@ -59,7 +61,7 @@ def _engine(ctx: BuildContext, comm: str):
         if comm == "copy_engine":
             from kernels.copy_engine_norm import CopyEngineNorm
 
-            return lambda: CopyEngineNorm.allocate(*args, chunks=CE_CHUNKS)
+            return lambda: CopyEngineNorm.allocate(*args, chunks=CE_CHUNKS, sm_out=CE_SM_OUT)
         if FUSED_KERNEL == "v1":
             from kernels.allreduce_norm import AllReduceNorm
 
