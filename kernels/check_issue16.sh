@@ -6,10 +6,13 @@
 #    ranges with a writer stream, CUDA-graph replays)              -> gpu-tests.log
 # 2. the compiled code of the kernels with this machine's Triton    -> ptx.txt
 # 3. overlapbench comm, all_reduce 64 MiB and 256 MiB: NCCL default/8/16/32 CTAs, fused_norm
-#    (v2), fused_norm_v1 and copy_engine_norm at 4/8/16 CTAs       -> comm.{jsonl,csv,log}
+#    (v2), fused_norm_v1 and copy_engine_norm at 4/8/16 CTAs (copy_engine_norm serial and
+#    chunked by size: --ce-chunks 1,auto)                         -> comm.{jsonl,csv,log}
 # 4. the same at 64 MiB beside the llama3-70b TP=2 MLP GEMMs      -> comm-beside.{jsonl,csv,log}
 # 5. a small llama3-8b sweep: fused_norm, token_split and iso with comm fused (v2) and
 #    copy_engine, each point checked against the reference      -> layers.{jsonl,log}
+# 6. kernels/bench_copy_engine_norm.py: the copy-engine path's CTAs x chunks x who writes `out`
+#                                                               -> bench_copy_engine_norm.{jsonl,log}
 # Last: a short table (layer checks; busbw, #wrong, beside-GEMM busbw and GEMM TFLOP/s loss).
 set -u
 cd "$(dirname "$0")/.."
@@ -18,7 +21,7 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 PATHS=nccl,fused_norm,fused_norm_v1,copy_engine_norm
 COMM=(python -m overlapbench comm --ops all_reduce --paths $PATHS --nccl-max-ctas default,8,16,32
-      --comm-ctas 4,8,16 --hidden 8192 --iters 10 --warmup 3 --nproc 2 --format csv)
+      --comm-ctas 4,8,16 --ce-chunks 1,auto --hidden 8192 --iters 10 --warmup 3 --nproc 2 --format csv)
 
 timeout 300 python -m pytest -q -p no:cacheprovider tests/test_allreduce_norm_gpu.py > "$OUT/gpu-tests.log" 2>&1
 echo "gpu tests: exit $? ($(tail -n 1 "$OUT/gpu-tests.log"))" | tee "$OUT/summary.txt"
@@ -43,6 +46,8 @@ timeout 180 "${COMM[@]}" -b 64M -e 256M -f 4 --output "$OUT/comm.jsonl" > "$OUT/
 echo "comm: exit $?" | tee -a "$OUT/summary.txt"
 timeout 180 "${COMM[@]}" -b 64M -e 64M --beside-gemm --output "$OUT/comm-beside.jsonl" > "$OUT/comm-beside.csv" 2> "$OUT/comm-beside.log"
 echo "comm --beside-gemm: exit $?" | tee -a "$OUT/summary.txt"
+timeout 240 torchrun --nproc-per-node 2 kernels/bench_copy_engine_norm.py > "$OUT/bench_copy_engine_norm.log" 2>&1
+echo "bench_copy_engine_norm: exit $?" | tee -a "$OUT/summary.txt"
 cat "$OUT/ptx.txt"
 python - "$OUT" <<'SUMMARY' | tee -a "$OUT/summary.txt"
 import csv, json, sys
@@ -65,13 +70,14 @@ for line in layers.read_text().splitlines() if layers.exists() else []:
         comm = r["knobs"].get("comm", "-")
         print(f"layer {r['strategy']:<11} comm={comm:<11} tokens {r['tokens']:>5}: {r['status']:<7} "
               f"rel_err {err:>7}, {ms} ms/layer {(r.get('error') or '')[:80]}")
-beside = {(r["path"], r["ctas"], r["size"]): r for r in rows("comm-beside.csv")}
-print(f"{'path':<17} {'ctas':>7} {'MiB':>5} {'us':>9} {'busbw':>7} {'wrong':>5} | "
+beside = {(r["path"], r.get("chunks"), r["ctas"], r["size"]): r for r in rows("comm-beside.csv")}
+print(f"{'path':<27} {'ctas':>7} {'MiB':>5} {'us':>9} {'busbw':>7} {'wrong':>5} | "
       f"{'beside us':>9} {'busbw':>7} {'GEMM loss':>9}")
 for r in rows("comm.csv"):
-    b = beside.get((r["path"], r["ctas"], r["size"]), {})
+    b = beside.get((r["path"], r.get("chunks"), r["ctas"], r["size"]), {})
+    path = r["path"] + (f" chunks={r.get('chunks') or 'auto'}" if r["path"] == "copy_engine_norm" else "")
     status = "" if r["status"] == "ok" else f"  {r['status']}: {r['error'][:60]}"
     loss = f"{float(b['gemm_loss']):.1%}" if b.get("gemm_loss") else "-"
-    print(f"{r['path']:<17} {r['ctas']:>7} {int(r['size']) >> 20:>5} {r['time_us'] or '-':>9} {r['busbw'] or '-':>7} "
+    print(f"{path:<27} {r['ctas']:>7} {int(r['size']) >> 20:>5} {r['time_us'] or '-':>9} {r['busbw'] or '-':>7} "
           f"{r['wrong'] or '-':>5} | {b.get('beside_us') or '-':>9} {b.get('beside_busbw') or '-':>7} {loss:>9}{status}")
 SUMMARY
