@@ -258,14 +258,28 @@ def test_copy_engine_local_kernel_matches_reference(staged: int, rows: int, hidd
 # ---------------------------------------------------------------- kernel v2 on W emulated ranks
 
 
-def _rank_main_v2(rank, world, max_tokens, hidden, calls, rounds, bufs, flags, weight, res_all, out_all) -> None:
-    """One emulated rank of kernels.allreduce_norm_v2, as _rank_main; calls alternate between an
-    `out` given and the output region's view returned."""
-    from kernels import allreduce_norm_v2 as v2
+def _v2_module(variant: str):
+    """Kernel v2's module by variant: push (allreduce_norm_v2) or pull (allreduce_norm_pull)."""
+    from kernels import allreduce_norm_pull, allreduce_norm_v2
+
+    return {"push": allreduce_norm_v2, "pull": allreduce_norm_pull}[variant]
+
+
+def _v2_view(variant: str):
+    from kernels import allreduce_norm_pull, allreduce_norm_v2
+
+    return {"push": allreduce_norm_v2.SymmetricRowsV2, "pull": allreduce_norm_pull.SymmetricRowsPull}[variant]
+
+
+def _rank_main_v2(rank, variant, world, max_tokens, hidden, calls, rounds, bufs, flags, weight, res_all,
+                  out_all) -> None:
+    """One emulated rank of kernel v2 (`variant` push or pull), as _rank_main; calls alternate
+    between an `out` given and the output region's view returned."""
+    v2 = _v2_module(variant)
 
     torch.set_num_threads(1)
     me = bufs[rank].data_ptr()
-    sym = v2.SymmetricRowsV2(
+    sym = _v2_view(variant)(
         buf=bufs[rank],
         peer_off=torch.tensor([(b.data_ptr() - me) // 16 for b in bufs], dtype=torch.int64),
         flag_ptrs=torch.tensor([f.data_ptr() for f in flags], dtype=torch.int64),
@@ -281,8 +295,9 @@ def _rank_main_v2(rank, world, max_tokens, hidden, calls, rounds, bufs, flags, w
             res_all[rnd, rank, a:b], out_all[rnd, rank, a:b] = residual, got
 
 
-def _emulate_v2(world: int, hidden: int, calls: list[tuple[int, int, int]], rounds: int = 2) -> None:
-    from kernels import allreduce_norm_v2 as v2
+def _emulate_v2(world: int, hidden: int, calls: list[tuple[int, int, int]], rounds: int = 2,
+                variant: str = "push") -> None:
+    v2 = _v2_module(variant)
 
     max_tokens = max(b for _, b, _ in calls) + 2  # the last rows are never in a range
     bufs = [_fresh(90 + r, v2.buffer_rows(max_tokens, world), hidden).share_memory_() for r in range(world)]
@@ -291,7 +306,8 @@ def _emulate_v2(world: int, hidden: int, calls: list[tuple[int, int, int]], roun
     weight = _fresh(77, hidden)
     res_all = torch.full((rounds, world, max_tokens, hidden), float("nan")).share_memory_()
     out_all = torch.full((rounds, world, max_tokens, hidden), float("nan")).share_memory_()
-    _run_forked(_rank_main_v2, world, (world, max_tokens, hidden, calls, rounds, bufs, flags, weight, res_all, out_all),
+    _run_forked(_rank_main_v2, world,
+                (variant, world, max_tokens, hidden, calls, rounds, bufs, flags, weight, res_all, out_all),
                 120, ": a flag never came")
     for rnd in range(rounds):
         for a, b, ctas in calls:
@@ -318,19 +334,22 @@ def _emulate_v2(world: int, hidden: int, calls: list[tuple[int, int, int]], roun
     (4, 96, _SMALL + [(4, 504, 5), (504, 517, 8)]),
     (8, 64, _SMALL + [(4, 504, 5), (504, 517, 8)]),
 ])
-def test_emulated_allreduce_norm_v2_token_counts(world: int, hidden: int, calls: list) -> None:
-    _emulate_v2(world, hidden, calls, rounds=2)
+@pytest.mark.parametrize("variant", ["push", "pull"])
+def test_emulated_allreduce_norm_v2_token_counts(world: int, hidden: int, calls: list, variant: str) -> None:
+    _emulate_v2(world, hidden, calls, rounds=2, variant=variant)
 
 
 @pytest.mark.parametrize("world,hidden", [(2, 1024), (3, 1024), (4, 2048), (8, 2048)])
-def test_emulated_allreduce_norm_v2_wide_rows(world: int, hidden: int) -> None:
+@pytest.mark.parametrize("variant", ["push", "pull"])
+def test_emulated_allreduce_norm_v2_wide_rows(world: int, hidden: int, variant: str) -> None:
     """Tiles of several reduce steps; each rank overwrites its partial rows right after the
     previous call on them returned; CTA budgets change from call to call."""
     from kernels import allreduce_norm_v2 as v2
 
     t = v2.tiling(world, hidden, 4)
     assert t.reduce_rows < t.tile_rows and t.tile_rows % t.reduce_rows == 0
-    _emulate_v2(world, hidden, [(0, 13, 2), (20, 29, 3), (29, 30, 8)], rounds=1 if world == 8 else 2)
+    _emulate_v2(world, hidden, [(0, 13, 2), (20, 29, 3), (29, 30, 8)], rounds=1 if world == 8 else 2,
+                variant=variant)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 8])
