@@ -2,8 +2,8 @@
 
     python kernels/inspect_ptx.py [--hidden 8192] [--world 2] [--arch 90] [--json]
 
-Compiles (nothing runs: no GPU needed, only Triton's NVIDIA backend) kernel v2 (both output
-modes), v1 and the copy-engine path's local add + norm kernel for bf16 rows of `hidden`, with
+Compiles (nothing runs: no GPU needed, only Triton's NVIDIA backend) kernel v2, push and pull
+(both output modes each), v1 and the copy-engine path's local add + norm kernel for bf16 rows of `hidden`, with
 the argument properties real launches have (16-divisible pointers, hidden and strides; odd row
 offsets), and prints per kernel its global loads and stores by PTX spelling and its resource
 usage (registers; LOCAL > 0 means spills). Every access to row data must be 16 bytes
@@ -29,6 +29,7 @@ if __package__ in (None, ""):  # run as a script: make `kernels` importable
 import triton
 
 from kernels import allreduce_norm as v1
+from kernels import allreduce_norm_pull as pull
 from kernels import allreduce_norm_v2 as v2
 from kernels import copy_engine_norm as ce
 
@@ -70,6 +71,11 @@ def inspect(hidden: int, world: int, arch: int) -> list[dict]:
         kernels.append((f"v2 copy_out={copy_out}", _compile(
             v2._allreduce_norm_v2_kernel, rows,
             dict(WORLD=world, LANES=triton.next_power_of_2(world), MAXW=v2.MAX_WORLD, DONE=v2._DONE,
+                 TILE_R=t2.tile_rows, REDUCE_R=t2.reduce_rows, BLOCK_H=t2.block_h, VEC=8, COPY_OUT=copy_out),
+            t2.num_warps, arch)))
+        kernels.append((f"v2 pull copy_out={copy_out}", _compile(
+            pull._allreduce_norm_pull_kernel, rows,
+            dict(WORLD=world, LANES=triton.next_power_of_2(world), MAXW=pull.MAX_WORLD, DONE=pull._DONE,
                  TILE_R=t2.tile_rows, REDUCE_R=t2.reduce_rows, BLOCK_H=t2.block_h, VEC=8, COPY_OUT=copy_out),
             t2.num_warps, arch)))
     t1 = v1.tiling(world, hidden, 2)

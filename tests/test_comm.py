@@ -115,7 +115,8 @@ def test_cases_on_gloo_skip_symmetric_memory_and_ctas():
     assert {c.strategy for c in ran} == {"gloo"} and {c.ctas for c in ran} == {None}
     assert {(c.op, c.path) for c in cases if c.skip} == {
         ("all_reduce", "symm_one_shot"), ("all_reduce", "symm_two_shot"), ("all_reduce", "fused_norm"),
-        ("all_gather", "copy_engine"), ("all_reduce", "copy_engine_norm"), ("all_reduce", "fused_norm_v1")}
+        ("all_gather", "copy_engine"), ("all_reduce", "copy_engine_norm"), ("all_reduce", "fused_norm_v1"),
+        ("all_reduce", "fused_norm_pull")}
     assert all("gloo on CPU" in c.skip for c in cases if c.path != "nccl")
     assert len({c.seed for c in cases}) == len(cases) and min(c.seed for c in cases) > 0  # fresh per case
 
@@ -148,7 +149,8 @@ def test_symmetric_paths_refuse_multicast_and_other_hosts(monkeypatch):
     assert all("one host" in c.skip for c in cases if c.path in SYMMETRIC_PATHS)
     assert not any(c.skip for c in cases if c.path == "nccl" and c.size >= 4 * K)
     cases = paths.make_cases(bench(), world=16, backend="nccl", dtype="bf16", hidden=1024)
-    assert all("2..8 ranks" in c.skip for c in cases if c.path in ("fused_norm", "fused_norm_v1", "copy_engine_norm"))
+    assert all("2..8 ranks" in c.skip for c in cases if c.path in ("fused_norm", "fused_norm_v1", "fused_norm_pull",
+                                                                    "copy_engine_norm"))
 
 
 # --- the inputs and the expected results --------------------------------------------------------

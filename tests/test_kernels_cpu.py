@@ -5,6 +5,8 @@ signal pads in shared memory, exactly as the kernel sees peers through symmetric
 interpreter runs a grid's CTAs one after another, in the same order on every rank, so each
 per-CTA barrier meets its peers: a kernel whose CTA read rows that another CTA pushed would
 read them too early and fail here.
+
+Long because v1, v2 push and v2 pull share one emulated-rank harness (forked ranks, fresh inputs).
 """
 
 from __future__ import annotations
@@ -365,18 +367,19 @@ def test_v2_tiling_steps_divide_and_fit(world: int, hidden: int, elem: int) -> N
     assert (world + 1) * t.reduce_rows * row <= max(arn.STEP_BYTES, (world + 1) * row)
 
 
-def _rank_strategies_v2(rank, world, bufs, flags, max_tokens, settings, outs) -> None:
-    """One emulated rank running the strategies with comm: fused on kernel v2 in the interpreter."""
-    from kernels import allreduce_norm_v2 as v2
+def _rank_strategies_v2(rank, variant, world, bufs, flags, max_tokens, settings, outs) -> None:
+    """One emulated rank running the strategies with comm: fused on kernel v2 (`variant`) in the
+    interpreter."""
+    from kernels.allreduce_norm_pull import VARIANTS
     from overlapbench import strategies
     from overlapbench.layer import RopeTable, build_stack, random_input
     from overlapbench.overlap import reducers
     from overlapbench.runtime import BuildContext, Runtime
 
     torch.set_num_threads(1)
-    engine = v2.AllReduceNormV2.__new__(v2.AllReduceNormV2)  # buffers in shared memory, not symmetric memory
+    engine = VARIANTS[variant].__new__(VARIANTS[variant])  # buffers in shared memory, not symmetric memory
     me = bufs[rank].data_ptr()
-    engine._sym = v2.SymmetricRowsV2(
+    engine._sym = _v2_view(variant)(
         buf=bufs[rank], peer_off=torch.tensor([(b.data_ptr() - me) // 16 for b in bufs], dtype=torch.int64),
         flag_ptrs=torch.tensor([f.data_ptr() for f in flags], dtype=torch.int64),
         rank=rank, world=world, max_tokens=max_tokens)
@@ -395,10 +398,11 @@ _V2_SEQS = (13, 6)
 _V2_SHAPE = ModelShape(hidden=64, ffn=128, heads=8, kv_heads=4, head_dim=8)
 
 
-def test_emulated_strategies_with_kernel_v2_match_the_reference() -> None:
+@pytest.mark.parametrize("variant", ["push", "pull"])
+def test_emulated_strategies_with_kernel_v2_match_the_reference(variant: str) -> None:
     """fused_norm takes the output region's view (out=None), token_split and iso pass `out`:
     both ways, with the residual token-sharded, the layers equal the reference."""
-    from kernels import allreduce_norm_v2 as v2
+    v2 = _v2_module(variant)
     from overlapbench.layer import reference_forward
 
     world, tokens = 2, sum(_V2_SEQS)
@@ -408,7 +412,7 @@ def test_emulated_strategies_with_kernel_v2_match_the_reference() -> None:
     bufs = [_fresh(50 + r, v2.buffer_rows(tokens, world), _V2_SHAPE.hidden).share_memory_() for r in range(world)]
     flags = [torch.zeros(v2.FLAG_SLOTS, dtype=torch.int32).share_memory_() for _ in range(world)]
     outs = torch.full((len(settings), world, tokens, _V2_SHAPE.hidden), float("nan")).share_memory_()
-    _run_forked(_rank_strategies_v2, world, (world, bufs, flags, tokens, settings, outs), 300, "")
+    _run_forked(_rank_strategies_v2, world, (variant, world, bufs, flags, tokens, settings, outs), 300, "")
     ref = reference_forward(_V2_SHAPE, 2, world, _V2_SEQS, seed=0)
     for i, (name, _) in enumerate(settings):
         for r in range(world):

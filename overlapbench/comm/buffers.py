@@ -45,11 +45,12 @@ class Buffers:
         return self._made[key]
 
     def fused(self, case: Case):
-        """The fused kernel's buffers: v2 (path fused_norm, unless knobs.FUSED_KERNEL says v1) or v1
-        (fused_norm_v1)."""
+        """The fused kernel's buffers: v2 (path fused_norm, unless knobs.FUSED_KERNEL says v1), v1
+        (fused_norm_v1) or v2's pull variant (fused_norm_pull, whatever FUSED_KERNEL says)."""
         import torch.distributed as dist
 
         from kernels.allreduce_norm import AllReduceNorm
+        from kernels.allreduce_norm_pull import AllReduceNormPull
         from kernels.allreduce_norm_v2 import AllReduceNormV2
         from overlapbench.knobs import FUSED_KERNEL
 
@@ -57,7 +58,7 @@ class Buffers:
         if key not in self._made:
             rows = self._largest[key] // case.hidden
             v1 = case.buffer == "fused_norm_v1" or FUSED_KERNEL == "v1"
-            kind = AllReduceNorm if v1 else AllReduceNormV2
+            kind = AllReduceNormPull if case.buffer == "fused_norm_pull" else AllReduceNorm if v1 else AllReduceNormV2
             self._made[key] = kind(dist.group.WORLD, rows, case.hidden, self._dtype(case), self.rt.device)
         return self._made[key]
 
