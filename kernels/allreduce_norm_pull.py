@@ -38,9 +38,12 @@ call per flag): safe under CUDA-graph replay. Why no barrier is needed between c
   only after every peer CTA published (phase 2 of call k done, its `ready` taken).
 No NVLink multicast anywhere: only peer loads and atomics through mapped pointers.
 
-Compiled code and measurements: not taken yet (no GPU in the session that wrote it);
-`kernels/inspect_ptx.py` compiles it beside push and `kernels/check_issue16.sh` measures it
-(path fused_norm_pull). Once measured, the faster variant stays, with both numbers here.
+Compiled for sm_90 on a CPU machine (kernels/inspect_ptx.py, Triton 3.9, bf16 hidden 8192 at
+2 ranks; tests/test_kernels_ptx.py also 5120/2 and 4096/4): every access to row data is one
+16-byte vector, 128 registers at 16 warps, no local memory, as push. Not measured yet (no GPU
+in the session that wrote it): `kernels/check_issue16.sh` measures it beside push (comm path
+fused_norm_pull; engine v2pull of kernels/bench_allreduce_norm.py). Once measured, the faster
+variant stays, with both numbers here and in allreduce_norm_v2's docstring.
 """
 
 from __future__ import annotations
