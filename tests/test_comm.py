@@ -483,3 +483,23 @@ def test_gemm_stream_counts_its_flops():
     a, b, out = gemms.operands[0]
     torch.testing.assert_close(out.float(), (a @ b).float())
     assert gemms.flops == 2 * (4 * 8 * 16 + 4 * 16 * 8) and gemms.tflops(1.0) == gemms.flops / 1e-3 / 1e12
+
+
+@pytest.mark.parametrize("fused_kernel", ["v2", "v2pull", "v1"])
+def test_fused_paths_take_their_kernels(monkeypatch, fused_kernel):
+    """fused_norm builds knobs.FUSED_KERNEL's kernel; fused_norm_v1 and fused_norm_pull always theirs."""
+    from types import SimpleNamespace
+
+    from kernels import allreduce_norm, allreduce_norm_pull, allreduce_norm_v2
+    from overlapbench import knobs
+
+    for module, name in ((allreduce_norm, "AllReduceNorm"), (allreduce_norm_v2, "AllReduceNormV2"),
+                         (allreduce_norm_pull, "AllReduceNormPull")):
+        monkeypatch.setattr(module, name, lambda group, rows, hidden, dtype, device, name=name: (name, rows))
+    monkeypatch.setattr(knobs, "FUSED_KERNEL", fused_kernel)
+    cases = [Case("all_reduce", p, "nccl", 8, 0, 3 * 1024, "bf16", 1024, buffer=p)
+             for p in ("fused_norm", "fused_norm_v1", "fused_norm_pull")]
+    bufs = buffers.Buffers(SimpleNamespace(device=torch.device("cpu")), cases)
+    made = [bufs.fused(c) for c in cases]
+    default = {"v2": "AllReduceNormV2", "v2pull": "AllReduceNormPull", "v1": "AllReduceNorm"}[fused_kernel]
+    assert made == [(default, 3), ("AllReduceNorm", 3), ("AllReduceNormPull", 3)]

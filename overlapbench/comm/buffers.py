@@ -45,8 +45,8 @@ class Buffers:
         return self._made[key]
 
     def fused(self, case: Case):
-        """The fused kernel's buffers: v2 (path fused_norm, unless knobs.FUSED_KERNEL says v1), v1
-        (fused_norm_v1) or v2's pull variant (fused_norm_pull, whatever FUSED_KERNEL says)."""
+        """The fused kernel's buffers: path fused_norm takes knobs.FUSED_KERNEL's (v2, v2pull or v1),
+        fused_norm_v1 v1 and fused_norm_pull v2's pull variant, whatever FUSED_KERNEL says."""
         import torch.distributed as dist
 
         from kernels.allreduce_norm import AllReduceNorm
@@ -57,8 +57,8 @@ class Buffers:
         key = self._key(case)
         if key not in self._made:
             rows = self._largest[key] // case.hidden
-            v1 = case.buffer == "fused_norm_v1" or FUSED_KERNEL == "v1"
-            kind = AllReduceNormPull if case.buffer == "fused_norm_pull" else AllReduceNorm if v1 else AllReduceNormV2
+            kernel = {"fused_norm_v1": "v1", "fused_norm_pull": "v2pull"}.get(case.buffer, FUSED_KERNEL)
+            kind = {"v1": AllReduceNorm, "v2pull": AllReduceNormPull}.get(kernel, AllReduceNormV2)
             self._made[key] = kind(dist.group.WORLD, rows, case.hidden, self._dtype(case), self.rt.device)
         return self._made[key]
 
