@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Issue 16 on 2 GPUs, one command (about 4 minutes on 2x H200), everything under $OUT:
 #   OUT=/tmp/out bash kernels/check_issue16.sh
-# 1. the GPU tests of the all-reduce + norm engines (kernel v2 push and pull, v1, the copy-engine path: every
+# 1. the GPU tests of the all-reduce + norm engines (kernel v2 push, pull, pull_push, v1, the copy-engine path: every
 #    token count 1..32768 x CTA budget 1..64, bf16 hidden 4096/5120/8192 and fp32 8192, two
 #    ranges with a writer stream, CUDA-graph replays)              -> gpu-tests.log
 # 2. the compiled code of the kernels with this machine's Triton    -> ptx.txt
 # 3. overlapbench comm, all_reduce 64 MiB and 256 MiB: NCCL default/8/16/32 CTAs, fused_norm
-#    (v2 push), fused_norm_pull (v2 pull), fused_norm_v1 and copy_engine_norm at 4/8/16 CTAs (copy_engine_norm serial and
+#    (v2 push), fused_norm_pull and fused_norm_pull_push (v2 pull), fused_norm_v1 and copy_engine_norm at 4/8/16 CTAs (copy_engine_norm serial and
 #    chunked by size: --ce-chunks 1,auto)                         -> comm.{jsonl,csv,log}
 # 4. the same at 64 MiB beside the llama3-70b TP=2 MLP GEMMs      -> comm-beside.{jsonl,csv,log}
 # 5. a small llama3-8b sweep: fused_norm, token_split and iso with comm fused (v2) and
@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-PATHS=nccl,fused_norm,fused_norm_pull,fused_norm_v1,copy_engine_norm
+PATHS=nccl,fused_norm,fused_norm_pull,fused_norm_pull_push,fused_norm_v1,copy_engine_norm
 COMM=(python -m overlapbench comm --ops all_reduce --paths $PATHS --nccl-max-ctas default,8,16,32
       --comm-ctas 4,8,16 --ce-chunks 1,auto --hidden 8192 --iters 10 --warmup 3 --nproc 2 --format csv)
 

@@ -260,28 +260,25 @@ def test_copy_engine_local_kernel_matches_reference(staged: int, rows: int, hidd
 # ---------------------------------------------------------------- kernel v2 on W emulated ranks
 
 
-def _v2_module(variant: str):
-    """Kernel v2's module by variant: push (allreduce_norm_v2) or pull (allreduce_norm_pull)."""
-    from kernels import allreduce_norm_pull, allreduce_norm_v2
-
-    return {"push": allreduce_norm_v2, "pull": allreduce_norm_pull}[variant]
+V2_VARIANTS = ["push", "pull", "pull_push"]
 
 
-def _v2_view(variant: str):
-    from kernels import allreduce_norm_pull, allreduce_norm_v2
+def _v2_engine(variant: str):
+    """Kernel v2's engine class by variant (kernels.allreduce_norm_pull.VARIANTS): its buffer's
+    rows (_buffer_rows), its view of them (_view) and its launch (_reduce)."""
+    from kernels.allreduce_norm_pull import VARIANTS
 
-    return {"push": allreduce_norm_v2.SymmetricRowsV2, "pull": allreduce_norm_pull.SymmetricRowsPull}[variant]
+    return VARIANTS[variant]
 
 
 def _rank_main_v2(rank, variant, world, max_tokens, hidden, calls, rounds, bufs, flags, weight, res_all,
                   out_all) -> None:
     """One emulated rank of kernel v2 (`variant` push or pull), as _rank_main; calls alternate
     between an `out` given and the output region's view returned."""
-    v2 = _v2_module(variant)
-
+    engine = _v2_engine(variant)
     torch.set_num_threads(1)
     me = bufs[rank].data_ptr()
-    sym = _v2_view(variant)(
+    sym = engine._view(
         buf=bufs[rank],
         peer_off=torch.tensor([(b.data_ptr() - me) // 16 for b in bufs], dtype=torch.int64),
         flag_ptrs=torch.tensor([f.data_ptr() for f in flags], dtype=torch.int64),
@@ -292,17 +289,18 @@ def _rank_main_v2(rank, variant, world, max_tokens, hidden, calls, rounds, bufs,
             bufs[rank][a:b] = _partial(rnd, rank, a, b, hidden)
             residual = _residual(rnd, a, b, hidden)
             out = torch.full((b - a, hidden), float("nan")) if (i + rnd) % 2 == 0 else None
-            got = v2.reduce_norm(sym, a, b, residual, weight, EPS, out, ctas)
+            got = engine._reduce(sym, a, b, residual, weight, EPS, out, ctas)
             assert out is None or got is out
             res_all[rnd, rank, a:b], out_all[rnd, rank, a:b] = residual, got
 
 
 def _emulate_v2(world: int, hidden: int, calls: list[tuple[int, int, int]], rounds: int = 2,
                 variant: str = "push") -> None:
-    v2 = _v2_module(variant)
+    from kernels import allreduce_norm_v2 as v2
 
+    rows = _v2_engine(variant)._buffer_rows
     max_tokens = max(b for _, b, _ in calls) + 2  # the last rows are never in a range
-    bufs = [_fresh(90 + r, v2.buffer_rows(max_tokens, world), hidden).share_memory_() for r in range(world)]
+    bufs = [_fresh(90 + r, rows(max_tokens, world), hidden).share_memory_() for r in range(world)]
     untouched = [buf[max_tokens - 2:max_tokens].clone() for buf in bufs]
     flags = [torch.zeros(v2.FLAG_SLOTS, dtype=torch.int32).share_memory_() for _ in range(world)]
     weight = _fresh(77, hidden)
@@ -336,13 +334,13 @@ def _emulate_v2(world: int, hidden: int, calls: list[tuple[int, int, int]], roun
     (4, 96, _SMALL + [(4, 504, 5), (504, 517, 8)]),
     (8, 64, _SMALL + [(4, 504, 5), (504, 517, 8)]),
 ])
-@pytest.mark.parametrize("variant", ["push", "pull"])
+@pytest.mark.parametrize("variant", V2_VARIANTS)
 def test_emulated_allreduce_norm_v2_token_counts(world: int, hidden: int, calls: list, variant: str) -> None:
     _emulate_v2(world, hidden, calls, rounds=2, variant=variant)
 
 
 @pytest.mark.parametrize("world,hidden", [(2, 1024), (3, 1024), (4, 2048), (8, 2048)])
-@pytest.mark.parametrize("variant", ["push", "pull"])
+@pytest.mark.parametrize("variant", V2_VARIANTS)
 def test_emulated_allreduce_norm_v2_wide_rows(world: int, hidden: int, variant: str) -> None:
     """Tiles of several reduce steps; each rank overwrites its partial rows right after the
     previous call on them returned; CTA budgets change from call to call."""
@@ -379,7 +377,7 @@ def _rank_strategies_v2(rank, variant, world, bufs, flags, max_tokens, settings,
     torch.set_num_threads(1)
     engine = VARIANTS[variant].__new__(VARIANTS[variant])  # buffers in shared memory, not symmetric memory
     me = bufs[rank].data_ptr()
-    engine._sym = _v2_view(variant)(
+    engine._sym = engine._view(
         buf=bufs[rank], peer_off=torch.tensor([(b.data_ptr() - me) // 16 for b in bufs], dtype=torch.int64),
         flag_ptrs=torch.tensor([f.data_ptr() for f in flags], dtype=torch.int64),
         rank=rank, world=world, max_tokens=max_tokens)
@@ -398,18 +396,19 @@ _V2_SEQS = (13, 6)
 _V2_SHAPE = ModelShape(hidden=64, ffn=128, heads=8, kv_heads=4, head_dim=8)
 
 
-@pytest.mark.parametrize("variant", ["push", "pull"])
+@pytest.mark.parametrize("variant", V2_VARIANTS)
 def test_emulated_strategies_with_kernel_v2_match_the_reference(variant: str) -> None:
     """fused_norm takes the output region's view (out=None), token_split and iso pass `out`:
     both ways, with the residual token-sharded, the layers equal the reference."""
-    v2 = _v2_module(variant)
+    from kernels import allreduce_norm_v2 as v2
     from overlapbench.layer import reference_forward
 
+    rows = _v2_engine(variant)._buffer_rows
     world, tokens = 2, sum(_V2_SEQS)
     settings = [("fused_norm", {"comm": "fused", "comm_ctas": 2}),
                 ("token_split", {"comm": "fused", "comm_ctas_attn": 1, "comm_ctas_mlp": 3}),
                 ("iso", {"comm": "fused", "comm_ctas": 2})]
-    bufs = [_fresh(50 + r, v2.buffer_rows(tokens, world), _V2_SHAPE.hidden).share_memory_() for r in range(world)]
+    bufs = [_fresh(50 + r, rows(tokens, world), _V2_SHAPE.hidden).share_memory_() for r in range(world)]
     flags = [torch.zeros(v2.FLAG_SLOTS, dtype=torch.int32).share_memory_() for _ in range(world)]
     outs = torch.full((len(settings), world, tokens, _V2_SHAPE.hidden), float("nan")).share_memory_()
     _run_forked(_rank_strategies_v2, world, (variant, world, bufs, flags, tokens, settings, outs), 300, "")

@@ -143,7 +143,8 @@ def fused_norm_v1_bench(rt: Runtime, case: Case, buffers: Buffers) -> Bench:
 
 
 def fused_norm_pull_bench(rt: Runtime, case: Case, buffers: Buffers) -> Bench:
-    """kernels.allreduce_norm_pull.AllReduceNormPull (kernel v2's pull variant) on rows x hidden."""
+    """Kernel v2's pull variants on rows x hidden (kernels.allreduce_norm_pull): AllReduceNormPull
+    (fused_norm_pull) or AllReduceNormPullPush (fused_norm_pull_push, the output pushed)."""
     return _norm_bench(rt, case, buffers.fused(case))
 
 

@@ -79,6 +79,8 @@ PATHS_BY_NAME = {
                  buffer="fused_norm_v1", rows=True, world=(2, 8)),
         CommPath("fused_norm_pull", ("all_reduce",), benches.fused_norm_pull_bench, _norm_ctas,
                  buffer="fused_norm_pull", rows=True, world=(2, 8)),
+        CommPath("fused_norm_pull_push", ("all_reduce",), benches.fused_norm_pull_bench, _norm_ctas,
+                 buffer="fused_norm_pull_push", rows=True, world=(2, 8)),
         CommPath("copy_engine", ("all_gather",), benches.copy_engine_bench, _own_grid, buffer="symmetric"),
         CommPath("copy_engine_norm", ("all_reduce",), benches.copy_engine_norm_bench, _norm_ctas,
                  buffer="copy_engine_norm", rows=True, world=(2, 8)),
