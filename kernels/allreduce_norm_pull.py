@@ -3,7 +3,8 @@
 Same contract, call signature, tiling and flag words as the push variant
 (kernels/allreduce_norm_v2.py: token-sharded residual, only the normalized output gathered,
 tile t of every block owned by CTA t % num_ctas on every rank), but every byte that crosses
-NVLink is a load issued by the rank that needs it, and the only remote stores are flag atomics.
+NVLink is a load issued by the rank that needs it, and the only remote stores are flag atomics
+(AllReduceNormPullPush, below, pushes its output instead).
 The hypothesis it tests: an SM keeps more load bytes in flight than store bytes, so pulled rows
 may reach more NVLink bandwidth per CTA than pushed ones (or not: measure both).
 
@@ -33,18 +34,19 @@ call per flag): safe under CUDA-graph replay. Why no barrier is needed between c
 - a rank's partial rows are read by peers, but its kernel returns only after every CTA b took
   every peer's `done[b]`, which each peer's CTA b signals after its last read of those partials:
   the partial rows are free when the call returns, as in the push variant.
-- a rank's output region rows of its own block are read by peers in phase 3, and rewritten
-  only in phase 2 of a later call (the only remote reader; no one else ever writes a rank's
-  buffer). Every CTA of call k+1 takes `ready` from every peer before it writes anything, and
-  a peer signals `ready` of call k+1 only when it starts call k+1, after its call k (phase 3
-  included) has returned on its stream. The same holds for the gather's local writes of peer
+- a rank's output region rows of its own block are read by peers in phase 3 (their only
+  remote access to it), and rewritten only in phase 2 of a later call. Every CTA of call k+1
+  takes `ready` from every peer before it writes anything, and a peer signals `ready` of call
+  k+1 only when it starts call k+1, after its call k (phase 3 included) has returned on its
+  stream. The same holds for the gather's local writes of peer
   rows into the output region (without `out`), whatever the row ranges of the two calls, and,
   with PUSH_OUT, for a peer's stores into this rank's region: they follow this rank's `ready`
   of the same call, so this rank's previous call, and its stream's use of the view before
   it, are done.
 - `ready` of call k+1 never meets an unconsumed `ready` of call k: this rank's call k returned
   only after every peer CTA published (phase 2 of call k done, its `ready` taken).
-No NVLink multicast anywhere: only peer loads and atomics through mapped pointers.
+No NVLink multicast anywhere: only peer loads (and, PUSH_OUT, stores) and atomics through
+mapped pointers.
 
 Compiled for sm_90 on a CPU machine (kernels/inspect_ptx.py, Triton 3.9, bf16 hidden 8192 at
 2 ranks; tests/test_kernels_ptx.py also 5120/2 and 4096/4): every access to row data is one
