@@ -28,9 +28,10 @@ No NVLink multicast anywhere: only peer stores and atomics through mapped pointe
 
 Compiled for sm_90 (kernels/inspect_ptx.py, Triton 3.9, hidden 4096/5120/8192): every access
 to row data is one 16-byte vector, 121-128 registers at 16 warps, no local memory (no spills).
-The pull variant (kernels/allreduce_norm_pull.py: peers' partials and output rows read over
-NVLink instead of pushed) has the same contract; nothing is measured yet (`kernels/check_issue16.sh`
-measures both beside v1, NCCL and the copy-engine path: paths fused_norm and fused_norm_pull).
+The pull variants (kernels/allreduce_norm_pull.py: peers' partials read over NVLink instead of
+pushed; the output rows pulled too, or pushed as here) have the same contract; nothing is
+measured yet (`kernels/check_issue16.sh` measures the three beside v1, NCCL and the copy-engine
+path: comm paths fused_norm, fused_norm_pull and fused_norm_pull_push).
 """
 
 from __future__ import annotations
