@@ -28,8 +28,10 @@ No NVLink multicast anywhere: only peer stores and atomics through mapped pointe
 
 Compiled for sm_90 (kernels/inspect_ptx.py, Triton 3.9, hidden 4096/5120/8192): every access
 to row data is one 16-byte vector, 121-128 registers at 16 warps, no local memory (no spills).
-Only the push variant is here: a pull variant was not written, and nothing is measured yet
-(`kernels/check_issue16.sh` measures it beside v1, NCCL and the copy-engine path).
+The pull variants (kernels/allreduce_norm_pull.py: peers' partials read over NVLink instead of
+pushed; the output rows pulled too, or pushed as here) have the same contract; nothing is
+measured yet (`kernels/check_issue16.sh` measures the three beside v1, NCCL and the copy-engine
+path: comm paths fused_norm, fused_norm_pull and fused_norm_pull_push).
 """
 
 from __future__ import annotations
@@ -229,17 +231,21 @@ class AllReduceNormV2:
 
     step_bytes: int = STEP_BYTES
     returns_view = True  # reducers.SymmetricReducer may pass out=None
+    # the variant: its buffer's rows, its view of them and its launch (allreduce_norm_pull overrides)
+    _buffer_rows = staticmethod(buffer_rows)
+    _view = SymmetricRowsV2
+    _reduce = staticmethod(reduce_norm)
 
     def __init__(self, group, max_tokens: int, hidden: int, dtype: torch.dtype, device: torch.device):
         from overlapbench.runtime import symmetric_buffer
 
         group = group or dist.group.WORLD
         world, rank = ranks_of(group, hidden, dtype)
-        rows = buffer_rows(max_tokens, world)
+        rows = self._buffer_rows(max_tokens, world)
         data = symmetric_buffer(rows * hidden, dtype, device, group)
         flags = symmetric_buffer(FLAG_SLOTS, torch.int32, device, group)
         flags.tensor.zero_()
-        self._sym = SymmetricRowsV2(
+        self._sym = self._view(
             buf=data.tensor.view(rows, hidden),
             peer_off=peer_offsets(data, device),
             flag_ptrs=torch.tensor(flags.peer_ptrs(), dtype=torch.int64, device=device),
@@ -268,4 +274,4 @@ class AllReduceNormV2:
         """Reduce rows [row_start, row_end) of the partials over ranks; on own_rows residual += sum;
         out = rmsnorm(residual) * weight on every row and every rank (into `out`, or the view
         returned)."""
-        return reduce_norm(self._sym, row_start, row_end, residual, weight, eps, out, num_ctas, self.step_bytes)
+        return self._reduce(self._sym, row_start, row_end, residual, weight, eps, out, num_ctas, self.step_bytes)

@@ -1,7 +1,9 @@
 """All-reduce + residual + RMSNorm engines (few CTAs, symmetric memory) against NCCL all-reduce
-followed by the fused add + RMSNorm kernel, alone on the GPUs: the fused kernel v2
-(kernels/allreduce_norm_v2.py), v1 (kernels/allreduce_norm.py) and the copy-engine path
-(kernels/copy_engine_norm.py, whose CTA budget is its local add + norm kernel's).
+followed by the fused add + RMSNorm kernel, alone on the GPUs: the fused kernel v2, push
+(kernels/allreduce_norm_v2.py), pull (v2pull) and pull + pushed output (v2pullpush; both in
+kernels/allreduce_norm_pull.py), v1
+(kernels/allreduce_norm.py) and the copy-engine path (kernels/copy_engine_norm.py, whose CTA
+budget is its local add + norm kernel's).
 
     torchrun --nproc-per-node 2 kernels/bench_allreduce_norm.py --out bench.jsonl
 
@@ -28,12 +30,14 @@ import torch.distributed as dist  # noqa: E402
 import triton  # noqa: E402
 
 from kernels.allreduce_norm import STEP_BYTES, AllReduceNorm  # noqa: E402
+from kernels.allreduce_norm_pull import AllReduceNormPull, AllReduceNormPullPush  # noqa: E402
 from kernels.allreduce_norm_v2 import AllReduceNormV2  # noqa: E402
 from kernels.copy_engine_norm import CopyEngineNorm  # noqa: E402
 from kernels.rmsnorm import fused_add_rmsnorm  # noqa: E402
 
 EPS = 1e-5
-ENGINES = {"v2": AllReduceNormV2, "v1": AllReduceNorm, "ce": CopyEngineNorm.allocate}
+ENGINES = {"v2": AllReduceNormV2, "v2pull": AllReduceNormPull, "v2pullpush": AllReduceNormPullPush,
+           "v1": AllReduceNorm, "ce": CopyEngineNorm.allocate}
 
 
 def parse_args() -> argparse.Namespace:
@@ -131,7 +135,7 @@ def main() -> None:
                                      lambda ar=ar: refill_engine(ar),
                                      lambda n=n, res=res, o=o, c=c, ar=ar: ar(0, n, res, weight, EPS, o, c)))
 
-        refill_nccl()  # the reference result, for the engines' error (on out: v2 and ce keep a sharded residual)
+        refill_nccl()  # the reference result, for the engines' error (on out: the v2s and ce keep a sharded residual)
         variants[1][5]()
         ref = o.float().clone()
         base_ms = None  # nccl AR+norm, measured before every engine

@@ -2,13 +2,13 @@
 
     python kernels/inspect_ptx.py [--hidden 8192] [--world 2] [--arch 90] [--json]
 
-Compiles (nothing runs: no GPU needed, only Triton's NVIDIA backend) kernel v2 (both output
-modes), v1 and the copy-engine path's local add + norm kernel for bf16 rows of `hidden`, with
-the argument properties real launches have (16-divisible pointers, hidden and strides; odd row
-offsets), and prints per kernel its global loads and stores by PTX spelling and its resource
-usage (registers; LOCAL > 0 means spills). Every access to row data must be 16 bytes
-(`v4.b32`); the narrow ones are the per-rank offsets and flag addresses (`b64`, once per
-launch) and the flag waits (`b32`). Exit 3: this machine cannot compile for NVIDIA.
+Compiles (nothing runs: no GPU needed, only Triton's NVIDIA backend) kernel v2, push, pull and
+pull with the output pushed (both output modes each), v1 and the copy-engine path's local add +
+norm kernel for bf16 rows of `hidden`, with the argument properties real launches have
+(16-divisible pointers, hidden and strides; odd row offsets), and prints per kernel its global
+loads and stores by PTX spelling and its resource usage (registers; LOCAL > 0 means spills).
+Every access to row data must be 16 bytes (`v4.b32`); the narrow ones are the per-rank offsets
+and flag addresses (`b64`, once per launch) and the flag waits (`b32`). Exit 3: this machine cannot compile for NVIDIA.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ if __package__ in (None, ""):  # run as a script: make `kernels` importable
 import triton
 
 from kernels import allreduce_norm as v1
+from kernels import allreduce_norm_pull as pull
 from kernels import allreduce_norm_v2 as v2
 from kernels import copy_engine_norm as ce
 
@@ -72,6 +73,13 @@ def inspect(hidden: int, world: int, arch: int) -> list[dict]:
             dict(WORLD=world, LANES=triton.next_power_of_2(world), MAXW=v2.MAX_WORLD, DONE=v2._DONE,
                  TILE_R=t2.tile_rows, REDUCE_R=t2.reduce_rows, BLOCK_H=t2.block_h, VEC=8, COPY_OUT=copy_out),
             t2.num_warps, arch)))
+        for push_out in (False, True):
+            kernels.append((f"v2 pull{'_push' if push_out else ''} copy_out={copy_out}", _compile(
+                pull._allreduce_norm_pull_kernel, rows,
+                dict(WORLD=world, LANES=triton.next_power_of_2(world), MAXW=pull.MAX_WORLD, DONE=pull._DONE,
+                     TILE_R=t2.tile_rows, REDUCE_R=t2.reduce_rows, BLOCK_H=t2.block_h, VEC=8, COPY_OUT=copy_out,
+                     PUSH_OUT=push_out),
+                t2.num_warps, arch)))
     t1 = v1.tiling(world, hidden, 2)
     kernels.append(("v1", _compile(
         v1._allreduce_norm_kernel, rows,

@@ -91,7 +91,8 @@ COMM = Knob(
     choices=("nccl", "fused", "copy_engine", "none"),
 )
 # The kernel behind comm=fused (strategies) and the comm path fused_norm: "v2"
-# (kernels/allreduce_norm_v2.py, the residual token-sharded) or "v1" (kernels/allreduce_norm.py).
+# (kernels/allreduce_norm_v2.py, the residual token-sharded), "v2pull" or "v2pullpush" (its pull
+# variants, kernels/allreduce_norm_pull.py; not measured yet) or "v1" (kernels/allreduce_norm.py).
 FUSED_KERNEL = "v2"
 # The comm values whose CTA budget is a comm_ctas knob (the kernel's grid, or the copy-engine
 # path's local add+norm kernel's).

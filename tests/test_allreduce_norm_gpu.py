@@ -1,14 +1,16 @@
 """The all-reduce + residual + RMSNorm engines on 2 GPUs, against NCCL + the torch reference:
-the fused kernel v2 (kernels.allreduce_norm_v2) and the copy-engine path (kernels.copy_engine_norm),
-whose residual is token-sharded (checked on the rows each rank owns; the other rows must stay as
+the fused kernel v2 (kernels.allreduce_norm_v2, push; `fused_pull` and `fused_pull_push`: its
+pull variants, kernels.allreduce_norm_pull) and the copy-engine path (kernels.copy_engine_norm), whose
+residual is token-sharded (checked on the rows each rank owns; the other rows must stay as
 they were; `copy_engine` cuts its rows into chunks by size, copy_engine_c1 is its serial
 schedule with the kernel writing `out` (sm_out), _c3 and _c8 force 3 and 8 chunks), and v1
-(kernels.allreduce_norm, every row of the residual replicated). v2's graph scenario takes the
-output region's view (out=None); its other scenarios pass `out`.
+(kernels.allreduce_norm, every row of the residual replicated). v2's graph scenarios (push and
+pull) take the output region's view (out=None); its other scenarios pass `out`.
 
 One pair of processes (one per GPU, NCCL on a free localhost port) runs every scenario in
 lockstep and reports failures per scenario, so a broken case fails its own test and a hung
-kernel fails all of them after a timeout instead of hanging the session.
+kernel fails all of them after a timeout instead of hanging the session. ALLREDUCE_NORM_ENGINES
+(a comma list, e.g. fused,fused_pull) runs only those engines' scenarios.
 """
 
 from __future__ import annotations
@@ -36,12 +38,14 @@ TOKENS = [1, 3, 1000, 4097, 32768]
 CTAS = [1, 2, 3, 8, 16, 32, 64]
 CASES = [("bfloat16", 4096), ("bfloat16", 5120), ("bfloat16", 8192), ("float32", 8192)]
 TOL = {"bfloat16": 1e-2, "float32": 1e-5}
-ENGINES = ("fused", "fused_v1", "copy_engine")
+ENGINES = ("fused", "fused_pull", "fused_pull_push", "fused_v1", "copy_engine")
 CHUNKED = ("copy_engine_c1", "copy_engine_c3", "copy_engine_c8")  # the copy-engine path's chunk counts
 SCENARIOS = [f"{e}-{s}" for e in ENGINES
              for s in [f"sweep-{d}-{h}" for d, h in CASES] + ["two_ranges_with_writer", "graph_replays"]]
 SCENARIOS += [f"{e}-{s}" for e in CHUNKED for s in ("sweep-bfloat16-8192", "two_ranges_with_writer", "graph_replays")]
-TIMEOUT_S = 420
+if os.environ.get("ALLREDUCE_NORM_ENGINES"):
+    SCENARIOS = [s for s in SCENARIOS if s.split("-", 1)[0] in os.environ["ALLREDUCE_NORM_ENGINES"].split(",")]
+TIMEOUT_S = 540
 
 
 def _engine(kind: str, max_tokens: int, hidden: int, dtype, rank: int):
@@ -53,10 +57,10 @@ def _engine(kind: str, max_tokens: int, hidden: int, dtype, rank: int):
 
         chunks = int(kind.rsplit("_c", 1)[1]) if "_c" in kind else None
         return CopyEngineNorm.allocate(*args, chunks=chunks, sm_out=chunks == 1)
-    if kind == "fused":
-        from kernels.allreduce_norm_v2 import AllReduceNormV2
+    if kind.startswith("fused") and kind != "fused_v1":
+        from kernels.allreduce_norm_pull import VARIANTS
 
-        return AllReduceNormV2(*args)
+        return VARIANTS[kind.removeprefix("fused_") if "_" in kind else "push"](*args)
     from kernels.allreduce_norm import AllReduceNorm
 
     return AllReduceNorm(*args)

@@ -115,7 +115,8 @@ def test_cases_on_gloo_skip_symmetric_memory_and_ctas():
     assert {c.strategy for c in ran} == {"gloo"} and {c.ctas for c in ran} == {None}
     assert {(c.op, c.path) for c in cases if c.skip} == {
         ("all_reduce", "symm_one_shot"), ("all_reduce", "symm_two_shot"), ("all_reduce", "fused_norm"),
-        ("all_gather", "copy_engine"), ("all_reduce", "copy_engine_norm"), ("all_reduce", "fused_norm_v1")}
+        ("all_gather", "copy_engine"), ("all_reduce", "copy_engine_norm"), ("all_reduce", "fused_norm_v1"),
+        ("all_reduce", "fused_norm_pull"), ("all_reduce", "fused_norm_pull_push")}
     assert all("gloo on CPU" in c.skip for c in cases if c.path != "nccl")
     assert len({c.seed for c in cases}) == len(cases) and min(c.seed for c in cases) > 0  # fresh per case
 
@@ -148,7 +149,8 @@ def test_symmetric_paths_refuse_multicast_and_other_hosts(monkeypatch):
     assert all("one host" in c.skip for c in cases if c.path in SYMMETRIC_PATHS)
     assert not any(c.skip for c in cases if c.path == "nccl" and c.size >= 4 * K)
     cases = paths.make_cases(bench(), world=16, backend="nccl", dtype="bf16", hidden=1024)
-    assert all("2..8 ranks" in c.skip for c in cases if c.path in ("fused_norm", "fused_norm_v1", "copy_engine_norm"))
+    assert all("2..8 ranks" in c.skip for c in cases if c.path in ("fused_norm", "fused_norm_v1", "fused_norm_pull",
+                                                                    "fused_norm_pull_push", "copy_engine_norm"))
 
 
 # --- the inputs and the expected results --------------------------------------------------------
@@ -481,3 +483,24 @@ def test_gemm_stream_counts_its_flops():
     a, b, out = gemms.operands[0]
     torch.testing.assert_close(out.float(), (a @ b).float())
     assert gemms.flops == 2 * (4 * 8 * 16 + 4 * 16 * 8) and gemms.tflops(1.0) == gemms.flops / 1e-3 / 1e12
+
+
+@pytest.mark.parametrize("fused_kernel", ["v2", "v2pull", "v2pullpush", "v1"])
+def test_fused_paths_take_their_kernels(monkeypatch, fused_kernel):
+    """fused_norm builds knobs.FUSED_KERNEL's kernel; the other fused paths always theirs."""
+    from types import SimpleNamespace
+
+    from kernels import allreduce_norm, allreduce_norm_pull, allreduce_norm_v2
+    from overlapbench import knobs
+
+    for module, name in ((allreduce_norm, "AllReduceNorm"), (allreduce_norm_v2, "AllReduceNormV2"),
+                         (allreduce_norm_pull, "AllReduceNormPull"), (allreduce_norm_pull, "AllReduceNormPullPush")):
+        monkeypatch.setattr(module, name, lambda group, rows, hidden, dtype, device, name=name: (name, rows))
+    monkeypatch.setattr(knobs, "FUSED_KERNEL", fused_kernel)
+    cases = [Case("all_reduce", p, "nccl", 8, 0, 3 * 1024, "bf16", 1024, buffer=p)
+             for p in ("fused_norm", "fused_norm_v1", "fused_norm_pull", "fused_norm_pull_push")]
+    bufs = buffers.Buffers(SimpleNamespace(device=torch.device("cpu")), cases)
+    made = [bufs.fused(c) for c in cases]
+    default = {"v2": "AllReduceNormV2", "v2pull": "AllReduceNormPull", "v2pullpush": "AllReduceNormPullPush",
+               "v1": "AllReduceNorm"}[fused_kernel]
+    assert made == [(default, 3), ("AllReduceNorm", 3), ("AllReduceNormPull", 3), ("AllReduceNormPullPush", 3)]

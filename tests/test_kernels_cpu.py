@@ -5,6 +5,8 @@ signal pads in shared memory, exactly as the kernel sees peers through symmetric
 interpreter runs a grid's CTAs one after another, in the same order on every rank, so each
 per-CTA barrier meets its peers: a kernel whose CTA read rows that another CTA pushed would
 read them too early and fail here.
+
+Long because v1, v2 push and v2 pull share one emulated-rank harness (forked ranks, fresh inputs).
 """
 
 from __future__ import annotations
@@ -258,14 +260,25 @@ def test_copy_engine_local_kernel_matches_reference(staged: int, rows: int, hidd
 # ---------------------------------------------------------------- kernel v2 on W emulated ranks
 
 
-def _rank_main_v2(rank, world, max_tokens, hidden, calls, rounds, bufs, flags, weight, res_all, out_all) -> None:
-    """One emulated rank of kernels.allreduce_norm_v2, as _rank_main; calls alternate between an
-    `out` given and the output region's view returned."""
-    from kernels import allreduce_norm_v2 as v2
+V2_VARIANTS = ["push", "pull", "pull_push"]
 
+
+def _v2_engine(variant: str):
+    """Kernel v2's engine class by variant (kernels.allreduce_norm_pull.VARIANTS): its buffer's
+    rows (_buffer_rows), its view of them (_view) and its launch (_reduce)."""
+    from kernels.allreduce_norm_pull import VARIANTS
+
+    return VARIANTS[variant]
+
+
+def _rank_main_v2(rank, variant, world, max_tokens, hidden, calls, rounds, bufs, flags, weight, res_all,
+                  out_all) -> None:
+    """One emulated rank of kernel v2 (`variant` push or pull), as _rank_main; calls alternate
+    between an `out` given and the output region's view returned."""
+    engine = _v2_engine(variant)
     torch.set_num_threads(1)
     me = bufs[rank].data_ptr()
-    sym = v2.SymmetricRowsV2(
+    sym = engine._view(
         buf=bufs[rank],
         peer_off=torch.tensor([(b.data_ptr() - me) // 16 for b in bufs], dtype=torch.int64),
         flag_ptrs=torch.tensor([f.data_ptr() for f in flags], dtype=torch.int64),
@@ -276,22 +289,25 @@ def _rank_main_v2(rank, world, max_tokens, hidden, calls, rounds, bufs, flags, w
             bufs[rank][a:b] = _partial(rnd, rank, a, b, hidden)
             residual = _residual(rnd, a, b, hidden)
             out = torch.full((b - a, hidden), float("nan")) if (i + rnd) % 2 == 0 else None
-            got = v2.reduce_norm(sym, a, b, residual, weight, EPS, out, ctas)
+            got = engine._reduce(sym, a, b, residual, weight, EPS, out, ctas)
             assert out is None or got is out
             res_all[rnd, rank, a:b], out_all[rnd, rank, a:b] = residual, got
 
 
-def _emulate_v2(world: int, hidden: int, calls: list[tuple[int, int, int]], rounds: int = 2) -> None:
+def _emulate_v2(world: int, hidden: int, calls: list[tuple[int, int, int]], rounds: int = 2,
+                variant: str = "push") -> None:
     from kernels import allreduce_norm_v2 as v2
 
+    rows = _v2_engine(variant)._buffer_rows
     max_tokens = max(b for _, b, _ in calls) + 2  # the last rows are never in a range
-    bufs = [_fresh(90 + r, v2.buffer_rows(max_tokens, world), hidden).share_memory_() for r in range(world)]
+    bufs = [_fresh(90 + r, rows(max_tokens, world), hidden).share_memory_() for r in range(world)]
     untouched = [buf[max_tokens - 2:max_tokens].clone() for buf in bufs]
     flags = [torch.zeros(v2.FLAG_SLOTS, dtype=torch.int32).share_memory_() for _ in range(world)]
     weight = _fresh(77, hidden)
     res_all = torch.full((rounds, world, max_tokens, hidden), float("nan")).share_memory_()
     out_all = torch.full((rounds, world, max_tokens, hidden), float("nan")).share_memory_()
-    _run_forked(_rank_main_v2, world, (world, max_tokens, hidden, calls, rounds, bufs, flags, weight, res_all, out_all),
+    _run_forked(_rank_main_v2, world,
+                (variant, world, max_tokens, hidden, calls, rounds, bufs, flags, weight, res_all, out_all),
                 120, ": a flag never came")
     for rnd in range(rounds):
         for a, b, ctas in calls:
@@ -318,19 +334,22 @@ def _emulate_v2(world: int, hidden: int, calls: list[tuple[int, int, int]], roun
     (4, 96, _SMALL + [(4, 504, 5), (504, 517, 8)]),
     (8, 64, _SMALL + [(4, 504, 5), (504, 517, 8)]),
 ])
-def test_emulated_allreduce_norm_v2_token_counts(world: int, hidden: int, calls: list) -> None:
-    _emulate_v2(world, hidden, calls, rounds=2)
+@pytest.mark.parametrize("variant", V2_VARIANTS)
+def test_emulated_allreduce_norm_v2_token_counts(world: int, hidden: int, calls: list, variant: str) -> None:
+    _emulate_v2(world, hidden, calls, rounds=2, variant=variant)
 
 
 @pytest.mark.parametrize("world,hidden", [(2, 1024), (3, 1024), (4, 2048), (8, 2048)])
-def test_emulated_allreduce_norm_v2_wide_rows(world: int, hidden: int) -> None:
+@pytest.mark.parametrize("variant", V2_VARIANTS)
+def test_emulated_allreduce_norm_v2_wide_rows(world: int, hidden: int, variant: str) -> None:
     """Tiles of several reduce steps; each rank overwrites its partial rows right after the
     previous call on them returned; CTA budgets change from call to call."""
     from kernels import allreduce_norm_v2 as v2
 
     t = v2.tiling(world, hidden, 4)
     assert t.reduce_rows < t.tile_rows and t.tile_rows % t.reduce_rows == 0
-    _emulate_v2(world, hidden, [(0, 13, 2), (20, 29, 3), (29, 30, 8)], rounds=1 if world == 8 else 2)
+    _emulate_v2(world, hidden, [(0, 13, 2), (20, 29, 3), (29, 30, 8)], rounds=1 if world == 8 else 2,
+                variant=variant)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 8])
@@ -346,18 +365,19 @@ def test_v2_tiling_steps_divide_and_fit(world: int, hidden: int, elem: int) -> N
     assert (world + 1) * t.reduce_rows * row <= max(arn.STEP_BYTES, (world + 1) * row)
 
 
-def _rank_strategies_v2(rank, world, bufs, flags, max_tokens, settings, outs) -> None:
-    """One emulated rank running the strategies with comm: fused on kernel v2 in the interpreter."""
-    from kernels import allreduce_norm_v2 as v2
+def _rank_strategies_v2(rank, variant, world, bufs, flags, max_tokens, settings, outs) -> None:
+    """One emulated rank running the strategies with comm: fused on kernel v2 (`variant`) in the
+    interpreter."""
+    from kernels.allreduce_norm_pull import VARIANTS
     from overlapbench import strategies
     from overlapbench.layer import RopeTable, build_stack, random_input
     from overlapbench.overlap import reducers
     from overlapbench.runtime import BuildContext, Runtime
 
     torch.set_num_threads(1)
-    engine = v2.AllReduceNormV2.__new__(v2.AllReduceNormV2)  # buffers in shared memory, not symmetric memory
+    engine = VARIANTS[variant].__new__(VARIANTS[variant])  # buffers in shared memory, not symmetric memory
     me = bufs[rank].data_ptr()
-    engine._sym = v2.SymmetricRowsV2(
+    engine._sym = engine._view(
         buf=bufs[rank], peer_off=torch.tensor([(b.data_ptr() - me) // 16 for b in bufs], dtype=torch.int64),
         flag_ptrs=torch.tensor([f.data_ptr() for f in flags], dtype=torch.int64),
         rank=rank, world=world, max_tokens=max_tokens)
@@ -376,20 +396,22 @@ _V2_SEQS = (13, 6)
 _V2_SHAPE = ModelShape(hidden=64, ffn=128, heads=8, kv_heads=4, head_dim=8)
 
 
-def test_emulated_strategies_with_kernel_v2_match_the_reference() -> None:
+@pytest.mark.parametrize("variant", V2_VARIANTS)
+def test_emulated_strategies_with_kernel_v2_match_the_reference(variant: str) -> None:
     """fused_norm takes the output region's view (out=None), token_split and iso pass `out`:
     both ways, with the residual token-sharded, the layers equal the reference."""
     from kernels import allreduce_norm_v2 as v2
     from overlapbench.layer import reference_forward
 
+    rows = _v2_engine(variant)._buffer_rows
     world, tokens = 2, sum(_V2_SEQS)
     settings = [("fused_norm", {"comm": "fused", "comm_ctas": 2}),
                 ("token_split", {"comm": "fused", "comm_ctas_attn": 1, "comm_ctas_mlp": 3}),
                 ("iso", {"comm": "fused", "comm_ctas": 2})]
-    bufs = [_fresh(50 + r, v2.buffer_rows(tokens, world), _V2_SHAPE.hidden).share_memory_() for r in range(world)]
+    bufs = [_fresh(50 + r, rows(tokens, world), _V2_SHAPE.hidden).share_memory_() for r in range(world)]
     flags = [torch.zeros(v2.FLAG_SLOTS, dtype=torch.int32).share_memory_() for _ in range(world)]
     outs = torch.full((len(settings), world, tokens, _V2_SHAPE.hidden), float("nan")).share_memory_()
-    _run_forked(_rank_strategies_v2, world, (world, bufs, flags, tokens, settings, outs), 300, "")
+    _run_forked(_rank_strategies_v2, world, (variant, world, bufs, flags, tokens, settings, outs), 300, "")
     ref = reference_forward(_V2_SHAPE, 2, world, _V2_SEQS, seed=0)
     for i, (name, _) in enumerate(settings):
         for r in range(world):

@@ -142,6 +142,12 @@ def fused_norm_v1_bench(rt: Runtime, case: Case, buffers: Buffers) -> Bench:
     return _norm_bench(rt, case, buffers.fused(case))
 
 
+def fused_norm_pull_bench(rt: Runtime, case: Case, buffers: Buffers) -> Bench:
+    """Kernel v2's pull variants on rows x hidden (kernels.allreduce_norm_pull): AllReduceNormPull
+    (fused_norm_pull) or AllReduceNormPullPush (fused_norm_pull_push, the output pushed)."""
+    return _norm_bench(rt, case, buffers.fused(case))
+
+
 def copy_engine_norm_bench(rt: Runtime, case: Case, buffers: Buffers) -> Bench:
     """kernels.copy_engine_norm.CopyEngineNorm on rows x hidden: copy-engine reduce-scatter and
     all-gather, the add + norm on `ctas` CTAs; the residual checked on this rank's rows only

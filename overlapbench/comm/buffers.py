@@ -45,19 +45,22 @@ class Buffers:
         return self._made[key]
 
     def fused(self, case: Case):
-        """The fused kernel's buffers: v2 (path fused_norm, unless knobs.FUSED_KERNEL says v1) or v1
-        (fused_norm_v1)."""
+        """The fused kernel's buffers: path fused_norm takes knobs.FUSED_KERNEL's (v2, v2pull,
+        v2pullpush or v1); fused_norm_v1, fused_norm_pull and fused_norm_pull_push always theirs."""
         import torch.distributed as dist
 
         from kernels.allreduce_norm import AllReduceNorm
+        from kernels.allreduce_norm_pull import AllReduceNormPull, AllReduceNormPullPush
         from kernels.allreduce_norm_v2 import AllReduceNormV2
         from overlapbench.knobs import FUSED_KERNEL
 
         key = self._key(case)
         if key not in self._made:
             rows = self._largest[key] // case.hidden
-            v1 = case.buffer == "fused_norm_v1" or FUSED_KERNEL == "v1"
-            kind = AllReduceNorm if v1 else AllReduceNormV2
+            kernel = {"fused_norm_v1": "v1", "fused_norm_pull": "v2pull",
+                      "fused_norm_pull_push": "v2pullpush"}.get(case.buffer, FUSED_KERNEL)
+            kind = {"v1": AllReduceNorm, "v2pull": AllReduceNormPull,
+                    "v2pullpush": AllReduceNormPullPush}.get(kernel, AllReduceNormV2)
             self._made[key] = kind(dist.group.WORLD, rows, case.hidden, self._dtype(case), self.rt.device)
         return self._made[key]
 

@@ -2,7 +2,8 @@
 
 `nccl`: an NCCL (gloo on CPU) all-reduce in place, then the fused residual add + RMSNorm.
 `fused`: one few-CTA Triton kernel over symmetric memory that reduces, adds and normalizes
-(kernels/allreduce_norm_v2.py, the residual token-sharded; knobs.FUSED_KERNEL switches to v1);
+(kernels/allreduce_norm_v2.py, the residual token-sharded; knobs.FUSED_KERNEL switches to its
+pull variants, v2pull and v2pullpush, or to v1);
 the GEMM writes its partial straight into the symmetric buffer, so no copy is made.
 `copy_engine`: the copy engines reduce-scatter and all-gather between symmetric buffers, a
 local few-CTA kernel adds and normalizes the rank's own rows (kernels/copy_engine_norm.py), in
@@ -66,6 +67,11 @@ def _engine(ctx: BuildContext, comm: str):
             from kernels.allreduce_norm import AllReduceNorm
 
             return lambda: AllReduceNorm(*args)
+        if FUSED_KERNEL in ("v2pull", "v2pullpush"):
+            from kernels.allreduce_norm_pull import AllReduceNormPull, AllReduceNormPullPush
+
+            kind = AllReduceNormPull if FUSED_KERNEL == "v2pull" else AllReduceNormPullPush
+            return lambda: kind(*args)
         from kernels.allreduce_norm_v2 import AllReduceNormV2
 
         return lambda: AllReduceNormV2(*args)
