@@ -504,3 +504,17 @@ def test_fused_paths_take_their_kernels(monkeypatch, fused_kernel):
     default = {"v2": "AllReduceNormV2", "v2pull": "AllReduceNormPull", "v2pullpush": "AllReduceNormPullPush",
                "v1": "AllReduceNorm"}[fused_kernel]
     assert made == [(default, 3), ("AllReduceNorm", 3), ("AllReduceNormPull", 3), ("AllReduceNormPullPush", 3)]
+
+
+def test_kernels_not_yet_run_on_a_gpu_are_left_out_of_the_default_paths_but_can_be_named():
+    """A spin-waiting kernel that has never run on a GPU could hang `comm` for a user who did not
+    ask for it: the pull variants run only where --paths (or a spec's comm.paths) names them."""
+    def parsed(paths_arg):
+        return command.Options.parse(min_bytes=None, max_bytes="64K", factor=4, ops="all_reduce", paths=paths_arg,
+                                     dtype="auto", nccl_max_ctas="default", comm_ctas=None, hidden=64, iters=1,
+                                     warmup=0, graphs=False, fmt="csv", output=None, resume=False, nproc=None).paths
+
+    untried = {"fused_norm_pull", "fused_norm_pull_push"}
+    assert untried.isdisjoint(parsed(None)) and {"fused_norm", "copy_engine_norm"} <= set(parsed(None))
+    assert set(parsed("fused_norm_pull,fused_norm_pull_push")) == untried
+    assert untried.isdisjoint(CommSpec.from_yaml({}, cuda=False).paths)

@@ -35,7 +35,8 @@ def run(request, tmp_path_factory) -> tuple[list[dict], list[dict]]:
     out = tmp_path_factory.mktemp("comm") / "comm.jsonl"
     done = subprocess.run(
         [sys.executable, "-m", "overlapbench", "comm", "-b", lo, "-e", hi, "-f", "4", "--dtype", request.param,
-         "--hidden", hidden, "--nccl-max-ctas", "default,4", "--comm-ctas", "1,3,64", "--ce-chunks", "auto,1,3",
+         "--hidden", hidden, "--paths", ",".join(paths.PATHS),
+         "--nccl-max-ctas", "default,4", "--comm-ctas", "1,3,64", "--ce-chunks", "auto,1,3",
          "--iters", "3", "--warmup", "1", "--nproc", "2", "--format", "json", "--output", str(out)],
         capture_output=True, text=True, timeout=600, cwd=REPO, env=os.environ | {"PYTHONPATH": str(REPO)},
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from overlapbench.comm.output import FORMATS, render, totals
-from overlapbench.comm.paths import OPS, PATHS, make_cases
+from overlapbench.comm.paths import DEFAULT_PATHS, OPS, make_cases
 from overlapbench.comm.run import RunInfo, run_cases
 from overlapbench.comm.sizes import CPU_SIZES, GPU_SIZES, parse_size, size_ladder
 from overlapbench.errors import UserError
@@ -62,7 +62,7 @@ class Options:
         if output is not None and output.suffix != ".jsonl":
             raise UserError(f"--output: must be a path ending in .jsonl, got {str(output)!r}")
         lists = CommSpec.build(
-            ops=ops or OPS, paths=paths or PATHS, sizes=(), hidden=hidden,
+            ops=ops or OPS, paths=paths or DEFAULT_PATHS, sizes=(), hidden=hidden,
             nccl_max_ctas=nccl_max_ctas or CommSpec.DEFAULT_NCCL_MAX_CTAS,
             comm_ctas=comm_ctas or CommSpec.DEFAULT_COMM_CTAS,
             name=lambda field: "--" + field.replace("_", "-"),
