@@ -1,5 +1,6 @@
 """Processes for the tests: a function on N gloo processes (CPU) or NCCL ones (GPUs), each
-rank's return value collected; and the command line run as a user runs it."""
+rank's return value collected; the command line run as a user runs it; and what the GPU tests
+that run every case in one pair of processes report per case (rel_err, error_text)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,28 @@ from pathlib import Path
 import torch.multiprocessing as mp
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def two_gpus() -> list:
+    """pytestmark of a module whose tests need two CUDA GPUs."""
+    import pytest
+    import torch
+
+    return [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs >= 2 CUDA GPUs")]
+
+
+def rel_err(out, ref) -> float:
+    """||out - ref|| / ||ref|| in fp32; NaN (a kernel gone wrong) as inf, so it fails every bound."""
+    import torch
+
+    out, ref = out.float(), ref.float()
+    err = (torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref)).item()
+    return err if err == err else float("inf")
+
+
+def error_text(e: BaseException) -> str:
+    """A case's failure as one line, for the report of its rank."""
+    return f"{type(e).__name__}: {e}".splitlines()[0][:500]
 
 
 def overlapbench(command: str, *args: str, env: dict | None = None, timeout: float = 300,

@@ -15,10 +15,7 @@ from overlapbench.models import ModelShape  # noqa: E402
 from overlapbench.runtime import apply_safe_env  # noqa: E402
 from tests import distributed  # noqa: E402
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs >= 2 CUDA GPUs"),
-]
+pytestmark = distributed.two_gpus()
 
 apply_safe_env()  # no NVLink multicast, in the spawned processes too
 TOL = 1e-2
@@ -44,12 +41,6 @@ def _settings() -> list[tuple[str, dict]]:
 
 CASES = [(f"{s} {k} {lens}", s, k, lens) for s, k in _settings() for lens in SEQ_LENS]
 CASES += [(f"graph {s} {k} {lens}", s, k, lens) for s, k in _settings() for lens in SEQ_LENS[:1]]
-
-
-def _rel_err(out, ref) -> float:
-    out, ref = out.float(), ref.float()
-    err = (torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref)).item()
-    return err if err == err else float("inf")
 
 
 def _graph_forward(step, x):
@@ -84,9 +75,9 @@ def _run(rank: int, world: int) -> dict:
             step = cls.build(ctx, cls.check_knobs(knobs, strategy))
             x = random_input(sum(lens), SHAPE.hidden, 0, torch.bfloat16, rt.device)
             out = _graph_forward(step, x) if label.startswith("graph") else step.forward(x)
-            errors[label] = _rel_err(step.to_full(out), ref)
+            errors[label] = distributed.rel_err(step.to_full(out), ref)
         except Exception as e:
-            errors[label] = f"{type(e).__name__}: {e}".splitlines()[0][:500]
+            errors[label] = distributed.error_text(e)
         torch.cuda.synchronize()
     return errors
 

@@ -137,10 +137,9 @@ def _run_strategies(rank: int, world: int) -> dict:
         try:
             ref, _ = forward("baseline", {}, lens)
             out, ran = forward(strategy, knobs, lens)
-            err = ((out - ref).norm() / ref.norm()).item()
-            found[label] = (err if err == err else float("inf"), ran)
+            found[label] = (distributed.rel_err(out, ref), ran)
         except Exception as e:
-            found[label] = (f"{type(e).__name__}: {e}".splitlines()[0][:500], None)
+            found[label] = (distributed.error_text(e), None)
         torch.cuda.synchronize()
     return found
 

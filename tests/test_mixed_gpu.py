@@ -102,10 +102,9 @@ def _run(rank: int, world: int) -> dict:
     for strategy, knobs in CASES:
         try:
             out, ran = forward(strategy, knobs)
-            err = ((out - ref).norm() / ref.norm()).item()
-            found[f"{strategy} {knobs}"] = (err if err == err else float("inf"), ran)
+            found[f"{strategy} {knobs}"] = (distributed.rel_err(out, ref), ran)
         except Exception as e:
-            found[f"{strategy} {knobs}"] = (f"{type(e).__name__}: {e}".splitlines()[0][:500], None)
+            found[f"{strategy} {knobs}"] = (distributed.error_text(e), None)
         torch.cuda.synchronize()
     return found
 

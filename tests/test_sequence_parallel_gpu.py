@@ -18,10 +18,7 @@ from overlapbench.runtime import apply_safe_env  # noqa: E402
 from overlapbench.spec import Gemm, Point  # noqa: E402
 from tests import distributed  # noqa: E402
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs >= 2 CUDA GPUs"),
-]
+pytestmark = distributed.two_gpus()
 
 apply_safe_env()  # no NVLink multicast, in the spawned processes too
 TOL = 1e-2
@@ -64,12 +61,6 @@ GRAPH_CASES = [(_label("graph", s, k), "small", (1023,), s, k)
                for s, k in FEW + [("flash_agrs", {"transport": "sm", "chunks_per_rank": 4})]]
 
 
-def _rel_err(out, ref) -> float:
-    out, ref = out.float(), ref.float()
-    err = (torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref)).item()
-    return err if err == err else float("inf")
-
-
 def _graph_forward(step, x):
     """The step's output from a CUDA-graph replay (warm-up on a side stream, as measure does)."""
     side = torch.cuda.Stream()
@@ -110,12 +101,12 @@ def _run_cases(rank: int, world: int) -> dict:
             step = build(ctx, strategy, knobs)
             x = random_input(sum(lens), shape.hidden, 0, torch.bfloat16, rt.device)
             if label.startswith("graph"):
-                errors[label] = _rel_err(step.to_full(_graph_forward(step, x)), ref)
+                errors[label] = distributed.rel_err(step.to_full(_graph_forward(step, x)), ref)
             else:
-                first = _rel_err(step.to_full(step.forward(x)), ref)
-                errors[label] = max(first, _rel_err(step.to_full(step.forward(x)), ref))
+                first = distributed.rel_err(step.to_full(step.forward(x)), ref)
+                errors[label] = max(first, distributed.rel_err(step.to_full(step.forward(x)), ref))
         except Exception as e:
-            errors[label] = f"{type(e).__name__}: {e}".splitlines()[0][:500]
+            errors[label] = distributed.error_text(e)
         torch.cuda.synchronize()
     stacks.clear()
     refs.clear()
@@ -126,11 +117,11 @@ def _run_cases(rank: int, world: int) -> dict:
             ctx, x = micro.build(rt, point, torch.bfloat16, MAX_TOKENS)
             ref = micro.reference(workload, m, n, k, world, 0, torch.bfloat16, rt.device)[rank]
             step = build(ctx, strategy, knobs)
-            errors[label] = _rel_err(step.to_full(step.forward(x)), ref)
+            errors[label] = distributed.rel_err(step.to_full(step.forward(x)), ref)
             graph_label = _label("graph", label)  # replayed from a CUDA graph, as the sweep times it
-            errors[graph_label] = _rel_err(step.to_full(_graph_forward(step, x)), ref)
+            errors[graph_label] = distributed.rel_err(step.to_full(_graph_forward(step, x)), ref)
         except Exception as e:
-            errors[label] = f"{type(e).__name__}: {e}".splitlines()[0][:500]
+            errors[label] = distributed.error_text(e)
         torch.cuda.synchronize()
     return errors
 
