@@ -34,6 +34,7 @@ from kernels.allreduce_norm_pull import AllReduceNormPull, AllReduceNormPullPush
 from kernels.allreduce_norm_v2 import AllReduceNormV2  # noqa: E402
 from kernels.copy_engine_norm import CopyEngineNorm  # noqa: E402
 from kernels.rmsnorm import fused_add_rmsnorm  # noqa: E402
+from overlapbench import runtime  # noqa: E402
 
 EPS = 1e-5
 ENGINES = {"v2": AllReduceNormV2, "v2pull": AllReduceNormPull, "v2pullpush": AllReduceNormPullPush,
@@ -84,10 +85,8 @@ def timed_graph(step, refill, iters: int, warmup: int) -> torch.Tensor:
 
 def main() -> None:
     args = parse_args()
-    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    torch.cuda.set_device(dev)
-    dist.init_process_group("nccl", device_id=dev)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rt = runtime.init(timeout_s=600)  # torchrun's group, NCCL, this rank's GPU
+    dev, rank, world = rt.device, rt.rank, rt.world_size
     hidden, dtype, max_tokens = args.hidden, torch.bfloat16, max(args.tokens)
     engines = {name: ENGINES[name](dist.group.WORLD, max_tokens, hidden, dtype, dev) for name in args.engines}
     groups = {"nccl": None}

@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from kernels.copy_engine_norm import CopyEngineNorm
 from kernels.rmsnorm import add_rmsnorm_reference
+from overlapbench import runtime
 from overlapbench.comm.patterns import count_wrong, pattern, pattern_sum
 
 EPS = 1e-5
@@ -54,10 +55,8 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    torch.cuda.set_device(dev)
-    dist.init_process_group("nccl", device_id=dev)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rt = runtime.init(timeout_s=600)  # torchrun's group, NCCL, this rank's GPU
+    dev, rank, world = rt.device, rt.rank, rt.world_size
     hidden, dtype = args.hidden, torch.bfloat16
     sizes = {mib: mib * MiB // (hidden * 2) for mib in args.mib}  # rows of each size
     engine = CopyEngineNorm.allocate(dist.group.WORLD, max(sizes.values()), hidden, dtype, dev)
