@@ -67,8 +67,15 @@ import triton
 import triton.language as tl
 
 from kernels.allreduce_norm import MAX_CTAS, MAX_WORLD, STEP_BYTES, _row_block, check_call
-from kernels.allreduce_norm_v2 import AllReduceNormV2, SymmetricRowsV2, _signal, _take, tiling
-from kernels.rmsnorm import rmsnorm_rows
+from kernels.allreduce_norm_v2 import (
+    AllReduceNormV2,
+    SymmetricRowsV2,
+    _add_residual_norm,
+    _gather_tiles,
+    _signal,
+    _take,
+    tiling,
+)
 
 FLAG_SLOTS = 2 * MAX_CTAS * MAX_WORLD  # ready[cta][src], then done[cta][src]: push's layout
 _DONE = MAX_CTAS * MAX_WORLD
@@ -124,11 +131,7 @@ def _allreduce_norm_pull_kernel(
             for i in tl.static_range(WORLD - 1):
                 peer = tl.load(peer_off_ptr + (rank + 1 + i) % WORLD) * VEC
                 acc += tl.load(buf_ptr + peer + offs, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-            res_ptrs = res_ptr + rows.to(tl.int64)[:, None] * stride_res + cols[None, :]
-            acc += tl.load(res_ptrs, mask=ok, other=0.0).to(tl.float32)
-            new = acc.to(res_ptr.dtype.element_ty)
-            tl.store(res_ptrs, new, mask=ok)
-            y = rmsnorm_rows(new.to(tl.float32), w[None, :], hidden, eps, 1).to(buf_ptr.dtype.element_ty)
+            y = _add_residual_norm(acc, res_ptr, rows, cols, ok, stride_res, w, hidden, eps, buf_ptr)
             landed = (out_row0 + row_start + rows).to(tl.int64)[:, None] * hidden + cols[None, :]
             if PUSH_OUT:  # into every rank's output region; its own copy only when it is the output
                 for q in tl.static_range(1 if COPY_OUT else 0, WORLD):
@@ -152,15 +155,8 @@ def _allreduce_norm_pull_kernel(
                 src_buf = buf_ptr
             else:
                 src_buf = buf_ptr + tl.load(peer_off_ptr + src) * VEC
-            for t in range(cta, n_tiles, n_ctas):
-                rows = src_lo + t * TILE_R + tl.arange(0, TILE_R)
-                ok = (rows < src_hi)[:, None] & col_ok[None, :]
-                landed = (out_row0 + row_start + rows).to(tl.int64)[:, None] * hidden + cols[None, :]
-                y = tl.load(src_buf + landed, mask=ok, cache_modifier=".cg")
-                if COPY_OUT:
-                    tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :], y, mask=ok)
-                else:
-                    tl.store(buf_ptr + landed, y, mask=ok)
+            _gather_tiles(src_buf, buf_ptr, out_ptr, src_lo, src_hi, cta, n_tiles, n_ctas, out_row0, row_start, hidden,
+                          stride_out, cols, col_ok, TILE_R, COPY_OUT)
 
 
 def reduce_norm(sym: SymmetricRowsV2, row_start: int, row_end: int, residual: torch.Tensor, weight: torch.Tensor,

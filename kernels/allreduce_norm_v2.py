@@ -107,6 +107,33 @@ def _take(flag):
 
 
 @triton.jit
+def _add_residual_norm(acc, res_ptr, rows, cols, ok, stride_res, w, hidden, eps, like_ptr):
+    """The reduced rows `acc` (fp32) + residual: stored as the new residual (rounded once, own
+    rows only); returns rmsnorm(new residual) * w in the element type of `like_ptr`."""
+    res_ptrs = res_ptr + rows.to(tl.int64)[:, None] * stride_res + cols[None, :]
+    acc += tl.load(res_ptrs, mask=ok, other=0.0).to(tl.float32)
+    new = acc.to(res_ptr.dtype.element_ty)
+    tl.store(res_ptrs, new, mask=ok)
+    return rmsnorm_rows(new.to(tl.float32), w[None, :], hidden, eps, 1).to(like_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _gather_tiles(src_buf, buf_ptr, out_ptr, src_lo, src_hi, cta, n_tiles, n_ctas, out_row0, row_start, hidden,
+                  stride_out, cols, col_ok, TILE_R: tl.constexpr, COPY_OUT: tl.constexpr):
+    """This CTA's tiles of one peer's rows, from the output region of `src_buf` (this rank's, or
+    a peer's mapped one) into `out` (COPY_OUT), else into this rank's output region."""
+    for t in range(cta, n_tiles, n_ctas):
+        rows = src_lo + t * TILE_R + tl.arange(0, TILE_R)
+        ok = (rows < src_hi)[:, None] & col_ok[None, :]
+        landed = (out_row0 + row_start + rows).to(tl.int64)[:, None] * hidden + cols[None, :]
+        y = tl.load(src_buf + landed, mask=ok, cache_modifier=".cg")
+        if COPY_OUT:
+            tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :], y, mask=ok)
+        else:
+            tl.store(buf_ptr + landed, y, mask=ok)
+
+
+@triton.jit
 def _allreduce_norm_v2_kernel(
     buf_ptr,  # this rank's symmetric buffer [buffer_rows, hidden]
     peer_off_ptr,  # int64 [world]: rank q's buffer minus this one, in 16-byte units
@@ -154,11 +181,7 @@ def _allreduce_norm_v2_kernel(
             for k in tl.static_range(WORLD - 1):
                 staged = (stage_row0 + k * slot_rows + j).to(tl.int64)[:, None] * hidden + cols[None, :]
                 acc += tl.load(buf_ptr + staged, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-            res_ptrs = res_ptr + rows.to(tl.int64)[:, None] * stride_res + cols[None, :]
-            acc += tl.load(res_ptrs, mask=ok, other=0.0).to(tl.float32)
-            new = acc.to(res_ptr.dtype.element_ty)
-            tl.store(res_ptrs, new, mask=ok)
-            y = rmsnorm_rows(new.to(tl.float32), w[None, :], hidden, eps, 1).to(buf_ptr.dtype.element_ty)
+            y = _add_residual_norm(acc, res_ptr, rows, cols, ok, stride_res, w, hidden, eps, buf_ptr)
             landed = (out_row0 + row_start + rows).to(tl.int64)[:, None] * hidden + cols[None, :]
             for q in tl.static_range(1 if COPY_OUT else 0, WORLD):  # its own copy only when it is the output
                 tl.store(buf_ptr + tl.load(peer_off_ptr + (rank + q) % WORLD) * VEC + landed, y, mask=ok)
@@ -173,12 +196,8 @@ def _allreduce_norm_v2_kernel(
     if COPY_OUT:
         for i in tl.static_range(WORLD - 1):
             src_lo, src_hi = _row_block((rank + 1 + i) % WORLD, n_rows, WORLD)
-            for t in range(cta, n_tiles, n_ctas):
-                rows = src_lo + t * TILE_R + tl.arange(0, TILE_R)
-                ok = (rows < src_hi)[:, None] & col_ok[None, :]
-                landed = (out_row0 + row_start + rows).to(tl.int64)[:, None] * hidden + cols[None, :]
-                y = tl.load(buf_ptr + landed, mask=ok, cache_modifier=".cg")
-                tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :], y, mask=ok)
+            _gather_tiles(buf_ptr, buf_ptr, out_ptr, src_lo, src_hi, cta, n_tiles, n_ctas, out_row0, row_start, hidden,
+                          stride_out, cols, col_ok, TILE_R, COPY_OUT)
 
 
 @dataclass(frozen=True)
