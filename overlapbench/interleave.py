@@ -8,7 +8,7 @@ fresh random order that every rank draws alike (one seeded RNG). Before each can
 meet in a device-side barrier (`align`), and its span is timed from there: a candidate that never
 syncs the ranks (no_comm) leaves them apart by a millisecond or so, and the first collective of
 the next one would otherwise count that wait into its time (on 2x H200 the candidate after
-no_comm came out 2.5-3% slow on average, a quarter of the rounds' spread). The host queues round
+no_comm came out 2.3-4% slow on average at 1-8K tokens: kernels/round_spread.py). The host queues round
 r+1 before it waits for round r: the device never idles between candidates or rounds, and the
 host syncs once per round.
 
@@ -17,8 +17,8 @@ round (analysis.paired_estimate), with a 95% bootstrap interval over rounds. A c
 once that interval is within +-`ci_target` of its speedup (after `min_rounds`), and the round
 already queued when it left does not count (it would move the interval it left with); the reference
 stays to the end. Rounds stop at the plan's budget of time. Everything
-device-specific is in the `Clock` and the `agree` function, so the scheduler runs on a fake
-clock in the tests.
+device-specific is in the `Clock` and the `agree` and `align` functions, so the scheduler runs
+on a fake clock, and fake ranks, in the tests.
 """
 
 from __future__ import annotations

@@ -59,10 +59,11 @@ class Measure:
     # strayed by up to 0.8% (results/h200x2/probes/probe_clock.log): with no idle gap the clock
     # stays in its sustained regime, and short spans pair candidates closer in time.
     span_ms: float = 20.0
-    # Rounds' log ratios had an sd of 2-3% at 1-8K tokens on the H200 (1% at 32K), a quarter of
-    # it the ranks' lag that the candidate before left (interleave.py now keeps it out): +-0.5%
-    # took ~90 rounds at 4K, which 3x the sequential time bought only in part
-    # (results/h200x2/a034cb8/check-paired.txt). Timing is about half a sweep's wall time.
+    # On 2x H200, rounds' log ratios to the reference spread by 2.4-3.4% at 1-8K tokens (0.8-1.3%
+    # above) while the ranks' lag from the candidate before counted in; with it kept out
+    # (interleave.py), 1.8-2.7%, and 5x the sequential time, 400 rounds at most, brought every
+    # interval at >= 4K tokens within +-0.5%, at 1.55x the sequential wall time
+    # (results/h200x2/3b4da9f/check-paired.txt, round-spread.txt).
     rounds: int = 400
     ci_target: float = 0.005
     time_factor: float = 5.0
