@@ -66,7 +66,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.allreduce_norm import MAX_CTAS, MAX_WORLD, STEP_BYTES, _row_block, check_call
+from kernels.allreduce_norm import MAX_CTAS, MAX_WORLD, STEP_BYTES, AllReduceNorm, _row_block, check_call
 from kernels.allreduce_norm_v2 import (
     AllReduceNormV2,
     SymmetricRowsV2,
@@ -194,5 +194,8 @@ class AllReduceNormPullPush(AllReduceNormPull):
     _reduce = staticmethod(partial(reduce_norm, push_out=True))
 
 
-# kernel v2 by variant; push is the default
-VARIANTS = {"push": AllReduceNormV2, "pull": AllReduceNormPull, "pull_push": AllReduceNormPullPush}
+# The fused all-reduce + norm kernels by knobs.FUSED_KERNEL's names (here, where every one of
+# them is importable): v2 (push) is the default; comm, the layer's reducers and the benchmark
+# take their classes from this one table.
+FUSED_KERNELS = {"v2": AllReduceNormV2, "v2pull": AllReduceNormPull, "v2pullpush": AllReduceNormPullPush,
+                 "v1": AllReduceNorm}

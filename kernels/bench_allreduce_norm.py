@@ -29,16 +29,14 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import triton  # noqa: E402
 
-from kernels.allreduce_norm import STEP_BYTES, AllReduceNorm  # noqa: E402
-from kernels.allreduce_norm_pull import AllReduceNormPull, AllReduceNormPullPush  # noqa: E402
-from kernels.allreduce_norm_v2 import AllReduceNormV2  # noqa: E402
+from kernels.allreduce_norm import STEP_BYTES  # noqa: E402
+from kernels.allreduce_norm_pull import FUSED_KERNELS  # noqa: E402
 from kernels.copy_engine_norm import CopyEngineNorm  # noqa: E402
 from kernels.rmsnorm import fused_add_rmsnorm  # noqa: E402
 from overlapbench import runtime  # noqa: E402
 
 EPS = 1e-5
-ENGINES = {"v2": AllReduceNormV2, "v2pull": AllReduceNormPull, "v2pullpush": AllReduceNormPullPush,
-           "v1": AllReduceNorm, "ce": CopyEngineNorm.allocate}
+ENGINES = FUSED_KERNELS | {"ce": CopyEngineNorm.allocate}
 
 
 def parse_args() -> argparse.Namespace:

@@ -56,13 +56,10 @@ def _engine(kind: str, max_tokens: int, hidden: int, dtype, rank: int):
 
         chunks = int(kind.rsplit("_c", 1)[1]) if "_c" in kind else None
         return CopyEngineNorm.allocate(*args, chunks=chunks, sm_out=chunks == 1)
-    if kind.startswith("fused") and kind != "fused_v1":
-        from kernels.allreduce_norm_pull import VARIANTS
+    from kernels.allreduce_norm_pull import FUSED_KERNELS
 
-        return VARIANTS[kind.removeprefix("fused_") if "_" in kind else "push"](*args)
-    from kernels.allreduce_norm import AllReduceNorm
-
-    return AllReduceNorm(*args)
+    fused = {"fused": "v2", "fused_pull": "v2pull", "fused_pull_push": "v2pullpush", "fused_v1": "v1"}
+    return FUSED_KERNELS[fused[kind]](*args)
 
 
 def _kept(ar, a: int, b: int) -> slice:

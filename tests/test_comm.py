@@ -490,12 +490,11 @@ def test_fused_paths_take_their_kernels(monkeypatch, fused_kernel):
     """fused_norm builds knobs.FUSED_KERNEL's kernel; the other fused paths always theirs."""
     from types import SimpleNamespace
 
-    from kernels import allreduce_norm, allreduce_norm_pull, allreduce_norm_v2
+    from kernels.allreduce_norm_pull import FUSED_KERNELS
     from overlapbench import knobs
 
-    for module, name in ((allreduce_norm, "AllReduceNorm"), (allreduce_norm_v2, "AllReduceNormV2"),
-                         (allreduce_norm_pull, "AllReduceNormPull"), (allreduce_norm_pull, "AllReduceNormPullPush")):
-        monkeypatch.setattr(module, name, lambda group, rows, hidden, dtype, device, name=name: (name, rows))
+    for kernel, kind in list(FUSED_KERNELS.items()):
+        monkeypatch.setitem(FUSED_KERNELS, kernel, lambda group, rows, hidden, dtype, device, name=kind.__name__: (name, rows))
     monkeypatch.setattr(knobs, "FUSED_KERNEL", fused_kernel)
     cases = [Case("all_reduce", p, "nccl", 8, 0, 3 * 1024, "bf16", 1024, buffer=p)
              for p in ("fused_norm", "fused_norm_v1", "fused_norm_pull", "fused_norm_pull_push")]

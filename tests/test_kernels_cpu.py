@@ -260,20 +260,20 @@ def test_copy_engine_local_kernel_matches_reference(staged: int, rows: int, hidd
 # ---------------------------------------------------------------- kernel v2 on W emulated ranks
 
 
-V2_VARIANTS = ["push", "pull", "pull_push"]
+V2_VARIANTS = ["v2", "v2pull", "v2pullpush"]  # push, and its pull variants
 
 
 def _v2_engine(variant: str):
-    """Kernel v2's engine class by variant (kernels.allreduce_norm_pull.VARIANTS): its buffer's
+    """Kernel v2's engine class by variant (kernels.allreduce_norm_pull.FUSED_KERNELS): its buffer's
     rows (_buffer_rows), its view of them (_view) and its launch (_reduce)."""
-    from kernels.allreduce_norm_pull import VARIANTS
+    from kernels.allreduce_norm_pull import FUSED_KERNELS
 
-    return VARIANTS[variant]
+    return FUSED_KERNELS[variant]
 
 
 def _rank_main_v2(rank, variant, world, max_tokens, hidden, calls, rounds, bufs, flags, weight, res_all,
                   out_all) -> None:
-    """One emulated rank of kernel v2 (`variant` push or pull), as _rank_main; calls alternate
+    """One emulated rank of kernel v2 (`variant`: v2, the push kernel, or a pull variant), as _rank_main; calls alternate
     between an `out` given and the output region's view returned."""
     engine = _v2_engine(variant)
     torch.set_num_threads(1)
@@ -295,7 +295,7 @@ def _rank_main_v2(rank, variant, world, max_tokens, hidden, calls, rounds, bufs,
 
 
 def _emulate_v2(world: int, hidden: int, calls: list[tuple[int, int, int]], rounds: int = 2,
-                variant: str = "push") -> None:
+                variant: str = "v2") -> None:
     from kernels import allreduce_norm_v2 as v2
 
     rows = _v2_engine(variant)._buffer_rows
@@ -368,14 +368,13 @@ def test_v2_tiling_steps_divide_and_fit(world: int, hidden: int, elem: int) -> N
 def _rank_strategies_v2(rank, variant, world, bufs, flags, max_tokens, settings, outs) -> None:
     """One emulated rank running the strategies with comm: fused on kernel v2 (`variant`) in the
     interpreter."""
-    from kernels.allreduce_norm_pull import VARIANTS
     from overlapbench import strategies
     from overlapbench.layer import RopeTable, build_stack, random_input
     from overlapbench.overlap import reducers
     from overlapbench.runtime import BuildContext, Runtime
 
     torch.set_num_threads(1)
-    engine = VARIANTS[variant].__new__(VARIANTS[variant])  # buffers in shared memory, not symmetric memory
+    engine = _v2_engine(variant).__new__(_v2_engine(variant))  # buffers in shared memory, not symmetric memory
     me = bufs[rank].data_ptr()
     engine._sym = engine._view(
         buf=bufs[rank], peer_off=torch.tensor([(b.data_ptr() - me) // 16 for b in bufs], dtype=torch.int64),

@@ -49,9 +49,7 @@ class Buffers:
         v2pullpush or v1); fused_norm_v1, fused_norm_pull and fused_norm_pull_push always theirs."""
         import torch.distributed as dist
 
-        from kernels.allreduce_norm import AllReduceNorm
-        from kernels.allreduce_norm_pull import AllReduceNormPull, AllReduceNormPullPush
-        from kernels.allreduce_norm_v2 import AllReduceNormV2
+        from kernels.allreduce_norm_pull import FUSED_KERNELS
         from overlapbench.knobs import FUSED_KERNEL
 
         key = self._key(case)
@@ -59,9 +57,7 @@ class Buffers:
             rows = self._largest[key] // case.hidden
             kernel = {"fused_norm_v1": "v1", "fused_norm_pull": "v2pull",
                       "fused_norm_pull_push": "v2pullpush"}.get(case.buffer, FUSED_KERNEL)
-            kind = {"v1": AllReduceNorm, "v2pull": AllReduceNormPull,
-                    "v2pullpush": AllReduceNormPullPush}.get(kernel, AllReduceNormV2)
-            self._made[key] = kind(dist.group.WORLD, rows, case.hidden, self._dtype(case), self.rt.device)
+            self._made[key] = FUSED_KERNELS[kernel](dist.group.WORLD, rows, case.hidden, self._dtype(case), self.rt.device)
         return self._made[key]
 
 

@@ -63,18 +63,9 @@ def _engine(ctx: BuildContext, comm: str):
             from kernels.copy_engine_norm import CopyEngineNorm
 
             return lambda: CopyEngineNorm.allocate(*args, chunks=CE_CHUNKS, sm_out=CE_SM_OUT)
-        if FUSED_KERNEL == "v1":
-            from kernels.allreduce_norm import AllReduceNorm
+        from kernels.allreduce_norm_pull import FUSED_KERNELS
 
-            return lambda: AllReduceNorm(*args)
-        if FUSED_KERNEL in ("v2pull", "v2pullpush"):
-            from kernels.allreduce_norm_pull import AllReduceNormPull, AllReduceNormPullPush
-
-            kind = AllReduceNormPull if FUSED_KERNEL == "v2pull" else AllReduceNormPullPush
-            return lambda: kind(*args)
-        from kernels.allreduce_norm_v2 import AllReduceNormV2
-
-        return lambda: AllReduceNormV2(*args)
+        return lambda: FUSED_KERNELS[FUSED_KERNEL](*args)
 
     kernel = rt.cached(key)
     if kernel is not None and kernel.max_tokens >= ctx.tokens:
