@@ -51,9 +51,13 @@ ranks. No NVLink multicast anywhere.
 Bytes per rank (N = the rows x hidden tensor, W ranks): copy engines (W-1)/W N pulled twice
 over NVLink plus 1/W N copied locally (published -> out); the kernel reads (W+1)/W N and
 writes 2/W N (residual, published), all local: 5 tensors of own-rows size through the SMs
-instead of 6 with `sm_out`. Measured on 2x H200 before the pipeline (chunks=1, sm_out): 64 MiB
-at 66/107/155 GB/s busbw on 4/8/16 CTAs (results/h200x2/df28d53/comm-paths.txt); the chunked
-pipeline is not measured yet (kernels/bench_copy_engine_norm.py).
+instead of 6 with `sm_out`. Measured on 2x H200 (kernels/bench_copy_engine_norm.py,
+results/h200x2/486cebf/bench_copy_engine_norm.log; busbw, median of 30 graph replays): the serial
+schedule (chunks=1, sm_out) at 64 MiB 67/109/158/203 GB/s on 4/8/16/32 CTAs; 4 chunks with `out`
+copied by the copy engine 93/160/242/237, and 2 chunks on 32 CTAs 267 (NCCL's all-reduce alone
+267); at 256 MiB 4 chunks 98/174/284/309 (NCCL 301). The local kernel sets the pace: its 5
+own-rows tensors go through few SMs (about 70 GB/s of HBM traffic per CTA at 4 CTAs), so the
+CTA budget, not the copy engines, bounds the path below 16 CTAs.
 """
 
 from __future__ import annotations
@@ -68,8 +72,12 @@ from kernels.allreduce_norm import MAX_WORLD, check_call, row_block, slot_rows
 from kernels.rmsnorm import rmsnorm_rows
 
 TILE_ELEMS = 16384  # elements per tensor one CTA loads per step (32 KiB of bf16): all in flight at once
-CHUNK_BYTES = 2 << 20  # automatic chunks: about this many bytes of own rows each
-MAX_AUTO_CHUNKS = 8
+# Automatic chunks: about CHUNK_BYTES of own rows each, at most MAX_AUTO_CHUNKS. On 2x H200
+# (results/h200x2/486cebf/bench_copy_engine_norm.log, out copied by the copy engine) 4 chunks were
+# best or within 2% of it at 16 CTAs on 64 MiB (242 GB/s; 8 chunks 180) and 256 MiB (284; 8: 279),
+# and 2 at 32 CTAs (267/319; 4: 237/309): beyond 4 the per-chunk barrier costs more than it hides.
+CHUNK_BYTES = 8 << 20
+MAX_AUTO_CHUNKS = 4
 MAIN, SCATTER, GATHER = 0, 1, 2  # the streams of a call: the caller's and two copy streams
 
 

@@ -120,7 +120,7 @@ def comm(
     max_bytes: str | None = typer.Option(None, "-e", "--max-bytes", help="Largest size. Default: 1G on GPUs, 64K on CPU."),
     factor: int = typer.Option(2, "-f", "--factor", help="Each size is the previous one times this."),
     ops: str | None = typer.Option(None, "--ops", help="Comma list of all_reduce, all_gather, reduce_scatter. Default: all."),
-    paths: str | None = typer.Option(None, "--paths", help="Comma list of nccl (gloo on CPU), symm_one_shot, symm_two_shot, fused_norm (kernel v2), fused_norm_pull and fused_norm_pull_push (v2's pull variants), fused_norm_v1, copy_engine, copy_engine_norm. Default: all but the pull variants (not yet run on a GPU)."),
+    paths: str | None = typer.Option(None, "--paths", help="Comma list of nccl (gloo on CPU), symm_one_shot, symm_two_shot, fused_norm (the layer's fused kernel: v2 pull), fused_norm_push and fused_norm_pull_push (v2's other variants), fused_norm_v1, copy_engine, copy_engine_norm. Default: all."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on GPUs, fp32 on CPU) | bf16 | fp16 | fp32."),
     nccl_max_ctas: str | None = typer.Option(None, "--nccl-max-ctas", help="NCCL CTA budgets (max_ctas), 'default' or 1..64. Default: default,4,8,16,32."),
     comm_ctas: str | None = typer.Option(None, "--comm-ctas", help="CTA budgets of the fused all-reduce+RMSNorm kernel and of the copy-engine path's add+norm kernel. Default: 1,2,4,8,16,32,64."),
@@ -132,7 +132,7 @@ def comm(
     output: Path | None = typer.Option(None, "--output", "-o", help="Results file (.jsonl). Default: results/comm-{device}-{world}.jsonl."),
     resume: bool = typer.Option(False, "--resume", help="Continue: skip the cases already in the results file."),
     nproc: int | None = typer.Option(None, "--nproc", help="Processes to launch when not under torchrun. Default: all local GPUs, or 2 on CPU."),
-    ce_chunks: str | None = typer.Option(None, "--ce-chunks", help="copy_engine_norm: comma list of chunk counts its rows are cut into (1: the serial schedule) or auto (by size). Default: 1, the schedule measured so far."),
+    ce_chunks: str | None = typer.Option(None, "--ce-chunks", help="copy_engine_norm: comma list of chunk counts its rows are cut into (1: the serial schedule) or auto (by size, as the layer). Default: auto."),
     beside_gemm: bool = typer.Option(False, "--beside-gemm", help="Also time each case while llama3-70b TP=2 MLP GEMMs (4096 tokens, bf16) run on another stream: the path's time and busbw beside them and the GEMMs' TFLOP/s loss. GPUs only."),
 ) -> None:
     """Collective microbenchmarks in nccl-tests' terms: size, count, type, time, algbw, busbw,

@@ -90,10 +90,11 @@ COMM = Knob(
     "few-CTA kernel; none: no reduction (a bound, not a correct result: what the split alone costs)",
     choices=("nccl", "fused", "copy_engine", "none"),
 )
-# The kernel behind comm=fused (strategies) and the comm path fused_norm: "v2"
-# (kernels/allreduce_norm_v2.py, the residual token-sharded), "v2pull" or "v2pullpush" (its pull
-# variants, kernels/allreduce_norm_pull.py; not measured yet) or "v1" (kernels/allreduce_norm.py).
-FUSED_KERNEL = "v2"
+# The kernel behind comm=fused (strategies) and the comm path fused_norm: "v2pull" (kernel v2's
+# pull variant, kernels/allreduce_norm_pull.py: 5-12% more busbw than push at 4-16 CTAs on
+# 2x H200, measured there), "v2" (push, kernels/allreduce_norm_v2.py), "v2pullpush", or "v1"
+# (kernels/allreduce_norm.py, the residual replicated).
+FUSED_KERNEL = "v2pull"
 # The comm values whose CTA budget is a comm_ctas knob (the kernel's grid, or the copy-engine
 # path's local add+norm kernel's).
 SYMMETRIC_COMM = ("fused", "copy_engine")

@@ -116,7 +116,7 @@ def test_cases_on_gloo_skip_symmetric_memory_and_ctas():
     assert {(c.op, c.path) for c in cases if c.skip} == {
         ("all_reduce", "symm_one_shot"), ("all_reduce", "symm_two_shot"), ("all_reduce", "fused_norm"),
         ("all_gather", "copy_engine"), ("all_reduce", "copy_engine_norm"), ("all_reduce", "fused_norm_v1"),
-        ("all_reduce", "fused_norm_pull"), ("all_reduce", "fused_norm_pull_push")}
+        ("all_reduce", "fused_norm_push"), ("all_reduce", "fused_norm_pull_push")}
     assert all("gloo on CPU" in c.skip for c in cases if c.path != "nccl")
     assert len({c.seed for c in cases}) == len(cases) and min(c.seed for c in cases) > 0  # fresh per case
 
@@ -149,7 +149,7 @@ def test_symmetric_paths_refuse_multicast_and_other_hosts(monkeypatch):
     assert all("one host" in c.skip for c in cases if c.path in SYMMETRIC_PATHS)
     assert not any(c.skip for c in cases if c.path == "nccl" and c.size >= 4 * K)
     cases = paths.make_cases(bench(), world=16, backend="nccl", dtype="bf16", hidden=1024)
-    assert all("2..8 ranks" in c.skip for c in cases if c.path in ("fused_norm", "fused_norm_v1", "fused_norm_pull",
+    assert all("2..8 ranks" in c.skip for c in cases if c.path in ("fused_norm", "fused_norm_v1", "fused_norm_push",
                                                                     "fused_norm_pull_push", "copy_engine_norm"))
 
 
@@ -372,7 +372,7 @@ def test_command_end_to_end_on_gloo(tmp_path: Path):
     measured = [r for r in records if r["status"] == "ok"]
     assert {(r["op"], r["size"]) for r in measured} == {(op, s) for op in paths.OPS for s in (K, 2 * K, 4 * K)}
     assert all(r["wrong"] == 0 and r["path"] == "gloo" and r["time_us"] > 0 and r["busbw"] > 0 for r in measured)
-    assert {r["path"] for r in records if r["status"] == "skipped"} == set(SYMMETRIC_PATHS) & set(paths.DEFAULT_PATHS)
+    assert {r["path"] for r in records if r["status"] == "skipped"} == set(SYMMETRIC_PATHS)
     stored = read_rows(out)
     assert len(stored) == len(records) and all(r["workload"] == "comm" and r["spec"] == "comm" for r in stored)
     assert {r["world_size"] for r in stored} == {2} and {r["backend"] for r in stored} == {"gloo"}
@@ -497,23 +497,20 @@ def test_fused_paths_take_their_kernels(monkeypatch, fused_kernel):
         monkeypatch.setitem(FUSED_KERNELS, kernel, lambda group, rows, hidden, dtype, device, name=kind.__name__: (name, rows))
     monkeypatch.setattr(knobs, "FUSED_KERNEL", fused_kernel)
     cases = [Case("all_reduce", p, "nccl", 8, 0, 3 * 1024, "bf16", 1024, buffer=p)
-             for p in ("fused_norm", "fused_norm_v1", "fused_norm_pull", "fused_norm_pull_push")]
+             for p in ("fused_norm", "fused_norm_v1", "fused_norm_push", "fused_norm_pull_push")]
     bufs = buffers.Buffers(SimpleNamespace(device=torch.device("cpu")), cases)
     made = [bufs.fused(c) for c in cases]
     default = {"v2": "AllReduceNormV2", "v2pull": "AllReduceNormPull", "v2pullpush": "AllReduceNormPullPush",
                "v1": "AllReduceNorm"}[fused_kernel]
-    assert made == [(default, 3), ("AllReduceNorm", 3), ("AllReduceNormPull", 3), ("AllReduceNormPullPush", 3)]
+    assert made == [(default, 3), ("AllReduceNorm", 3), ("AllReduceNormV2", 3), ("AllReduceNormPullPush", 3)]
 
 
-def test_kernels_not_yet_run_on_a_gpu_are_left_out_of_the_default_paths_but_can_be_named():
-    """A spin-waiting kernel that has never run on a GPU could hang `comm` for a user who did not
-    ask for it: the pull variants run only where --paths (or a spec's comm.paths) names them."""
-    def parsed(paths_arg):
-        return command.Options.parse(min_bytes=None, max_bytes="64K", factor=4, ops="all_reduce", paths=paths_arg,
-                                     dtype="auto", nccl_max_ctas="default", comm_ctas=None, hidden=64, iters=1,
-                                     warmup=0, graphs=False, fmt="csv", output=None, resume=False, nproc=None).paths
-
-    untried = {"fused_norm_pull", "fused_norm_pull_push"}
-    assert untried.isdisjoint(parsed(None)) and {"fused_norm", "copy_engine_norm"} <= set(parsed(None))
-    assert set(parsed("fused_norm_pull,fused_norm_pull_push")) == untried
-    assert untried.isdisjoint(CommSpec.from_yaml({}, cuda=False).paths)
+def test_by_default_comm_runs_every_path_and_the_layers_copy_engine_schedule():
+    """Every path has run correct on 2x H200 (results/h200x2/486cebf/), so none waits to be named;
+    copy_engine_norm's chunks default to the layer's (by size)."""
+    opts = command.Options.parse(min_bytes=None, max_bytes="64K", factor=4, ops="all_reduce", paths=None,
+                                 dtype="auto", nccl_max_ctas="default", comm_ctas=None, hidden=64, iters=1,
+                                 warmup=0, graphs=False, fmt="csv", output=None, resume=False, nproc=None)
+    assert set(opts.paths) == set(paths.PATHS) == set(CommSpec.from_yaml({}, cuda=False).paths)
+    assert opts.ce_chunks == (None,)
+    assert "fused_norm_push" in paths.PATHS and "fused_norm_pull" not in paths.PATHS

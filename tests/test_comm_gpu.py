@@ -56,11 +56,11 @@ def test_every_path_is_exact(run):
     assert {r["ctas"] for r in ok if r["path"] == "copy_engine_norm"} == {1, 3, 64}
     assert {r["chunks"] for r in ok if r["path"] == "copy_engine_norm"} == {None, 1, 3}  # auto, serial, pipelined
     assert {r["ctas"] for r in ok if r["path"] == "fused_norm_v1"} == {1, 3, 64}
-    assert {r["ctas"] for r in ok if r["path"] == "fused_norm_pull"} == {1, 3, 64}
+    assert {r["ctas"] for r in ok if r["path"] == "fused_norm_push"} == {1, 3, 64}
     assert {r["ctas"] for r in ok if r["path"] == "fused_norm_pull_push"} == {1, 3, 64}
     assert {r["ctas"] for r in ok if r["path"] == "nccl"} == {"default", 4}
     skipped = [r for r in records if r["status"] == "skipped"]
-    row_paths = ("fused_norm", "fused_norm_v1", "fused_norm_pull", "fused_norm_pull_push", "copy_engine_norm")
+    row_paths = ("fused_norm", "fused_norm_v1", "fused_norm_push", "fused_norm_pull_push", "copy_engine_norm")
     assert all(r["path"] in row_paths and "below one row" in r["error"] for r in skipped), skipped
     assert {r["backend"] for r in rows} == {"nccl"} and {r["world_size"] for r in rows} == {2}
     assert all(r["multicast_env"]["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" for r in rows)

@@ -133,18 +133,8 @@ def copy_engine_bench(rt: Runtime, case: Case, buffers: Buffers) -> Bench:
 
 
 def fused_norm_bench(rt: Runtime, case: Case, buffers: Buffers) -> Bench:
-    """kernels.allreduce_norm_v2.AllReduceNormV2 on rows x hidden (see _norm_bench)."""
-    return _norm_bench(rt, case, buffers.fused(case))
-
-
-def fused_norm_v1_bench(rt: Runtime, case: Case, buffers: Buffers) -> Bench:
-    """kernels.allreduce_norm.AllReduceNorm (v1: the residual replicated) on rows x hidden."""
-    return _norm_bench(rt, case, buffers.fused(case))
-
-
-def fused_norm_pull_bench(rt: Runtime, case: Case, buffers: Buffers) -> Bench:
-    """Kernel v2's pull variants on rows x hidden (kernels.allreduce_norm_pull): AllReduceNormPull
-    (fused_norm_pull) or AllReduceNormPullPush (fused_norm_pull_push, the output pushed)."""
+    """A fused all-reduce + norm kernel on rows x hidden, the one of the case's path
+    (Buffers.fused: fused_norm the layer's, knobs.FUSED_KERNEL; fused_norm_push, _pull_push, _v1)."""
     return _norm_bench(rt, case, buffers.fused(case))
 
 

@@ -45,8 +45,8 @@ class Buffers:
         return self._made[key]
 
     def fused(self, case: Case):
-        """The fused kernel's buffers: path fused_norm takes knobs.FUSED_KERNEL's (v2, v2pull,
-        v2pullpush or v1); fused_norm_v1, fused_norm_pull and fused_norm_pull_push always theirs."""
+        """The fused kernel's buffers: path fused_norm takes the layer's kernel (knobs.FUSED_KERNEL);
+        fused_norm_push (v2), fused_norm_pull_push and fused_norm_v1 always theirs."""
         import torch.distributed as dist
 
         from kernels.allreduce_norm_pull import FUSED_KERNELS
@@ -55,7 +55,7 @@ class Buffers:
         key = self._key(case)
         if key not in self._made:
             rows = self._largest[key] // case.hidden
-            kernel = {"fused_norm_v1": "v1", "fused_norm_pull": "v2pull",
+            kernel = {"fused_norm_v1": "v1", "fused_norm_push": "v2",
                       "fused_norm_pull_push": "v2pullpush"}.get(case.buffer, FUSED_KERNEL)
             self._made[key] = FUSED_KERNELS[kernel](dist.group.WORLD, rows, case.hidden, self._dtype(case), self.rt.device)
         return self._made[key]
@@ -67,6 +67,6 @@ class Buffers:
         key = self._key(case)
         if key not in self._made:
             rows = self._largest[key] // case.hidden
-            # the kernel writes `out` (sm_out), as in the schedule measured so far; bench_copy_engine_norm compares
-            self._made[key] = CopyEngineNorm.allocate(None, rows, case.hidden, self._dtype(case), self.rt.device, sm_out=True)
+            # the layer's schedule: chunks by size (or --ce-chunks), `out` copied by the copy engine
+            self._made[key] = CopyEngineNorm.allocate(None, rows, case.hidden, self._dtype(case), self.rt.device)
         return self._made[key]

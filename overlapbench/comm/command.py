@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from overlapbench.comm.output import FORMATS, render, totals
-from overlapbench.comm.paths import DEFAULT_PATHS, OPS, make_cases
+from overlapbench.comm.paths import OPS, PATHS, make_cases
 from overlapbench.comm.run import RunInfo, run_cases
 from overlapbench.comm.sizes import CPU_SIZES, GPU_SIZES, parse_size, size_ladder
 from overlapbench.errors import UserError
@@ -42,7 +42,7 @@ class Options:
     resume: bool
     nproc: int | None
     beside_gemm: bool = False  # also time each case beside a GEMM stream (comm.contention)
-    ce_chunks: tuple[int | None, ...] = (1,)  # copy_engine_norm's chunk counts (None: by size)
+    ce_chunks: tuple[int | None, ...] = (None,)  # copy_engine_norm's chunk counts (None: by size, the layer's)
 
     @classmethod
     def parse(cls, *, min_bytes: str | None, max_bytes: str | None, factor: int, ops: str | None,
@@ -62,7 +62,7 @@ class Options:
         if output is not None and output.suffix != ".jsonl":
             raise UserError(f"--output: must be a path ending in .jsonl, got {str(output)!r}")
         lists = CommSpec.build(
-            ops=ops or OPS, paths=paths or DEFAULT_PATHS, sizes=(), hidden=hidden,
+            ops=ops or OPS, paths=paths or PATHS, sizes=(), hidden=hidden,
             nccl_max_ctas=nccl_max_ctas or CommSpec.DEFAULT_NCCL_MAX_CTAS,
             comm_ctas=comm_ctas or CommSpec.DEFAULT_COMM_CTAS,
             name=lambda field: "--" + field.replace("_", "-"),
@@ -73,7 +73,7 @@ class Options:
             factor=factor, ops=lists.ops, paths=lists.paths, dtype=dtype, nccl_max_ctas=lists.nccl_max_ctas,
             comm_ctas=lists.comm_ctas, hidden=hidden, iters=iters, warmup=warmup, graphs=graphs, fmt=fmt,
             output=output, resume=resume, nproc=nproc, beside_gemm=beside_gemm,
-            ce_chunks=(1,) if ce_chunks is None else parse_chunks(ce_chunks),
+            ce_chunks=(None,) if ce_chunks is None else parse_chunks(ce_chunks),
         )
         opts.sizes(cuda=False)  # validates -b -e -f now, in one line
         return opts

@@ -30,9 +30,6 @@ class CommPath:
     buffer: str | None = None  # the run's symmetric allocation it takes turns on; None: none
     rows: bool = False  # counts are whole rows of `hidden` (a norm works per row)
     world: tuple[int, int] | None = None  # the world sizes it supports
-    # in the default --paths: a kernel that has not yet run on a GPU spins on flags, and a wrong
-    # wait would hang `comm` with no one asking for it (name it in --paths to try it)
-    by_default: bool = True
 
     def unit(self, op: str, world: int, elem: int, hidden: int) -> tuple[int, str]:
         """Elements that a count must be a multiple of, and what that unit is, in words."""
@@ -78,19 +75,18 @@ PATHS_BY_NAME = {
         CommPath("symm_two_shot", ("all_reduce",), benches.symm_all_reduce_bench, _own_grid, buffer="symmetric"),
         CommPath("fused_norm", ("all_reduce",), benches.fused_norm_bench, _norm_ctas,
                  buffer="fused_norm", rows=True, world=(2, 8)),
-        CommPath("fused_norm_v1", ("all_reduce",), benches.fused_norm_v1_bench, _norm_ctas,
+        CommPath("fused_norm_v1", ("all_reduce",), benches.fused_norm_bench, _norm_ctas,
                  buffer="fused_norm_v1", rows=True, world=(2, 8)),
-        CommPath("fused_norm_pull", ("all_reduce",), benches.fused_norm_pull_bench, _norm_ctas,
-                 buffer="fused_norm_pull", rows=True, world=(2, 8), by_default=False),
-        CommPath("fused_norm_pull_push", ("all_reduce",), benches.fused_norm_pull_bench, _norm_ctas,
-                 buffer="fused_norm_pull_push", rows=True, world=(2, 8), by_default=False),
+        CommPath("fused_norm_push", ("all_reduce",), benches.fused_norm_bench, _norm_ctas,
+                 buffer="fused_norm_push", rows=True, world=(2, 8)),
+        CommPath("fused_norm_pull_push", ("all_reduce",), benches.fused_norm_bench, _norm_ctas,
+                 buffer="fused_norm_pull_push", rows=True, world=(2, 8)),
         CommPath("copy_engine", ("all_gather",), benches.copy_engine_bench, _own_grid, buffer="symmetric"),
         CommPath("copy_engine_norm", ("all_reduce",), benches.copy_engine_norm_bench, _norm_ctas,
                  buffer="copy_engine_norm", rows=True, world=(2, 8)),
     )
 }
 PATHS = tuple(PATHS_BY_NAME)
-DEFAULT_PATHS = tuple(name for name, path in PATHS_BY_NAME.items() if path.by_default)
 PATHS_BY_OP = {op: tuple(p.name for p in PATHS_BY_NAME.values() if op in p.ops) for op in OPS}
 
 

@@ -6,9 +6,9 @@
 pull variants, v2pull and v2pullpush, or to v1);
 the GEMM writes its partial straight into the symmetric buffer, so no copy is made.
 `copy_engine`: the copy engines reduce-scatter and all-gather between symmetric buffers, a
-local few-CTA kernel adds and normalizes the rank's own rows (kernels/copy_engine_norm.py), in
-its serial schedule until the chunked one is measured on a GPU (CE_CHUNKS);
-the residual stays token-sharded (see layer.Reducer).
+local few-CTA kernel adds and normalizes the rank's own rows (kernels/copy_engine_norm.py, its
+chunked pipeline with the chunk count by size); the residual stays token-sharded (see
+layer.Reducer).
 """
 
 from __future__ import annotations
@@ -22,10 +22,6 @@ import torch.distributed as dist
 from overlapbench.knobs import DEFAULT, FUSED_KERNEL, SYMMETRIC_COMM
 from overlapbench.layer import Chunk, LocalReducer
 from overlapbench.runtime import BuildContext
-
-# copy_engine's schedule: one chunk with the kernel writing `out` is the one measured on 2x H200
-# (results/h200x2/df28d53/); the chunked pipeline (None: by size) has run on CPU only so far.
-CE_CHUNKS, CE_SM_OUT = 1, True
 
 
 def collective(ctx: BuildContext, nccl_max_ctas=DEFAULT, high_priority: bool = False) -> LocalReducer:
@@ -62,7 +58,7 @@ def _engine(ctx: BuildContext, comm: str):
         if comm == "copy_engine":
             from kernels.copy_engine_norm import CopyEngineNorm
 
-            return lambda: CopyEngineNorm.allocate(*args, chunks=CE_CHUNKS, sm_out=CE_SM_OUT)
+            return lambda: CopyEngineNorm.allocate(*args)
         from kernels.allreduce_norm_pull import FUSED_KERNELS
 
         return lambda: FUSED_KERNELS[FUSED_KERNEL](*args)
