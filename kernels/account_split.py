@@ -1,14 +1,15 @@
-"""Where the split's time goes: the kernel tables of `sweep --profile` tallied by kind (issue 15).
+"""Where a split's time goes: the kernel tables of `sweep --profile` tallied by kind (issues 15, 16).
 
     PYTHONPATH=. python kernels/account_split.py results/h200x2/a034cb8/profile-split-attn \
         --rows results/h200x2/a034cb8/profile-split-attn.jsonl
 
 Per token count, GPU time per layer of each kind of kernel (GEMM, attention, the log-sum-exp
-merge, norms, other elementwise work such as RoPE and SwiGLU, copies, communication) for
-`no_comm` and for the splits with no communication (`token_split comm=none` at its defaults,
-`iso comm=none`), and what the split adds per kind. The tables are of eager forwards; the last
-columns set the kernels' sum against the rows' graph-replayed time, so what is left (launch gaps
-and idle, which graphs mostly remove) shows too.
+merge, norms, other elementwise work such as RoPE and SwiGLU, copies, communication: NCCL, the
+fused kernels, the copy engines' peer copies and the symmetric-memory barriers) for every table
+of the folder, and what each adds per kind over `no_comm`. The tables are of eager forwards;
+the last columns set the kernels' sum against the row's graph-replayed time, so what is left
+(launch gaps and idle, which graphs mostly remove; overlap, which makes the sum exceed it) shows
+too. Kernels on side streams overlap the others: their time is GPU time, not time added.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ KINDS = (
     ("gemm", ("nvjet", "gemm", "cutlass", "xmma")),
     ("attention", ("sdpa", "flash", "fmha", "attention")),
     ("lse_merge", ("lse_merge",)),
-    ("norm", ("rmsnorm",)),
+    ("comm", ("nccl", "allreduce", "all_reduce", "barrier_kernel", "ptop")),  # PtoP: a copy engine over NVLink
+    ("norm", ("rmsnorm", "add_norm")),
     ("copy", ("copy", "cat", "memcpy", "memset")),
-    ("comm", ("nccl", "allreduce", "all_reduce")),
     ("elementwise", ("elementwise", "gather", "reduce_kernel")),
 )
 HOST_ROWS = ("aten::", "cuda", "nccl:", "record_param_comms", "Activity Buffer")
@@ -56,15 +57,16 @@ def tally(table: Path, layers: int) -> dict[str, float]:
     return dict(per_kind)
 
 
-def timed_ms(rows_path: Path | None) -> dict[tuple[str, int, str], float]:
-    """ms per layer of each (strategy, tokens, comm) row, graph replays."""
+def timed_ms(rows_path: Path | None) -> dict[str, float]:
+    """ms per layer (graph replays) of each row, by its profile table's name (sweep._slug)."""
     if rows_path is None:
         return {}
     out = {}
     for line in rows_path.read_text().splitlines():
         row = json.loads(line)
         if row.get("status") == "ok":
-            out[(row["strategy"], row["tokens"], json.dumps(row["knobs"], sort_keys=True))] = row["ms"]
+            knobs = "-".join(f"{k}={v}" for k, v in row["knobs"].items() if v not in (None, "default"))
+            out[f"{row['strategy']}-{row['tokens']}" + (f"-{knobs}" if knobs else "")] = row["ms"]
     return out
 
 
@@ -74,35 +76,25 @@ def main() -> None:
     p.add_argument("--rows", type=Path, help="the sweep's results (.jsonl): graph-replayed ms per layer")
     p.add_argument("--layers", type=int, default=4)
     args = p.parse_args()
-    tables = {
-        "no_comm": "no_comm-{t}.txt",
-        "token_split": "token_split-{t}-align=256-split_offset=0-comm=none.txt",
-        "iso": "iso-{t}-split_ratio=balanced-align=64-comm=none.txt",
-    }
     sizes = sorted({int(m.group(1)) for f in args.folder.glob("no_comm-*.txt") if (m := re.search(r"-(\d+)\.txt$", f.name))})
     if not sizes:
         sys.exit(f"{args.folder}: no no_comm-<tokens>.txt tables")
     rows = timed_ms(args.rows)
     kinds = [k for k, _ in KINDS] + ["other"]
-    print("GPU ms per layer by kind of kernel (eager profile); + = what the split adds over no_comm")
-    print(f"{'tokens':>6} {'strategy':<12} " + " ".join(f"{k:>11}" for k in kinds) + f" {'kernels':>8} {'timed':>8}")
+    print("GPU ms per layer by kind of kernel (eager profile); + = what a table adds over no_comm")
+    print(f"{'tokens':>6} " + " ".join(f"{k:>11}" for k in kinds) + f" {'kernels':>8} {'timed':>8}  table")
     for t in sizes:
-        base = tally(args.folder / tables["no_comm"].format(t=t), args.layers)
-        for name, pattern in tables.items():
-            path = args.folder / pattern.format(t=t)
-            if not path.exists():
-                continue
+        reference = args.folder / f"no_comm-{t}.txt"
+        base = tally(reference, args.layers)
+        others = sorted(set(args.folder.glob(f"*-{t}.txt")) | set(args.folder.glob(f"*-{t}-*.txt")), key=lambda f: f.name)
+        for path in [reference] + [f for f in others if f != reference]:
             got = tally(path, args.layers)
             cells = []
             for k in kinds:
                 v, d = got.get(k, 0.0), got.get(k, 0.0) - base.get(k, 0.0)
-                cells.append(f"{v:6.3f}" + (f"{d:+5.2f}" if name != "no_comm" else " " * 5))
-            timed = next((ms for (s, tk, knobs), ms in rows.items() if s == name and tk == t
-                          and (name == "no_comm" or '"comm": "none"' in knobs)
-                          and (name != "token_split" or ('"align": 256' in knobs and '"split_offset": 0' in knobs))), None)
-            total = sum(got.values())
-            print(f"{t:>6} {name:<12} " + " ".join(f"{c:>11}" for c in cells)
-                  + f" {total:8.3f} {timed if timed is not None else float('nan'):8.3f}")
+                cells.append(f"{v:6.3f}" + (f"{d:+5.2f}" if path != reference else " " * 5))
+            timed = rows.get(path.stem, float("nan"))
+            print(f"{t:>6} " + " ".join(f"{c:>11}" for c in cells) + f" {sum(got.values()):8.3f} {timed:8.3f}  {path.stem}")
 
 
 if __name__ == "__main__":
