@@ -6,7 +6,7 @@
 #    ranges with a writer stream, CUDA-graph replays)              -> gpu-tests.log
 # 2. the compiled code of the kernels with this machine's Triton    -> ptx.txt
 # 3. overlapbench comm, all_reduce 64 MiB and 256 MiB: NCCL default/8/16/32 CTAs, fused_norm
-#    (v2 push), fused_norm_pull and fused_norm_pull_push (v2 pull), fused_norm_v1 and copy_engine_norm at 4/8/16 CTAs (copy_engine_norm serial and
+#    (v2 pull, the layer's), fused_norm_push (v2 push), fused_norm_pull_push, fused_norm_v1 and copy_engine_norm at 4/8/16 CTAs (copy_engine_norm serial and
 #    chunked by size: --ce-chunks 1,auto)                         -> comm.{jsonl,csv,log}
 # 4. the same at 64 MiB beside the llama3-70b TP=2 MLP GEMMs      -> comm-beside.{jsonl,csv,log}
 # 5. a small llama3-8b sweep: fused_norm, token_split and iso with comm fused (v2) and
@@ -16,14 +16,14 @@
 # Last: a short table (layer checks; busbw, #wrong, beside-GEMM busbw and GEMM TFLOP/s loss).
 # Narrower runs: CHECK_PATHS (comm paths, default below), ALLREDUCE_NORM_ENGINES (the GPU tests'
 # engines, e.g. fused,fused_pull,fused_pull_push), CHECK_SKIP=layers,ce_bench (skip steps 5, 6):
-#   OUT=/tmp/out CHECK_PATHS=nccl,fused_norm,fused_norm_pull,fused_norm_pull_push \
+#   OUT=/tmp/out CHECK_PATHS=nccl,fused_norm,fused_norm_push,fused_norm_pull_push \
 #     ALLREDUCE_NORM_ENGINES=fused,fused_pull,fused_pull_push CHECK_SKIP=layers,ce_bench bash kernels/check_issue16.sh
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-PATHS=${CHECK_PATHS:-nccl,fused_norm,fused_norm_pull,fused_norm_pull_push,fused_norm_v1,copy_engine_norm}
+PATHS=${CHECK_PATHS:-nccl,fused_norm,fused_norm_push,fused_norm_pull_push,fused_norm_v1,copy_engine_norm}
 SKIP=${CHECK_SKIP:-}
 COMM=(python -m overlapbench comm --ops all_reduce --paths $PATHS --nccl-max-ctas default,8,16,32
       --comm-ctas 4,8,16 --ce-chunks 1,auto --hidden 8192 --iters 10 --warmup 3 --nproc 2 --format csv)
