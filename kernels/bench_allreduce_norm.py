@@ -20,20 +20,22 @@ import os
 import sys
 from pathlib import Path
 
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-os.environ.update(SAFE_ENV)  # before NCCL or symmetric memory start: no NVLink multicast, ever
-if __package__ in (None, ""):  # run as a script: make `kernels` importable
+if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapbench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import triton  # noqa: E402
+from overlapbench.runtime import SAFE_ENV
 
-from kernels.allreduce_norm import STEP_BYTES  # noqa: E402
-from kernels.allreduce_norm_pull import FUSED_KERNELS  # noqa: E402
-from kernels.copy_engine_norm import CopyEngineNorm  # noqa: E402
-from kernels.rmsnorm import fused_add_rmsnorm  # noqa: E402
-from overlapbench import runtime  # noqa: E402
+os.environ.update(SAFE_ENV)  # before NCCL or symmetric memory start: no NVLink multicast, ever
+
+import torch
+import torch.distributed as dist
+import triton
+
+from kernels.allreduce_norm import STEP_BYTES
+from kernels.allreduce_norm_pull import FUSED_KERNELS
+from kernels.copy_engine_norm import CopyEngineNorm
+from kernels.rmsnorm import fused_add_rmsnorm
+from overlapbench import runtime
 
 EPS = 1e-5
 ENGINES = FUSED_KERNELS | {"ce": CopyEngineNorm.allocate}

@@ -26,11 +26,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from overlapbench.runtime import SAFE_ENV  # noqa: E402
 from tests import distributed  # noqa: E402
 
 pytestmark = distributed.two_gpus()
 
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 WORLD = 2
 EPS = 1e-5
 TOKENS = [1, 3, 1000, 4097, 32768]
