@@ -36,6 +36,7 @@ from kernels.allreduce_norm_pull import FUSED_KERNELS
 from kernels.copy_engine_norm import CopyEngineNorm
 from kernels.rmsnorm import fused_add_rmsnorm
 from overlapbench import runtime
+from overlapbench.comm.sizes import busbw
 
 EPS = 1e-5
 ENGINES = FUSED_KERNELS | {"ce": CopyEngineNorm.allocate}
@@ -151,16 +152,16 @@ def main() -> None:
             med = ms.median().item()
             base_ms = med if name == "nccl AR+norm" else base_ms
             speedup = None if base_ms is None else base_ms / med
-            busbw = n * hidden * 2 * 2 * (world - 1) / world / (med * 1e-3) / 1e9
+            bw = busbw("all_reduce", n * hidden * dtype.itemsize, med * 1e-3, world)
             row = dict(meta, tokens=n, variant=name, ctas=ctas, step_kib=kib, ms=med,
-                       p10_ms=ms.quantile(0.1).item(), p90_ms=ms.quantile(0.9).item(), busbw_gbps=busbw,
+                       p10_ms=ms.quantile(0.1).item(), p90_ms=ms.quantile(0.9).item(), busbw_gbps=bw,
                        speedup_vs_nccl_norm=speedup, rel_err=err)
             if rank == 0:
                 with args.out.open("a") as f:
                     f.write(json.dumps(row) + "\n")
                 e = "" if err is None else f"{err:.1e}"
                 sp = "" if speedup is None else f"{speedup:.2f}"
-                print(f"{n:>7} {name:<20} {med:8.4f} {row['p10_ms']:8.4f} {row['p90_ms']:8.4f} {busbw:10.1f} "
+                print(f"{n:>7} {name:<20} {med:8.4f} {row['p10_ms']:8.4f} {row['p90_ms']:8.4f} {bw:10.1f} "
                       f"{sp:>7} {e:>8}", flush=True)
     dist.barrier()
     dist.destroy_process_group()

@@ -22,7 +22,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapbench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.bench_allreduce_norm import SAFE_ENV, timed_graph
+from kernels.bench_allreduce_norm import timed_graph
+from overlapbench.runtime import SAFE_ENV
 
 os.environ.update(SAFE_ENV)
 import torch
@@ -32,6 +33,7 @@ from kernels.copy_engine_norm import CopyEngineNorm
 from kernels.rmsnorm import add_rmsnorm_reference
 from overlapbench import runtime
 from overlapbench.comm.patterns import count_wrong, pattern, pattern_sum
+from overlapbench.comm.sizes import busbw
 
 EPS = 1e-5
 MiB = 1 << 20
@@ -106,16 +108,16 @@ def main() -> None:
             if ctas is not None:
                 wrong_graph = wrong()  # the last replay's result
             med = ms.median().item()
-            busbw = n * hidden * 2 * 2 * (world - 1) / world / (med * 1e-3) / 1e9
+            bw = busbw("all_reduce", n * hidden * dtype.itemsize, med * 1e-3, world)
             row = dict(meta, mib=mib, rows=n, variant=name, ctas=ctas, chunks=chunks, sm_out=sm_out,
                        chunks_used=None if chunks is None else engine.chunk_count(n, chunks), ms=med,
-                       p10_ms=ms.quantile(0.1).item(), p90_ms=ms.quantile(0.9).item(), busbw_gbps=busbw,
+                       p10_ms=ms.quantile(0.1).item(), p90_ms=ms.quantile(0.9).item(), busbw_gbps=bw,
                        wrong_eager=wrong_eager, wrong_graph=wrong_graph)
             table.append(row)
             if rank == 0:
                 with args.out.open("a") as f:
                     f.write(json.dumps(row) + "\n")
-                print(f"{mib:>4} MiB {name:<22} {med:8.4f} ms  busbw {busbw:7.1f} GB/s  "
+                print(f"{mib:>4} MiB {name:<22} {med:8.4f} ms  busbw {bw:7.1f} GB/s  "
                       f"#wrong {wrong_eager} / {wrong_graph}", flush=True)
     if rank == 0:
         print_table(table, args)

@@ -2,8 +2,8 @@
 
 `nccl`: an NCCL (gloo on CPU) all-reduce in place, then the fused residual add + RMSNorm.
 `fused`: one few-CTA Triton kernel over symmetric memory that reduces, adds and normalizes
-(kernels/allreduce_norm_v2.py, the residual token-sharded; knobs.FUSED_KERNEL switches to its
-pull variants, v2pull and v2pullpush, or to v1);
+(knobs.FUSED_KERNEL: kernel v2's pull variant, kernels/allreduce_norm_pull.py, by default; or
+push, pull_push or v1; the residual token-sharded, except in v1);
 the GEMM writes its partial straight into the symmetric buffer, so no copy is made.
 `copy_engine`: the copy engines reduce-scatter and all-gather between symmetric buffers, a
 local few-CTA kernel adds and normalizes the rank's own rows (kernels/copy_engine_norm.py, its
