@@ -54,21 +54,25 @@ def parse_args() -> argparse.Namespace:
 
 
 class ClockSampler:
-    """SM clock (MHz) and power (W) every few ms on a thread; silent when pynvml is missing."""
+    """SM clock (MHz) and power (W) every few ms on a thread; without pynvml, none (`error` says why)."""
 
     def __init__(self, device_index: int, every_s: float = 0.005):
         self.samples: list[tuple[float, float, float]] = []  # (perf_counter, MHz, W)
         self.error = None
         self._stop = threading.Event()
         self._every = every_s
+        self._nvml = None
         try:
             import pynvml
-
-            pynvml.nvmlInit()
-            self._nvml = pynvml
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(device_index))
-        except Exception as e:
-            self._nvml, self.error = None, f"{type(e).__name__}: {e}"
+        except ImportError:
+            self.error = "no clock samples without pynvml: pip install 'overlapbench[nvml]'"
+        else:
+            try:
+                pynvml.nvmlInit()
+                self._handle = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(device_index))
+                self._nvml = pynvml
+            except Exception as e:
+                self.error = f"{type(e).__name__}: {e}"
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def start(self):

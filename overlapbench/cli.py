@@ -301,14 +301,15 @@ def _options(
 
 
 def command():
-    """The click command behind `app`, its help tidied: a flag takes no value, so it shows no
+    """The command behind `app`, its help tidied: a flag takes no value, so it shows no
     `<bool>` placeholder (typer prints one beside every flag, --help included); an argument's
-    name (SPEC.yaml, RESULTS.jsonl) says what it takes, without a `<list[Path]>` type beside it."""
-    import click
+    name (SPEC.yaml, RESULTS.jsonl) says what it takes, without a `<list[Path]>` type beside it.
 
+    Through typer's own API only: typer 0.29 carries its own copy of click and no longer installs
+    the `click` package, so nothing here may import it."""
     root = typer.main.get_command(app)
     for cmd in [root, *getattr(root, "commands", {}).values()]:
-        for param in cmd.get_params(click.Context(cmd)):
+        for param in cmd.get_params(typer.Context(cmd)):
             if getattr(param, "is_flag", False):
                 param.metavar = ""
             elif param.param_type_name == "argument":

@@ -6,123 +6,20 @@ import dataclasses
 import datetime as dt
 import gc
 import itertools
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from overlapbench import (
-    analysis,
-    attention,
-    attention_kernels,
-    environment,
-    interleave,
-    measure,
-    paired,
-    printing,
-    results,
-    runtime,
-    strategies,
-)
-from overlapbench.layer import (
-    RopeTable,
-    Stack,
-    build_decode_cache,
-    build_stack,
-    cast,
-    random_input,
-    rope_positions,
-)
+from overlapbench import attention, environment, interleave, measure, paired, printing, results, runtime, strategies
 from overlapbench.phases import PointFailed, out_of_memory
 from overlapbench.phases import phase as _phase
 from overlapbench.results import SCHEMA
 from overlapbench.spec import Point, SweepSpec
 from overlapbench.watchdog import Watchdog, interrupt_on_sigterm
-
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-@dataclass
-class Workload:
-    """What all strategies at one batch share: weights, input, and the reference strategy's output."""
-
-    ctx: runtime.BuildContext
-    x: torch.Tensor | None
-    reference: torch.Tensor | None
-    reference_error: str | None
-    truth: torch.Tensor | None = None  # measure.check fp32: the reference's arithmetic in fp32
-    floor: float | None = None  # ... and the reference's own distance from it
-
-    def check(self, out: torch.Tensor, rt: runtime.Runtime, tolerance: float) -> tuple[float, float]:
-        """(rel_err, tolerance) of an output: against the truth, within the larger of the
-        tolerance and twice the reference's own error, where there is a truth; else against the
-        reference's output."""
-        if self.truth is None:
-            return rt.max_over_ranks(measure.rel_err(out, self.reference)), tolerance
-        return rt.max_over_ranks(measure.rel_err(out, self.truth)), max(tolerance, FLOOR_FACTOR * self.floor)
-
-
-FLOOR_FACTOR = 2.0  # an output may be this many times further from the fp32 truth than the reference's
-
-
-def reference_setting(workload: str) -> tuple[str, dict]:
-    """The strategy and knobs whose output every other strategy is checked against."""
-    name = analysis.REFERENCES[workload]
-    return name, strategies.get(name).check_knobs({}, name)
-
-
-def reference_output(ctx, x: torch.Tensor, workload: str) -> torch.Tensor:
-    """The reference strategy's output on `x`: what every other strategy must reproduce."""
-    name, knobs = reference_setting(workload)
-    step = strategies.get(name).build(ctx, knobs)
-    return step.to_full(step.forward(x)).clone()
-
-
-def build_workload(rt: runtime.Runtime, point: Point, stack: Stack | None, max_tokens: int,
-                   fp32_truth: bool = False) -> Workload:
-    """The batch's context, input and reference output (with `fp32_truth`, also the truth the
-    points are checked against). A batch that cannot be built (too large for the device, or for
-    any memory) fails its own points, on every rank alike, and the sweep goes on."""
-    try:
-        ctx, x = _phase(rt, lambda: _inputs(rt, point, stack, max_tokens))
-        if point.workload == analysis.LAYER:
-            dist.broadcast(x, src=0)  # identical input on every rank, whatever the RNG does per device
-        reference = _phase(rt, lambda: reference_output(ctx, x, point.workload))
-        if not (fp32_truth and point.workload == analysis.LAYER):
-            return Workload(ctx, x, reference, None)
-        truth = _phase(rt, lambda: _truth(ctx, x, point))
-        return Workload(ctx, x, reference, None, truth, rt.max_over_ranks(measure.rel_err(reference, truth)))
-    except PointFailed as failure:
-        return Workload(None, None, None, f"{analysis.REFERENCES[point.workload]} reference: {failure.result['error']}")
-
-
-def _truth(ctx: runtime.BuildContext, x: torch.Tensor, point: Point) -> torch.Tensor:
-    """The reference strategy's output in fp32, on the stack's own (rounded) weights and input."""
-    attention_kernels.select(x.device, torch.float32, ctx.stack.heads, ctx.stack.kv_heads, point.shape.head_dim)
-    cache = None if ctx.decode is None else ctx.decode.to(torch.float32)  # a mixed batch's KV cache too
-    exact = dataclasses.replace(ctx, stack=cast(ctx.stack, torch.float32), decode=cache)
-    return reference_output(exact, x.float(), point.workload)
-
-
-def _inputs(rt: runtime.Runtime, point: Point, stack: Stack | None, max_tokens: int):
-    """A layer batch: its context (RoPE table included) and a random input; a micro workload:
-    one GEMM with its all-gather or reduce-scatter (micro.py)."""
-    dtype = TORCH_DTYPES[point.dtype]
-    if point.workload != analysis.LAYER:
-        from overlapbench import micro
-
-        return micro.build(rt, point, dtype, max_tokens)
-    cache = None
-    if point.decode is not None:  # the decode tokens' KV cache: this rank's kv heads, every layer
-        cache = build_decode_cache(point.shape, point.layers, point.tp, rt.rank, point.decode.tokens,
-                                   point.decode.context, dtype, rt.device, point.seed)
-    rope = RopeTable(point.shape, rope_positions(point.batch, cache), rt.device)
-    ctx = runtime.BuildContext(rt, stack, point.batch, rope, max_tokens, cache)
-    # The attention kernel is picked (and checked) now, never while a CUDA graph is captured.
-    attention_kernels.select(rt.device, dtype, stack.heads, stack.kv_heads, point.shape.head_dim)
-    return ctx, random_input(point.tokens, point.shape.hidden, point.seed, dtype, rt.device)
+from overlapbench.workload import Workload, build_workload, reference_setting
 
 
 def _skip_reason(cls: type[strategies.Strategy], rt: runtime.Runtime, point: Point) -> str | None:
@@ -323,20 +220,13 @@ def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = 
     try:
         with Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task("sweep", total=len(todo))
-            stacks: dict = {}
+            stacks: dict = {}  # the current shape's layer stack (sweep.weights)
             for batch, (_, group) in enumerate(itertools.groupby(todo, key=lambda p: p.workload_key)):
                 group = list(group)
                 first = group[0]
-                stack_key = (first.shape, first.tp, first.dtype, first.layers, first.seed)
-                if first.workload == "layer" and stack_key not in stacks:
-                    stacks.clear()
-                    gc.collect()
-                    stacks[stack_key] = build_stack(
-                        first.shape, first.layers, first.tp, rt.rank, TORCH_DTYPES[first.dtype], rt.device, first.seed
-                    )
                 with watchdog.guard(f"building the workload of {_describe(first)}"):
                     truth = spec.measure.checks_against_fp32(first.tp, first.shape.moe, first.dtype)
-                    work = build_workload(rt, first, stacks.get(stack_key), max_tokens, truth)
+                    work = build_workload(rt, first, stacks, max_tokens, truth)
                 if spec.measure.interleaved(rt.is_cuda):
                     progress.update(task, description=f"{first.tokens} tokens: {len(group)} points interleaved", refresh=True)
                     measured = measure_batch(rt, group, work, spec, f"{run_id}/{batch}", watchdog, profile_dir)

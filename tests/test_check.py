@@ -9,7 +9,7 @@ import torch
 from overlapbench.errors import UserError
 from overlapbench.results import read_rows
 from overlapbench.spec import Measure
-from overlapbench.sweep import FLOOR_FACTOR, Workload
+from overlapbench.workload import FLOOR_FACTOR, Workload
 from tests import distributed
 
 

@@ -136,6 +136,7 @@ CASES = [
 
 def _rank_micro(rank: int, world: int, cases: list):
     from overlapbench import runtime, strategies, sweep
+    from overlapbench.workload import build_workload
 
     rt = runtime.init(timeout_s=60)
     outs = []
@@ -148,7 +149,7 @@ def _rank_micro(rank: int, world: int, cases: list):
     # One point through the sweep's loop: sp_baseline's reference, the check, the timing.
     s = spec.from_dict(_spec(gemm={"n": N, "k": K}, tokens=[37], measure={"warmup": 0, "iters": 2}), "m", cuda=False)
     point = next(p for p in s.points(world, cuda=False) if p.strategy == "flash_agrs")
-    work = sweep.build_workload(rt, point, None, max_tokens=37)
+    work = build_workload(rt, point, {}, max_tokens=37)
     return outs, sweep.measure_point(rt, point, work, s)
 
 

@@ -123,6 +123,7 @@ def test_two_node_launch(spec_file: Path, tmp_path: Path):
 
 
 IMPOSSIBLE = 10**12  # tokens no machine holds: the RoPE table and the input alone need terabytes
+HUGE_SHAPE = "shape: {hidden: 4194304, ffn: 8388608, heads: 32768, kv_heads: 32768, head_dim: 128}"  # 35 TB of weights
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -131,21 +132,43 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
+def sweep_rows(tmp_path: Path, text: str) -> list[dict]:
+    out = tmp_path / "r.jsonl"
+    done = sweep(str(write(tmp_path, text)), "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    return read_rows(out)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("interleave", [False, True])
 def test_a_batch_that_cannot_be_built_fails_its_own_points_and_the_sweep_goes_on(tmp_path: Path, interleave: bool):
-    spec = write(tmp_path, SPEC.replace("tokens: [16, 29]", f"tokens: [16, {IMPOSSIBLE}, 29]").replace(
+    rows = sweep_rows(tmp_path, SPEC.replace("tokens: [16, 29]", f"tokens: [16, {IMPOSSIBLE}, 29]").replace(
         "timeout_s: 60}", f"timeout_s: 60, interleave: {str(interleave).lower()}, span_ms: 2, rounds: 4, warmup_s: 0}}"))
-    out = tmp_path / "r.jsonl"
-    done = sweep(str(spec), "--output", str(out))
-    assert done.returncode == 0, done.stderr
-    assert "Traceback" not in done.stdout + done.stderr
-    rows = read_rows(out)
     assert len(rows) == 9
+    assert all(r["status"] == "ok" for r in rows if r["tokens"] == 16)  # written before: kept
     failed = [r for r in rows if r["tokens"] == IMPOSSIBLE]
     assert len(failed) == 3 and all(r["status"] == "failed" for r in failed)
-    assert all(r["error"].startswith("baseline reference: ") and "allocate" in r["error"] for r in failed)
+    assert all(r["error"].startswith("the RoPE table: ") and "allocate" in r["error"] for r in failed), failed[0]["error"]
     assert all(r["status"] == "ok" for r in rows if r["tokens"] == 29)  # and it went on
+
+
+@pytest.mark.slow
+def test_a_kv_cache_that_cannot_be_built_fails_its_batch_only(tmp_path: Path):
+    batches = f"batches: [[16], {{prefill: [16], decode: 4, context: {IMPOSSIBLE}}}, [29]]"
+    rows = sweep_rows(tmp_path, SPEC.replace("tokens: [16, 29]", batches))
+    assert len(rows) == 9
+    failed = [r for r in rows if r["status"] != "ok"]
+    assert {r["tokens"] for r in failed} == {20} and len(failed) == 3
+    assert all(r["error"].startswith("the decode tokens' KV cache: ") and "allocate" in r["error"] for r in failed)
+
+
+@pytest.mark.slow
+def test_weights_that_cannot_be_built_are_failed_rows_not_a_traceback(tmp_path: Path):
+    rows = sweep_rows(tmp_path, SPEC.replace("model: tiny", HUGE_SHAPE))
+    assert len(rows) == 6 and {r["status"] for r in rows} == {"failed"}
+    assert all(r["error"].startswith("the weights: ") and "allocate" in r["error"] for r in rows), rows[0]["error"]
+    assert len({r["error"] for r in rows}) == 1  # one line, the same for every point
 
 
 @pytest.mark.slow
