@@ -48,7 +48,7 @@ call per flag): safe under CUDA-graph replay. Why no barrier is needed between c
 No NVLink multicast anywhere: only peer loads (and, PUSH_OUT, stores) and atomics through
 mapped pointers.
 
-Compiled for sm_90 (kernels/inspect_ptx.py; Triton 3.6 on the H200 machine, 3.9 on a CPU one;
+Compiled for sm_90 (tests/checks/compiled_kernels.py; Triton 3.6 on the H200 machine, 3.9 on a CPU one;
 tests/test_kernels_ptx.py also 5120/2 and 4096/4): every access to row data is one 16-byte
 vector, 128 registers at 16 warps, no local memory, as push (both variants, both output modes).
 

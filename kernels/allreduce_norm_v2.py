@@ -26,7 +26,7 @@ same call signalled it (so the previous reader of that region, the rank's own st
 The partial rows are only read by their own rank, so they are free when the kernel returns.
 No NVLink multicast anywhere: only peer stores and atomics through mapped pointers.
 
-Compiled for sm_90 (kernels/inspect_ptx.py, Triton 3.9, hidden 4096/5120/8192): every access
+Compiled for sm_90 (tests/checks/compiled_kernels.py, Triton 3.9, hidden 4096/5120/8192): every access
 to row data is one 16-byte vector, 121-128 registers at 16 warps, no local memory (no spills).
 The pull variants (kernels/allreduce_norm_pull.py: peers' partials read over NVLink instead of
 pushed; the output rows pulled too, or pushed as here) have the same contract and are 5-12%

@@ -51,7 +51,7 @@ ranks. No NVLink multicast anywhere.
 Bytes per rank (N = the rows x hidden tensor, W ranks): copy engines (W-1)/W N pulled twice
 over NVLink plus 1/W N copied locally (published -> out); the kernel reads (W+1)/W N and
 writes 2/W N (residual, published), all local: 5 tensors of own-rows size through the SMs
-instead of 6 with `sm_out`. Measured on 2x H200 (kernels/bench_copy_engine_norm.py,
+instead of 6 with `sm_out`. Measured on 2x H200 (tests/benchmarks/copy_engine_norm.py,
 results/h200x2/486cebf/bench_copy_engine_norm.log; busbw, median of 30 graph replays): the serial
 schedule (chunks=1, sm_out) at 64 MiB 67/109/158/203 GB/s on 4/8/16/32 CTAs; 4 chunks with `out`
 copied by the copy engine 93/160/242/237, and 2 chunks on 32 CTAs 267 (NCCL's all-reduce alone

@@ -271,7 +271,12 @@ def best_per_strategy(rows: Iterable[Measured]) -> dict[str, Measured]:
 
 
 def is_default(m: Measured) -> bool:
-    return all(value in (DEFAULT, None) for value in m.knobs.values())
+    return default_knobs(m.knobs)
+
+
+def default_knobs(knobs: dict) -> bool:
+    """Every knob at its default (or unset): the setting engines run today."""
+    return all(value in (DEFAULT, None) for value in knobs.values())
 
 
 def reference(rows: Iterable[Measured]) -> Measured | None:

@@ -182,6 +182,8 @@ def report(
     plot_metric: str = typer.Option("ms", "--plot-metric", help="ms | speedup: what --plot draws."),
     compare: tuple[Path, Path] | None = typer.Option(None, "--compare", metavar="OLD NEW", help="Per point (matched by key) the ratio NEW/OLD of ms per layer (micro: per GEMM)."),
     fail_above: float | None = typer.Option(None, "--fail-above", metavar="PCT", help="With --compare: exit 1 when any point got slower by more than PCT percent."),
+    profile: Path | None = typer.Option(None, "--profile", metavar="DIR", help="Where each point's GPU time goes: the kernel tables `sweep --profile DIR` wrote, by kind of kernel, per layer, beside no_comm's."),
+    rounds: bool = typer.Option(False, "--rounds", help="How noisy the paired timing's rounds were, per batch: rounds, the sd of per-round ratios, the widest interval."),
 ) -> None:
     """Compare strategies per token count, a table per group (layer, or a micro workload's
     GEMM): ms per layer (per GEMM), speedup over the reference (baseline; micro: sp_baseline),
@@ -191,7 +193,8 @@ def report(
 
     paths = results or ([] if compare else [_newest_results(results_mod)])
     code = report_mod.run(paths, fmt, console, sensitivity=sensitivity, tokens=tokens, plot_path=plot,
-                          plot_metric=plot_metric, compare_paths=compare, fail_above=fail_above)
+                          plot_metric=plot_metric, compare_paths=compare, fail_above=fail_above, profile_dir=profile,
+                          rounds=rounds)
     if code:
         raise typer.Exit(code)
 

@@ -8,7 +8,7 @@ fresh random order that every rank draws alike (one seeded RNG). Before each can
 meet in a device-side barrier (`align`), and its span is timed from there: a candidate that never
 syncs the ranks (no_comm) leaves them apart by a millisecond or so, and the first collective of
 the next one would otherwise count that wait into its time (on 2x H200 the candidate after
-no_comm came out 2.3-4% slow on average at 1-8K tokens: kernels/round_spread.py). The host queues round
+no_comm came out 2.3-4% slow on average at 1-8K tokens: tests/checks/round_order_effects.py). The host queues round
 r+1 before it waits for round r: the device never idles between candidates or rounds, and the
 host syncs once per round.
 

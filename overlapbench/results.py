@@ -177,7 +177,7 @@ def open_on_ranks(output: str | Path, resume: bool, rank: int) -> tuple[ResultSt
     import torch.distributed as dist
 
     store = ResultStore(output) if rank == 0 else None
-    opened: list = [None, uuid.uuid4().hex[:12]]
+    opened: list = [None, new_run_id()]
     if store is not None:
         try:
             opened[0] = sorted(store.open(resume))
@@ -187,3 +187,32 @@ def open_on_ranks(output: str | Path, resume: bool, rank: int) -> tuple[ResultSt
     if isinstance(opened[0], str):
         raise UserError(opened[0])
     return store, set(opened[0]), opened[1]
+
+
+def profile_name(strategy: str, tokens: int, knobs: dict, decode: dict | None = None) -> str:
+    """The file name (less `.txt`) of a point's kernel table in a `sweep --profile` folder; what
+    `report --profile` finds a row's table by. Knobs left unset or at default are not in it."""
+    settings = "-".join(f"{k}={v}" for k, v in knobs.items() if v not in (None, "default"))
+    at = f"-decode{decode['tokens']}x{decode['context']}" if decode else ""
+    return f"{strategy}-{tokens}{at}" + (f"-{settings}" if settings else "")
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+class RunLog:
+    """A script's rows (benchmarks, probes) as JSON lines: appended and flushed one by one, each
+    stamped with its run's id and the code's commit, as sweep rows are; nothing already in the
+    file is touched."""
+
+    def __init__(self, path: str | Path, git: str | None) -> None:
+        self.path = Path(path)
+        self.stamp = {"run_id": new_run_id(), "git": git}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, row: dict) -> dict:
+        row = row | self.stamp
+        with self.path.open("a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+        return row

@@ -107,7 +107,8 @@ def _profile(rt: runtime.Runtime, point: Point, step, work: Workload, profile_di
     """With --profile on GPUs, a kernel table of the point; a failure as a result, else None."""
     if profile_dir is None or not rt.is_cuda:
         return None
-    path = profile_dir / f"{_slug(point)}.txt" if rt.rank == 0 else None
+    name = results.profile_name(point.strategy, point.tokens, point.knobs, point.decode.as_dict() if point.decode else None)
+    path = profile_dir / f"{name}.txt" if rt.rank == 0 else None
     try:
         _phase(rt, lambda: measure.profile_step(step, work.x, path))
     except PointFailed as failure:
@@ -183,12 +184,6 @@ def make_row(point: Point, result: dict, run_id: str, env: dict, spec: SweepSpec
                 "attention", "timing", "speedup", "speedup_ci", "pairing", "round_ids", "samples_ms"):
         row[key] = result.get(key)
     return row
-
-
-def _slug(point: Point) -> str:
-    knobs = "-".join(f"{k}={v}" for k, v in point.knobs.items() if v not in (None, "default"))
-    decode = f"-decode{point.decode.tokens}x{point.decode.context}" if point.decode else ""
-    return f"{point.strategy}-{point.tokens}{decode}" + (f"-{knobs}" if knobs else "")
 
 
 def _describe(point: Point) -> str:

@@ -200,14 +200,14 @@ def test_cudnn_kernel_routes_runs_by_their_lengths():
 
 
 def test_bench_script_writes_rows(tmp_path):
-    """kernels/bench_attention.py end to end on CPU (a smoke test: CPU times mean nothing)."""
+    """tests/benchmarks/attention_split.py end to end on CPU (a smoke test: CPU times mean nothing)."""
     import json
     import subprocess
     import sys
     from pathlib import Path
 
     out = tmp_path / "b.jsonl"
-    script = Path(__file__).resolve().parents[1] / "kernels" / "bench_attention.py"
+    script = Path(__file__).resolve().parent / "benchmarks" / "attention_split.py"
     done = subprocess.run([sys.executable, str(script), "--out", str(out), "--models", "llama3-8b", "--tokens", "130",
                            "--batches", "3x50;40+70", "--kernels", "math", "--iters", "1", "--warmup", "0"],
                           capture_output=True, text=True, timeout=300)
@@ -217,3 +217,4 @@ def test_bench_script_writes_rows(tmp_path):
     for r in rows:
         assert r["rel_err_split_vs_whole"] < 1e-5 and r["ran"] == "math,math+lse_merge"
         assert r["first_tokens"] + 0 < r["tokens"] and r["split_over_whole"] > 0
+    assert len({r["run_id"] for r in rows}) == 1 and all("git" in r for r in rows)  # every row says its run and code

@@ -19,7 +19,7 @@ from tests.distributed import REPO
 def test_row_accesses_are_16_bytes_and_nothing_spills(hidden: int, world: int) -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {
         "PYTHONPATH": str(REPO), "TRITON_DEFAULT_FP_FUSION": "1"}
-    done = subprocess.run([sys.executable, "kernels/inspect_ptx.py", "--hidden", str(hidden), "--world", str(world),
+    done = subprocess.run([sys.executable, "tests/checks/compiled_kernels.py", "--hidden", str(hidden), "--world", str(world),
                            "--json"], capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
     if done.returncode == 3:
         pytest.skip(done.stderr.strip()[-300:])

@@ -211,3 +211,15 @@ def test_interleaved_candidates_that_do_not_fit_together_are_timed_in_groups_wit
     first, second = set(split["round_ids"]), set(once["round_ids"])
     assert first and second and not first & second and first | second == set(base["round_ids"])
     assert once["rel_err"] < 1e-5 and once["speedup_ci"][0] <= once["speedup"] <= once["speedup_ci"][1]
+
+
+def test_a_scripts_run_log_appends_stamped_rows_and_keeps_what_was_there(tmp_path: Path):
+    from overlapbench.results import RunLog
+
+    path = tmp_path / "deeper" / "bench.jsonl"
+    first, second = RunLog(path, "abc123"), RunLog(path, None)
+    first.write({"tokens": 7, "ms": 0.25})
+    second.write({"tokens": 9, "run_id": "not this"})  # a row cannot pass off another run's id
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["tokens"] for r in rows] == [7, 9] and [r["git"] for r in rows] == ["abc123", None]
+    assert rows[0]["run_id"] == first.stamp["run_id"] != rows[1]["run_id"] == second.stamp["run_id"]

@@ -15,7 +15,9 @@ from overlapbench.report.cells import legend
 from overlapbench.report.compare import compare
 from overlapbench.report.overview import footer, overview, overview_grid
 from overlapbench.report.plot import plot
+from overlapbench.report.profile import profile_view
 from overlapbench.report.render import emit, stderr_console
+from overlapbench.report.rounds import rounds_view
 from overlapbench.report.sensitivity import sensitivity_view
 
 FORMATS = ("table", "markdown", "csv", "json")
@@ -36,6 +38,8 @@ class Options:
     plot_metric: str = "ms"
     compare_paths: tuple[Path, Path] | None = None
     fail_above: float | None = None
+    profile_dir: Path | None = None
+    rounds: bool = False
 
     def check(self, paths: list[Path]) -> None:
         if self.fmt not in FORMATS:
@@ -54,6 +58,11 @@ class Options:
             raise UserError("--compare: takes its two files (--compare OLD NEW); leave out the RESULTS arguments")
         if self.compare_paths is not None and (self.sensitivity is not None or self.plot_path is not None):
             raise UserError("--compare: cannot be combined with --sensitivity or --plot")
+        asked = {"--sensitivity": self.sensitivity is not None, "--compare": self.compare_paths is not None,
+                 "--profile": self.profile_dir is not None, "--rounds": self.rounds}
+        views = [name for name, on in asked.items() if on]
+        if len(views) > 1:
+            raise UserError(f"{' and '.join(views)}: one view at a time")
 
 
 COMM = "comm"  # the workload of `overlapbench comm` rows
@@ -85,12 +94,16 @@ def _require_measured(store: Store) -> None:
 def run(paths: Iterable[Path], fmt: str = "table", console: Console | None = None, **options) -> int:
     """The report command; returns the exit code (1: a regression above --fail-above).
     `options`: the fields of Options (sensitivity, tokens, plot_path, plot_metric,
-    compare_paths, fail_above)."""
+    compare_paths, fail_above, profile_dir, rounds)."""
     console, paths, opts = console or printing.console(), list(paths), Options(fmt, **options)
     opts.check(paths)
     if opts.compare_paths is not None:
         return compare(*opts.compare_paths, fmt, console, opts.fail_above)
     store = analysis.read(paths, require_ok=False)
+    if opts.profile_dir is not None or opts.rounds:  # views of one run's rows, not of strategies compared
+        grids, records, note = rounds_view(store.rows) if opts.rounds else profile_view(store.rows, opts.profile_dir)
+        emit(grids, records, fmt, console, note)
+        return 0
     comm_rows = [r for r in store.rows if analysis.workload_of(r) == COMM]
     if not store.measured and comm_rows:
         return comm_report(comm_rows, fmt, console, opts)

@@ -1,6 +1,6 @@
 """GPU facts for issue 15 (attention of a chunk that continues a sequence), on one GPU.
 
-    python kernels/probe_attention.py --out $OUT
+    python tests/probes/attention_ops.py --out $OUT
 
 Establishes what overlapbench/attention.py relies on, printing what failed with the exception
 text instead of stopping:
@@ -26,33 +26,32 @@ record of facts, not part of the tool (results/h200x2/probes/ holds a run of it)
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import traceback
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `kernels` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
+from overlapbench.environment import git_commit
+from overlapbench.results import RunLog
+
 D = 128
 HEADS = {"llama3-70b": (32, 4), "llama3-8b": (16, 4)}  # (q heads, kv heads) per rank at TP=2
 DEV = torch.device("cuda")
 ROWS: list[dict] = []
-OUT: Path | None = None
+LOG: RunLog | None = None  # $OUT/probe_attention.jsonl
 
 
 def emit(section: str, name: str, ok: bool, **detail) -> None:
     row = {"section": section, "name": name, "ok": ok, **detail}
-    ROWS.append(row)
-    if OUT is not None:
-        with (OUT / "probe_attention.jsonl").open("a") as f:
-            f.write(json.dumps(row, default=str) + "\n")
+    ROWS.append(row if LOG is None else LOG.write(row))
     text = " ".join(f"{k}={v}" for k, v in detail.items())
     print(f"[{section}] {name}: {'ok' if ok else 'FAIL'} {text}", flush=True)
 
@@ -599,16 +598,14 @@ def print_table(table: list[dict], batches: list[dict]) -> None:
 
 
 def main() -> None:
-    global OUT
+    global LOG
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="directory for probe_attention.jsonl")
     p.add_argument("--tokens", type=lambda s: [int(x) for x in s.split(",")], default=[4096, 8192, 16384, 32768])
     p.add_argument("--skip-timings", action="store_true")
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failures")
     args = p.parse_args()
-    OUT = args.out
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "probe_attention.jsonl").unlink(missing_ok=True)
+    LOG = RunLog(args.out / "probe_attention.jsonl", git_commit())
     torch.backends.cuda.matmul.allow_tf32 = False
     for section in (environment, sdpa_backends, private_ops, overlapbench_path):
         try:

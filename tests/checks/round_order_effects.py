@@ -1,43 +1,28 @@
-"""How noisy are a paired run's rounds, and does a candidate's time depend on the one before it?
+"""Does a candidate's time depend on the one that ran before it in a paired run's rounds?
 
-    PYTHONPATH=. python kernels/round_spread.py RUN.jsonl [--predecessors]
+    PYTHONPATH=. python tests/checks/round_order_effects.py RUN.jsonl
 
-Per batch: the reference's rounds, the median over candidates of the sd of their per-round log
-ratios to the reference (what sets the interval: +-0.5% takes about (1.96 sd / 0.5%)^2 rounds),
-and the widest interval. With --predecessors, for each batch timed in one group, each round's
-order is drawn again as interleave.time_rounds drew it (one RNG seeded with the rows' seed, the
-candidates still in shuffled per round, whole warm-up rounds first; the number of those, and
-whether a candidate's last queued round was dropped, are not in the rows, so every choice is
-tried and the one whose predecessor effects explain most is shown: an upper bound on the
-effect), and each candidate's log deviation from its median is averaged by the candidate that
-ran just before it. That is how the lag no_comm leaves between the ranks showed up (the
+(How noisy the rounds were, per batch, is `overlapbench report RUN.jsonl --rounds`.) For each batch
+timed in one group, each round's order is drawn again as interleave.time_rounds drew it (one RNG
+seeded with the rows' seed, the candidates shuffled per round, whole warm-up rounds first; the
+number of those, and whether a candidate's last queued round was dropped, are not in the rows, so
+every choice is tried and the one whose predecessor effects explain most is shown: an upper bound
+on the effect), and each candidate's log deviation from its median is averaged by the candidate
+that ran just before it. That is how the lag no_comm leaves between the ranks showed up (the
 candidate after it 2.5-3% slow, results/h200x2/a034cb8/), which interleave.py now keeps out.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import statistics
 from collections import defaultdict
 from pathlib import Path
 
-
-def batches(path: Path) -> dict[int, list[dict]]:
-    out: dict[int, list[dict]] = defaultdict(list)
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        if row["status"] == "ok" and row.get("round_ids"):
-            out[row["tokens"]].append(row)
-    return dict(sorted(out.items()))
-
-
-def log_ratio_sd(ref: dict, row: dict) -> float:
-    by_round = dict(zip(ref["round_ids"], ref["samples_ms"]))
-    logs = [math.log(by_round[r] / t) for r, t in zip(row["round_ids"], row["samples_ms"]) if r in by_round]
-    return statistics.pstdev(logs) if len(logs) > 2 else float("nan")
+from overlapbench.report.rounds import paired_batches
+from overlapbench.results import read_rows
 
 
 def predecessor_effects(members: list[dict], warm: int, queued_dropped: bool) -> tuple[dict[int, float], float, float]:
@@ -70,22 +55,9 @@ def predecessor_effects(members: list[dict], warm: int, queued_dropped: bool) ->
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", type=Path)
-    p.add_argument("--predecessors", action="store_true")
     args = p.parse_args()
-    print(f"{'tokens':>7} {'rounds':>6} {'median sd':>10} {'widest ci':>10}")
-    found = batches(args.run)
-    for tokens, rows in found.items():
-        ref = next(r for r in rows if r["strategy"] == "baseline")
-        others = [r for r in rows if r is not ref]
-        sds = [log_ratio_sd(ref, r) for r in others]
-        widths = [(r["speedup_ci"][1] - r["speedup_ci"][0]) / 2 / r["speedup"] for r in others if r.get("speedup_ci")]
-        print(f"{tokens:>7} {len(ref['round_ids']):>6} {statistics.median(sds):>10.2%} {max(widths, default=0):>10.2%}")
-    if not args.predecessors:
-        return
-    for tokens, rows in found.items():
-        ref = next(r for r in rows if r["strategy"] == "baseline")
-        members = [ref] + [r for r in rows if r is not ref]  # the order paired.py times them in
-        ids = ref["round_ids"]
+    for members in paired_batches(read_rows(args.run)).values():
+        tokens, ids = members[0]["tokens"], members[0]["round_ids"]
         if len({r["seed"] for r in members}) > 1 or ids != list(range(ids[0], ids[0] + len(ids))):
             print(f"{tokens:>7}: more than one group of candidates; skipped")
             continue

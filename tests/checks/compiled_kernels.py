@@ -1,6 +1,6 @@
 """The compiled code of the all-reduce + norm kernels: access widths, registers, local memory.
 
-    python kernels/inspect_ptx.py [--hidden 8192] [--world 2] [--arch 90] [--json]
+    python tests/checks/compiled_kernels.py [--hidden 8192] [--world 2] [--arch 90] [--json]
 
 Compiles (nothing runs: no GPU needed, only Triton's NVIDIA backend) kernel v2, push, pull and
 pull with the output pushed (both output modes each), v1 and the copy-engine path's local add +
@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `kernels` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import triton
 

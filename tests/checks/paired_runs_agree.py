@@ -1,6 +1,6 @@
 """Do two runs of one spec agree? The acceptance check of paired timing (issue 17).
 
-    PYTHONPATH=. python kernels/check_paired_runs.py A.jsonl B.jsonl [--sequential SEQ.jsonl]
+    PYTHONPATH=. python tests/checks/paired_runs_agree.py A.jsonl B.jsonl [--sequential SEQ.jsonl]
 
 Per point of the layer workload (strategy, knobs, batch) measured ok in both runs: the speedup
 over the reference of each run (paired where the rows are), and how far apart the two are.
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from overlapbench import analysis, batches, results, tune
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 16 on 2 GPUs, one command (about 4 minutes on 2x H200), everything under $OUT:
-#   OUT=/tmp/out bash kernels/check_issue16.sh
+# The all-reduce + norm engines on 2 GPUs, one command (about 4 minutes on 2x H200), everything under $OUT:
+#   OUT=/tmp/out bash tests/checks/allreduce_norm_gpu.sh
 # 1. the GPU tests of the all-reduce + norm engines (kernel v2 push, pull, pull_push, v1, the copy-engine path: every
 #    token count 1..32768 x CTA budget 1..64, bf16 hidden 4096/5120/8192 and fp32 8192, two
 #    ranges with a writer stream, CUDA-graph replays)              -> gpu-tests.log
@@ -11,13 +11,13 @@
 # 4. the same at 64 MiB beside the llama3-70b TP=2 MLP GEMMs      -> comm-beside.{jsonl,csv,log}
 # 5. a small llama3-8b sweep: fused_norm, token_split and iso with comm fused (v2) and
 #    copy_engine, each point checked against the reference      -> layers.{jsonl,log}
-# 6. kernels/bench_copy_engine_norm.py: the copy-engine path's CTAs x chunks x who writes `out`
+# 6. tests/benchmarks/copy_engine_norm.py: the copy-engine path's CTAs x chunks x who writes `out`
 #                                                               -> bench_copy_engine_norm.{jsonl,log}
 # Last: a short table (layer checks; busbw, #wrong, beside-GEMM busbw and GEMM TFLOP/s loss).
 # Narrower runs: CHECK_PATHS (comm paths, default below), ALLREDUCE_NORM_ENGINES (the GPU tests'
 # engines, e.g. fused,fused_pull,fused_pull_push), CHECK_SKIP=layers,ce_bench (skip steps 5, 6):
 #   OUT=/tmp/out CHECK_PATHS=nccl,fused_norm,fused_norm_push,fused_norm_pull_push \
-#     ALLREDUCE_NORM_ENGINES=fused,fused_pull,fused_pull_push CHECK_SKIP=layers,ce_bench bash kernels/check_issue16.sh
+#     ALLREDUCE_NORM_ENGINES=fused,fused_pull,fused_pull_push CHECK_SKIP=layers,ce_bench bash tests/checks/allreduce_norm_gpu.sh
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -30,9 +30,9 @@ COMM=(python -m overlapbench comm --ops all_reduce --paths $PATHS --nccl-max-cta
 
 timeout 360 python -m pytest -q -p no:cacheprovider tests/test_allreduce_norm_gpu.py > "$OUT/gpu-tests.log" 2>&1
 echo "gpu tests: exit $? ($(tail -n 1 "$OUT/gpu-tests.log"))" | tee "$OUT/summary.txt"
-timeout 120 python kernels/inspect_ptx.py > "$OUT/ptx.txt" 2>&1 || echo "inspect_ptx failed (see ptx.txt)"
-cat > "$OUT/check-issue16.yaml" <<'SPEC'
-name: check-issue16
+timeout 120 python tests/checks/compiled_kernels.py > "$OUT/ptx.txt" 2>&1 || echo "inspect_ptx failed (see ptx.txt)"
+cat > "$OUT/check-layers.yaml" <<'SPEC'
+name: check-allreduce-norm-layers
 model: llama3-8b
 tp: 2
 layers: 2
@@ -46,7 +46,7 @@ strategies:
 measure: {warmup: 2, iters: 5, warmup_s: 0.0, timeout_s: 60}
 SPEC
 if [[ ",$SKIP," != *,layers,* ]]; then
-  timeout 150 python -m overlapbench sweep "$OUT/check-issue16.yaml" --output "$OUT/layers.jsonl" --nproc 2 > "$OUT/layers.log" 2>&1
+  timeout 150 python -m overlapbench sweep "$OUT/check-layers.yaml" --output "$OUT/layers.jsonl" --nproc 2 > "$OUT/layers.log" 2>&1
   echo "layer check: exit $?" | tee -a "$OUT/summary.txt"
 fi
 timeout 180 "${COMM[@]}" -b 64M -e 256M -f 4 --output "$OUT/comm.jsonl" > "$OUT/comm.csv" 2> "$OUT/comm.log"
@@ -54,7 +54,7 @@ echo "comm: exit $?" | tee -a "$OUT/summary.txt"
 timeout 180 "${COMM[@]}" -b 64M -e 64M --beside-gemm --output "$OUT/comm-beside.jsonl" > "$OUT/comm-beside.csv" 2> "$OUT/comm-beside.log"
 echo "comm --beside-gemm: exit $?" | tee -a "$OUT/summary.txt"
 if [[ ",$SKIP," != *,ce_bench,* ]]; then
-  timeout 240 torchrun --nproc-per-node 2 kernels/bench_copy_engine_norm.py > "$OUT/bench_copy_engine_norm.log" 2>&1
+  timeout 240 torchrun --nproc-per-node 2 tests/benchmarks/copy_engine_norm.py > "$OUT/bench_copy_engine_norm.log" 2>&1
   echo "bench_copy_engine_norm: exit $?" | tee -a "$OUT/summary.txt"
 fi
 cat "$OUT/ptx.txt"

@@ -1,7 +1,7 @@
 """Attention of a split against whole-sequence attention, on one GPU, through overlapbench's own
 attention path (overlapbench/attention.py).
 
-    python kernels/bench_attention.py --out bench-attention.jsonl
+    python tests/benchmarks/attention_split.py --out bench-attention.jsonl
 
 For each model's per-rank head counts at TP=2, token count and cut (token_split's aligned
 half, and ISO's FLOP-balanced ratio), it times: `whole` (one causal call over all tokens),
@@ -15,20 +15,21 @@ mask keeps: 4 * heads * head_dim FLOPs each. `split/whole` = (first + second) / 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapbench` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
 
 from overlapbench import attention, attention_kernels, measure
+from overlapbench.environment import git_commit
 from overlapbench.layer import KVBuffer, token_range, whole_batch
 from overlapbench.models import preset
+from overlapbench.results import RunLog
 from overlapbench.strategies import iso
 from overlapbench.strategies.token_split import split_point
 
@@ -158,7 +159,7 @@ def label(seq_lens: tuple[int, ...]) -> str:
 
 def main() -> None:
     args = parse_args()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    log = RunLog(args.out, git_commit())
     import triton
 
     cuda = torch.cuda.is_available()
@@ -180,8 +181,7 @@ def main() -> None:
                 except Exception as e:
                     row = dict(meta, model=model, tokens=sum(seq_lens), batch=list(seq_lens), cut=cut_name, kernel=kernel,
                                error=f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
-                with args.out.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
+                log.write(row)
                 what = f"{model:<11} {label(seq_lens):>16} {cut_name:<9} {kernel:<6}"
                 if "error" in row:
                     line = f"{what} FAILED {row['error']}"

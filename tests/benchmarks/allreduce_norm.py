@@ -5,7 +5,7 @@ kernels/allreduce_norm_pull.py), v1
 (kernels/allreduce_norm.py) and the copy-engine path (kernels/copy_engine_norm.py, whose CTA
 budget is its local add + norm kernel's).
 
-    torchrun --nproc-per-node 2 kernels/bench_allreduce_norm.py --out bench.jsonl
+    torchrun --nproc-per-node 2 tests/benchmarks/allreduce_norm.py --out bench.jsonl
 
 Each variant is one CUDA graph (as the strategies run it); inputs are refilled before every
 replay outside the timed events, so values never drift. Per iteration the slowest rank counts;
@@ -15,13 +15,12 @@ the table shows the median. busbw = tokens * hidden * 2 bytes * 2(n-1)/n / time.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapbench` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from overlapbench.runtime import SAFE_ENV
 
@@ -37,6 +36,8 @@ from kernels.copy_engine_norm import CopyEngineNorm
 from kernels.rmsnorm import fused_add_rmsnorm
 from overlapbench import runtime
 from overlapbench.comm.sizes import busbw
+from overlapbench.environment import git_commit
+from overlapbench.results import RunLog
 
 EPS = 1e-5
 ENGINES = FUSED_KERNELS | {"ce": CopyEngineNorm.allocate}
@@ -106,8 +107,8 @@ def main() -> None:
     meta = dict(bench="allreduce_norm", hidden=hidden, dtype="bfloat16", world_size=world,
                 device=torch.cuda.get_device_name(dev), torch=torch.__version__, triton=triton.__version__,
                 iters=args.iters)
+    log = RunLog(args.out, git_commit()) if rank == 0 else None
     if rank == 0:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
         print(f"{world}x {meta['device']}, hidden {hidden} bf16, median of {args.iters} (slowest rank each)")
         print(f"{'tokens':>7} {'variant':<20} {'ms':>8} {'p10':>8} {'p90':>8} {'busbw GB/s':>10} "
               f"{'vs nccl':>7} {'rel_err':>8}", flush=True)
@@ -157,8 +158,7 @@ def main() -> None:
                        p10_ms=ms.quantile(0.1).item(), p90_ms=ms.quantile(0.9).item(), busbw_gbps=bw,
                        speedup_vs_nccl_norm=speedup, rel_err=err)
             if rank == 0:
-                with args.out.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
+                log.write(row)
                 e = "" if err is None else f"{err:.1e}"
                 sp = "" if speedup is None else f"{speedup:.2f}"
                 print(f"{n:>7} {name:<20} {med:8.4f} {row['p10_ms']:8.4f} {row['p90_ms']:8.4f} {bw:10.1f} "

@@ -1,7 +1,7 @@
 """How long must each candidate run, per round, for interleaved timing to measure the sustained
 clock regime? One GPU, no communication.
 
-    python kernels/probe_clock.py --out $OUT
+    python tests/probes/clock_regimes.py --out $OUT
 
 Two CUDA graphs of bf16 GEMM chains, A (`--a-len` GEMMs) and B (`--b-len` of the same GEMM), so
 the true B/A is close to b_len/a_len. Their ratio is measured
@@ -30,9 +30,11 @@ from pathlib import Path
 import torch
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from overlapbench.environment import git_commit
 from overlapbench.measure import capture
+from overlapbench.results import new_run_id
 
 
 def parse_args() -> argparse.Namespace:
@@ -285,6 +287,7 @@ def main() -> None:
                        "settling_B": settling(seq_before["profile"]["B"] + seq_after["profile"]["B"])},
         "interleaved": rows, "wall_s": time.perf_counter() - t_start,
     }
+    summary = {"run_id": new_run_id(), "git": git_commit()} | summary
     (args.out / "probe_clock.json").write_text(json.dumps(summary, indent=1) + "\n")
 
     print(f"{summary['device']}; GEMM {args.m}x{args.n}x{args.k} bf16; A = {args.a_len} GEMMs "

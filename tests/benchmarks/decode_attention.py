@@ -4,7 +4,7 @@ float32 reference and timed from a CUDA graph, for each model's per-rank heads a
 tokens and context. Which one overlapbench picks is the first that passes its check, in that
 order; this says whether that order is also the fastest.
 
-    python kernels/bench_decode.py --out $OUT/bench-decode.jsonl
+    python tests/benchmarks/decode_attention.py --out $OUT/bench-decode.jsonl
 
 GB/s counts the K and V bytes read (tokens x (context + 1) x kv_heads x head_dim x 2 x 2 bytes).
 """
@@ -12,17 +12,18 @@ GB/s counts the K and V bytes read (tokens x (context + 1) x kv_heads x head_dim
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapbench` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
 
 from overlapbench import attention_kernels, measure
+from overlapbench.environment import git_commit
 from overlapbench.models import preset
+from overlapbench.results import RunLog
 
 TP = 2
 
@@ -50,7 +51,7 @@ def main() -> None:
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_decode: needs a CUDA GPU")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    log = RunLog(args.out, git_commit())
     rows = []
     g = torch.Generator(device="cuda").manual_seed(0)
     for model in args.models:
@@ -71,10 +72,7 @@ def main() -> None:
                         row["gb_s"] = 2 * k.numel() * k.element_size() / row["ms"] / 1e6
                     except Exception as e:  # a path this torch or GPU cannot run
                         row["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-                    rows.append(row)
-    with args.out.open("w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+                    rows.append(log.write(row))
     print(f"{'model':<12} {'tokens':>6} {'context':>7} {'path':<13} {'ms':>8} {'GB/s':>7} {'rel_err':>8}")
     for r in rows:
         if "error" in r:

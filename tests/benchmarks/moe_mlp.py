@@ -1,7 +1,7 @@
 """The MoE MLP of one TP rank (overlapbench/moe.py) against a dense FFN of the same active FLOPs,
 on one GPU: what routing, sorting and the grouped GEMMs cost beyond the arithmetic.
 
-    python kernels/bench_moe.py --out $OUT/bench-moe.jsonl
+    python tests/benchmarks/moe_mlp.py --out $OUT/bench-moe.jsonl
 
 For each preset's rank-0 shard at `--tp` and each token count it times, from CUDA-graph replays
 (which also shows the path captures), `moe` (router, top-k, sort, two grouped GEMMs, weighted
@@ -14,18 +14,19 @@ printed are a table.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapbench` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
 
 from overlapbench import measure, moe
+from overlapbench.environment import git_commit
 from overlapbench.layer import build_stack, swiglu
 from overlapbench.models import preset
+from overlapbench.results import RunLog
 
 
 def parse_args() -> argparse.Namespace:
@@ -86,15 +87,12 @@ def bench(model: str, tokens: int, tp: int, iters: int) -> list[dict]:
 
 def main() -> None:
     args = parse_args()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    log = RunLog(args.out, git_commit())
     rows = []
-    with args.out.open("w") as f:
-        for model in args.models:
-            for tokens in args.tokens:
-                for row in bench(model, tokens, args.tp, args.iters):
-                    f.write(json.dumps(row) + "\n")
-                    rows.append(row)
-                torch.cuda.empty_cache()
+    for model in args.models:
+        for tokens in args.tokens:
+            rows += [log.write(row) for row in bench(model, tokens, args.tp, args.iters)]
+            torch.cuda.empty_cache()
     print(f"{'model':<15} {'tokens':>6} {'moe ms':>8} {'experts ms':>10} {'dense ms':>8} {'moe TF/s':>8} {'moe/dense':>9}")
     for model in args.models:
         for tokens in args.tokens:

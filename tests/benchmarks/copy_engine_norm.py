@@ -2,7 +2,7 @@
 chunked pipeline, and the kernel writing `out` itself (sm_out) against the copy engine copying
 it from the published rows, per CTA budget of the local kernel; NCCL all-reduce alone beside it.
 
-    PYTHONPATH=. torchrun --nproc-per-node 2 kernels/bench_copy_engine_norm.py   # writes $OUT/
+    PYTHONPATH=. torchrun --nproc-per-node 2 tests/benchmarks/copy_engine_norm.py   # writes $OUT/
 
 Each variant is one CUDA graph; the inputs are exact small integers (overlapbench.comm.patterns,
 as `overlapbench comm`), refilled before every replay outside the timed events. #wrong: elements
@@ -14,16 +14,15 @@ time (nccl-tests' all-reduce); per replay the slowest rank counts; the median is
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapbench` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from kernels.bench_allreduce_norm import timed_graph
 from overlapbench.runtime import SAFE_ENV
+from tests.benchmarks.allreduce_norm import timed_graph
 
 os.environ.update(SAFE_ENV)
 import torch
@@ -34,6 +33,8 @@ from kernels.rmsnorm import add_rmsnorm_reference
 from overlapbench import runtime
 from overlapbench.comm.patterns import count_wrong, pattern, pattern_sum
 from overlapbench.comm.sizes import busbw
+from overlapbench.environment import git_commit
+from overlapbench.results import RunLog
 
 EPS = 1e-5
 MiB = 1 << 20
@@ -65,8 +66,8 @@ def main() -> None:
     weight = (torch.arange(hidden, device=dev) % 3 + 1).to(dtype)
     meta = dict(bench="copy_engine_norm", hidden=hidden, dtype="bfloat16", world_size=world,
                 device=torch.cuda.get_device_name(dev), torch=torch.__version__, iters=args.iters)
+    log = RunLog(args.out, git_commit()) if rank == 0 else None
     if rank == 0:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
         print(f"{world}x {meta['device']}, hidden {hidden} bf16, median of {args.iters} (slowest rank each) -> {args.out}")
     table = []
     for mib, n in sizes.items():
@@ -115,8 +116,7 @@ def main() -> None:
                        wrong_eager=wrong_eager, wrong_graph=wrong_graph)
             table.append(row)
             if rank == 0:
-                with args.out.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
+                log.write(row)
                 print(f"{mib:>4} MiB {name:<22} {med:8.4f} ms  busbw {bw:7.1f} GB/s  "
                       f"#wrong {wrong_eager} / {wrong_graph}", flush=True)
     if rank == 0:

@@ -1,0 +1,121 @@
+"""`report RESULTS --profile DIR`: where each point's GPU time goes, from `sweep --profile DIR`.
+
+The kernel tables of a profiled sweep (eager forwards under torch.profiler, one table per point,
+named by `results.profile_name`) tallied by kind of kernel: GEMM, attention, the log-sum-exp
+merge, norms, other elementwise work (RoPE, SwiGLU), copies, communication (NCCL, the fused
+kernels, the copy engines' peer copies, the symmetric-memory barriers). Per layer, per token
+count, with what each point adds per kind over `no_comm`, and the kernels' sum beside the row's
+graph-replayed time: what is left is launch gaps and idle (graphs remove most of it), or overlap
+(kernels on side streams make the sum exceed the time).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from overlapbench import analysis
+from overlapbench.errors import UserError
+from overlapbench.report.cells import Grid, Shown, text_cell
+from overlapbench.results import profile_name
+
+KINDS = (  # a kernel's kind: the first whose keys its name contains (lower case)
+    ("gemm", ("nvjet", "gemm", "cutlass", "xmma")),
+    ("attention", ("sdpa", "flash", "fmha", "attention")),
+    ("lse_merge", ("lse_merge",)),
+    ("comm", ("nccl", "allreduce", "all_reduce", "barrier_kernel", "ptop")),  # PtoP: a copy engine over NVLink
+    ("norm", ("rmsnorm", "add_norm")),
+    ("copy", ("copy", "cat", "memcpy", "memset")),
+    ("elementwise", ("elementwise", "gather", "reduce_kernel")),
+)
+OTHER = "other"
+KIND_NAMES = tuple(k for k, _ in KINDS) + (OTHER,)
+HOST_ROWS = ("aten::", "cuda", "nccl:", "record_param_comms", "Activity Buffer", "---", "Name")
+UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+SELF_DEVICE_COLUMN = 6  # torch.profiler's table: Name, Self CPU %, Self CPU, CPU total %, CPU total, CPU avg, Self CUDA
+
+
+def kind_of(kernel: str) -> str:
+    name = kernel.lower()
+    return next((kind for kind, keys in KINDS if any(k in name for k in keys)), OTHER)
+
+
+def _ms(text: str) -> float:
+    number, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()
+    return float(number) * UNITS[unit]
+
+
+def tally(table: Path, layers: int) -> dict[str, float]:
+    """GPU ms per layer and forward by kind of kernel in one table (measure.profile_step's file:
+    "N eager forwards", then torch.profiler's key_averages table). Host rows (aten ops, runtime
+    calls) are left out: their device time is their kernels', counted once under the kernel."""
+    lines = table.read_text().splitlines()
+    try:
+        forwards = int(lines[0].split()[0])
+    except (IndexError, ValueError):
+        raise UserError(f"--profile: {table} is not a table of `sweep --profile` (no 'N eager forwards' line)") from None
+    per_kind: dict[str, float] = defaultdict(float)
+    for line in lines[4:]:
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) < 11 or cells[0].startswith(HOST_ROWS):
+            continue
+        per_kind[kind_of(cells[0])] += _ms(cells[SELF_DEVICE_COLUMN]) / forwards / layers
+    return dict(per_kind)
+
+
+@dataclass(frozen=True)
+class Account:
+    """One profiled point: GPU ms per layer by kind, and its row's graph-replayed ms per layer."""
+
+    name: str  # the table's name: strategy-tokens[-knobs]
+    tokens: int
+    per_kind: dict[str, float]
+    timed_ms: float | None
+
+    @property
+    def kernels_ms(self) -> float:
+        return sum(self.per_kind.values())
+
+
+def accounts(rows: list[dict], folder: Path) -> dict[int, list[Account]]:
+    """Per token count, the profiled points of `rows` whose table is in `folder`, no_comm first."""
+    if not folder.is_dir():
+        raise UserError(f"--profile: {folder} is not a folder (the one `sweep --profile` wrote)")
+    found: dict[int, list[Account]] = defaultdict(list)
+    for row in rows:
+        if analysis.workload_of(row) != analysis.LAYER:
+            continue
+        name = profile_name(row["strategy"], row["tokens"], row["knobs"], row.get("decode"))
+        table = folder / f"{name}.txt"
+        if table.is_file():
+            timed = row["ms"] if row.get("status") == "ok" else None
+            found[row["tokens"]].append(Account(name, row["tokens"], tally(table, row["layers"]), timed))
+    if not found:
+        raise UserError(f"--profile: no table in {folder} matches a layer row of the results; "
+                        "give the results file of the sweep that wrote the folder")
+    return {t: sorted(a, key=lambda a: (not a.name.startswith(f"{analysis.BOUND}-"), a.name)) for t, a in sorted(found.items())}
+
+
+def profile_view(rows: list[dict], folder: Path) -> tuple[list[Grid], list[dict], str]:
+    """One grid per token count: a line per profiled point, a column per kind of kernel."""
+    grids, records = [], []
+    for tokens, points in accounts(rows, folder).items():
+        bound = next((a for a in points if a.name.startswith(f"{analysis.BOUND}-")), None)
+        grid_rows = []
+        for a in points:
+            cells = []
+            for kind in KIND_NAMES:
+                value = a.per_kind.get(kind, 0.0)
+                added = "" if bound is None or a is bound else f" {value - bound.per_kind.get(kind, 0.0):+.3f}"
+                cells.append(text_cell(f"{value:.3f}{added}"))
+            timed = "-" if a.timed_ms is None else f"{a.timed_ms:.3f}"
+            grid_rows.append([Shown((a.name,)), *cells, text_cell(f"{a.kernels_ms:.3f}"), text_cell(timed)])
+            records.append({"tokens": tokens, "table": a.name, **{f"{k}_ms": a.per_kind.get(k, 0.0) for k in KIND_NAMES},
+                            "kernels_ms": a.kernels_ms, "timed_ms": a.timed_ms})
+        header = ["point", *KIND_NAMES, "kernels", "timed"]
+        grids.append(Grid(f"{tokens} tokens: GPU ms per layer by kind of kernel (eager profile)", header, grid_rows))
+    note = (f"+x: what a point adds over {analysis.BOUND} per kind · kernels: their sum · timed: the row's ms per layer "
+            "(graph replays) · kernels on side streams overlap the others: GPU time, not time added")
+    return grids, records, note

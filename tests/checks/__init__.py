@@ -1,0 +1,1 @@
+"""Checks: scripts, run from the repository root (see README.md here)."""

@@ -1,0 +1,1 @@
+"""Probes: scripts, run from the repository root (see README.md here)."""
