@@ -106,6 +106,22 @@ def test_strategies_folder_holds_only_strategies():
     assert files == registered | {"__init__", "base"}
 
 
+def test_kernels_holds_only_kernels_the_package_runs():
+    """kernels/ is the product's kernels: each module is imported by the package (at any depth);
+    benchmarks, probes and checks live under tests/, by kind."""
+    graph = import_graph()
+    used = {dep for name, deps in graph.items() if name.startswith("overlapbench") for dep in deps}
+    reached, frontier = set(used), list(used)
+    while frontier:  # a kernel imported only by another kernel the package runs counts too
+        for dep in graph.get(frontier.pop(), ()):
+            if dep not in reached:
+                reached.add(dep)
+                frontier.append(dep)
+    kernels = {name for name in graph if name.startswith("kernels.")}
+    assert kernels - reached == set(), f"kernels/ modules the package never imports: {sorted(kernels - reached)}"
+    assert not list((ROOT / "kernels").glob("*.sh")), "scripts go to tests/benchmarks, tests/probes or tests/checks"
+
+
 def _tracked() -> set[str]:
     out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
     if out.returncode:
