@@ -57,9 +57,11 @@ def relaunch(args: list[str], nproc: int) -> int:
     """`python -m torch.distributed.run --standalone --nproc-per-node N -m overlapbench ARGS`;
     returns its exit code. torchrun stops every rank when one fails.
 
-    Ctrl-C reaches torchrun and the workers too; the workers close the results file and exit,
-    and this raises Interrupted. What torchrun prints while it shuts down (signal notices, its
-    own traceback) is dropped: the caller says what happened, once."""
+    torchrun and its workers run in a session of their own, so the terminal's Ctrl-C (and a
+    hang-up or SIGTERM) reaches this process alone: it stops relaying their stderr, then passes
+    the interrupt on; the workers close the results file and exit, and this raises Interrupted.
+    In that order, nothing they print while they shut down (torchrun's notices and traceback, a
+    C++ thread's abort) reaches the terminal after the fact: the caller says what happened, once."""
     env = os.environ.copy()
     apply_safe_env(env)
     env[RELAUNCHED] = "1"
@@ -72,24 +74,30 @@ def relaunch(args: list[str], nproc: int) -> int:
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         f"--nproc-per-node={nproc}", "-m", "overlapbench", *args,
     ]
-    child = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
     interrupted = threading.Event()
-    relay = threading.Thread(target=_relay, args=(child.stderr, interrupted), daemon=True)
-    relay.start()
+    previous = {signum: signal.signal(signum, _as_interrupt) for signum in FORWARDED}
+    child = relay = None
     try:
+        child = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, start_new_session=True)
+        relay = threading.Thread(target=_relay, args=(child.stderr, interrupted), daemon=True)
+        relay.start()
         code = child.wait()
-    except KeyboardInterrupt:  # the terminal sent SIGINT to torchrun and its workers too
+    except KeyboardInterrupt:  # Ctrl-C, a hang-up or SIGTERM, to this process alone
         interrupted.set()
-        _stop(child)
+        if child is not None:
+            _stop(child)
         raise Interrupted from None
     finally:
-        relay.join(timeout=5)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if relay is not None:
+            relay.join(timeout=5)
     if code in (INTERRUPTED, -signal.SIGINT, -signal.SIGTERM):
         raise Interrupted
     return code
 
 
-# torchrun's notices that a signal arrived (logged before this process has seen the same Ctrl-C)
+# torchrun's notices that a signal reached it (one not passed on by this process: a scheduler's, say)
 _SIGNAL_NOTICE = re.compile(rb"torch/distributed/elastic/.*(death signal|closing signal)")
 
 
@@ -102,16 +110,33 @@ def _relay(stream, interrupted: threading.Event) -> None:
     stream.close()
 
 
+FORWARDED = (signal.SIGTERM, signal.SIGHUP)  # stop the run as Ctrl-C does (SIGINT is KeyboardInterrupt already)
+
+
+def _as_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def _stop(child: subprocess.Popen) -> None:
-    """Let torchrun stop its workers (they finish writing their row); ask it once more if it
-    has not (a SIGINT sent to this process alone), kill it if it hangs; a second Ctrl-C kills."""
+    """Pass the interrupt on to torchrun and its workers (they finish writing their row); once
+    more if they have not stopped in 5 s, then kill them all after 30 s; a second Ctrl-C kills."""
     try:
-        for wait_s, then in ((5.0, signal.SIGINT), (30.0, signal.SIGKILL)):
+        for wait_s in (5.0, 30.0):
+            _signal_group(child, signal.SIGINT)
             try:
                 child.wait(timeout=wait_s)
                 return
             except subprocess.TimeoutExpired:
-                child.send_signal(then)
+                pass
     except KeyboardInterrupt:
-        child.kill()
+        pass
+    _signal_group(child, signal.SIGKILL)
     child.wait()
+
+
+def _signal_group(child: subprocess.Popen, signum: int) -> None:
+    """`signum` to torchrun and every worker it started (the session's process group)."""
+    try:
+        os.killpg(child.pid, signum)
+    except ProcessLookupError:  # all gone already
+        pass

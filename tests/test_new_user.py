@@ -270,23 +270,41 @@ def test_progress_says_what_runs_and_counts(tmp_path):
     assert "Warning" not in result.stdout + result.stderr  # e.g. torch's deprecation of all_gather_into_tensor
 
 
+def _processes_naming(text: str) -> list[str]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text in cmdline.read_bytes().decode(errors="replace"):
+                found.append(cmdline.parent.name)
+        except OSError:  # gone meanwhile
+            pass
+    return found
+
+
 @pytest.mark.slow
-def test_ctrl_c_says_one_thing_and_exits_130(tmp_path):
+@pytest.mark.parametrize("stop", ["ctrl_c", "sigterm"])
+def test_ctrl_c_says_one_thing_and_exits_130(tmp_path, stop):
+    """The terminal's Ctrl-C (SIGINT to the whole foreground group), or a SIGTERM to the command
+    alone (a scheduler's): one line, exit 130, the finished rows kept, no worker left running."""
     out = tmp_path / "r.jsonl"
     path = spec(tmp_path, TINY.replace("tokens: [16]", "tokens: [16, 17, 18, 19, 20, 21, 22, 23]"))
     env = os.environ | {"PYTHONPATH": str(REPO), "COLUMNS": "200"}
     child = subprocess.Popen([sys.executable, "-m", "overlapbench", "sweep", str(path), "-o", str(out)], cwd=REPO, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    for line in child.stdout:  # the terminal's Ctrl-C: SIGINT to the whole process group, once a point is done
+    for line in child.stdout:  # once a point is done
         if re.search(r"\[\s*1/\d+\]", line):
             break
-    os.killpg(child.pid, signal.SIGINT)
+    if stop == "ctrl_c":
+        os.killpg(child.pid, signal.SIGINT)
+    else:
+        child.send_signal(signal.SIGTERM)
     _, err = child.communicate(timeout=120)
     assert child.returncode == 130
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert lines[0].startswith("interrupted; finished rows are in") and f"--output {out} --resume" in lines[0]
     assert read_rows(out)  # the finished rows are there
+    assert _processes_naming(str(path)) == []  # torchrun and its workers are gone too
 
 
 def test_profile_on_cpu_says_it_needs_cuda(tmp_path):
