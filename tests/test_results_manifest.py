@@ -2,7 +2,8 @@
 
 Each machine folder under results/ has a README whose file tables (tests/results_readme.py says
 how they are read) list every committed file there; every pattern there names a file that exists,
-every commit named exists, and every run id named is a run of the rows it stands beside.
+every commit named exists, and every run id named is a run of the rows it stands beside. Rows carry
+`run_id` and `git`; the files written before they did are the ones the README lists as such.
 """
 
 from __future__ import annotations
@@ -117,3 +118,40 @@ def test_a_missing_commit_is_reported():
     _need_git()
     head = rr.git("rev-parse", "--short=7", "HEAD").stdout.strip()
     assert rr.missing_commits({head, "1f03c49"}) == ["1f03c49"]
+
+
+WITHOUT = "## Files without `run_id` or `git`"
+
+
+def _records(path) -> list[dict]:
+    text = path.read_text()
+    if path.suffix == ".json":
+        return [json.loads(text)]
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def lacks_provenance(path) -> bool:
+    """Whether some record of a committed JSON or JSONL file has no run_id or no git commit."""
+    return any(not isinstance(r, dict) or not r.get("run_id") or not r.get("git") for r in _records(path))
+
+
+@pytest.mark.parametrize("readme", READMES, ids=_id)
+def test_files_without_run_id_or_git_are_the_ones_the_readme_names(readme):
+    """New runs carry both fields (OVERLAPBENCH_GIT in every device run); the files written
+    before they did are listed once, in the README's section of that name, and no others."""
+    _need_git()
+    files = [f for f in rr.tracked(readme.parent) if f.endswith((".jsonl", ".json"))]
+    lacking = {f for f in files if lacks_provenance(readme.parent / f)}
+    text = readme.read_text()
+    section = text.split(WITHOUT, 1)[1].split("\n## ", 1)[0] if WITHOUT in text else ""
+    named = {f for f in files if f"`{f}`" in section}
+    assert not lacking - named, f"rows without run_id or git (set OVERLAPBENCH_GIT; write run_id): {sorted(lacking - named)}"
+    assert not named - lacking, f"the README says these lack run_id or git, but they carry both: {sorted(named - lacking)}"
+
+
+def test_a_record_without_git_lacks_provenance(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"run_id": "0123456789ab", "git": "1234abc"}\n{"run_id": "0123456789ab", "git": null}\n')
+    assert lacks_provenance(rows)
+    rows.write_text('{"run_id": "0123456789ab", "git": "1234abc"}\n')
+    assert not lacks_provenance(rows)
