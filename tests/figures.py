@@ -9,6 +9,7 @@ relative to the repository root.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from pathlib import Path
 
@@ -211,7 +212,7 @@ def sweep_rows(folder: str) -> list[dict]:
 
 def the_one(values: list, what: str):
     """The single value all of `values` share; an AssertionError naming `what` where they differ."""
-    distinct = {repr(v): v for v in values}
+    distinct = {json.dumps(v, sort_keys=True): v for v in values}
     if len(distinct) != 1:
         raise AssertionError(f"{what}: {len(distinct)} different values, not one: {sorted(distinct)[:4]}")
     return next(iter(distinct.values()))

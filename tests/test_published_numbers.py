@@ -49,10 +49,10 @@ def _intervals_1017330() -> dict:
 
 
 def _round_spread(figure, what: str) -> dict:
+    """Over the two runs before the ranks were aligned (a034cb8) and the two after (3b4da9f)."""
     txt = R + "3b4da9f/round-spread.txt"
-    runs = {when: [f"{R}{when}/sp-llama3-70b-tp2-{x}.jsonl" for x in "ab"] for when in ("a034cb8", "3b4da9f")}
-    before = [v for run in runs["a034cb8"] for v in figure(txt, run.removeprefix(R), *what)]
-    after = [v for run in runs["3b4da9f"] for v in figure(txt, run.removeprefix(R), *what)]
+    before, after = ([v for x in "ab" for v in figure(txt, f"{when}/sp-llama3-70b-tp2-{x}.jsonl", *what)]
+                     for when in ("a034cb8", "3b4da9f"))
     return {"blo": min(before), "bhi": max(before), "alo": min(after), "ahi": max(after)}
 
 

@@ -102,7 +102,7 @@ def test_every_report_and_tuned_yaml_is_made_by_a_command_here():
             folder = args[args.index("--out-dir") + 1]
             made.update(p.relative_to(rr.ROOT).as_posix() for p in (rr.ROOT / folder).glob("*.yaml"))
     derived = [p for p in rr.git("ls-files", "results").stdout.split()
-               if Path(p).name.startswith("report-") and p.endswith(".md") or "/tuned" in p and p.endswith(".yaml")]
+               if (Path(p).name.startswith("report-") and p.endswith(".md")) or ("/tuned" in p and p.endswith(".yaml"))]
     assert derived, "no committed reports or tuned YAMLs found"
     assert not sorted(set(derived) - made), f"made by no 'today's' command of a results README: {sorted(set(derived) - made)}"
 
