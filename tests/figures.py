@@ -1,0 +1,223 @@
+"""Figures the documents publish, computed again from the committed files they cite.
+
+Each function reads committed output (rows through the package's own analysis, test logs, walls
+files, compiled-kernel listings) and returns plain numbers; tests/test_published_numbers.py puts
+them into the sentences the documents print and checks the sentences are there. Paths are
+relative to the repository root.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from pathlib import Path
+
+from overlapbench import analysis, batches, results, tune
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def path(relative: str) -> Path:
+    return ROOT / relative
+
+
+def rows(store: str) -> list[dict]:
+    return results.read_rows(path(store))
+
+
+def row_count(store: str) -> int:
+    return len(rows(store))
+
+
+def run_ids(store: str) -> list[str]:
+    """The run ids of a store, in the order they first appear."""
+    return list(dict.fromkeys(r["run_id"] for r in rows(store)))
+
+
+def layer_points(*stores: str) -> dict[analysis.Group, dict[int, list[analysis.Measured]]]:
+    """The layer rows of the stores by group and token count, as tune and report see them."""
+    store = analysis.read([path(s) for s in stores])
+    return analysis.by_point(m for m in store.measured if m.group.workload == analysis.LAYER)
+
+
+def batches_of(*stores: str):
+    """(store, batch composition, its layer rows) for every batch of the stores: the unit every
+    comparison is made in."""
+    for store in stores:
+        for points in layer_points(store).values():
+            for rows_at in points.values():
+                for composition, batch_rows in batches.by_batch(rows_at).items():
+                    yield store, composition, batch_rows
+
+
+def speedups(store: str) -> dict[tuple, tuple[float, tuple[float, float] | None]]:
+    """(setting, batch) -> (speedup over the batch's reference, its paired interval or None), for
+    every layer row but the reference: the numbers report prints."""
+    out = {}
+    for _, _, batch_rows in batches_of(store):
+        ref = analysis.reference(batch_rows)
+        for m in batch_rows:
+            if ref is not None and m is not ref:
+                out[(m.setting, m.batch)] = (analysis.speedup(m, ref), analysis.speedup_ci(m, ref))
+    return out
+
+
+def half_widths(store: str, min_tokens: int) -> list[float]:
+    """Each paired interval's half width relative to its speedup, at `min_tokens` and above."""
+    return [(ci[1] - ci[0]) / 2 / s for (_, batch), (s, ci) in speedups(store).items() if ci and sum(batch) >= min_tokens]
+
+
+def picks(store: str) -> dict[tuple[str, int], str]:
+    """(group, token count) -> what tune picks there, described."""
+    out = {}
+    for group, points in layer_points(store).items():
+        for tokens, rows_at in points.items():
+            chosen = tune.pick(rows_at)
+            if chosen is not None:
+                out[(group.label(), tokens)] = chosen.chosen.describe()
+    return out
+
+
+def agreement(a: str, b: str, min_tokens: int = 4096) -> dict[str, int]:
+    """How two runs of one spec agree: points in common, those whose speedups differ by at most 1%
+    and 0.5%, paired intervals at `min_tokens` and above and those within +-0.5%, token counts
+    and those where tune picks the same (the acceptance of paired timing, issue 17)."""
+    sa, sb = speedups(a), speedups(b)
+    common = set(sa) & set(sb)
+    diffs = [abs(sa[k][0] / sb[k][0] - 1) for k in common]
+    widths = half_widths(a, min_tokens) + half_widths(b, min_tokens)
+    pa, pb = picks(a), picks(b)
+    return {
+        "points": len(common),
+        "within_1": sum(d <= 0.01 for d in diffs),
+        "within_05": sum(d <= 0.005 for d in diffs),
+        "intervals": len(widths),
+        "narrow": sum(w <= 0.005 for w in widths),
+        "counts": len(pa),
+        "same_picks": sum(pa[k] == pb.get(k) for k in pa),
+    }
+
+
+def best_speedups(stores: tuple[str, ...], strategy: str, **knobs) -> dict[tuple, float]:
+    """(store, batch) -> the speedup over the batch's reference of `strategy`'s fastest setting
+    (among those with the given knob values), as report prints it: paired where timed together."""
+    out = {}
+    for store, composition, batch_rows in batches_of(*stores):
+        ref = analysis.reference(batch_rows)
+        own = [m for m in batch_rows if m.strategy == strategy and all(m.knobs.get(k) == v for k, v in knobs.items())]
+        best = analysis.best_per_strategy(own).get(strategy)
+        if best is not None and ref is not None:
+            out[(store, composition)] = analysis.speedup(best, ref)
+    return out
+
+
+def relative(a: dict, b: dict) -> list[float]:
+    """a / b where both have a value: one strategy's speedup over another's, each over the reference."""
+    return [a[k] / b[k] for k in a if k in b]
+
+
+def comm_shares(*stores: str) -> list[float]:
+    """Per batch, the share of the reference's median time that communication takes:
+    1 - no_comm's median / the reference's (medians: the two are not one strategy's settings)."""
+    out = []
+    for _, _, batch_rows in batches_of(*stores):
+        ref, free = analysis.reference(batch_rows), analysis.bound(batch_rows)
+        if ref is not None and free is not None:
+            out.append(1 - free.ms / ref.ms)
+    return out
+
+
+def reference_ms(store: str) -> dict[tuple, float]:
+    """Batch composition -> the reference row's median ms."""
+    return {composition: ref.ms for _, composition, batch_rows in batches_of(store)
+            if (ref := analysis.reference(batch_rows)) is not None}
+
+
+def rows_wall_s(store: str) -> float:
+    """Seconds from a store's first row to its last."""
+    times = [dt.datetime.fromisoformat(r["time"]) for r in rows(store)]
+    return (max(times) - min(times)).total_seconds()
+
+
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)\s*(.*)$")
+
+
+def walls(walls_txt: str) -> dict[str, float]:
+    """A device call's walls file: seconds from each stamped line to the next, by the line's text
+    (`<time> start NAME ...` by NAME alone; a bare `<time>` by '')."""
+    stamps = []
+    for line in path(walls_txt).read_text().splitlines():
+        if m := _STAMP.match(line.strip()):
+            words = m[2].split()
+            name = words[1] if len(words) > 1 and words[0] == "start" else m[2]
+            stamps.append((dt.datetime.strptime(m[1], "%Y-%m-%dT%H:%M:%SZ"), name))
+    return {name: (end - start).total_seconds() for (start, name), (end, _) in zip(stamps, stamps[1:])}
+
+
+_SUMMARY = re.compile(r"^=*\s*(\d+ \w+(?:, \d+ \w+)*) in ([0-9.]+)s", re.M)
+
+
+def pytest_summary(log: str) -> dict[str, float]:
+    """The last pytest summary line of a log: {'passed': 221, 'skipped': ..., 'seconds': 166.06}."""
+    found = _SUMMARY.findall(path(log).read_text())
+    if not found:
+        raise AssertionError(f"{log}: no pytest summary line")
+    counts, seconds = found[-1]
+    out: dict[str, float] = {"seconds": float(seconds)}
+    for number, what in re.findall(r"(\d+) (\w+)", counts):
+        out[what] = int(number)
+    return out
+
+
+def registers(ptx_txt: str) -> dict[str, int]:
+    """Kernel variant -> registers per thread, from kernels/inspect_ptx.py's listing."""
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\S.*?): REG:(\d+)", path(ptx_txt).read_text(), re.M)}
+
+
+def _round_spread_section(round_spread_txt: str, run: str) -> str:
+    """The part of kernels/round_spread.py's output about one run (its heading names the run)."""
+    text = path(round_spread_txt).read_text()
+    return text.split(f"{run} --predecessors", 1)[1].split("\n## ", 1)[0]
+
+
+def median_round_sd(round_spread_txt: str, run: str, tokens: range) -> list[float]:
+    """From kernels/round_spread.py's table: the median sd (%) of the candidates' per-round
+    ratios to the reference, per token count in `tokens`."""
+    found = re.findall(r"^\s*(\d+)\s+\d+\s+([0-9.]+)%\s+[0-9.]+%$", _round_spread_section(round_spread_txt, run), re.M)
+    return [float(v) for t, v in found if int(t) in tokens]
+
+
+def after_candidate(round_spread_txt: str, run: str, candidate: str, tokens: range) -> list[float]:
+    """From kernels/round_spread.py's --predecessors lines: the mean deviation (%) of the
+    candidate run just after `candidate` (as the script names it, `no_comm#1`), per token count."""
+    found = re.findall(rf"^\s*(\d+) \(warm-up.*?after {re.escape(candidate)} ([+-][0-9.]+)%",
+                       _round_spread_section(round_spread_txt, run), re.M)
+    return [float(v) for t, v in found if int(t) in tokens]
+
+
+def sweep_rows(folder: str) -> list[dict]:
+    """Every row of the overlapbench stores (sweep and comm) under a folder; the scripts' own
+    JSON lines, which are not stores, left out."""
+    from overlapbench.errors import UserError
+
+    out = []
+    for store in sorted(path(folder).rglob("*.jsonl")):
+        try:
+            out.extend(results.read_rows(store))
+        except UserError:
+            continue
+    return out
+
+
+def the_one(values: list, what: str):
+    """The single value all of `values` share; an AssertionError naming `what` where they differ."""
+    distinct = {json.dumps(v, sort_keys=True): v for v in values}
+    if len(distinct) != 1:
+        raise AssertionError(f"{what}: {len(distinct)} different values, not one: {sorted(distinct)[:4]}")
+    return next(iter(distinct.values()))
+
+
+def found_in(text_file: str, pattern: str) -> list[str]:
+    """Every match of a regex's first group in a committed text file."""
+    return re.findall(pattern, path(text_file).read_text(), re.M)
