@@ -13,45 +13,13 @@ a sequential run's for comparison (target: interleaved <= 2x sequential). A tabl
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import sys
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from overlapbench import analysis, batches, results, tune
-
-
-def speedups(path: Path) -> dict:
-    """(strategy, knobs, batch) -> (speedup, interval or None), per layer point of one run."""
-    store = analysis.read([path])
-    out = {}
-    for points in analysis.by_point(m for m in store.measured if m.group.workload == analysis.LAYER).values():
-        for rows in points.values():
-            for batch_rows in batches.by_batch(rows).values():
-                ref = analysis.reference(batch_rows)
-                for m in batch_rows:
-                    if ref is not None and m is not ref:
-                        out[(m.setting, m.batch)] = (analysis.speedup(m, ref), analysis.speedup_ci(m, ref))
-    return out
-
-
-def picks(path: Path) -> dict:
-    store = analysis.read([path])
-    layer = [m for m in store.measured if m.group.workload == analysis.LAYER]
-    chosen = {}
-    for group, points in analysis.by_point(layer).items():
-        for tokens, rows in points.items():
-            p = tune.pick(rows)
-            if p is not None:
-                chosen[(group.label(), tokens)] = p.chosen.describe()
-    return chosen
-
-
-def wall_s(path: Path) -> float:
-    times = [dt.datetime.fromisoformat(r["time"]) for r in results.read_rows(path)]
-    return (max(times) - min(times)).total_seconds()
+from tests.figures import picks, rows_wall_s, speedups
 
 
 def main() -> None:
@@ -60,7 +28,8 @@ def main() -> None:
     p.add_argument("b", type=Path)
     p.add_argument("--sequential", type=Path, help="a run of the same spec with measure.interleave: false")
     args = p.parse_args()
-    a, b = speedups(args.a), speedups(args.b)
+    run_a, run_b = str(args.a.resolve()), str(args.b.resolve())
+    a, b = speedups(run_a), speedups(run_b)
     common = sorted(set(a) & set(b), key=lambda k: (sum(k[1]), k[0]))
     if not common:
         sys.exit("no points in common")
@@ -68,7 +37,7 @@ def main() -> None:
     within1 = sum(d <= 0.01 for d in diffs.values()) / len(common)
     within05 = sum(d <= 0.005 for d in diffs.values()) / len(common)
     widths = [(ci[1] - ci[0]) / 2 / s for run in (a, b) for k, (s, ci) in run.items() if ci and sum(k[1]) >= 4096]
-    pa, pb = picks(args.a), picks(args.b)
+    pa, pb = picks(run_a), picks(run_b)
     disagree = {k: (pa[k], pb.get(k)) for k in pa if pa[k] != pb.get(k)}
     print(f"{'tokens':>7} {'strategy knobs':<60} {'A':>16} {'B':>16} {'|A/B-1|':>8}")
     for k in common:
@@ -83,10 +52,11 @@ def main() -> None:
         print("no paired intervals at >= 4096 tokens (sequential rows?)")
     print(f"tune picks the same at {len(pa) - len(disagree)} of {len(pa)} token counts"
           + "".join(f"\n  differs at {k}: {x} vs {y}" for k, (x, y) in disagree.items()))
-    walls = f"wall time (first to last row): A {wall_s(args.a):.0f} s, B {wall_s(args.b):.0f} s"
+    wall_a, wall_b = rows_wall_s(run_a), rows_wall_s(run_b)
+    walls = f"wall time (first to last row): A {wall_a:.0f} s, B {wall_b:.0f} s"
     if args.sequential:
-        seq = wall_s(args.sequential)
-        walls += f", sequential {seq:.0f} s (ratio {max(wall_s(args.a), wall_s(args.b)) / seq:.2f}, target <= 2)"
+        seq = rows_wall_s(str(args.sequential.resolve()))
+        walls += f", sequential {seq:.0f} s (ratio {max(wall_a, wall_b) / seq:.2f}, target <= 2)"
     print(walls)
 
 
