@@ -67,18 +67,26 @@ class Runtime:
             self._groups[key] = dist.new_group(backend="nccl", pg_options=options)
         return self._groups[key]
 
-    def window(self, numel: int, dtype: torch.dtype, max_ctas: int | str = DEFAULT,
-               high_priority: bool = False) -> nccl_windows.NcclWindow:
+    def window(self, numel: int, dtype: torch.dtype, max_ctas: int | str = DEFAULT, high_priority: bool = False,
+               fallback: int | None = None) -> nccl_windows.NcclWindow:
         """A registered NCCL window of at least `numel` elements on the group of that budget
-        (`exact`: NCCL's symmetric kernels run on exactly `max_ctas` CTAs; `default`: NCCL's
-        own choice), made once per group and dtype, outside CUDA-graph capture, and kept for
-        the run. A larger request makes a larger window and keeps the old one too: a captured
-        graph may still use it, and giving registered memory back is collective. Collective:
-        every rank asks for the same windows in the same order."""
+        (exact: NCCL's symmetric kernels run on exactly `max_ctas` CTAs; `default`: NCCL's own
+        choice), made once per group and dtype, outside CUDA-graph capture, and kept for the
+        run; where `numel` does not fit in memory, `fallback` elements (what this point needs).
+        A larger request makes a larger window and keeps the old one too: a captured graph may
+        still use it, and giving registered memory back is collective. Collective: every rank
+        asks for the same windows in the same order."""
         group = self.group(max_ctas, high_priority, exact=True) or dist.group.WORLD
         made = self._resources.setdefault(("nccl_window", max_ctas, high_priority, dtype), [])
-        if not made or made[-1].numel < numel:
+        if made and made[-1].numel >= (fallback or numel):
+            return made[-1]
+        try:
             made.append(nccl_windows.register(group, self.device, numel, dtype, self._first_error))
+        except torch.OutOfMemoryError:
+            if fallback is None or fallback >= numel:
+                raise
+            torch.cuda.empty_cache()
+            made.append(nccl_windows.register(group, self.device, fallback, dtype, self._first_error))
         return made[-1]
 
     def nccl_windows_unavailable(self) -> str | None:
