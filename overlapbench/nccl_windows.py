@@ -17,7 +17,7 @@ Torch is imported inside the functions: `layout` serves the torch-free comm plan
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -49,10 +49,10 @@ def _nccl_version() -> tuple[int, ...]:
     return tuple(version)
 
 
-def missing_support() -> str | None:
+def missing_support(env: Mapping[str, str] = os.environ) -> str | None:
     """Why this process cannot register symmetric windows (None: it can): no GPU, a torch
-    without the APIs (named), an NCCL older than 2.27, or NVLink multicast not turned off
-    (NCCL's symmetric kernels would use it). Needs no process group."""
+    without the APIs (named), an NCCL older than 2.27, or NVLink multicast not turned off in
+    `env` (NCCL's symmetric kernels would use it). Needs no process group."""
     import torch
     import torch.distributed as dist
 
@@ -75,7 +75,7 @@ def missing_support() -> str | None:
     version = _nccl_version()
     if version < MIN_NCCL:
         return f"NCCL {'.'.join(map(str, version))} has no symmetric kernels (2.27 or later)"
-    if os.environ.get("NCCL_NVLS_ENABLE") != "0":
+    if env.get("NCCL_NVLS_ENABLE") != "0":
         return "refused: NVLink multicast is not disabled (NCCL_NVLS_ENABLE != 0); NCCL's symmetric kernels would use it"
     return None
 

@@ -87,6 +87,18 @@ def test_windows_are_refused_while_nvls_may_run(gpu_torch, value):
     assert nccl_windows.missing_support().startswith("refused: NVLink multicast is not disabled")
 
 
+def test_env_says_whether_the_tools_runs_can_register_windows(gpu_torch):
+    from overlapbench import environment
+
+    gpu_torch.delenv("NCCL_NVLS_ENABLE")  # the runs set it to 0 themselves (runtime.SAFE_ENV)
+    assert environment.nccl_windows().startswith("yes (NCCL 2.28.9: symmetric kernels")
+    gpu_torch.setenv("NCCL_NVLS_ENABLE", "1")  # the user's choice: kept, and windows refused
+    assert environment.nccl_windows().startswith("no: refused: NVLink multicast is not disabled")
+    gpu_torch.setattr(torch.cuda.nccl, "version", lambda: (2, 26, 5))
+    gpu_torch.setenv("NCCL_NVLS_ENABLE", "0")
+    assert environment.nccl_windows() == "no: NCCL 2.26.5 has no symmetric kernels (2.27 or later)"
+
+
 # --- registration --------------------------------------------------------------------------------
 
 
