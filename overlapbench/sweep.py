@@ -306,7 +306,7 @@ def _describe(point: Point) -> str:
 
 def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = None) -> int:
     """The sweep on this rank; returns the number of rows written."""
-    rt = runtime.init(spec.measure.timeout_s)
+    rt = runtime.init(spec.measure.timeout_s, nccl_tuning_log=spec.comm is not None)  # comm rows: NCCL's kernel
     interrupt_on_sigterm()
     watchdog = Watchdog(spec.measure.timeout_s, rt.rank)
     console = printing.console(quiet=rt.rank != 0)
