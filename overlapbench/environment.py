@@ -50,13 +50,26 @@ def versions() -> dict:
     return out
 
 
+def nccl_windows() -> str:
+    """Whether NCCL's symmetric windows (comm path and knob nccl_symm) can be registered by the
+    tool's runs here, which turn multicast off unless the user turned it on; in words."""
+    from overlapbench.nccl_windows import missing_support
+    from overlapbench.runtime import SAFE_ENV
+
+    reason = missing_support(SAFE_ENV | dict(os.environ))
+    if reason is not None:
+        return f"no: {reason}"
+    return (f"yes (NCCL {versions()['nccl']}: symmetric kernels by peer loads and stores; "
+            "`comm --paths nccl_symm` shows the kernel run)")
+
+
 def local_devices() -> dict:
     """This host's GPUs, their peer access, symmetric memory and multicast settings."""
     import torch
 
     facts: dict = {"host": socket.gethostname(), "multicast_env": {k: os.environ.get(k) for k in MULTICAST_VARS}}
     if not torch.cuda.is_available():
-        return facts | {"device": "cpu", "gpus": 0}
+        return facts | {"device": "cpu", "gpus": 0, "nccl_windows": nccl_windows()}
     n = torch.cuda.device_count()
     props = torch.cuda.get_device_properties(0)
     facts |= {
@@ -72,6 +85,7 @@ def local_devices() -> dict:
         facts["symmetric_memory"] = True
     except ImportError:
         facts["symmetric_memory"] = False
+    facts["nccl_windows"] = nccl_windows()
     try:
         topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=20)
         facts["topology"] = topo.stdout.strip() if topo.returncode == 0 else None

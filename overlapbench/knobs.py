@@ -41,6 +41,10 @@ class Knob:
     bounds: tuple[float, float] | None = None  # closed interval for int/float knobs
     library_default: bool = False  # also accepts "default": the library picks
     optional: bool = False  # None means "not set" (knobs that are alternatives)
+    # Left out of a setting's knobs (so of its point key and its rows) while at its default: a
+    # knob added to a strategy keeps the points of earlier runs, and the reference's default
+    # setting, what they were.
+    sparse: bool = False
 
     def domain(self) -> str:
         parts = []
@@ -83,21 +87,32 @@ NCCL_MAX_CTAS = Knob(
     "SM budget of NCCL: max CTAs of its kernels (a process group created with that max_ctas)",
     bounds=(1, 64), library_default=True,
 )
+NCCL_SYMM = Knob(
+    "nccl_symm", bool, False,
+    "true: NCCL's collectives on buffers registered as symmetric windows, so that NCCL (2.27+) runs its "
+    "symmetric kernels (peer loads and stores, no multicast) on exactly nccl_max_ctas CTAs (default: its "
+    "own choice); false: plain buffers (its ring kernels). Not yet run on a GPU: name it to try it",
+    sparse=True,
+)
 COMM = Knob(
     "comm", str, "nccl",
-    "nccl: async NCCL all-reduce + fused add/RMSNorm; fused: one symmetric-memory all-reduce+norm "
-    "kernel; copy_engine: reduce-scatter and all-gather by the copy engines, add+norm in a local "
-    "few-CTA kernel; none: no reduction (a bound, not a correct result: what the split alone costs)",
-    choices=("nccl", "fused", "copy_engine", "none"),
+    "nccl: async NCCL all-reduce + fused add/RMSNorm; nccl_symm: the same on a registered symmetric "
+    "window (NCCL's symmetric kernel on exactly the comm_ctas budgets; not yet run on a GPU); fused: one "
+    "symmetric-memory all-reduce+norm kernel; copy_engine: reduce-scatter and all-gather by the copy "
+    "engines, add+norm in a local few-CTA kernel; none: no reduction (a bound, not a correct result: "
+    "what the split alone costs)",
+    choices=("nccl", "nccl_symm", "fused", "copy_engine", "none"),
 )
 # The kernel behind comm=fused (strategies) and the comm path fused_norm: "v2pull" (kernel v2's
 # pull variant, kernels/allreduce_norm_pull.py: 5-12% more busbw than push at 4-16 CTAs on
 # 2x H200, measured there), "v2" (push, kernels/allreduce_norm_v2.py), "v2pullpush", or "v1"
 # (kernels/allreduce_norm.py, the residual replicated).
 FUSED_KERNEL = "v2pull"
-# The comm values whose CTA budget is a comm_ctas knob (the kernel's grid, or the copy-engine
-# path's local add+norm kernel's).
+# The comm values that run on torch's symmetric memory (our kernels, the copy engines).
 SYMMETRIC_COMM = ("fused", "copy_engine")
+# The comm values whose CTA budget is a comm_ctas knob (the kernel's grid, the copy-engine path's
+# local add+norm kernel's, or NCCL's symmetric all-reduce's, exact).
+CTA_COMM = (*SYMMETRIC_COMM, "nccl_symm")
 FUSED_COMM = Knob(
     "comm", str, "fused",
     "fused: one symmetric-memory all-reduce+norm kernel; copy_engine: reduce-scatter and "
@@ -108,5 +123,6 @@ ALIGN = Knob("align", int, 256, "round the cut to a multiple of this many tokens
 
 
 def comm_ctas(name: str, what: str) -> Knob:
-    return Knob(name, int, 8, f"CTA budget of the fused all-reduce+norm kernel, or of the copy-engine path's "
-                f"add+norm kernel, {what}", bounds=(1, MAX_COMM_CTAS))
+    return Knob(name, int, 8, f"CTA budget of the fused all-reduce+norm kernel, of the copy-engine path's "
+                f"add+norm kernel, or of NCCL's symmetric all-reduce (exactly that many), {what}",
+                bounds=(1, MAX_COMM_CTAS))

@@ -1,11 +1,13 @@
 """Process groups, devices, streams and symmetric memory: what the strategies, the kernels and the
 communication benchmarks run on. Symmetric memory is allocated here and nowhere else, so the
-multicast refusal and the alignment checks hold for every user."""
+multicast refusal and the alignment checks hold for every user; so are NCCL's registered
+windows (`Runtime.window`, through overlapbench/nccl_windows.py), one per process group."""
 
 from __future__ import annotations
 
 import math
 import os
+import socket
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from overlapbench import nccl_log, nccl_windows
 from overlapbench.knobs import DEFAULT
 from overlapbench.layer import DecodeCache, RopeTable, Stack, decode_tokens
 
@@ -39,25 +42,68 @@ class Runtime:
     _groups: dict = field(default_factory=dict)
     _resources: dict = field(default_factory=dict)
     _side_stream: Any = None
+    tuning_log: nccl_log.TuningLog | None = None  # this process's NCCL tuning log, where init turned it on
 
     @property
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
 
-    def group(self, max_ctas: int | str = DEFAULT, high_priority: bool = False) -> dist.ProcessGroup | None:
+    def group(self, max_ctas: int | str = DEFAULT, high_priority: bool = False,
+              exact: bool = False) -> dist.ProcessGroup | None:
         """The world group (None), or a copy of it whose NCCL kernels are capped at `max_ctas`
         CTAs (the SM budget of NCCL) and/or run on a high-priority stream (for overlap).
-        Created on first use; every rank asks for the same ones in the same order."""
+        `exact`: min_ctas = max_ctas too, so NCCL runs on exactly that many CTAs; its symmetric
+        kernels otherwise pick fewer (max_ctas only caps them). Created on first use; every rank
+        asks for the same ones in the same order."""
         if not self.is_cuda or (max_ctas == DEFAULT and not high_priority):
             return None
-        key = (max_ctas, high_priority)
+        exact = exact and max_ctas != DEFAULT
+        key = (max_ctas, high_priority) + (("exact",) if exact else ())
         if key not in self._groups:
             options = dist.ProcessGroupNCCL.Options(is_high_priority_stream=high_priority)
             if max_ctas != DEFAULT:
                 options.config.max_ctas = int(max_ctas)
-                options.config.min_ctas = 1
+                options.config.min_ctas = int(max_ctas) if exact else 1
             self._groups[key] = dist.new_group(backend="nccl", pg_options=options)
         return self._groups[key]
+
+    def window(self, numel: int, dtype: torch.dtype, max_ctas: int | str = DEFAULT, high_priority: bool = False,
+               fallback: int | None = None) -> nccl_windows.NcclWindow:
+        """A registered NCCL window of at least `numel` elements on the group of that budget
+        (exact: NCCL's symmetric kernels run on exactly `max_ctas` CTAs; `default`: NCCL's own
+        choice), made once per group and dtype, outside CUDA-graph capture, and kept for the
+        run; where `numel` does not fit in memory, `fallback` elements (what this point needs).
+        A larger request makes a larger window and keeps the old one too: a captured graph may
+        still use it, and giving registered memory back is collective. Collective: every rank
+        asks for the same windows in the same order."""
+        group = self.group(max_ctas, high_priority, exact=True) or dist.group.WORLD
+        made = self._resources.setdefault(("nccl_window", max_ctas, high_priority, dtype), [])
+        if made and made[-1].numel >= (fallback or numel):
+            return made[-1]
+        try:
+            made.append(nccl_windows.register(group, self.device, numel, dtype, self._first_error))
+        except torch.OutOfMemoryError:
+            if fallback is None or fallback >= numel:
+                raise
+            torch.cuda.empty_cache()
+            made.append(nccl_windows.register(group, self.device, fallback, dtype, self._first_error))
+        return made[-1]
+
+    def nccl_windows_unavailable(self) -> str | None:
+        """Why NCCL's symmetric kernels cannot run here (None: they can): gloo, a torch or NCCL
+        without them, NVLink multicast not turned off, or ranks on several hosts. Collective on
+        the first call on GPUs (every rank asks in the same order), then remembered."""
+        if self.backend != "nccl":
+            return f"needs NCCL on CUDA GPUs (registered symmetric windows); this run uses {self.backend} on CPU"
+        key = "nccl_windows_unavailable"
+        if key not in self._resources:
+            reason = nccl_windows.missing_support()
+            hosts: list = [None] * self.world_size
+            dist.all_gather_object(hosts, socket.gethostname(), group=self.control)
+            if reason is None and len(set(hosts)) > 1:
+                reason = "NCCL's symmetric kernels need every rank on one host"
+            self._resources[key] = reason
+        return self._resources[key]
 
     def side_stream(self) -> torch.cuda.Stream:
         """The stream communication overlaps on, at the highest priority the device has."""
@@ -93,6 +139,11 @@ class Runtime:
                     outcome = outcome | {"error": f"rank {rank}: {outcome['error']}"}
                 return outcome
         return None
+
+    def _first_error(self, error: str | None) -> str | None:
+        """Every rank's error of a phase (None: it went well): the first, named by rank."""
+        failure = self.first_failure(None if error is None else {"status": "failed", "error": error})
+        return None if failure is None else failure["error"]
 
     def max_over_ranks(self, value: float) -> float:
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
@@ -162,8 +213,10 @@ def symmetric_buffer(numel: int, dtype: torch.dtype, device: torch.device,
     return SymmetricBuffer(tensor, handle, name, rank, dist.get_world_size(group), offset // tensor.element_size())
 
 
-def init(timeout_s: int) -> Runtime:
-    """Join the process group torchrun set up: NCCL on GPUs, gloo on CPU."""
+def init(timeout_s: int, nccl_tuning_log: bool = False) -> Runtime:
+    """Join the process group torchrun set up: NCCL on GPUs, gloo on CPU. `nccl_tuning_log`:
+    NCCL logs the kernel and channels of each collective into a file of this process
+    (`Runtime.tuning_log`; see nccl_log), unless the user set NCCL's debug variables."""
     apply_safe_env()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -173,12 +226,14 @@ def init(timeout_s: int) -> Runtime:
         backend = "nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
+    # NCCL reads its debug settings once, before its first communicator
+    log = nccl_log.enable() if nccl_tuning_log and backend == "nccl" and not dist.is_initialized() else None
     timeout = timedelta(seconds=timeout_s)
     if not dist.is_initialized():
         kwargs = {"device_id": device} if backend == "nccl" else {}
         dist.init_process_group(backend, timeout=timeout, **kwargs)
     control = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
-    return Runtime(rank, world, local_rank, device, backend, control)
+    return Runtime(rank, world, local_rank, device, backend, control, tuning_log=log)
 
 
 @dataclass

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from overlapbench import hf_config, models, strategies, yamlio
+from overlapbench.comm.paths import DEFAULT_PATHS as COMM_DEFAULT_PATHS
 from overlapbench.comm.paths import OPS as COMM_OPS
 from overlapbench.comm.paths import PATHS as COMM_PATHS
 from overlapbench.comm.paths import PATHS_BY_OP
@@ -319,7 +320,7 @@ class CommSpec:
             raise UserError(f"comm: must be a mapping with any of {', '.join(cls.KEYS)} ({{}} for the defaults)")
         reject_unknown_keys(data, cls.KEYS, "comm")
         return cls.build(
-            ops=data.get("ops", COMM_OPS), paths=data.get("paths", COMM_PATHS),
+            ops=data.get("ops", COMM_OPS), paths=data.get("paths", COMM_DEFAULT_PATHS),
             sizes=comm_sizes(data.get("sizes"), cuda, "comm.sizes"),
             nccl_max_ctas=data.get("nccl_max_ctas", cls.DEFAULT_NCCL_MAX_CTAS),
             comm_ctas=data.get("comm_ctas", cls.DEFAULT_COMM_CTAS), hidden=data.get("hidden"),

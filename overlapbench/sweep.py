@@ -29,7 +29,10 @@ def _skip_reason(cls: type[strategies.Strategy], rt: runtime.Runtime, point: Poi
         return f"{cls.name} needs CUDA GPUs"
     if cls.needs.min_world_size > rt.world_size:
         return f"{cls.name} needs at least {cls.needs.min_world_size} ranks"
-    return cls.skip_reason(point.knobs, rt.is_cuda)
+    reason = cls.skip_reason(point.knobs, rt.is_cuda)
+    if reason is None and cls.uses_nccl_windows(point.knobs):
+        reason = rt.nccl_windows_unavailable()  # collective the first time: every rank builds the same points
+    return reason
 
 
 def prepare_point(rt: runtime.Runtime, point: Point, work: Workload, spec: SweepSpec, capture: bool = False,
@@ -195,7 +198,7 @@ def _describe(point: Point) -> str:
 
 def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = None) -> int:
     """The sweep on this rank; returns the number of rows written."""
-    rt = runtime.init(spec.measure.timeout_s)
+    rt = runtime.init(spec.measure.timeout_s, nccl_tuning_log=spec.comm is not None)  # comm rows: NCCL's kernel
     interrupt_on_sigterm()
     watchdog = Watchdog(spec.measure.timeout_s, rt.rank)
     console = printing.console(quiet=rt.rank != 0)

@@ -116,7 +116,8 @@ def test_cases_on_gloo_skip_symmetric_memory_and_ctas():
     assert {(c.op, c.path) for c in cases if c.skip} == {
         ("all_reduce", "symm_one_shot"), ("all_reduce", "symm_two_shot"), ("all_reduce", "fused_norm"),
         ("all_gather", "copy_engine"), ("all_reduce", "copy_engine_norm"), ("all_reduce", "fused_norm_v1"),
-        ("all_reduce", "fused_norm_push"), ("all_reduce", "fused_norm_pull_push")}
+        ("all_reduce", "fused_norm_push"), ("all_reduce", "fused_norm_pull_push"),
+        ("all_reduce", "nccl_symm"), ("all_gather", "nccl_symm"), ("reduce_scatter", "nccl_symm")}
     assert all("gloo on CPU" in c.skip for c in cases if c.path != "nccl")
     assert len({c.seed for c in cases}) == len(cases) and min(c.seed for c in cases) > 0  # fresh per case
 
@@ -505,12 +506,20 @@ def test_fused_paths_take_their_kernels(monkeypatch, fused_kernel):
     assert made == [(default, 3), ("AllReduceNorm", 3), ("AllReduceNormV2", 3), ("AllReduceNormPullPush", 3)]
 
 
-def test_by_default_comm_runs_every_path_and_the_layers_copy_engine_schedule():
-    """Every path has run correct on 2x H200 (results/h200x2/486cebf/), so none waits to be named;
+def test_by_default_comm_runs_every_path_that_has_run_on_a_gpu_and_the_layers_copy_engine_schedule():
+    """Every path that has run correct on 2x H200 (results/h200x2/486cebf/) runs by default;
+    nccl_symm, not yet run on a GPU, only where --paths (or a spec's comm.paths) names it.
     copy_engine_norm's chunks default to the layer's (by size)."""
-    opts = command.Options.parse(min_bytes=None, max_bytes="64K", factor=4, ops="all_reduce", paths=None,
-                                 dtype="auto", nccl_max_ctas="default", comm_ctas=None, hidden=64, iters=1,
-                                 warmup=0, graphs=False, fmt="csv", output=None, resume=False, nproc=None)
-    assert set(opts.paths) == set(paths.PATHS) == set(CommSpec.from_yaml({}, cuda=False).paths)
+    def parsed(paths_arg):
+        return command.Options.parse(min_bytes=None, max_bytes="64K", factor=4, ops=None, paths=paths_arg,
+                                     dtype="auto", nccl_max_ctas="default", comm_ctas=None, hidden=64, iters=1,
+                                     warmup=0, graphs=False, fmt="csv", output=None, resume=False, nproc=None)
+
+    untried = {"nccl_symm"}
+    opts = parsed(None)
+    assert set(opts.paths) == set(paths.PATHS) - untried == set(CommSpec.from_yaml({}, cuda=False).paths)
+    assert set(paths.DEFAULT_PATHS) == set(paths.PATHS) - untried
+    assert parsed("nccl,nccl_symm").paths == ("nccl", "nccl_symm")
+    assert CommSpec.from_yaml({"paths": ["nccl_symm"]}, cuda=False).paths == ("nccl_symm",)
     assert opts.ce_chunks == (None,)
     assert "fused_norm_push" in paths.PATHS and "fused_norm_pull" not in paths.PATHS

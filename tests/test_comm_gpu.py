@@ -1,7 +1,9 @@
-"""`overlapbench comm` on 2 GPUs: every path (NCCL under CTA budgets, symmetric-memory one- and
+"""`overlapbench comm` on 2 GPUs: every path (NCCL under CTA budgets, on plain buffers and on
+registered symmetric windows, symmetric-memory one- and
 two-shot all-reduce, the fused all-reduce + RMSNorm kernels v2 and v1, the copy-engine all-gather, the
 copy-engine all-reduce + RMSNorm, by size-chosen chunks, serial and in 3 chunks) gets
-every size exactly right (#wrong == 0), and is timed from CUDA-graph replays.
+every size exactly right (#wrong == 0), and is timed from CUDA-graph replays; NCCL's rows say
+which kernel ran on how many channels (nccl_symm: a symmetric kernel, on its exact budget).
 
 Sizes are chosen so that row counts split unevenly over the ranks (3 rows), one size is below a
 row (the fused kernel skips it) and the CTA budgets include an odd one. One command run per
@@ -70,3 +72,24 @@ def test_every_path_is_timed_from_cuda_graphs(run):
     _, rows = run
     eager = {(r["op"], r["strategy"], r["graph_error"]) for r in rows if r["status"] == "ok" and not r["graphs"]}
     assert not eager, f"fell back to eager timing: {eager}"
+
+
+SYMMETRIC_KERNELS = {
+    "all_reduce": {"AllReduce_RSxLD_AGxST", "AllReduce_AGxLL_R"},  # never the multicast (MC) ones: NVLS is off
+    "all_gather": {"AllGather_ST", "AllGather_LL"},
+    "reduce_scatter": {"ReduceScatter_LD", "ReduceScatter_LL"},
+}
+
+
+def test_nccl_rows_say_which_kernel_ran_and_nccl_symm_ran_a_symmetric_one_on_its_budget(run):
+    records, rows = run
+    nccl = [r for r in rows if r["status"] == "ok" and r["strategy"] in ("nccl", "nccl_symm")]
+    assert all(r["nccl_kernel"] and r["nccl_channels"] >= 1 for r in nccl), [r["key"] for r in nccl if not r.get("nccl_kernel")]
+    assert not any(r["nccl_symmetric"] for r in nccl if r["strategy"] == "nccl")  # plain buffers: NCCL's ring/tree
+    symm = [r for r in nccl if r["strategy"] == "nccl_symm"]
+    assert {r["op"] for r in symm} == set(paths.OPS)
+    for r in symm:
+        assert r["nccl_symmetric"] and r["nccl_kernel"] in SYMMETRIC_KERNELS[r["op"]], (r["key"], r["nccl_kernel"])
+        ctas = r["knobs"]["ctas"]
+        if ctas != "default":  # min_ctas = max_ctas: exactly the budget, once there are cells enough to share
+            assert r["nccl_channels"] <= ctas and (r["bytes"] < 2**20 or r["nccl_channels"] == ctas), r

@@ -7,7 +7,9 @@ x (n-1)/n for all-gather and reduce-scatter: what each rank's link carries), and
 elements that differ from the exact expected result.
 
 Every communication path the strategies use is measured: NCCL under each CTA budget
-(`max_ctas`), torch's symmetric-memory one-shot and two-shot all-reduce, our fused all-reduce +
+(`max_ctas`), on plain buffers and on registered symmetric windows (`nccl_symm`: NCCL's
+symmetric kernels on exactly that many CTAs; rows record the kernel and channels NCCL's tuning
+log shows), torch's symmetric-memory one-shot and two-shot all-reduce, our fused all-reduce +
 residual + RMSNorm kernel under each CTA budget, and an all-gather done by the copy engines
 (peer copies between symmetric buffers, no SMs). On CPU NCCL is replaced by gloo and the
 symmetric-memory paths are skipped, with the reason. NVLink multicast is never used.

@@ -65,21 +65,36 @@ def _empty(rt: Runtime, count: int, dtype: str) -> torch.Tensor:
 def nccl_bench(rt: Runtime, case: Case, buffers: Buffers) -> Bench:
     """NCCL (gloo on CPU) as the strategies call it; a CTA budget is a process group created
     with that `max_ctas`. All-reduce in place; all-gather and reduce-scatter out of place."""
-    import torch.distributed as dist
-
     from overlapbench.knobs import DEFAULT
 
     # Beside a GEMM stream its kernels run on a high-priority stream, as in the overlapped strategies.
     group = rt.group(case.ctas if case.ctas is not None else DEFAULT, high_priority=case.beside_gemm)
-    shard = case.count // rt.world_size
+    tensors = [_empty(rt, count, case.dtype) for count in case.tensor_counts(rt.world_size)]
+    return _nccl_collective(rt, case, group, *tensors)
+
+
+def nccl_symm_bench(rt: Runtime, case: Case, buffers: Buffers) -> Bench:
+    """NCCL's symmetric kernels: the nccl path's collectives on views of a registered window
+    (Buffers.window) of the case's budget, whose group has min_ctas = max_ctas, so that NCCL
+    runs on exactly that many CTAs (`default`: its own choice). Which kernel ran, and on how
+    many channels, the row takes from NCCL's tuning log (run.measure_case)."""
+    window = buffers.window(case)
+    counts = case.tensor_counts(rt.world_size)
+    starts = case.window_regions(rt.world_size)[0]
+    tensors = [window.view(start, (count,)) for start, count in zip(starts, counts)]
+    return _nccl_collective(rt, case, window.group, *tensors)
+
+
+def _nccl_collective(rt: Runtime, case: Case, group, out: torch.Tensor, inp: torch.Tensor | None = None) -> Bench:
+    """The case's collective through torch.distributed on `group`: all-reduce in place on `out`,
+    all-gather and reduce-scatter from `inp` into `out`."""
+    import torch.distributed as dist
+
     if case.op == "all_reduce":
-        buf = _empty(rt, case.count, case.dtype)
-        return _collective_bench(rt, case, buf, lambda: buf, lambda: dist.all_reduce(buf, group=group), buf)
+        return _collective_bench(rt, case, out, lambda: out, lambda: dist.all_reduce(out, group=group), out)
     if case.op == "all_gather":
-        inp, out = _empty(rt, shard, case.dtype), _empty(rt, case.count, case.dtype)
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
         return _collective_bench(rt, case, inp, lambda: out, lambda: gather(out, inp, group=group), out)
-    inp, out = _empty(rt, case.count, case.dtype), _empty(rt, shard, case.dtype)
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # renamed in torch 2.13
     return _collective_bench(rt, case, inp, lambda: out, lambda: scatter(out, inp, group=group), out)
 

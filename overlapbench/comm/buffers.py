@@ -1,5 +1,6 @@
 """The symmetric allocations of a comm run, one per kind, made once at the size of the largest
-case that uses them (through runtime.symmetric_buffer, the one place symmetric memory is set up)."""
+case that uses them (through runtime.symmetric_buffer, the one place symmetric memory is set up),
+and the registered NCCL windows of path nccl_symm, one per process group (runtime.Runtime.window)."""
 
 from __future__ import annotations
 
@@ -24,12 +25,27 @@ class Buffers:
             if case.skip is None and case.buffer is not None:
                 key = self._key(case)
                 self._largest[key] = max(self._largest.get(key, 0), case.count)
+            if case.skip is None and case.window:
+                key = self._window_key(case)
+                self._largest[key] = max(self._largest.get(key, 0), case.window_regions(rt.world_size)[1])
         self._made: dict = {}
 
     @staticmethod
     def _key(case: Case) -> tuple:
         """Paths that share an allocation take turns on it (one-shot, two-shot, copy engine)."""
         return case.buffer, case.dtype, case.hidden
+
+    @staticmethod
+    def _window_key(case: Case) -> tuple:
+        """One window per process group (CTA budget, stream priority) and dtype."""
+        return "nccl_window", case.ctas, case.beside_gemm, case.dtype
+
+    def window(self, case: Case):
+        """The registered NCCL window of the case's budget, sized for the largest case on it."""
+        from overlapbench.knobs import DEFAULT
+
+        ctas = DEFAULT if case.ctas is None else case.ctas
+        return self.rt.window(self._largest[self._window_key(case)], self._dtype(case), ctas, case.beside_gemm)
 
     def _dtype(self, case: Case):
         import torch

@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 
 from overlapbench.comm.sizes import DTYPE_BYTES
+from overlapbench.nccl_windows import layout
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Case:
     buffer: str | None = None  # the run's symmetric allocation its path uses (paths.CommPath.buffer)
     beside_gemm: bool = False  # also timed beside a GEMM stream (comm.contention)
     chunks: int | None = None  # copy_engine_norm: its own rows cut into this many chunks; None: by size
+    window: bool = False  # its buffers lie in a registered NCCL window (paths.CommPath.window)
 
     @property
     def nbytes(self) -> int:
@@ -33,6 +35,17 @@ class Case:
     @property
     def rows(self) -> int | None:
         return self.count // self.hidden if self.hidden else None
+
+    def tensor_counts(self, world: int) -> tuple[int, ...]:
+        """Elements of its output (in place for all-reduce), then of its input."""
+        if self.op == "all_reduce":
+            return (self.count,)
+        shard = self.count // world
+        return (self.count, shard) if self.op == "all_gather" else (shard, self.count)
+
+    def window_regions(self, world: int) -> tuple[list[int], int]:
+        """Where its output and input start in its NCCL window, and the elements it needs there."""
+        return layout(self.tensor_counts(world), DTYPE_BYTES[self.dtype])
 
     @property
     def strategy(self) -> str:

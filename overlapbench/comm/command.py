@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from overlapbench.comm.output import FORMATS, render, totals
-from overlapbench.comm.paths import OPS, PATHS, make_cases
+from overlapbench.comm.paths import DEFAULT_PATHS, OPS, make_cases
 from overlapbench.comm.run import RunInfo, run_cases
 from overlapbench.comm.sizes import CPU_SIZES, GPU_SIZES, parse_size, size_ladder
 from overlapbench.errors import UserError
@@ -62,7 +62,7 @@ class Options:
         if output is not None and output.suffix != ".jsonl":
             raise UserError(f"--output: must be a path ending in .jsonl, got {str(output)!r}")
         lists = CommSpec.build(
-            ops=ops or OPS, paths=paths or PATHS, sizes=(), hidden=hidden,
+            ops=ops or OPS, paths=paths or DEFAULT_PATHS, sizes=(), hidden=hidden,
             nccl_max_ctas=nccl_max_ctas or CommSpec.DEFAULT_NCCL_MAX_CTAS,
             comm_ctas=comm_ctas or CommSpec.DEFAULT_COMM_CTAS,
             name=lambda field: "--" + field.replace("_", "-"),
@@ -162,12 +162,12 @@ def run_ranks(opts: Options, console: Console) -> int:
 
     from overlapbench import environment, printing, results, runtime
 
-    rt = runtime.init(TIMEOUT_S)
+    rt = runtime.init(TIMEOUT_S, nccl_tuning_log=True)  # rows of NCCL paths record its kernel and channels
     progress = printing.console(stderr=True, quiet=rt.rank != 0)
     env = environment.run_environment(rt)
     dtype = ("bf16" if rt.is_cuda else "fp32") if opts.dtype == "auto" else opts.dtype
     cases = make_cases(opts.bench(rt.is_cuda), rt.world_size, rt.backend, dtype, opts.hidden, len(env["hosts"]),
-                       beside_gemm=opts.beside_gemm, ce_chunks=opts.ce_chunks)
+                       beside_gemm=opts.beside_gemm, ce_chunks=opts.ce_chunks, windows=rt.nccl_windows_unavailable())
     output = opts.output or default_output(env["device"], rt.world_size)
     store, done, run_id = results.open_on_ranks(output, opts.resume, rt.rank)
     info = RunInfo("comm", run_id, env, opts.warmup, opts.iters, opts.graphs)

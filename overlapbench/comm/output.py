@@ -25,12 +25,19 @@ def summary_line(row: dict) -> Text:
     what = f"{row['op']} {path_label(row)}{'' if ctas is None else f' ctas={ctas}'} {row['bytes']} B"
     if row["status"] != "ok":
         return styled("  ", (f"{row['status']:>7}", "red"), f" {what}: {row['error']}")
+    kernel = f", NCCL {nccl_kernel(row)}" if row.get("nccl_kernel") else ""
     return styled("  ", (f"{'ok':>7}", "green"), f" {what}: {row['ms'] * 1e3:.1f} us, "
-                  f"busbw {row['busbw']:.1f} GB/s, cv {row['cv']:.1%}")
+                  f"busbw {row['busbw']:.1f} GB/s, cv {row['cv']:.1%}{kernel}")
 
 
 COLUMNS = ("size", "count", "type", "op", "path", "ctas", "time_us", "algbw", "busbw", "wrong",
-           "p10_us", "p90_us", "cv", "status", "error", "beside_us", "beside_busbw", "gemm_loss", "chunks")
+           "p10_us", "p90_us", "cv", "status", "error", "beside_us", "beside_busbw", "gemm_loss", "chunks",
+           "nccl_kernel", "nccl_channels")
+
+
+def nccl_kernel(row: dict) -> str:
+    """The kernel NCCL's tuning log showed, with its channels: AllReduce_RSxLD_AGxST x8."""
+    return f"{row['nccl_kernel']} x{row['nccl_channels']}"
 
 
 def path_label(row: dict) -> str:
@@ -53,6 +60,8 @@ def record(row: dict) -> dict:
         "beside_us": us(row.get("beside_ms")), "beside_busbw": sig(row.get("beside_busbw")),
         "gemm_loss": sig(row.get("gemm_loss")),
         "chunks": row["knobs"].get("chunks"),  # copy_engine_norm's, where asked for
+        # NCCL paths: the kernel and channels its tuning log showed (a symmetric kernel's name, or algo/proto)
+        "nccl_kernel": row.get("nccl_kernel"), "nccl_channels": row.get("nccl_channels"),
     }
 
 
@@ -76,10 +85,12 @@ def to_table(rows: list[dict]) -> Table:
 
     table = Table(title="overlapbench comm", title_justify="left", caption_justify="left", show_edge=False)
     beside = any(r.get("beside_ms") is not None for r in rows)
+    kernels = any(r.get("nccl_kernel") for r in rows)
     extra = ("beside GEMM (us)", "busbw beside", "GEMM loss") if beside else ()
     names = ("size (B)", "count", "type", "op", "path", "ctas", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong")
+    names += ("NCCL kernel",) if kernels else ()
     for name in names + extra:
-        table.add_column(name, justify="left" if name in ("type", "op", "path") else "right")
+        table.add_column(name, justify="left" if name in ("type", "op", "path", "NCCL kernel") else "right")
     reasons: dict[str, list[str]] = {}
     for row in rows:
         what = f"{row['op']}/{row['strategy']}"
@@ -96,8 +107,10 @@ def to_table(rows: list[dict]) -> Table:
         if beside:
             b = row.get("beside_ms")
             contention = ["-"] * 3 if b is None else [f"{b * 1e3:.2f}", f"{row['beside_busbw']:.2f}", f"{row['gemm_loss']:.1%}"]
+        kernel = [nccl_kernel(row) if row.get("nccl_kernel") else "-"] if kernels else []
         table.add_row(str(row["bytes"]), str(row["count"]), row["dtype"], row["op"], path_label(row),
-                      "-" if ctas is None else str(ctas), *timed, "-" if wrong is None else str(wrong), *contention)
+                      "-" if ctas is None else str(ctas), *timed, "-" if wrong is None else str(wrong), *kernel,
+                      *contention)
     notes = [f"{', '.join(dict.fromkeys(where))}: {why}" for why, where in reasons.items()]
     table.caption = Text("\n".join(notes)) if notes else None  # literal: errors may hold brackets
     return table

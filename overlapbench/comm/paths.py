@@ -30,6 +30,11 @@ class CommPath:
     buffer: str | None = None  # the run's symmetric allocation it takes turns on; None: none
     rows: bool = False  # counts are whole rows of `hidden` (a norm works per row)
     world: tuple[int, int] | None = None  # the world sizes it supports
+    nccl: bool = False  # NCCL runs it: rows record the kernel and channels NCCL's tuning log shows
+    window: bool = False  # its buffers are registered NCCL windows (runtime.Runtime.window), one per CTA budget
+    # in the default --paths: a path that has not yet run on a GPU could hang or mislead a run
+    # nobody asked it into (name it in --paths to try it)
+    by_default: bool = True
 
     def unit(self, op: str, world: int, elem: int, hidden: int) -> tuple[int, str]:
         """Elements that a count must be a multiple of, and what that unit is, in words."""
@@ -40,8 +45,13 @@ class CommPath:
             return vector, "one 16-byte vector"
         return vector * world, f"one 16-byte vector per rank x {world} ranks"
 
-    def skip(self, backend: str, world: int, hosts: int) -> str | None:
-        """Why it cannot run here, or None."""
+    def skip(self, backend: str, world: int, hosts: int, windows: str | None = None) -> str | None:
+        """Why it cannot run here, or None. `windows`: why NCCL windows cannot be registered
+        here (runtime.Runtime.nccl_windows_unavailable), None where they can."""
+        if self.window:
+            if backend != "nccl":
+                return "needs NCCL on CUDA GPUs (registered symmetric windows); this run uses gloo on CPU"
+            return windows or self._outside_world(world)
         if self.buffer is None:
             return None
         if backend != "nccl":
@@ -50,6 +60,9 @@ class CommPath:
             return "refused: NVLink multicast is not disabled (TORCH_SYMM_MEM_DISABLE_MULTICAST != 1)"
         if hosts > 1:
             return "symmetric memory needs every rank on one host"
+        return self._outside_world(world)
+
+    def _outside_world(self, world: int) -> str | None:
         if self.world is not None and not self.world[0] <= world <= self.world[1]:
             return f"{self.name} runs on {self.world[0]}..{self.world[1]} ranks, not {world}"
         return None
@@ -70,7 +83,11 @@ def _own_grid(spec: Any, backend: str) -> tuple:
 PATHS_BY_NAME = {
     path.name: path
     for path in (
-        CommPath("nccl", OPS, benches.nccl_bench, _nccl_ctas),
+        CommPath("nccl", OPS, benches.nccl_bench, _nccl_ctas, nccl=True),
+        # NCCL's symmetric kernels (2.27+) at the same budgets, exact (min_ctas = max_ctas); at
+        # world size 1 NCCL copies locally and runs no kernel, hence 2 ranks at least
+        CommPath("nccl_symm", OPS, benches.nccl_symm_bench, _nccl_ctas, world=(2, 8), nccl=True, window=True,
+                 by_default=False),
         CommPath("symm_one_shot", ("all_reduce",), benches.symm_all_reduce_bench, _own_grid, buffer="symmetric"),
         CommPath("symm_two_shot", ("all_reduce",), benches.symm_all_reduce_bench, _own_grid, buffer="symmetric"),
         CommPath("fused_norm", ("all_reduce",), benches.fused_norm_bench, _norm_ctas,
@@ -87,22 +104,24 @@ PATHS_BY_NAME = {
     )
 }
 PATHS = tuple(PATHS_BY_NAME)
+DEFAULT_PATHS = tuple(name for name, path in PATHS_BY_NAME.items() if path.by_default)
 PATHS_BY_OP = {op: tuple(p.name for p in PATHS_BY_NAME.values() if op in p.ops) for op in OPS}
 
 
 def make_cases(bench: Any, world: int, backend: str, dtype: str, hidden: int, hosts: int = 1,
-               beside_gemm: bool = False, ce_chunks: tuple = (None,)) -> list[Case]:
+               beside_gemm: bool = False, ce_chunks: tuple = (None,), windows: str | None = None) -> list[Case]:
     """Every (op, path, CTA budget, size) of `bench` (a spec.CommSpec, which imports this
     module: hence untyped here), in nccl-tests' order: one block of
     ascending sizes per op, path and budget. Sizes are rounded down to whole units of the
     path (16-byte vectors per rank, or rows for the fused kernel). `beside_gemm`: every case is
     also timed beside a GEMM stream (comm.contention). `ce_chunks`: the chunk counts of
-    copy_engine_norm (None: chosen by size), one block per count inside each CTA budget's."""
+    copy_engine_norm (None: chosen by size), one block per count inside each CTA budget's.
+    `windows`: why NCCL windows cannot be registered here (None: they can)."""
     elem = DTYPE_BYTES[dtype]
     cases, seen = [], set()
     for op in bench.ops:
         for path in (PATHS_BY_NAME[p] for p in PATHS_BY_OP[op] if p in bench.paths):
-            skip = path.skip(backend, world, hosts)
+            skip = path.skip(backend, world, hosts, windows)
             if beside_gemm and backend != "nccl":
                 skip = skip or "--beside-gemm needs CUDA GPUs (a bf16 GEMM stream beside the path)"
             unit, unit_words = path.unit(op, world, elem, hidden)
@@ -112,7 +131,8 @@ def make_cases(bench: Any, world: int, backend: str, dtype: str, hidden: int, ho
                         count = size // elem // unit * unit
                         too_small = None if count else f"{format_bytes(size)} is below {unit_words} ({unit * elem} B)"
                         case = Case(op, path.name, backend, ctas, size, count, dtype, hidden if path.rows else None,
-                                    skip=skip or too_small, buffer=path.buffer, beside_gemm=beside_gemm, chunks=chunks)
+                                    skip=skip or too_small, buffer=path.buffer, beside_gemm=beside_gemm, chunks=chunks,
+                                    window=path.window)
                         if case.key() not in seen:
                             seen.add(case.key())
                             cases.append(case)

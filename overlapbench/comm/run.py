@@ -11,7 +11,7 @@ from overlapbench.comm.benches import Bench
 from overlapbench.comm.buffers import Buffers
 from overlapbench.comm.cases import Case
 from overlapbench.comm.output import summary_line
-from overlapbench.comm.paths import build, make_cases
+from overlapbench.comm.paths import PATHS_BY_NAME, build, make_cases
 from overlapbench.comm.sizes import algbw, busbw, ops_per_sample
 from overlapbench.errors import one_line
 
@@ -60,6 +60,8 @@ def measure_case(rt: Runtime, case: Case, buffers: Buffers, info: RunInfo, gemms
 
     if case.skip:
         return {"status": "skipped", "error": case.skip}
+    log = rt.tuning_log if PATHS_BY_NAME[case.path].nccl else None
+    mark = log.mark() if log is not None else 0
     bench, failure = None, None
     try:
         bench = build(rt, case, buffers)
@@ -79,8 +81,11 @@ def measure_case(rt: Runtime, case: Case, buffers: Buffers, info: RunInfo, gemms
         beside = _beside(rt, case, bench, stats["ms"], gemms, info.iters)
     except Exception as e:
         return {"status": "failed", "error": one_line(e)}
+    ran = _nccl_kernel(rt, case, log, mark)
+    if ran.get("error"):
+        return ran
     seconds = stats["ms"] / 1e3
-    return beside | stats | {
+    return ran | beside | stats | {
         "status": "ok",
         "error": None,
         "wrong": 0,
@@ -91,6 +96,24 @@ def measure_case(rt: Runtime, case: Case, buffers: Buffers, info: RunInfo, gemms
         "graphs": timing.graphs,
         "graph_error": timing.graph_error,
     }
+
+
+def _nccl_kernel(rt: Runtime, case: Case, log, mark: int) -> dict:
+    """What NCCL's tuning log says the case's collectives ran on (rank 0 of a communicator logs
+    them; other ranks and runs without the log record nothing). A case on registered windows
+    that ran anything but a symmetric kernel fails: its row would claim what did not run."""
+    from overlapbench.nccl_log import matching, summarize
+
+    if log is None:
+        return {}
+    launches = matching(log.since(mark), case.op, case.nbytes, rt.world_size)
+    fields = summarize(launches)
+    classic = next((x for x in launches if not x.symmetric), None)
+    if case.window and classic is not None:
+        error = (f"NCCL ran {classic.kernel} on {classic.channels} channels, not a symmetric kernel: "
+                 f"the buffers are not symmetric windows of this communicator")
+        return fields | {"status": "failed", "error": error}
+    return fields
 
 
 def _beside(rt: Runtime, case: Case, bench: Bench, op_ms: float, gemms, iters: int) -> dict:
@@ -170,6 +193,9 @@ def make_row(case: Case, result: dict, info: RunInfo) -> dict:
     for key in ("ms", "p10_ms", "p90_ms", "iqr_ms", "cv", "graphs", "graph_error", "algbw", "busbw",
                 "wrong", "ops_per_sample", "samples_ms"):
         row[key] = result.get(key)
+    for key in ("nccl_kernel", "nccl_channels", "nccl_symmetric", "nccl_also"):  # NCCL paths, from its tuning log
+        if key in result:
+            row[key] = result[key]
     if case.beside_gemm:
         row["beside_gemm"] = True
         for key in ("beside_ms", "beside_busbw", "gemm_tflops_alone", "gemm_tflops_beside", "gemm_loss", "gemm_tokens"):
@@ -218,7 +244,8 @@ def run_in_sweep(rt: Runtime, spec: SweepSpec, store: ResultStore | None, done: 
     """A study's `comm:` section, after its layer points, into the same store; rows written."""
     bench = spec.comm
     dtype = spec.resolved_dtype(rt.is_cuda)
-    cases = make_cases(bench, rt.world_size, rt.backend, dtype, bench.hidden or spec.shape.hidden, len(env["hosts"]))
+    cases = make_cases(bench, rt.world_size, rt.backend, dtype, bench.hidden or spec.shape.hidden, len(env["hosts"]),
+                       windows=rt.nccl_windows_unavailable())
     m = spec.measure
     info = RunInfo(spec.name, run_id, env, m.warmup, m.iters, m.graphs)
     console.print(f"comm: {len(cases)} collective cases")

@@ -1,6 +1,9 @@
 """How a chunk's row-parallel partial sum becomes the next normed input (see layer.Reducer).
 
 `nccl`: an NCCL (gloo on CPU) all-reduce in place, then the fused residual add + RMSNorm.
+`nccl_symm`: the same on rows of a registered NCCL window (runtime.Runtime.window), which the
+GEMMs write their partial sums into, so that NCCL runs its symmetric kernel on exactly the
+budget's CTAs (its own choice at `default`).
 `fused`: one few-CTA Triton kernel over symmetric memory that reduces, adds and normalizes
 (knobs.FUSED_KERNEL: kernel v2's pull variant, kernels/allreduce_norm_pull.py, by default; or
 push, pull_push or v1; the residual token-sharded, except in v1);
@@ -21,12 +24,32 @@ import torch.distributed as dist
 
 from overlapbench.knobs import DEFAULT, FUSED_KERNEL, SYMMETRIC_COMM
 from overlapbench.layer import Chunk, LocalReducer
+from overlapbench.nccl_windows import NcclWindow
 from overlapbench.runtime import BuildContext
 
 
-def collective(ctx: BuildContext, nccl_max_ctas=DEFAULT, high_priority: bool = False) -> LocalReducer:
+def collective(ctx: BuildContext, nccl_max_ctas=DEFAULT, high_priority: bool = False, symm: bool = False) -> LocalReducer:
+    """NCCL's all-reduce under a CTA budget, then the fused add + RMSNorm; `symm`: on rows of a
+    registered window (WindowReducer)."""
+    if symm:  # rows for the run's largest batch (this one's, where that does not fit in memory)
+        hidden = ctx.stack.shape.hidden
+        window = ctx.runtime.window(max(ctx.max_tokens, ctx.tokens) * hidden, ctx.stack.dtype, nccl_max_ctas,
+                                    high_priority, fallback=ctx.tokens * hidden)
+        return WindowReducer(ctx.eps, partial(dist.all_reduce, group=window.group), window, hidden)
     group = ctx.runtime.group(nccl_max_ctas, high_priority)
     return LocalReducer(ctx.eps, partial(dist.all_reduce, group=group))
+
+
+@dataclass
+class WindowReducer(LocalReducer):
+    """LocalReducer whose partial sums lie in a registered NCCL window, row r of the layout at
+    row r of the window: the GEMMs write them there, NCCL all-reduces them in place."""
+
+    window: NcclWindow | None = None
+    hidden: int = 0
+
+    def out_buffer(self, chunk: Chunk) -> torch.Tensor:
+        return self.window.view(chunk.begin * self.hidden, (chunk.size, self.hidden))
 
 
 @dataclass
@@ -81,8 +104,10 @@ def symmetric(ctx: BuildContext, num_ctas: int, comm: str = "fused") -> Symmetri
 
 def for_split(ctx: BuildContext, knobs: dict) -> tuple:
     """(after attention, after MLP) reducers, as the split knobs `comm`, `comm_ctas_attn`,
-    `comm_ctas_mlp` and `nccl_max_ctas` ask."""
+    `comm_ctas_mlp` and `nccl_max_ctas` ask; NCCL's on the high-priority communication lane."""
     comm = knobs["comm"]
+    if comm == "nccl_symm":
+        return tuple(collective(ctx, knobs[name], high_priority=True, symm=True) for name in ("comm_ctas_attn", "comm_ctas_mlp"))
     if comm not in SYMMETRIC_COMM:
         reducer = LocalReducer(ctx.eps) if comm == "none" else collective(ctx, knobs["nccl_max_ctas"], high_priority=True)
         return reducer, reducer

@@ -26,6 +26,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from overlapbench import nccl_windows
 from overlapbench.layer import (
     KVBuffer,
     add_qkv_bias,
@@ -38,6 +39,7 @@ from overlapbench.layer import (
     whole_batch,
 )
 from overlapbench.moe import moe_partial
+from overlapbench.nccl_windows import NcclWindow
 from overlapbench.overlap.sp_schedule import ATTENTION_MODES, ShardLayout
 from overlapbench.runtime import BuildContext
 from overlapbench.step import Step
@@ -206,6 +208,66 @@ class CollectiveExchange:
 
     def fence(self) -> None:
         pass
+
+
+@dataclass
+class WindowExchange(CollectiveExchange):
+    """sp_baseline with nccl_symm: the same blocking collectives, every buffer they touch in a
+    registered NCCL window, so that NCCL runs its symmetric kernels: per block, the shard it
+    gathers (the norm writes it there), the gathered rows, the GEMM's partial sums (the GEMM
+    writes them there) and the scattered shard, each on a page of its own (window_regions)."""
+
+    window: NcclWindow | None = None
+    widths: tuple[int, int] = (0, 0)  # row widths of the gathered input and of the scattered output
+
+    def __post_init__(self) -> None:
+        views = window_regions(self.layout, self.widths, self.window.tensor.element_size())[0]
+        self.regions = [[self.window.view(start, shape) for start, shape in block] for block in views]
+
+    def shard_buffer(self, block: int) -> torch.Tensor | None:
+        return self.regions[block][0] if self.widths[0] else None
+
+    def gather(self, block: int, shard: torch.Tensor) -> torch.Tensor:
+        source, full = self.regions[block][:2]
+        if shard.data_ptr() != source.data_ptr():  # a shard written elsewhere (a MoE block's router input)
+            source.copy_(shard)
+        all_gather_single(full, source, group=self.group)
+        return full
+
+    def matmul_scatter(self, block: int, rows: RowSource, weight: torch.Tensor) -> torch.Tensor:
+        torch.matmul(rows(0, self.layout.padded), weight.t(), out=self.regions[block][2])
+        return self._reduce_scatter(block)
+
+    def scatter(self, block: int, rows: RowSource) -> torch.Tensor:
+        self.regions[block][2].copy_(rows(0, self.layout.padded))
+        return self._reduce_scatter(block)
+
+    def _reduce_scatter(self, block: int) -> torch.Tensor:
+        partial, out = self.regions[block][2:]
+        reduce_scatter_single(out, partial, group=self.group)
+        return out
+
+
+def window_regions(layout: ShardLayout, widths: tuple[int, int], element_size: int) -> tuple[list, int]:
+    """(start, shape) of each block's regions in a WindowExchange's window (shard to gather,
+    gathered rows, partial sums, scattered shard), and the elements the window must hold."""
+    gather, scatter = widths
+    shapes = [(layout.shard, gather), (layout.padded, gather), (layout.padded, scatter), (layout.shard, scatter)]
+    starts, total = nccl_windows.layout([rows * width for rows, width in shapes] * 2, element_size)
+    blocks = [list(zip(starts[4 * b : 4 * b + 4], shapes)) for b in (ATTENTION, MLP)]
+    return blocks, total
+
+
+def window_exchange(ctx, max_ctas) -> WindowExchange:
+    """sp_baseline's exchange on a registered window of its group (nccl_max_ctas, exact), sized
+    for the run's largest batch (this point's, where that does not fit in memory)."""
+    gather_width, scatter_width, dtype = sp_io(ctx)
+    widths, size = (gather_width, scatter_width), dtype.itemsize
+    world = ctx.runtime.world_size
+    most = window_regions(ShardLayout(max(ctx.max_tokens, ctx.tokens), world), widths, size)[1]
+    layout = sp_layout(ctx)
+    window = ctx.runtime.window(most, dtype, max_ctas, fallback=window_regions(layout, widths, size)[1])
+    return WindowExchange(layout, window.group, window, widths)
 
 
 @dataclass

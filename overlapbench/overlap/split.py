@@ -93,16 +93,19 @@ class SplitForward:
         self.residual, self.normed, self.partials = make(), make(), make()
         self.kv = KVBuffer(tokens, ctx.stack.kv_heads, ctx.stack.shape.head_dim, ctx.stack.dtype, ctx.runtime.device)
 
-    def _partial_out(self, chunk: Chunk) -> torch.Tensor:
-        buffer = self.after_attention.out_buffer(chunk)  # both reducers share one buffer
+    def _partial_out(self, reducer: Reducer, chunk: Chunk) -> torch.Tensor:
+        """Where a GEMM writes the partial sums `reducer` will reduce: its buffer (a symmetric
+        one, which the two reducers share unless their CTA budgets give them NCCL windows of
+        two groups), or the chunk's rows of `partials`."""
+        buffer = reducer.out_buffer(chunk)
         return self.partials[chunk.rows] if buffer is None else buffer
 
     def _attention(self, layer: int, chunk: Chunk) -> torch.Tensor:
-        stack, rope = self.ctx.stack, self.ctx.rope
-        return attention_partial(stack, layer, self.normed[chunk.rows], chunk, rope, self.kv, self._partial_out(chunk))
+        stack, rope, out = self.ctx.stack, self.ctx.rope, self._partial_out(self.after_attention, chunk)
+        return attention_partial(stack, layer, self.normed[chunk.rows], chunk, rope, self.kv, out)
 
     def _mlp(self, layer: int, chunk: Chunk) -> torch.Tensor:
-        return mlp_partial(self.ctx.stack, layer, self.normed[chunk.rows], self._partial_out(chunk))
+        return mlp_partial(self.ctx.stack, layer, self.normed[chunk.rows], self._partial_out(self.after_mlp, chunk))
 
     def _reduce(self, reducer: Reducer, partial: torch.Tensor, chunk: Chunk, weight: torch.Tensor) -> None:
         rows = chunk.rows

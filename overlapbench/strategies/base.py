@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from overlapbench.errors import UserError, did_you_mean, field_name
-from overlapbench.knobs import DEFAULT, SYMMETRIC_COMM, Knob
+from overlapbench.knobs import CTA_COMM, DEFAULT, SYMMETRIC_COMM, Knob
 from overlapbench.step import Step
 
 if TYPE_CHECKING:
@@ -58,6 +58,9 @@ class Strategy:
                 )
         checked = {k.name: k.check(values.get(k.name, k.default), f"{where}.{k.name}") for k in cls.knobs}
         cls.check_combination(checked, where)
+        for k in cls.knobs:  # a sparse knob at its default is left out (knobs.Knob.sparse)
+            if k.sparse and checked[k.name] == k.default:
+                del checked[k.name]
         return checked
 
     @classmethod
@@ -76,20 +79,41 @@ class Strategy:
         return None
 
     @classmethod
+    def uses_nccl_windows(cls, knobs: dict) -> bool:
+        """Whether this setting runs NCCL on registered symmetric windows (runtime.Runtime.window):
+        the sweep skips it, with the reason, where those cannot be made."""
+        return False
+
+    @classmethod
     def build(cls, ctx: BuildContext, knobs: dict) -> Step:
         raise NotImplementedError
+
+
+class NcclStrategy(Strategy):
+    """What baseline and sp_baseline share: NCCL collectives under an SM budget (nccl_max_ctas),
+    on plain buffers or on registered symmetric windows (nccl_symm)."""
+
+    @classmethod
+    def uses_nccl_windows(cls, knobs):
+        return bool(knobs.get("nccl_symm"))
+
+    @classmethod
+    def skip_reason(cls, knobs, cuda):
+        if knobs.get("nccl_symm") and not cuda:
+            return "nccl_symm needs NCCL on CUDA GPUs (registered symmetric windows)"
+        return None
 
 
 class SplitStrategy(Strategy):
     """What token_split and iso share beyond the schedule: the comm knobs' rules."""
 
-    cta_knobs: tuple[str, ...] = ()  # the CTA budgets that only comm=fused / copy_engine use
+    cta_knobs: tuple[str, ...] = ()  # the CTA budgets that only comm=fused / copy_engine / nccl_symm use
 
     @classmethod
     def check_combination(cls, knobs, where):
         """Knobs that do not apply to the chosen `comm` are reset, so a grid over both comm
         paths does not measure the same setting twice."""
-        if knobs["comm"] not in SYMMETRIC_COMM:
+        if knobs["comm"] not in CTA_COMM:
             for name in cls.cta_knobs:
                 knobs[name] = None
         if knobs["comm"] != "nccl":
@@ -100,7 +124,13 @@ class SplitStrategy(Strategy):
         return knobs["comm"] != "none"  # comm=none is a bound, not a correct result
 
     @classmethod
+    def uses_nccl_windows(cls, knobs):
+        return knobs["comm"] == "nccl_symm"
+
+    @classmethod
     def skip_reason(cls, knobs, cuda):
         if knobs["comm"] in SYMMETRIC_COMM and not cuda:
             return f"comm={knobs['comm']} needs CUDA GPUs with symmetric memory"
+        if cls.uses_nccl_windows(knobs) and not cuda:
+            return "comm=nccl_symm needs NCCL on CUDA GPUs (registered symmetric windows)"
         return None

@@ -2,27 +2,23 @@
 
 from __future__ import annotations
 
-from functools import partial
-
-from overlapbench.knobs import NCCL_MAX_CTAS
+from overlapbench.knobs import NCCL_MAX_CTAS, NCCL_SYMM
 from overlapbench.strategies import register
-from overlapbench.strategies.base import Step, Strategy
+from overlapbench.strategies.base import NcclStrategy, Step
 
 
 @register
-class Baseline(Strategy):
+class Baseline(NcclStrategy):
     name = "baseline"
     simplicity = 0
     summary = "compute, blocking all-reduce, then residual add + RMSNorm (vLLM/Megatron)"
-    knobs = (NCCL_MAX_CTAS,)
+    knobs = (NCCL_MAX_CTAS, NCCL_SYMM)
 
     @classmethod
     def build(cls, ctx, knobs):
-        import torch.distributed as dist
+        from overlapbench.layer import forward_stack, whole_batch
+        from overlapbench.overlap import reducers
 
-        from overlapbench.layer import LocalReducer, forward_stack, whole_batch
-
-        group = ctx.runtime.group(knobs["nccl_max_ctas"])
-        reducer = LocalReducer(ctx.eps, partial(dist.all_reduce, group=group))
+        reducer = reducers.collective(ctx, knobs["nccl_max_ctas"], symm=cls.uses_nccl_windows(knobs))
         chunk = whole_batch(ctx.seq_lens, ctx.runtime.device, ctx.decode)
         return Step(lambda x: forward_stack(ctx.stack, x, chunk, ctx.rope, reducer))

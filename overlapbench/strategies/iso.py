@@ -108,7 +108,7 @@ class Iso(SplitStrategy):
     simplicity = 30
     summary = ("ISO: every sequence cut in two chunks; chunk 2 attends to chunk 1's KV; "
                "one chunk's all-reduce overlaps the other's compute")
-    knobs = (SPLIT_RATIO, ALIGN, COMM, comm_ctas("comm_ctas", "(comm=fused or copy_engine)"), NCCL_MAX_CTAS)
+    knobs = (SPLIT_RATIO, ALIGN, COMM, comm_ctas("comm_ctas", "(comm=fused, copy_engine or nccl_symm)"), NCCL_MAX_CTAS)
 
     cta_knobs = ("comm_ctas",)
 

@@ -44,8 +44,8 @@ class TokenSplit(SplitStrategy):
         Knob("split_ratio", float, None, "cut at this fraction of the tokens instead (alternative to split_offset)",
              bounds=(0.05, 0.95), optional=True),
         COMM,
-        comm_ctas("comm_ctas_attn", "after attention (comm=fused or copy_engine)"),
-        comm_ctas("comm_ctas_mlp", "after the MLP (comm=fused or copy_engine)"),
+        comm_ctas("comm_ctas_attn", "after attention (comm=fused, copy_engine or nccl_symm)"),
+        comm_ctas("comm_ctas_mlp", "after the MLP (comm=fused, copy_engine or nccl_symm)"),
         NCCL_MAX_CTAS,
     )
 
