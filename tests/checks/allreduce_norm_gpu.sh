@@ -19,7 +19,7 @@
 #   OUT=/tmp/out CHECK_PATHS=nccl,fused_norm,fused_norm_push,fused_norm_pull_push \
 #     ALLREDUCE_NORM_ENGINES=fused,fused_pull,fused_pull_push CHECK_SKIP=layers,ce_bench bash tests/checks/allreduce_norm_gpu.sh
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 28 on 2 GPUs (nvidia-h200-x2), one command, everything under $OUT:
-#   OUT=/tmp/out OVERLAPBENCH_GIT=<commit> bash kernels/check_issue28.sh
+# NCCL's symmetric windows (nccl_symm) on 2 GPUs, one command, everything under $OUT:
+#   OUT=/tmp/out OVERLAPBENCH_GIT=<commit> bash tests/checks/nccl_symm_gpu.sh
 # 1. the GPU tests of nccl_symm: windows, the collectives on them (exact, symmetric kernel on the
 #    budget's channels, from NCCL's tuning log), every strategy that takes it (eager and graph),
 #    and comm's every path (nccl_symm included)                  -> gpu-tests.log
@@ -14,7 +14,7 @@
 #    checked against the reference                              -> layers.{jsonl,log}
 # Last: a short table. CHECK_SKIP=tests,layers skips steps 1 and 4.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -33,8 +33,8 @@ echo "comm: exit $?" | tee -a "$OUT/summary.txt"
 timeout 240 "${COMM[@]}" --ops all_reduce --paths nccl,nccl_symm,fused_norm,copy_engine_norm --nccl-max-ctas default,8,16 \
   --comm-ctas 8,16 -b 64M -e 64M --beside-gemm --output "$OUT/comm-beside.jsonl" > "$OUT/comm-beside.csv" 2> "$OUT/comm-beside.log"
 echo "comm --beside-gemm: exit $?" | tee -a "$OUT/summary.txt"
-cat > "$OUT/check-issue28.yaml" <<'SPEC'
-name: check-issue28
+cat > "$OUT/check-layers.yaml" <<'SPEC'
+name: check-nccl-symm-layers
 model: llama3-8b
 tp: 2
 layers: 2
@@ -50,7 +50,7 @@ strategies:
 measure: {warmup: 2, iters: 5, warmup_s: 0.0, timeout_s: 60}
 SPEC
 if [[ ",$SKIP," != *,layers,* ]]; then
-  timeout 240 python -m overlapbench sweep "$OUT/check-issue28.yaml" --output "$OUT/layers.jsonl" --nproc 2 > "$OUT/layers.log" 2>&1
+  timeout 240 python -m overlapbench sweep "$OUT/check-layers.yaml" --output "$OUT/layers.jsonl" --nproc 2 > "$OUT/layers.log" 2>&1
   echo "layer check: exit $?" | tee -a "$OUT/summary.txt"
 fi
 python - "$OUT" <<'SUMMARY' | tee -a "$OUT/summary.txt"

@@ -10,7 +10,7 @@ no collective kernel (it copies locally), so the log is expected to show no kern
 checks the API path, the registration, graph capture on registered memory and the log's
 plumbing, not the symmetric kernels themselves.
 
-    python kernels/smoke_nccl_symm.py [--out DIR]    # DIR: keep NCCL's log there
+    python tests/checks/nccl_symm_one_gpu.py [--out DIR]    # DIR: keep NCCL's log there
 
 Prints one line per check and a verdict; exit code 1 if any check failed.
 """
