@@ -68,12 +68,12 @@ def half_widths(store: str, min_tokens: int) -> list[float]:
     return [(ci[1] - ci[0]) / 2 / s for (_, batch), (s, ci) in speedups(store).items() if ci and sum(batch) >= min_tokens]
 
 
-def picks(store: str) -> dict[tuple[str, int], str]:
-    """(group, token count) -> what tune picks there, described."""
+def picks(store: str, min_gain: float = tune.MIN_GAIN) -> dict[tuple[str, int], str]:
+    """(group, token count) -> what tune picks there (with `min_gain`), described."""
     out = {}
     for group, points in layer_points(store).items():
         for tokens, rows_at in points.items():
-            chosen = tune.pick(rows_at)
+            chosen = tune.pick(rows_at, min_gain)
             if chosen is not None:
                 out[(group.label(), tokens)] = chosen.chosen.describe()
     return out
@@ -221,3 +221,23 @@ def the_one(values: list, what: str):
 def found_in(text_file: str, pattern: str) -> list[str]:
     """Every match of a regex's first group in a committed text file."""
     return re.findall(pattern, path(text_file).read_text(), re.M)
+
+
+def picks_by_tokens(*stores: str) -> dict[int, dict]:
+    """Per token count of the stores' one layer group: tune's pick there, as the README's table
+    prints it: the reference's and no_comm's ms, the pick's strategy and its comm/CTA knobs, its
+    speedup over the reference with the paired interval's half width, and the share of the
+    exposed communication it hides (analysis.hidden, the figure report prints)."""
+    (points,) = layer_points(*stores).values()
+    out = {}
+    for tokens, rows_at in sorted(points.items()):
+        chosen = tune.pick(rows_at)
+        ref, free, m = analysis.reference(rows_at), analysis.bound(rows_at), chosen.chosen
+        ci = analysis.speedup_ci(m, ref)
+        speedup = analysis.speedup(m, ref)
+        ctas = [str(v) for k, v in m.knobs.items() if "ctas" in k and v not in (None, analysis.DEFAULT)]
+        how = ", ".join(filter(None, [str(m.knobs.get("comm") or ""), f"{'/'.join(ctas)} CTAs" if ctas else ""]))
+        out[tokens] = {"ref_ms": ref.ms, "free_ms": free.ms, "strategy": m.strategy, "how": how, "speedup": speedup,
+                       "pm": 0.0 if ci is None else (ci[1] - ci[0]) / 2 / speedup * 100,
+                       "hidden": analysis.hidden(m, ref, free) * 100}
+    return out

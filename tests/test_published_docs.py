@@ -1,0 +1,209 @@
+"""Every figure the README and docs/ publish about measured runs, computed again from the committed
+files they cite (the mechanism: tests/published.py; the computations: tests/figures.py). A figure
+changed in the text, or rows that no longer give it, fails with the passage as it should read."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from overlapbench.report import rounds
+from overlapbench.report.profile import tally
+from tests import figures as f
+from tests.published import Claim, bounds, flat
+
+R = "results/h200x2/"
+RUNS_70B = (R + "9f356d8/llama3-70b-tp2-1k-4k.jsonl", R + "9f356d8/llama3-70b-tp2-8k-32k.jsonl")
+RUNS_8B = (R + "9f356d8/llama3-8b-tp2.jsonl",)
+SP_RUNS = (R + "3b4da9f/sp-llama3-70b-tp2-a.jsonl", R + "3b4da9f/sp-llama3-70b-tp2-b.jsonl")
+RESULTS = "docs/results-h200.md"
+
+
+# -- the README's table -----------------------------------------------------------------------
+
+
+def _table_row(tokens: int) -> dict:
+    return f.picks_by_tokens(*RUNS_70B)[tokens]
+
+
+ROW = "| {tokens} | {{ref_ms:.3f}} | `{{strategy}}` {{how}} | {{speedup:.3f}}x ±{{pm:.1f}}% | {{hidden:.0f}}% |"
+README_ROWS = [
+    Claim("README.md", ROW.format(tokens=tokens), lambda tokens=tokens: _table_row(tokens))
+    for tokens in (1024, 2048, 4096, 8192, 16384, 32768)
+]
+
+
+# -- docs/results-h200.md -----------------------------------------------------------------------
+
+
+def _best(stores, strategy, tokens) -> float:
+    return next(v for (_, (batch, _decode)), v in f.best_speedups(stores, strategy).items() if sum(batch) == tokens)
+
+
+def _best_range(stores, strategy, from_tokens: int) -> dict:
+    return bounds(v for (_, (batch, _)), v in f.best_speedups(stores, strategy).items() if sum(batch) >= from_tokens)
+
+
+def _best_hidden(stores) -> dict[int, float]:
+    """Token count -> the share of the exposed communication token_split's best setting hides (%)."""
+    from overlapbench import analysis
+
+    out = {}
+    for _, composition, rows in f.batches_of(*stores):
+        ref, free = analysis.reference(rows), analysis.bound(rows)
+        best = analysis.best_per_strategy([m for m in rows if m.strategy == "token_split"])["token_split"]
+        out[sum(composition[0])] = analysis.hidden(best, ref, free) * 100
+    return out
+
+
+def _tuned_rules(path: str) -> list[dict]:
+    import yaml
+
+    return yaml.safe_load(f.path(path).read_text())["rules"]
+
+
+def _picks_fused_norm_again() -> dict:
+    rules = _tuned_rules(R + "9f356d8/tuned/llama3-70b-tp2-nvidia-h200-bf16.yaml")
+    assert [r["strategy"] for r in rules][0] == rules[-1]["strategy"] == "fused_norm"
+    return {"start": rules[-1]["tokens"][0], "ts": _best(RUNS_70B, "token_split", 32768),
+            "fn": _best(RUNS_70B, "fused_norm", 32768)}
+
+
+def _profile_added() -> dict:
+    """What token_split with the copy engine adds per layer over the same split with no
+    communication, at 32K (the profile's tables, tallied as `report --profile` does)."""
+    folder = f.path(R + "9f356d8/profile-70b-32k")
+    layers = f.the_one([r["layers"] for r in f.rows(R + "9f356d8/profile-70b-32k.jsonl")], "layers")
+    split = "token_split-32768-align=256-split_offset=0-comm="
+    ce = tally(folder / f"{split}copy_engine-comm_ctas_attn=32-comm_ctas_mlp=32.txt", layers)
+    none = tally(folder / f"{split}none.txt", layers)
+    return {"gemm": ce["gemm"] - none["gemm"],
+            "rest": sum(ce[k] - none[k] for k in ("elementwise", "copy"))}
+
+
+def _first_runs() -> dict:
+    stores = (R + "llama3-70b-tp2.jsonl", R + "llama3-8b-tp2.jsonl")
+    return bounds([v for s in ("token_split", "iso") for v in f.best_speedups(stores, s).values()])
+
+
+def _per_piece() -> dict:
+    per_piece = f.best_speedups(SP_RUNS, "flash_agrs", attention="per_piece")
+    whole = f.best_speedups(SP_RUNS, "flash_agrs", attention="whole")
+    ratios = {key: per_piece[key] / whole[key] for key in per_piece if key in whole}
+    at_32k = [v for (_, (batch, _)), v in ratios.items() if sum(batch) == 32768]
+    return bounds(ratios.values()) | {"lo32": min(at_32k), "hi32": max(at_32k)}
+
+
+def _comm(store: str, strategy: str, ctas, field: str = "busbw") -> float:
+    (row,) = [r for r in f.rows(R + store) if r["strategy"] == strategy and r["op"] == "all_reduce"
+              and r["bytes"] == 64 << 20 and str(r["knobs"].get("ctas")) == str(ctas)]
+    return row[field]
+
+
+def _comm_paths() -> dict:
+    alone = "05b703a/comm.jsonl"
+    return {"nccl": _comm(alone, "nccl", "default"),
+            **{f"f{c}": _comm(alone, "fused_norm", c) for c in (8, 16, 32)},
+            **{f"c{c}": _comm(alone, "copy_engine_norm", c) for c in (8, 16, 32)}}
+
+
+def _gemm_loss(strategy: str) -> dict:
+    ctas = {"nccl": ("default", 8, 16, 32), "fused_norm": (4, 8, 16, 32), "copy_engine_norm": (4, 8, 16, 32)}[strategy]
+    return bounds([_comm("05b703a/comm-beside.jsonl", strategy, c, "gemm_loss") for c in ctas], 100)
+
+
+RESULTS_CLAIMS = [
+    Claim(RESULTS, "is {a[lo]:.1f}-{a[hi]:.1f}% of a Llama-3-70B layer's time and "
+                   "{b[lo]:.1f}-{b[hi]:.1f}% of a Llama-3-8B layer's",
+          lambda: {"a": bounds(f.comm_shares(*RUNS_70B), 100), "b": bounds(f.comm_shares(*RUNS_8B), 100)}),
+    Claim(RESULTS, "is {a[lo]:.3f}-{a[hi]:.3f}x over `baseline` on 70B from 4096 tokens ({at2k:.3f}x at 2048) and "
+                   "{b[lo]:.3f}-{b[hi]:.3f}x on 8B, hiding {h[4096]:.0f}%, {h[8192]:.0f}%, {h[16384]:.0f}% and {h[32768]:.0f}% "
+                   "of 70B's exposed communication at 4K, 8K, 16K and 32K tokens and {h8[lo]:.0f}-{h8[hi]:.0f}% of 8B's",
+          lambda: {"a": _best_range(RUNS_70B, "token_split", 4096), "at2k": _best(RUNS_70B, "token_split", 2048),
+                   "b": _best_range(RUNS_8B, "token_split", 4096), "h": _best_hidden(RUNS_70B),
+                   "h8": bounds(v for t, v in _best_hidden(RUNS_8B).items() if t >= 4096)}),
+    Claim(RESULTS, "on 70B again from {start} tokens: at 32K `token_split` is {ts:.3f}x and `fused_norm` {fn:.3f}x",
+          _picks_fused_norm_again),
+    Claim(RESULTS, "`token_split`'s GEMMs take {gemm:.2f} ms more per layer and its elementwise kernels and copies "
+                   "{rest:.2f} ms more", _profile_added),
+    Claim(RESULTS, "`token_split` and `iso` lost ({lo:.2f}-{hi:.2f}x)", _first_runs),
+    Claim(RESULTS, "`flash_agrs` at its defaults is {fa[lo]:.3f}-{fa[hi]:.3f}x over `async_tp` and {fb[lo]:.3f}-{fb[hi]:.3f}x "
+                   "over the all-reduce `baseline`; `async_tp` is {ab[lo]:.3f}-{ab[hi]:.3f}x over `baseline`",
+          lambda: {"fa": bounds(f.relative(f.best_speedups(SP_RUNS, "flash_agrs"), f.best_speedups(SP_RUNS, "async_tp"))),
+                   "fb": bounds(f.best_speedups(SP_RUNS, "flash_agrs").values()),
+                   "ab": bounds(f.best_speedups(SP_RUNS, "async_tp").values())}),
+    Claim(RESULTS, "runs at {lo:.3f}-{hi:.3f}x of `whole`, and is the faster of the two at 32768 tokens ({lo32:.3f}-{hi32:.3f}x)",
+          _per_piece),
+    Claim(RESULTS, "NCCL alone reaches {nccl:.0f} GB/s busbw with its own CTA count; the fused all-reduce + norm kernel "
+                   "(`fused_norm`) {f8:.0f}/{f16:.0f}/{f32:.0f} on 8/16/32 CTAs, the copy-engine path (`copy_engine_norm`) "
+                   "{c8:.0f}/{c16:.0f}/{c32:.0f}", _comm_paths),
+    Claim(RESULTS, "the copy-engine path took {c[lo]:.1f}-{c[hi]:.1f}% of their TFLOP/s, NCCL {n[lo]:.1f}-{n[hi]:.1f}% and the "
+                   "fused kernel {k[lo]:.1f}-{k[hi]:.1f}%",
+          lambda: {"c": _gemm_loss("copy_engine_norm"), "n": _gemm_loss("nccl"), "k": _gemm_loss("fused_norm")}),
+]
+
+
+# -- docs/timing.md, workload.md, tune-and-report.md ---------------------------------------------
+
+
+def _round_spread() -> dict:
+    sds: dict[int, list[float]] = {}
+    counts: list[int] = []
+    for run in SP_RUNS:
+        for members in rounds.paired_batches(f.rows(run)).values():
+            reference, others = members[0], members[1:]
+            tokens = reference["tokens"]
+            sds.setdefault(tokens, []).append(statistics.median(rounds.log_ratio_sd(reference, r) for r in others) * 100)
+            if tokens <= 4096:
+                counts.append(len(reference["round_ids"]))
+    pick = lambda lo, hi: bounds(v for t, vs in sds.items() if lo <= t <= hi for v in vs)
+    return {"a": pick(1, 4096), "b": pick(8192, 8192), "c": pick(16384, 32768), "n": bounds(counts)}
+
+
+def _agreement() -> dict:
+    agreed = f.agreement(*SP_RUNS)
+    walls = f.walls(R + "3b4da9f/walls.txt")
+    return agreed | {"wa": walls["a"], "wb": walls["b"], "seq": f.walls(R + "1017330/walls.txt")["sp-seq"]}
+
+
+def _decode_rates() -> dict:
+    rows = [json.loads(line) for line in f.path(R + "8f58a81/bench-decode.jsonl").read_text().splitlines()]
+    rate = lambda path: bounds((r["gb_s"] for r in rows if r["path"] == path), 1e-3)
+    return {"c": rate("cudnn_decode"), "f": rate("flash_decode")}
+
+
+def _margin_agreement() -> dict:
+    a, b = R + "a034cb8/sp-llama3-70b-tp2-a.jsonl", R + "a034cb8/sp-llama3-70b-tp2-b.jsonl"
+    agree = lambda gain: sum(x == f.picks(b, gain).get(k) for k, x in f.picks(a, gain).items())
+    return {"none": agree(0.0), "with": agree(0.01), "n": len(f.picks(a))}
+
+
+DOCS_CLAIMS = [
+    Claim("docs/timing.md", "reference is {a[lo]:.1f}-{a[hi]:.1f}% at 1-4K tokens, {b[lo]:.1f}-{b[hi]:.1f}% at 8K and "
+                            "{c[lo]:.1f}-{c[hi]:.1f}% at 16-32K, and little of it is shared by candidates of one round, so "
+                            "+-0.5% took {n[lo]:.0f}-{n[hi]:.0f} rounds at 1-4K tokens", _round_spread),
+    Claim("docs/timing.md", "agreed within 1% at {within_1} of {points} points and within 0.5% at {within_05}, every interval at "
+                            "4096 tokens and above within +-0.5% ({narrow} of {intervals}), `tune` picking the same at "
+                            "{same_picks} of {counts} token counts", _agreement),
+    Claim("docs/timing.md", "their device calls took {wa:.0f} s and {wb:.0f} s against {seq:.0f} s", _agreement),
+    Claim("docs/workload.md", "cuDNN reads the cache at {c[lo]:.1f}-{c[hi]:.1f} TB/s, flash at {f[lo]:.1f}-{f[hi]:.1f}",
+          _decode_rates),
+    Claim("docs/tune-and-report.md", "agreed at {none} of {n} token counts with no margin, {with} of {n} with it",
+          _margin_agreement),
+]
+
+
+@pytest.mark.parametrize("claim", README_ROWS + RESULTS_CLAIMS + DOCS_CLAIMS, ids=lambda c: f"{c.doc}: {c.text[:50]}")
+def test_each_published_figure_follows_from_its_rows(claim: Claim):
+    problem = claim.problem()
+    assert problem is None, problem
+
+
+def test_a_changed_figure_is_caught():
+    claim = README_ROWS[3]
+    doc = (f.ROOT / claim.doc).read_text()
+    assert claim.problem(doc) is None
+    stale = doc.replace(flat(claim.expected()).split(" | ")[1], "14.330", 1)
+    assert stale != doc and "should say" in claim.problem(stale)
