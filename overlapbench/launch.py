@@ -110,7 +110,9 @@ def _relay(stream, interrupted: threading.Event) -> None:
     stream.close()
 
 
-FORWARDED = (signal.SIGTERM, signal.SIGHUP)  # stop the run as Ctrl-C does (SIGINT is KeyboardInterrupt already)
+# Each stops the run as Ctrl-C does. SIGINT too: a process started in the background inherits it
+# ignored, and torchrun (which handles it) no longer sees the signal, this process passes it on.
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _as_interrupt(signum, frame) -> None:
