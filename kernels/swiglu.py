@@ -1,0 +1,43 @@
+"""SwiGLU in one pass: SiLU(gate) * up of the gate/up projection's rows, one Triton kernel.
+
+The projection's row is [gate | up] (the MLP's fused GEMM, and each expert's); the kernel reads
+each half once and writes the product once, in fp32 inside, rounded once to the output's dtype:
+where `F.silu(gate) * up` runs two kernels and a temporary as wide as the output.
+overlapbench/activation.py holds the torch version (the oracle, and the CPU and float32 path)
+and picks between them.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_T, BLOCK_F = 8, 512  # a program's tile: 4096 elements, 32 per thread at 4 warps (16-byte accesses)
+
+
+@triton.jit
+def _swiglu_kernel(x_ptr, out_ptr, n_rows, width, stride_x, stride_out, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+    rows = (tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
+    mask = (rows < n_rows)[:, None] & (cols < width)[None, :]
+    gate_ptrs = x_ptr + rows[:, None] * stride_x + cols[None, :]
+    gate = tl.load(gate_ptrs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(gate_ptrs + width, mask=mask, other=0.0).to(tl.float32)
+    y = gate * tl.sigmoid(gate) * up
+    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def swiglu(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """SiLU(gate) * up of gate_up [rows, 2 * width] -> [rows, width] (into `out` if given)."""
+    rows, width = gate_up.shape[0], gate_up.shape[1] // 2
+    assert gate_up.shape[1] == 2 * width and gate_up.stride(1) == 1
+    if out is None:
+        out = gate_up.new_empty(rows, width)
+    assert out.shape == (rows, width) and out.stride(1) == 1
+    if rows == 0 or width == 0:
+        return out
+    grid = (triton.cdiv(rows, BLOCK_T), triton.cdiv(width, BLOCK_F))
+    _swiglu_kernel[grid](gate_up, out, rows, width, gate_up.stride(0), out.stride(0),
+                         BLOCK_ROWS=BLOCK_T, BLOCK_COLS=BLOCK_F, num_warps=4)
+    return out
