@@ -112,6 +112,10 @@ class Measured:
     # A mixed batch's decode tokens (tokens, context) beside its prefill `batch`; None for a
     # prefill-only batch (and rows written before mixed batches existed).
     decode: tuple[int, int] | None = None
+    # A layer row's compute rate (overlapbench/flops.py): TFLOP/s, and its share of the device's
+    # dense bf16 peak; None for rows without them (micro workloads, CPU rows, older rows).
+    tflops: float | None = None
+    peak_frac: float | None = None
 
     @classmethod
     def of(cls, row: dict, source: str) -> Measured:
@@ -123,7 +127,7 @@ class Measured:
             checked=_is_checked(row), key=row_key(row), run_id=row.get("run_id"), git=row.get("git"), source=source,
             pairing=row.get("pairing"), round_ids=tuple(row.get("round_ids") or ()),
             speedup=row.get("speedup"), speedup_ci=tuple(row["speedup_ci"]) if row.get("speedup_ci") else None,
-            decode=decode_of(row),
+            decode=decode_of(row), tflops=row.get("tflops"), peak_frac=row.get("peak_frac"),
         )
 
     @property
