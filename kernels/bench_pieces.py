@@ -1,0 +1,128 @@
+"""The layer's memory-bound pieces at the shard shapes, each three ways: our Triton kernel, the
+torch code it replaced (eager: the oracle), and torch.compile of that torch code. Which is
+fastest says whether a kernel of our own is worth having.
+
+    python kernels/bench_pieces.py --out FILE.jsonl
+
+Pieces: RoPE of q and k (with and without q/k norms), SwiGLU, RMSNorm, residual add + RMSNorm.
+Each is timed from a CUDA graph (median over rounds); GB/s counts the fewest bytes the piece
+must move (each input read once, each output written once), against which HBM's ~4.3-4.8 TB/s
+is the ceiling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapbench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from kernels.rmsnorm import add_rmsnorm_reference, fused_add_rmsnorm, rmsnorm
+from kernels.rope import rope_qkv as rope_kernel
+from kernels.swiglu import swiglu as swiglu_kernel
+from overlapbench import environment, measure
+from overlapbench.activation import torch_swiglu
+from overlapbench.models import preset
+from overlapbench.norms import torch_rms_norm
+from overlapbench.rope import RopeTable, torch_rope_qkv
+
+CUDA = torch.device("cuda")
+
+
+def replay_ms(fn, rounds: int = 7, reps: int = 20) -> float:
+    graph = measure.capture(fn)
+    times = []
+    for _ in range(rounds):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            graph.replay()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) / reps)
+    return statistics.median(times)
+
+
+def pieces(shape, tokens: int):
+    """(name, bytes moved at least, {impl: fn}) for each piece at this shape and token count."""
+    g = torch.Generator(device=CUDA).manual_seed(tokens)
+    bf = dict(dtype=torch.bfloat16, device=CUDA)
+    h, hq, hkv, d, f = shape.hidden, shape.heads, shape.kv_heads, shape.head_dim, shape.ffn
+    qkv = torch.randn(tokens, (hq + 2 * hkv) * d, generator=g, device=CUDA).to(torch.bfloat16)
+    positions = torch.arange(tokens, device=CUDA)
+    table = RopeTable(shape, tokens, CUDA)
+    qn, kn = (torch.ones(d, **bf) for _ in range(2))
+    gate_up = torch.randn(tokens, 2 * f, generator=g, device=CUDA).to(torch.bfloat16)
+    x, res = (torch.randn(tokens, h, generator=g, device=CUDA).to(torch.bfloat16) for _ in range(2))
+    w = torch.ones(h, **bf)
+    elem = 2
+    rope_bytes = 2 * tokens * (hq + hkv) * d * elem
+    compiled_rope = torch.compile(torch_rope_qkv)
+    compiled_swiglu, compiled_norm = torch.compile(torch_swiglu), torch.compile(torch_rms_norm)
+    compiled_add_norm = torch.compile(add_rmsnorm_reference)
+    cases = [
+        ("rope", rope_bytes, {
+            "triton": lambda: rope_kernel(qkv, positions, table.cos, table.sin, hq, hkv, d),
+            "torch": lambda: torch_rope_qkv(qkv, positions, table, hq, hkv, d, shape.eps),
+            "compiled": lambda: compiled_rope(qkv, positions, table, hq, hkv, d, shape.eps)}),
+        ("rope+qk_norm", rope_bytes, {
+            "triton": lambda: rope_kernel(qkv, positions, table.cos, table.sin, hq, hkv, d, shape.eps, None, qn, kn),
+            "torch": lambda: torch_rope_qkv(qkv, positions, table, hq, hkv, d, shape.eps, None, qn, kn),
+            "compiled": lambda: compiled_rope(qkv, positions, table, hq, hkv, d, shape.eps, None, qn, kn)}),
+        ("swiglu", 3 * tokens * f * elem, {
+            "triton": lambda: swiglu_kernel(gate_up), "torch": lambda: torch_swiglu(gate_up),
+            "compiled": lambda: compiled_swiglu(gate_up)}),
+        ("rmsnorm", 2 * tokens * h * elem, {
+            "triton": lambda: rmsnorm(x, w, shape.eps), "torch": lambda: torch_rms_norm(x, w, shape.eps),
+            "compiled": lambda: compiled_norm(x, w, shape.eps)}),
+        ("add+rmsnorm", 4 * tokens * h * elem, {
+            "triton": lambda: fused_add_rmsnorm(x, res, w, shape.eps),
+            "torch": lambda: add_rmsnorm_reference(x, res, w, shape.eps),
+            "compiled": lambda: compiled_add_norm(x, res, w, shape.eps)}),
+    ]
+    return cases
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--models", default="llama3-70b:2,llama3-8b:2")
+    p.add_argument("--tokens", type=lambda s: [int(t) for t in s.split(",")], default=[2048, 8192])
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_pieces: needs a CUDA GPU")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    common = {"device": torch.cuda.get_device_name(), "versions": environment.versions(), "git": environment.git_commit()}
+    lines = []
+    with args.out.open("a") as out:
+        for model in args.models.split(","):
+            name, _, tp = model.partition(":")
+            shape = preset(name).shard(int(tp or 1))
+            for tokens in args.tokens:
+                for piece, nbytes, impls in pieces(shape, tokens):
+                    found = {}
+                    for impl, fn in impls.items():
+                        try:
+                            found[impl] = replay_ms(fn)
+                        except Exception as e:  # a compile that fails is a finding, not the end of the run
+                            found[impl] = None
+                            print(f"{model} {tokens} {piece} {impl}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                    for impl, ms in found.items():
+                        row = common | {"model": name, "tp": int(tp or 1), "tokens": tokens, "piece": piece, "impl": impl,
+                                        "ms": ms, "bytes": nbytes, "gbps": None if ms is None else nbytes / ms / 1e6}
+                        out.write(json.dumps(row) + "\n")
+                    text = "  ".join(f"{i} {m * 1e3:7.1f} us {nbytes / m / 1e6:5.0f} GB/s" if m else f"{i} failed"
+                                     for i, m in found.items())
+                    lines.append(f"{model:<13} {tokens:>6} {piece:<13} {text}")
+                    print(lines[-1], flush=True)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

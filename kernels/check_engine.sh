@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Issue 27 on ONE GPU, one command, everything under $OUT (about 8 minutes on an H200):
+#   OUT=/tmp/out bash kernels/check_engine.sh
+# 1. the GPU tests of the layer's kernels and of the one-GPU layer paths (RoPE, SwiGLU, RMSNorm
+#    against float32, graph replay on a side stream, the tp=1 layer and split against the truth,
+#    attention, MoE, mixed batches)                                      -> gpu-tests.log
+# 2. kernels/bench_layer.py: our no_comm layer against transformers' (eager, compiled) at the
+#    llama3-70b and llama3-8b TP=2 shard shapes, 1K-32K tokens, kernel tables at ENGINE_PROFILE
+#    tokens                                                               -> bench-layer.{jsonl,log}, profile/
+# 3. the shard sweeps: baseline, no_comm and token_split comm none, paired, with flops/peak_frac
+#                                                                         -> shard-*.{jsonl,log}
+# 4. kernels/bench_pieces.py: each elementwise piece as Triton, torch eager, torch.compile
+#                                                                         -> bench-pieces.{jsonl,log}
+# Steps by name: ENGINE_STEPS (default tests,layer,sweeps,pieces); ENGINE_MODELS, ENGINE_TOKENS,
+# ENGINE_PROFILE, ENGINE_SWEEPS, ENGINE_PIECES_TOKENS narrow them. A short table last.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+STEPS=${ENGINE_STEPS:-tests,layer,sweeps,pieces}
+MODELS=${ENGINE_MODELS:-llama3-70b:2,llama3-8b:2}
+TOKENS=${ENGINE_TOKENS:-1024,2048,4096,8192,16384,32768}
+PROFILE=${ENGINE_PROFILE:-2048,8192}
+SWEEPS=${ENGINE_SWEEPS:-shard-llama3-70b-tp2 shard-llama3-8b-tp2}
+has() { [[ ",$STEPS," == *,$1,* ]]; }
+start=$SECONDS
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu --format=csv > "$OUT/env.txt" 2>&1
+python -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)" >> "$OUT/env.txt" 2>&1
+if has tests; then
+  timeout 240 python -m pytest -q -p no:cacheprovider -rs tests/test_layer_kernels_gpu.py tests/test_moe_gpu.py \
+    tests/test_mixed_gpu.py tests/test_attention_gpu.py > "$OUT/gpu-tests.log" 2>&1
+  echo "gpu tests: exit $? ($(tail -n 1 "$OUT/gpu-tests.log")) at $((SECONDS - start)) s" | tee "$OUT/summary.txt"
+fi
+if has layer; then
+  timeout ${ENGINE_LAYER_S:-300} python kernels/bench_layer.py --out "$OUT/bench-layer.jsonl" --models "$MODELS" \
+    --tokens "$TOKENS" --profile "$OUT/profile" --profile-tokens "$PROFILE" > "$OUT/bench-layer.log" 2>&1
+  echo "bench_layer: exit $? at $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
+fi
+if has sweeps; then
+  for spec in $SWEEPS; do
+    timeout ${ENGINE_SWEEP_S:-150} python -m overlapbench sweep "sweeps/$spec.yaml" --nproc 1 --output "$OUT/$spec.jsonl" > "$OUT/$spec.log" 2>&1
+    echo "sweep $spec: exit $? at $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
+  done
+fi
+if has pieces; then
+  timeout ${ENGINE_PIECES_S:-120} python kernels/bench_pieces.py --out "$OUT/bench-pieces.jsonl" --models "${ENGINE_PIECES_MODELS:-llama3-70b:2}" \
+    --tokens "${ENGINE_PIECES_TOKENS:-8192}" > "$OUT/bench-pieces.log" 2>&1
+  echo "bench_pieces: exit $? at $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
+fi
+python - "$OUT" <<'PY'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+for path in sorted(out.glob("shard-*.jsonl")):
+    for r in map(json.loads, path.read_text().splitlines()):
+        print(f"{path.stem:<26} {r['strategy']:<12} {r['tokens']:>6} {r['status']:<7} "
+              + (f"{r['ms']:.3f} ms {r['tflops']:.0f} TF/s {r['peak_frac']:.1%} err {r['rel_err'] or 0:.1e}" if r['status'] == 'ok' else str(r['error'])[:120]))
+PY
+tail -n 14 "$OUT/bench-layer.log" 2>/dev/null
+tail -n 6 "$OUT/bench-pieces.log" 2>/dev/null
+cat "$OUT/summary.txt"
