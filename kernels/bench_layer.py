@@ -186,7 +186,7 @@ def profile(fn, layers: int, folder: Path, label: str, profiles: dict) -> str | 
     return None
 
 
-def measure_point(stacks: Stacks, impls: list[str], tokens: int, args, common: dict, profiles: dict) -> list[dict]:
+def measure_point(stacks: Stacks, impls: list[str], tokens: int, args, common: dict, device_peak, profiles: dict) -> list[dict]:
     """Check, (profile,) capture and time every impl at one token count; their rows (an impl
     that fails to run or capture gets a failed row with its error, the others go on)."""
     shape, device = stacks.shape, torch.device("cuda")
@@ -196,7 +196,7 @@ def measure_point(stacks: Stacks, impls: list[str], tokens: int, args, common: d
     base = common | {"model": stacks.model, "tp": stacks.tp, "tokens": tokens, "layers": stacks.layers,
                      "hidden": shape.hidden, "heads": shape.heads, "kv_heads": shape.kv_heads, "ffn": shape.ffn,
                      "head_dim": shape.head_dim, "shape": shape.as_dict()}
-    graphs, rows = {}, {}
+    graphs, forwards, rows = {}, {}, {}  # forwards: what each graph reads (rope tables, positions) stays alive
     for impl in impls:
         row = base | {"impl": impl, "status": "ok", "error": None,
                       "compile": "torch.compile default options, token dimension dynamic" if impl == "hf_compiled" else None}
@@ -210,18 +210,18 @@ def measure_point(stacks: Stacks, impls: list[str], tokens: int, args, common: d
                 row["attention"] = attention.describe(names)
                 if args.profile is not None and (args.profile_tokens is None or tokens in args.profile_tokens):
                     row["profile_error"] = profile(fn, stacks.layers, args.profile, f"{label}-{impl}", profiles)
-                graphs[impl] = measure.capture(fn)
+                graphs[impl], forwards[impl] = measure.capture(fn), fn
         except Exception as e:  # one impl's failure is a row, not the end of the run
             row |= {"status": "failed", "error": one_line(e, limit=300)}
         rows[impl] = row
     del truth
     samples = interleaved({impl: g.replay for impl, g in graphs.items()}, args.rounds, args.span_ms) if graphs else {}
-    del graphs
+    del graphs, forwards
     for impl, row in rows.items():
         per_layer = [s / stacks.layers for s in samples.get(impl, [])]
         summary = measure.summarize(per_layer) if per_layer else {"ms": None}
         row |= summary | {"samples_ms": [round(s, 5) for s in per_layer]}
-        row |= flops.row_fields(shape, 1, (tokens,), None, summary["ms"], common["peak_tflops"], common["peak_source"])
+        row |= flops.row_fields(shape, 1, (tokens,), None, summary["ms"], device_peak)
     return list(rows.values())
 
 
@@ -257,9 +257,8 @@ def main() -> None:
         args.profile.mkdir(parents=True, exist_ok=True)
     device_peak = peak.dense_peak(torch.device("cuda"))
     common = {"schema": SCHEMA, "run_id": uuid.uuid4().hex[:12], "device": torch.cuda.get_device_name(),
-              "versions": environment.versions(), "git": environment.git_commit(),
-              "peak_tflops": device_peak.tflops, "peak_source": device_peak.source}
-    print(f"peak: {device_peak.tflops} TFLOP/s ({device_peak.source})", flush=True)
+              "versions": environment.versions(), "git": environment.git_commit()}
+    print(f"peak: {device_peak.tflops} TFLOP/s burst, {device_peak.sustained_tflops} sustained ({device_peak.source})")
     profiles: dict = {}
     table = []
     with args.out.open("a") as out:
@@ -267,7 +266,7 @@ def main() -> None:
             stacks = Stacks(name, tp, args.layers, args.impls)
             for tokens in args.tokens:
                 t0 = time.perf_counter()
-                rows = measure_point(stacks, args.impls, tokens, args, common, profiles)
+                rows = measure_point(stacks, args.impls, tokens, args, common, device_peak, profiles)
                 for row in rows:
                     out.write(json.dumps(row) + "\n")
                 out.flush()

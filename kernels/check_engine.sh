@@ -9,10 +9,15 @@
 #    tokens                                                               -> bench-layer.{jsonl,log}, profile/
 # 3. the shard sweeps: baseline, no_comm and token_split comm none, paired, with flops/peak_frac
 #                                                                         -> shard-*.{jsonl,log}
-# 4. kernels/bench_pieces.py: each elementwise piece as Triton, torch eager, torch.compile
+# 4. kernels/bench_pieces.py --gemms: each elementwise piece as Triton, torch eager, torch.compile;
+#    the layer's GEMMs one by one (ours and transformers'), the 8192^3 GEMM burst and sustained
 #                                                                         -> bench-pieces.{jsonl,log}
+# 5. base (only where named in ENGINE_STEPS): the same shard points, baseline and no_comm at
+#    ENGINE_BASE_TOKENS, on the code in ENGINE_BASE (a checkout of the commit compared against)
+#                                                                         -> base-*.{jsonl,log}
 # Steps by name: ENGINE_STEPS (default tests,layer,sweeps,pieces); ENGINE_MODELS, ENGINE_TOKENS,
-# ENGINE_PROFILE, ENGINE_SWEEPS, ENGINE_PIECES_TOKENS narrow them. A short table last.
+# ENGINE_PROFILE, ENGINE_SWEEPS, ENGINE_PIECES_TOKENS narrow them. A short table last; with
+# ENGINE_PACK=1 everything is packed into $OUT/engine.tgz (the device returns at most 8 files).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -28,8 +33,8 @@ start=$SECONDS
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu --format=csv > "$OUT/env.txt" 2>&1
 python -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)" >> "$OUT/env.txt" 2>&1
 if has tests; then
-  timeout 240 python -m pytest -q -p no:cacheprovider -rs tests/test_layer_kernels_gpu.py tests/test_moe_gpu.py \
-    tests/test_mixed_gpu.py tests/test_attention_gpu.py > "$OUT/gpu-tests.log" 2>&1
+  timeout ${ENGINE_TESTS_S:-240} python -m pytest -q -p no:cacheprovider -rs \
+    ${ENGINE_TESTS:-tests/test_layer_kernels_gpu.py tests/test_moe_gpu.py tests/test_mixed_gpu.py tests/test_attention_gpu.py} > "$OUT/gpu-tests.log" 2>&1
   echo "gpu tests: exit $? ($(tail -n 1 "$OUT/gpu-tests.log")) at $((SECONDS - start)) s" | tee "$OUT/summary.txt"
 fi
 if has layer; then
@@ -45,18 +50,32 @@ if has sweeps; then
 fi
 if has pieces; then
   timeout ${ENGINE_PIECES_S:-120} python kernels/bench_pieces.py --out "$OUT/bench-pieces.jsonl" --models "${ENGINE_PIECES_MODELS:-llama3-70b:2}" \
-    --tokens "${ENGINE_PIECES_TOKENS:-8192}" > "$OUT/bench-pieces.log" 2>&1
+    --tokens "${ENGINE_PIECES_TOKENS:-8192}" --gemms > "$OUT/bench-pieces.log" 2>&1
   echo "bench_pieces: exit $? at $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
+fi
+if has base; then
+  for spec in $SWEEPS; do
+    sed -e "s/^tokens: .*/tokens: [${ENGINE_BASE_TOKENS:-2048, 8192}]/" -e "s/^  token_split: .*//" -e "s/^  check: fp32.*//" \
+      -e "s/^name: /name: base-/" "sweeps/$spec.yaml" > "$OUT/base-$spec.yaml"
+    (cd "${ENGINE_BASE:?ENGINE_BASE: a checkout of the base commit}" && PYTHONPATH=$PWD timeout ${ENGINE_BASE_S:-60} python -m overlapbench sweep \
+      "$OUT/base-$spec.yaml" --nproc 1 --output "$OUT/base-$spec.jsonl") > "$OUT/base-$spec.log" 2>&1
+    echo "base sweep $spec: exit $? at $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
+  done
 fi
 python - "$OUT" <<'PY'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-for path in sorted(out.glob("shard-*.jsonl")):
+for path in sorted(out.glob("*shard-*.jsonl")):
     for r in map(json.loads, path.read_text().splitlines()):
-        print(f"{path.stem:<26} {r['strategy']:<12} {r['tokens']:>6} {r['status']:<7} "
-              + (f"{r['ms']:.3f} ms {r['tflops']:.0f} TF/s {r['peak_frac']:.1%} err {r['rel_err'] or 0:.1e}" if r['status'] == 'ok' else str(r['error'])[:120]))
+        rate = f" {r['tflops']:.0f} TF/s {r['peak_frac']:.1%}" if r.get("peak_frac") else ""
+        print(f"{path.stem:<30} {r['strategy']:<12} {r['tokens']:>6} {r['status']:<7} "
+              + (f"{r['ms']:.3f} ms{rate} err {r['rel_err'] or 0:.1e}" if r['status'] == 'ok' else str(r['error'])[:120]))
 PY
 tail -n 14 "$OUT/bench-layer.log" 2>/dev/null
-tail -n 6 "$OUT/bench-pieces.log" 2>/dev/null
+tail -n 30 "$OUT/bench-pieces.log" 2>/dev/null
 cat "$OUT/summary.txt"
+if [[ ${ENGINE_PACK:-0} == 1 ]]; then
+  rm -f "$OUT"/*.lock
+  tar czf /tmp/engine.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/engine.tgz "$OUT/engine.tgz"
+fi

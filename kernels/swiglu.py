@@ -28,8 +28,9 @@ def _swiglu_kernel(x_ptr, out_ptr, n_rows, width, stride_x, stride_out, BLOCK_RO
     tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def swiglu(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """SiLU(gate) * up of gate_up [rows, 2 * width] -> [rows, width] (into `out` if given)."""
+def swiglu(gate_up: torch.Tensor, out: torch.Tensor | None = None, tile: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """SiLU(gate) * up of gate_up [rows, 2 * width] -> [rows, width] (into `out` if given).
+    `tile`: (rows, columns, warps) of a program, for kernels/bench_pieces.py to compare."""
     rows, width = gate_up.shape[0], gate_up.shape[1] // 2
     assert gate_up.shape[1] == 2 * width and gate_up.stride(1) == 1
     if out is None:
@@ -37,7 +38,8 @@ def swiglu(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     assert out.shape == (rows, width) and out.stride(1) == 1
     if rows == 0 or width == 0:
         return out
-    grid = (triton.cdiv(rows, BLOCK_T), triton.cdiv(width, BLOCK_F))
+    block_t, block_f, warps = tile or (BLOCK_T, BLOCK_F, 4)
+    grid = (triton.cdiv(rows, block_t), triton.cdiv(width, block_f))
     _swiglu_kernel[grid](gate_up, out, rows, width, gate_up.stride(0), out.stride(0),
-                         BLOCK_ROWS=BLOCK_T, BLOCK_COLS=BLOCK_F, num_warps=4)
+                         BLOCK_ROWS=block_t, BLOCK_COLS=block_f, num_warps=warps)
     return out

@@ -63,12 +63,14 @@ def tflops(flops: int, ms: float) -> float:
     return flops / ms / 1e9
 
 
-def row_fields(shape: ModelShape, tp: int, batch: tuple[int, ...], decode: tuple[int, int] | None,
-               ms: float | None, peak_tflops: float | None, peak_source: str | None) -> dict:
+def row_fields(shape: ModelShape, tp: int, batch: tuple[int, ...], decode, ms: float | None, peak) -> dict:
     """A layer row's compute figures: `flops` (per layer and rank), `tflops` (null without a
-    time), `peak_tflops` and `peak_source` (null on CPU), `peak_frac` (tflops / peak_tflops)."""
-    flops = layer_flops(shape, tp, batch, decode)
+    time), `peak_tflops`, `sustained_tflops` and `peak_source` (overlapbench/peak.py; null on
+    CPU), `peak_frac` (tflops / peak_tflops). `decode`: None or a mixed batch's decode tokens
+    (`tokens`, `context`); `peak`: None or a peak.Peak."""
+    flops = layer_flops(shape, tp, batch, None if decode is None else (decode.tokens, decode.context))
     achieved = tflops(flops, ms) if ms else None
-    frac = achieved / peak_tflops if achieved is not None and peak_tflops else None
-    return {"flops": flops, "tflops": achieved, "peak_tflops": peak_tflops,
-            "peak_source": peak_source, "peak_frac": None if frac is None else round(frac, 4)}
+    frac = achieved / peak.tflops if achieved is not None and peak is not None else None
+    return {"flops": flops, "tflops": achieved, "peak_tflops": None if peak is None else peak.tflops,
+            "sustained_tflops": None if peak is None else peak.sustained_tflops,
+            "peak_source": None if peak is None else peak.source, "peak_frac": None if frac is None else round(frac, 4)}

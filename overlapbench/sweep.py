@@ -240,7 +240,7 @@ def measure_batch(rt: runtime.Runtime, todo: list[Point], work: Workload, spec: 
     return paired.measure_batch(rt, todo, reference, prepare, plan, pairing, watchdog.guard, profile)
 
 
-def make_row(point: Point, result: dict, run_id: str, env: dict, spec: SweepSpec, device_peak: peak.Peak | None = None) -> dict:
+def make_row(point: Point, result: dict, run_id: str, env: dict, spec: SweepSpec) -> dict:
     row = {
         "schema": SCHEMA,
         "run_id": run_id,
@@ -287,11 +287,8 @@ def make_row(point: Point, result: dict, run_id: str, env: dict, spec: SweepSpec
     for key in ("ms", "p10_ms", "p90_ms", "iqr_ms", "cv", "graphs", "graph_error", "rel_err", "tolerance", "check", "checked",
                 "attention", "timing", "speedup", "speedup_ci", "pairing", "round_ids", "samples_ms"):
         row[key] = result.get(key)
-    if point.workload == analysis.LAYER:  # flops, tflops, peak_tflops, peak_source, peak_frac (overlapbench/flops.py)
-        decode = (point.decode.tokens, point.decode.context) if point.decode else None
-        ms = row["ms"] if row["status"] == "ok" else None
-        peak_tflops, source = (device_peak.tflops, device_peak.source) if device_peak else (None, None)
-        row |= flops.row_fields(point.shape, point.tp, point.batch, decode, ms, peak_tflops, source)
+    if point.workload == analysis.LAYER:  # flops, tflops, peak_frac and the device's peak (overlapbench/flops.py)
+        row |= flops.row_fields(point.shape, point.tp, point.batch, point.decode, row["ms"], env.get("peak"))
     return row
 
 
@@ -314,8 +311,7 @@ def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = 
     interrupt_on_sigterm()
     watchdog = Watchdog(spec.measure.timeout_s, rt.rank)
     console = printing.console(quiet=rt.rank != 0)
-    env = environment.run_environment(rt)
-    device_peak = peak.dense_peak(rt.device)  # what layer rows' peak_frac is against
+    env = environment.run_environment(rt) | {"peak": peak.dense_peak(rt.device)}  # rows' peak_frac: against it
     points = spec.points(rt.world_size, rt.is_cuda)
 
     store, done, run_id = results.open_on_ranks(output, resume, rt.rank)
@@ -352,7 +348,7 @@ def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = 
                     measured = _one_by_one(rt, group, work, spec, watchdog, profile_dir, progress, task)
                 for point, result in measured:
                     if store is not None:
-                        store.append(make_row(point, result, run_id, env, spec, device_peak))
+                        store.append(make_row(point, result, run_id, env, spec))
                         written += 1
                     progress.advance(task)
                     progress.console.print(_summary_line(point, result, progress.tasks[0]))

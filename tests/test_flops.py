@@ -22,6 +22,8 @@ from overlapbench.layer import (  # noqa: E402
     whole_batch,
 )
 from overlapbench.models import PRESETS, ModelShape  # noqa: E402
+from overlapbench.peak import Peak  # noqa: E402
+from overlapbench.spec import Decode  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -96,12 +98,15 @@ def test_a_split_computes_the_whole_batch_pairs(batch, cut, decode):
 
 
 def test_row_fields():
-    shape = PRESETS["llama3-8b"]
-    fields = flops.row_fields(shape, 2, (2048,), None, 1.0, 800.0, "measured")
+    shape, peak = PRESETS["llama3-8b"], Peak(800.0, 700.0, "measured")
+    fields = flops.row_fields(shape, 2, (2048,), None, 1.0, peak)
     assert fields["flops"] == flops.layer_flops(shape, 2, (2048,))
     assert fields["tflops"] == pytest.approx(fields["flops"] / 1e-3 / 1e12)
     assert fields["peak_frac"] == pytest.approx(fields["tflops"] / 800.0, abs=1e-4)
-    cpu = flops.row_fields(shape, 2, (2048,), None, 1.0, None, None)
+    assert fields["peak_tflops"] == 800.0 and fields["sustained_tflops"] == 700.0 and fields["peak_source"] == "measured"
+    cpu = flops.row_fields(shape, 2, (2048,), None, 1.0, None)
     assert cpu["peak_frac"] is None and cpu["peak_tflops"] is None
-    failed = flops.row_fields(shape, 2, (2048,), None, None, 800.0, "measured")
+    failed = flops.row_fields(shape, 2, (2048,), None, None, peak)
     assert failed["tflops"] is None and failed["peak_frac"] is None and failed["flops"] > 0
+    mixed = flops.row_fields(shape, 2, (2048,), Decode(64, 4096), 1.0, peak)
+    assert mixed["flops"] == flops.layer_flops(shape, 2, (2048,), (64, 4096))

@@ -154,6 +154,9 @@ SHAPES = {
     "moe": ModelShape(hidden=512, ffn=1024, heads=8, kv_heads=4, head_dim=64, experts=8, top_k=2, expert_ffn=768),
 }
 BATCHES = [((1023,), None), ((300, 257, 5), None), ((517,), (33, 1000))]
+# A token whose k-th and (k+1)-th experts nearly tie may be routed differently in bf16 than in
+# float32, and its row then differs by its whole MLP update (docs/design.md): 1.5-2.2% measured.
+TOLERANCE = {"moe": 3e-2}
 
 
 def _truth_and_bf16(shape, batch, decode, layers=2):
@@ -176,12 +179,13 @@ def test_the_bf16_layer_matches_its_float32_truth_eager_and_replayed(name, batch
     stack, cache, x, rope_table, truth = _truth_and_bf16(shape, batch, decode)
     chunk = whole_batch(batch, CUDA, cache)
     eager = forward_stack(stack, x, chunk, rope_table, LocalReducer(shape.eps)).clone()
-    assert rel_err(eager, truth) < BF16_TOL
+    tolerance = TOLERANCE.get(name, BF16_TOL)
+    assert rel_err(eager, truth) < tolerance
     out = {}
     graph = measure.capture(lambda: out.__setitem__("y", forward_stack(stack, x, chunk, rope_table, LocalReducer(shape.eps))))
     graph.replay()
     torch.cuda.synchronize()
-    assert rel_err(out["y"], truth) < BF16_TOL
+    assert torch.equal(out["y"], eager), "a replay computes what the eager forward did"
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen3"])
