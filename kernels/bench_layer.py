@@ -39,12 +39,13 @@ if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapben
 
 import torch
 
-from overlapbench import attention, environment, flops, measure, peak, transformers_layer
+from overlapbench import attention, environment, flops, interleave, measure, peak, transformers_layer
 from overlapbench.errors import UserError, one_line
 from overlapbench.layer import LocalReducer, RopeTable, build_stack, cast, forward_stack, random_input, rms_norm, whole_batch
 from overlapbench.models import preset
 
 IMPLS = ("overlapbench", "hf_eager", "hf_compiled")
+REFERENCE = "hf_compiled"  # what rows' vs_compiled is against
 SCHEMA = "overlapbench/bench-layer-v1"
 
 
@@ -91,41 +92,6 @@ class Stacks:
         return out if impl == "overlapbench" else rms_norm(out, self.stack.final_norm, self.shape.eps)
 
 
-def interleaved(replays: dict[str, callable], rounds: int, span_ms: float, warmup_s: float = 0.5) -> dict[str, list[float]]:
-    """ms per replay of each, per round: every round replays each for about span_ms, the order
-    rotating from round to round, after warmup_s of round-robin replays."""
-    names = list(replays)
-    per_call = {}
-    for name in names:
-        replays[name]()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        replays[name]()
-        torch.cuda.synchronize()
-        per_call[name] = max((time.perf_counter() - t0) * 1e3, 1e-3)
-    end = time.perf_counter() + warmup_s
-    while time.perf_counter() < end:
-        for name in names:
-            replays[name]()
-        torch.cuda.synchronize()
-    reps = {n: max(1, round(span_ms / per_call[n])) for n in names}
-    samples: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
-        events = []
-        for name in order:
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(reps[name]):
-                replays[name]()
-            stop.record()
-            events.append((name, start, stop))
-        torch.cuda.synchronize()
-        for name, start, stop in events:
-            samples[name].append(start.elapsed_time(stop) / reps[name])
-    return samples
-
-
 def kernel_table(fn, calls: int, layers: int) -> dict[str, tuple[float, float]]:
     """Per kernel name: (launches, microseconds) per layer, over `calls` eager forwards."""
     from torch.autograd import DeviceType
@@ -147,13 +113,13 @@ def kernel_table(fn, calls: int, layers: int) -> dict[str, tuple[float, float]]:
 
 
 def category(kernel: str) -> str:
-    """A kernel's part of the layer, from its name (cuBLAS/CUTLASS GEMMs, cuDNN/flash attention,
-    the rest by what it does)."""
+    """A kernel's part of the layer, from its name (cuDNN/flash attention, cuBLAS/CUTLASS GEMMs,
+    the rest by what it does; an inductor kernel that prepares attention's inputs is elementwise)."""
     name = kernel.lower()
-    if any(k in name for k in ("nvjet", "gemm", "cutlass", "xmma", "sm90_")) and "attention" not in name:
-        return "gemm"
-    if any(k in name for k in ("cudnn", "flash", "fmha", "attention", "sdpa")):
+    if any(k in name for k in ("cudnn_generated", "flash_fwd", "fmha")) and not name.startswith("triton"):
         return "attention"
+    if any(k in name for k in ("nvjet", "gemm", "cutlass", "xmma")):
+        return "gemm"
     if "rope" in name or "rotary" in name:
         return "rope"
     if "swiglu" in name or "silu" in name:
@@ -215,14 +181,36 @@ def measure_point(stacks: Stacks, impls: list[str], tokens: int, args, common: d
             row |= {"status": "failed", "error": one_line(e, limit=300)}
         rows[impl] = row
     del truth
-    samples = interleaved({impl: g.replay for impl, g in graphs.items()}, args.rounds, args.span_ms) if graphs else {}
+    names = list(graphs)
+    reference = names.index(REFERENCE) if REFERENCE in names else 0
+    timed = dict(zip(names, time_interleaved([graphs[n].replay for n in names], reference, args))) if names else {}
     del graphs, forwards
     for impl, row in rows.items():
-        per_layer = [s / stacks.layers for s in samples.get(impl, [])]
+        t = timed.get(impl)
+        per_layer = [] if t is None else [s / stacks.layers for s in t.samples_ms]
         summary = measure.summarize(per_layer) if per_layer else {"ms": None}
-        row |= summary | {"samples_ms": [round(s, 5) for s in per_layer]}
+        row |= summary | {"samples_ms": [round(s, 5) for s in per_layer], "rounds": len(per_layer)}
+        if t is not None and REFERENCE in timed:  # paired, round by round: t_impl / t_hf_compiled
+            row |= {"vs_compiled": 1 / t.speedup, "vs_compiled_ci": [1 / t.speedup_ci[1], 1 / t.speedup_ci[0]]}
         row |= flops.row_fields(shape, 1, (tokens,), None, summary["ms"], device_peak)
     return list(rows.values())
+
+
+def time_interleaved(replays: list, reference: int, args) -> list:
+    """interleave.time_rounds over the graphs' replays: rounds of about span_ms each, in a shuffled
+    order, until each impl's ratio to the reference is known within +-ci_target (95%), or the
+    time budget is spent (interleave.Timed per replay)."""
+    per_call = []
+    for replay in replays:
+        replay()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        replay()
+        torch.cuda.synchronize()
+        per_call.append((time.perf_counter() - t0) * 1e3)
+    plan = interleave.Plan(args.span_ms, args.rounds, args.ci_target, warmup_s=0.5, min_rounds=20,
+                           min_time_s=args.min_time_s, budget_factor=3.0)
+    return interleave.time_rounds(replays, per_call, reference, plan, interleave.CudaClock())
 
 
 def main() -> None:
@@ -234,8 +222,10 @@ def main() -> None:
     p.add_argument("--tokens", type=ints, default=[1024, 2048, 4096, 8192, 16384, 32768])
     p.add_argument("--impls", type=lambda s: s.split(","), default=list(IMPLS))
     p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=15)
-    p.add_argument("--span-ms", type=float, default=25.0)
+    p.add_argument("--rounds", type=int, default=200, help="at most this many rounds")
+    p.add_argument("--span-ms", type=float, default=20.0, help="each impl's time in a round")
+    p.add_argument("--ci-target", type=float, default=0.005, help="stop when the ratio to hf_compiled is known within this")
+    p.add_argument("--min-time-s", type=float, default=1.0, help="rounds take at most 3x this per impl (the budget)")
     p.add_argument("--check-max", type=int, default=8192, help="check against the float32 truth up to this many tokens")
     p.add_argument("--profile", type=Path, default=None, help="folder for kernel tables (eager forwards)")
     p.add_argument("--profile-tokens", type=ints, default=None, help="profile only these token counts (default: all)")
@@ -275,8 +265,9 @@ def main() -> None:
                     f"  {impl} {r['ms']:.3f} ms {r['peak_frac']:.0%} err {r.get('rel_err') or float('nan'):.1e}"
                     for impl, r in ok.items())
                 line += "".join(f"  {r['impl']} FAILED: {r['error']}" for r in rows if r["status"] != "ok")
-                if "overlapbench" in ok and "hf_compiled" in ok:
-                    line += f"  ours/compiled {ok['overlapbench']['ms'] / ok['hf_compiled']['ms']:.3f}"
+                if "overlapbench" in ok and "vs_compiled" in ok["overlapbench"]:
+                    lo, hi = ok["overlapbench"]["vs_compiled_ci"]
+                    line += f"  ours/compiled {ok['overlapbench']['vs_compiled']:.3f} [{lo:.3f}, {hi:.3f}]"
                 print(line + f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
                 table.append(line)
                 torch.cuda.empty_cache()

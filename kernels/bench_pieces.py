@@ -102,9 +102,23 @@ def gemms(shape, tokens: int):
     cases = []
     for name, a, n in (("qkv", x, q + 2 * kv), ("o", attn, h), ("gate_up", x, 2 * f), ("down", act, h),
                        ("q", x, q), ("k", x, kv), ("v", x, kv), ("gate", x, f), ("up", x, f)):
-        w = rand(n, a.shape[1])
-        cases.append((f"gemm:{name}", 2 * tokens * a.shape[1] * n, {"cublas": lambda a=a, w=w: a @ w.t()}))
+        w = rand(n, a.shape[1])  # nn.Linear's [out, in], as the layer stores it
+        w_kn = w.t().contiguous()  # [in, out]: the other layout an engine could keep
+        cases.append((f"gemm:{name}", 2 * tokens * a.shape[1] * n, {
+            "cublas": lambda a=a, w=w: a @ w.t(), "cublas_kn": lambda a=a, w=w_kn: a @ w,
+            "cublaslt": lambda a=a, w=w: _on_cublaslt(lambda: a @ w.t())}))
     return cases
+
+
+def _on_cublaslt(fn):
+    """fn with torch's preferred BLAS library set to cuBLASLt (the choice is made at the call,
+    and a CUDA graph keeps the kernel it picked)."""
+    before = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+    try:
+        return fn()
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
 
 
 def main() -> None:

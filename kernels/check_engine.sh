@@ -12,7 +12,9 @@
 # 4. kernels/bench_pieces.py --gemms: each elementwise piece as Triton, torch eager, torch.compile;
 #    the layer's GEMMs one by one (ours and transformers'), the 8192^3 GEMM burst and sustained
 #                                                                         -> bench-pieces.{jsonl,log}
-# 5. base (only where named in ENGINE_STEPS): the same shard points, baseline and no_comm at
+# 5. split-profile (only where named): sweep --profile of no_comm and token_split comm none, at
+#    ENGINE_SPLIT_TOKENS (one count per sweep in ENGINE_SWEEPS)               -> split-profile-*/
+# 6. base (only where named in ENGINE_STEPS): the same shard points, baseline and no_comm at
 #    ENGINE_BASE_TOKENS, on the code in ENGINE_BASE (a checkout of the commit compared against)
 #                                                                         -> base-*.{jsonl,log}
 # Steps by name: ENGINE_STEPS (default tests,layer,sweeps,pieces); ENGINE_MODELS, ENGINE_TOKENS,
@@ -41,6 +43,11 @@ if has layer; then
   timeout ${ENGINE_LAYER_S:-300} python kernels/bench_layer.py --out "$OUT/bench-layer.jsonl" --models "$MODELS" \
     --tokens "$TOKENS" --profile "$OUT/profile" --profile-tokens "$PROFILE" > "$OUT/bench-layer.log" 2>&1
   echo "bench_layer: exit $? at $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
+  if [[ -n ${ENGINE_EXTRA_MODELS:-} ]]; then  # more shapes at fewer token counts, into the same file
+    timeout ${ENGINE_EXTRA_S:-150} python kernels/bench_layer.py --out "$OUT/bench-layer.jsonl" --models "$ENGINE_EXTRA_MODELS" \
+      --tokens "${ENGINE_EXTRA_TOKENS:-2048,8192}" > "$OUT/bench-layer-extra.log" 2>&1
+    echo "bench_layer $ENGINE_EXTRA_MODELS: exit $? at $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
+  fi
 fi
 if has sweeps; then
   for spec in $SWEEPS; do
@@ -52,6 +59,16 @@ if has pieces; then
   timeout ${ENGINE_PIECES_S:-120} python kernels/bench_pieces.py --out "$OUT/bench-pieces.jsonl" --models "${ENGINE_PIECES_MODELS:-llama3-70b:2}" \
     --tokens "${ENGINE_PIECES_TOKENS:-8192}" --gemms > "$OUT/bench-pieces.log" 2>&1
   echo "bench_pieces: exit $? at $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
+fi
+if has split-profile; then
+  set -- ${ENGINE_SPLIT_TOKENS:-4096 2048}
+  for spec in $SWEEPS; do
+    sed -e "s/^tokens: .*/tokens: [$1]/" -e "s/^  check: fp32.*//" -e "s/^name: /name: split-profile-/" "sweeps/$spec.yaml" > "$OUT/split-profile-$spec.yaml"
+    timeout ${ENGINE_SPLIT_S:-60} python -m overlapbench sweep "$OUT/split-profile-$spec.yaml" --nproc 1 --output "$OUT/split-profile-$spec.jsonl" \
+      --profile "$OUT/split-profile-$spec" > "$OUT/split-profile-$spec.log" 2>&1
+    echo "split profile $spec at $1 tokens: exit $? at $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
+    shift
+  done
 fi
 if has base; then
   for spec in $SWEEPS; do
@@ -73,6 +90,7 @@ for path in sorted(out.glob("*shard-*.jsonl")):
               + (f"{r['ms']:.3f} ms{rate} err {r['rel_err'] or 0:.1e}" if r['status'] == 'ok' else str(r['error'])[:120]))
 PY
 tail -n 14 "$OUT/bench-layer.log" 2>/dev/null
+tail -n 5 "$OUT/bench-layer-extra.log" 2>/dev/null
 tail -n 30 "$OUT/bench-pieces.log" 2>/dev/null
 cat "$OUT/summary.txt"
 if [[ ${ENGINE_PACK:-0} == 1 ]]; then
