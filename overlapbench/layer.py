@@ -399,6 +399,16 @@ class KVBuffer:
         kv.k, kv.v = k, v
         return kv
 
+    def rows_of(self, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Where a chunk's keys and values can be written straight into the buffer, as they are
+        made: a chunk of one continued segment and no decode rows (token_split's first chunk of
+        one sequence), whose rows are then a range of the buffer's; None otherwise (`store`)."""
+        if chunk.decode is not None or len(chunk.segments) != 1 or not chunk.segments[0].continued:
+            return None
+        s = chunk.segments[0]
+        rows = slice(s.kv_row + s.start, s.kv_row + s.start + s.length)
+        return self.k[rows], self.v[rows]
+
     def store(self, chunk: Chunk, k: torch.Tensor, v: torch.Tensor) -> None:
         """Keep the keys and values that a later chunk reads: those of continued segments."""
         for s in chunk.segments:
@@ -414,13 +424,15 @@ def qkv_projection(w: LayerWeights, normed: torch.Tensor) -> torch.Tensor:
 
 
 def rope_qkv(
-    stack: Stack, w: LayerWeights, qkv: torch.Tensor, positions: torch.Tensor, rope: RopeTable, add_bias: bool = False
+    stack: Stack, w: LayerWeights, qkv: torch.Tensor, positions: torch.Tensor, rope: RopeTable, add_bias: bool = False,
+    kv_out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows of the QKV projection -> q [rows, heads, head_dim], k and v [rows, kv_heads, head_dim]:
     the layer's QKV bias added here with `add_bias` (for a GEMM that took none), its per-head
-    q/k RMSNorms where it has them (Qwen3), then RoPE on q and k (overlapbench/rope.py)."""
+    q/k RMSNorms where it has them (Qwen3), then RoPE on q and k (overlapbench/rope.py); k and v
+    written into `kv_out` where given (a KV buffer's rows: the store in the same pass)."""
     return rope_rows(qkv, positions, rope, stack.heads, stack.kv_heads, stack.shape.head_dim, stack.shape.eps,
-                     w.bqkv if add_bias else None, w.q_norm, w.k_norm)
+                     w.bqkv if add_bias else None, w.q_norm, w.k_norm, kv_out)
 
 
 def attend(
@@ -464,8 +476,9 @@ def attention_partial(
     """QKV (+ bias) -> q/k norms -> RoPE -> causal attention -> O-proj of one chunk: this
     rank's partial sum."""
     w = stack.layers[layer]
-    q, k, v = rope_qkv(stack, w, qkv_projection(w, normed), chunk.positions, rope)
-    if kv is not None:
+    into = None if kv is None else kv.rows_of(chunk)
+    q, k, v = rope_qkv(stack, w, qkv_projection(w, normed), chunk.positions, rope, kv_out=into)
+    if kv is not None and into is None:
         kv.store(chunk, k, v)
     return torch.matmul(attend(stack, q, k, v, chunk, kv, layer=layer), w.wo.t(), out=out)
 

@@ -43,15 +43,20 @@ def rope_qkv(
     bias: torch.Tensor | None = None,
     q_norm: torch.Tensor | None = None,
     k_norm: torch.Tensor | None = None,
+    kv_out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows of a QKV projection -> q [rows, heads, head_dim], k and v [rows, kv_heads, head_dim]:
     `bias` added (to q, k and v; None where the GEMM added it or there is none), the per-head
-    q/k RMSNorms where given, then RoPE on q and k at each row's position."""
+    q/k RMSNorms where given, then RoPE on q and k at each row's position. `kv_out`: (k, v)
+    tensors to write k and v into (a KV buffer's rows), which are then the k and v returned."""
     if uses_kernels(qkv) and qkv.stride(1) == 1:
         from kernels.rope import rope_qkv as kernel
 
-        return kernel(qkv, positions, table.cos, table.sin, heads, kv_heads, head_dim, eps, bias, q_norm, k_norm)
-    return torch_rope_qkv(qkv, positions, table, heads, kv_heads, head_dim, eps, bias, q_norm, k_norm)
+        k_out, v_out = (None, None) if kv_out is None else kv_out
+        return kernel(qkv, positions, table.cos, table.sin, heads, kv_heads, head_dim, eps, bias, q_norm, k_norm,
+                      k_out=k_out, v_out=v_out)
+    q, k, v = torch_rope_qkv(qkv, positions, table, heads, kv_heads, head_dim, eps, bias, q_norm, k_norm)
+    return (q, k, v) if kv_out is None else (q, kv_out[0].copy_(k), kv_out[1].copy_(v))
 
 
 def torch_rope_qkv(qkv, positions, table: RopeTable, heads: int, kv_heads: int, head_dim: int, eps: float,

@@ -6,16 +6,12 @@ power of two, strided rows, outputs poisoned with NaN before each call.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
+from tests.interpreter import use_interpreter
+
+triton = use_interpreter()  # before anything imports triton
 torch = pytest.importorskip("torch")
-if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available():
-    pytest.skip("interpreter tests run on CPU machines (tests/conftest.py sets TRITON_INTERPRET there)",
-                allow_module_level=True)
-os.environ["TRITON_INTERPRET"] = "1"  # before Triton sees a kernel
-pytest.importorskip("triton")
 
 from kernels import rmsnorm as rmsnorm_kernel  # noqa: E402
 from kernels import rope as rope_kernel  # noqa: E402
@@ -82,13 +78,18 @@ def test_rope_kernel_rotates_by_position_not_by_row():
     assert not torch.allclose(q[1], q[0])
 
 
-def test_rope_kernel_copies_v_into_a_buffer():
+def test_rope_kernel_writes_k_and_v_into_a_kv_buffer():
+    """The split's KV store in the RoPE pass: k and v straight into rows of a buffer."""
     rows, heads, kv_heads, d = 9, 4, 2, 16
     qkv, positions, table, _ = _case(rows, heads, kv_heads, d, seed=3)
-    buffer = torch.full((rows + 4, kv_heads, d), float("nan"))
-    _, _, v = rope_kernel.rope_qkv(qkv, positions, table.cos, table.sin, heads, kv_heads, d, v_out=buffer[2 : 2 + rows])
-    assert torch.equal(v.reshape(rows, -1), qkv[:, (heads + kv_heads) * d :])
-    assert buffer[:2].isnan().all() and buffer[2 + rows :].isnan().all(), "only its rows are written"
+    ref = rope.rope_qkv(qkv.clone(), positions, table, heads, kv_heads, d, EPS)
+    k_buffer, v_buffer = (torch.full((rows + 4, kv_heads, d), float("nan")) for _ in range(2))
+    _, k, v = rope_kernel.rope_qkv(qkv, positions, table.cos, table.sin, heads, kv_heads, d,
+                                   k_out=k_buffer[2 : 2 + rows], v_out=v_buffer[2 : 2 + rows])
+    assert k.data_ptr() == k_buffer[2].data_ptr() and v.data_ptr() == v_buffer[2].data_ptr()
+    assert rel_err(k, ref[1]) < 1e-5 and torch.equal(v.reshape(rows, -1), qkv[:, (heads + kv_heads) * d :])
+    for buffer in (k_buffer, v_buffer):
+        assert buffer[:2].isnan().all() and buffer[2 + rows :].isnan().all(), "only its rows are written"
 
 
 def test_rope_kernel_in_bf16_rounds_once():
