@@ -248,7 +248,8 @@ def main() -> None:
     device_peak = peak.dense_peak(torch.device("cuda"))
     common = {"schema": SCHEMA, "run_id": uuid.uuid4().hex[:12], "device": torch.cuda.get_device_name(),
               "versions": environment.versions(), "git": environment.git_commit()}
-    print(f"peak: {device_peak.tflops} TFLOP/s burst, {device_peak.sustained_tflops} sustained ({device_peak.source})")
+    print(f"peak: {device_peak.tflops} TFLOP/s ({device_peak.source}); measured now: {device_peak.burst_tflops} burst, "
+          f"{device_peak.sustained_tflops} sustained")
     profiles: dict = {}
     table = []
     with args.out.open("a") as out:

@@ -137,7 +137,7 @@ def main() -> None:
         from overlapbench.peak import dense_peak
 
         device_peak = dense_peak(CUDA)
-        lines.append(f"8192^3 GEMM: {device_peak.tflops} TFLOP/s burst, {device_peak.sustained_tflops} sustained")
+        lines.append(f"8192^3 GEMM: {device_peak.burst_tflops} TFLOP/s burst, {device_peak.sustained_tflops} sustained")
         print(lines[-1], flush=True)
     with args.out.open("a") as out:
         for model in args.models.split(","):

@@ -65,12 +65,13 @@ def tflops(flops: int, ms: float) -> float:
 
 def row_fields(shape: ModelShape, tp: int, batch: tuple[int, ...], decode, ms: float | None, peak) -> dict:
     """A layer row's compute figures: `flops` (per layer and rank), `tflops` (null without a
-    time), `peak_tflops`, `sustained_tflops` and `peak_source` (overlapbench/peak.py; null on
-    CPU), `peak_frac` (tflops / peak_tflops). `decode`: None or a mixed batch's decode tokens
-    (`tokens`, `context`); `peak`: None or a peak.Peak."""
+    time), `peak_frac` (tflops / peak_tflops) and the peak: `peak_tflops`, `peak_source`,
+    `burst_tflops`, `sustained_tflops` (overlapbench/peak.py; null on CPU). `decode`: None or a
+    mixed batch's decode tokens (`tokens`, `context`); `peak`: None or a peak.Peak."""
     flops = layer_flops(shape, tp, batch, None if decode is None else (decode.tokens, decode.context))
     achieved = tflops(flops, ms) if ms else None
     frac = achieved / peak.tflops if achieved is not None and peak is not None else None
-    return {"flops": flops, "tflops": achieved, "peak_tflops": None if peak is None else peak.tflops,
-            "sustained_tflops": None if peak is None else peak.sustained_tflops,
-            "peak_source": None if peak is None else peak.source, "peak_frac": None if frac is None else round(frac, 4)}
+    known = {} if peak is None else {"peak_tflops": peak.tflops, "peak_source": peak.source,
+                                      "burst_tflops": peak.burst_tflops, "sustained_tflops": peak.sustained_tflops}
+    return {"flops": flops, "tflops": achieved, "peak_frac": None if frac is None else round(frac, 4),
+            "peak_tflops": None, "peak_source": None, "burst_tflops": None, "sustained_tflops": None} | known

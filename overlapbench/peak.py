@@ -1,18 +1,19 @@
 """The device's dense bf16 peak that a layer row's `peak_frac` is measured against.
 
-Measured, once per process and device, on a bf16 GEMM of 8192 x 8192 x 8192 on random inputs:
+`peak_tflops`, the denominator, is the rate a bf16 GEMM of 8192 x 8192 x 8192 on random data
+reaches at burst clocks: from `TABLE` where the device is listed (what that GEMM measured on
+the workplace's machines: the same denominator in every run, so rows of two runs compare), else
+measured in this process. `peak_source` says which. Every row also carries what this process
+measured at its start, on the same GEMM:
 
-  peak_tflops       the burst rate: 3 warm-up products, then the median of 10 timed one by
-                    one, from a rested GPU (the process's start). This is the figure the
-                    workplace's notes quote for an H200 (about 790 TFLOP/s against a datasheet
-                    989): what the tensor cores give while the clocks are at their highest.
+  burst_tflops      3 warm-up products, then the median of 10 timed one by one (761-802
+                    TFLOP/s on an H200 here, lower when the card is still warm from earlier work)
   sustained_tflops  the same product after a second of back-to-back products, once the card
-                    holds its power limit and its clocks drop: the rate any long run of GEMMs,
-                    a layer's included, can at most keep up.
+                    holds its power limit and lowers its clocks (666-689 on an H200): the rate any
+                    long run of GEMMs, a layer's included, can at most keep up
 
-`peak_frac` is against the burst rate, the conservative reading; the sustained rate is in the
-row to say how much of the gap is the power limit rather than the layer. Rows record both and
-`peak_source`; on CPU there is none.
+so a reader can tell how much of a row's distance from the peak is the power limit rather than
+the layer. On CPU there is none.
 """
 
 from __future__ import annotations
@@ -25,19 +26,22 @@ from dataclasses import dataclass
 import torch
 
 SIZE = 8192
-SOURCE = (f"measured: bf16 GEMM {SIZE}^3 on random data, median of 10 after 3 warm-ups (burst); "
-          "sustained: median of 5 batches of 20 after 1 s of products")
+MEASURED = f"measured: bf16 GEMM {SIZE}^3 on random data, median of 10 after 3 warm-ups, at this process's start"
+# By device name: the 8192^3 bf16 GEMM's burst rate on this workplace's machines (H200: 788 in the
+# device notes, 761-802 at the start of this branch's runs, results/h200/; datasheet 989).
+TABLE = {"NVIDIA H200": 790.0}
 
 
 @dataclass(frozen=True)
 class Peak:
-    tflops: float  # burst
+    tflops: float  # the denominator of peak_frac
+    source: str
+    burst_tflops: float  # measured at the process's start
     sustained_tflops: float
-    source: str = SOURCE
 
 
 def dense_peak(device: torch.device) -> Peak | None:
-    """The measured dense bf16 peak of `device` (None on CPU)."""
+    """The dense bf16 peak of `device`, with this process's measurements (None on CPU)."""
     if device.type != "cuda":
         return None
     return _measure(torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device()))
@@ -62,7 +66,11 @@ def _measure(device: torch.device) -> Peak:
     with torch.cuda.device(device):
         burst, sustained = _rates(device)
         torch.cuda.empty_cache()
-    return Peak(_tflops(burst), _tflops(sustained))
+    name = torch.cuda.get_device_name(device)
+    if name in TABLE:
+        source = f"table: {name}, the {SIZE}^3 bf16 GEMM's burst rate on this workplace's machines (overlapbench/peak.py)"
+        return Peak(TABLE[name], source, _tflops(burst), _tflops(sustained))
+    return Peak(_tflops(burst), MEASURED, _tflops(burst), _tflops(sustained))
 
 
 def _rates(device: torch.device) -> tuple[float, float]:

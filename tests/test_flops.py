@@ -98,12 +98,13 @@ def test_a_split_computes_the_whole_batch_pairs(batch, cut, decode):
 
 
 def test_row_fields():
-    shape, peak = PRESETS["llama3-8b"], Peak(800.0, 700.0, "measured")
+    shape, peak = PRESETS["llama3-8b"], Peak(800.0, "table", 780.0, 700.0)
     fields = flops.row_fields(shape, 2, (2048,), None, 1.0, peak)
     assert fields["flops"] == flops.layer_flops(shape, 2, (2048,))
     assert fields["tflops"] == pytest.approx(fields["flops"] / 1e-3 / 1e12)
     assert fields["peak_frac"] == pytest.approx(fields["tflops"] / 800.0, abs=1e-4)
-    assert fields["peak_tflops"] == 800.0 and fields["sustained_tflops"] == 700.0 and fields["peak_source"] == "measured"
+    assert fields["peak_tflops"] == 800.0 and fields["peak_source"] == "table"
+    assert fields["burst_tflops"] == 780.0 and fields["sustained_tflops"] == 700.0
     cpu = flops.row_fields(shape, 2, (2048,), None, 1.0, None)
     assert cpu["peak_frac"] is None and cpu["peak_tflops"] is None
     failed = flops.row_fields(shape, 2, (2048,), None, None, peak)
