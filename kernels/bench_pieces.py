@@ -18,6 +18,7 @@ import argparse
 import json
 import statistics
 import sys
+import uuid
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapbench` importable
@@ -131,7 +132,8 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("bench_pieces: needs a CUDA GPU")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    common = {"device": torch.cuda.get_device_name(), "versions": environment.versions(), "git": environment.git_commit()}
+    common = {"run_id": uuid.uuid4().hex[:12], "device": torch.cuda.get_device_name(), "versions": environment.versions(),
+              "git": environment.git_commit()}
     lines = []
     if args.gemms:
         from overlapbench.peak import dense_peak

@@ -15,7 +15,8 @@
 # 5. split-profile (only where named): sweep --profile of no_comm and token_split comm none, at
 #    ENGINE_SPLIT_TOKENS (one count per sweep in ENGINE_SWEEPS)               -> split-profile-*/
 # 6. base (only where named in ENGINE_STEPS): the same shard points, baseline and no_comm at
-#    ENGINE_BASE_TOKENS, on the code in ENGINE_BASE (a checkout of the commit compared against)
+#    ENGINE_BASE_TOKENS, on the code in ENGINE_BASE (a checkout of the commit compared against,
+#    named in its rows' git by ENGINE_BASE_GIT)
 #                                                                         -> base-*.{jsonl,log}
 # Steps by name: ENGINE_STEPS (default tests,layer,sweeps,pieces); ENGINE_MODELS, ENGINE_TOKENS,
 # ENGINE_PROFILE, ENGINE_SWEEPS, ENGINE_PIECES_TOKENS narrow them. A short table last; with
@@ -74,7 +75,8 @@ if has base; then
   for spec in $SWEEPS; do
     sed -e "s/^tokens: .*/tokens: [${ENGINE_BASE_TOKENS:-2048, 8192}]/" -e "s/^  token_split: .*//" -e "s/^  check: fp32.*//" \
       -e "s/^name: /name: base-/" "sweeps/$spec.yaml" > "$OUT/base-$spec.yaml"
-    (cd "${ENGINE_BASE:?ENGINE_BASE: a checkout of the base commit}" && PYTHONPATH=$PWD timeout ${ENGINE_BASE_S:-60} python -m overlapbench sweep \
+    (cd "${ENGINE_BASE:?ENGINE_BASE: a checkout of the base commit}" && PYTHONPATH=$PWD OVERLAPBENCH_GIT=${ENGINE_BASE_GIT:-base} \
+      timeout ${ENGINE_BASE_S:-60} python -m overlapbench sweep \
       "$OUT/base-$spec.yaml" --nproc 1 --output "$OUT/base-$spec.jsonl") > "$OUT/base-$spec.log" 2>&1
     echo "base sweep $spec: exit $? at $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
   done
