@@ -114,13 +114,14 @@ def kernel_table(fn, calls: int, layers: int) -> dict[str, tuple[float, float]]:
 
 def category(kernel: str) -> str:
     """A kernel's part of the layer, from its name (cuDNN/flash attention, cuBLAS/CUTLASS GEMMs,
-    the rest by what it does; an inductor kernel that prepares attention's inputs is elementwise)."""
+    the rest by what it does; inductor's kernel that rotates q and k as it prepares attention's
+    inputs, `..._cos_mul_neg_sin_...`, is RoPE)."""
     name = kernel.lower()
     if any(k in name for k in ("cudnn_generated", "flash_fwd", "fmha")) and not name.startswith("triton"):
         return "attention"
     if any(k in name for k in ("nvjet", "gemm", "cutlass", "xmma")):
         return "gemm"
-    if "rope" in name or "rotary" in name:
+    if "rope" in name or "rotary" in name or ("cos" in name and "sin" in name):
         return "rope"
     if "swiglu" in name or "silu" in name:
         return "swiglu"

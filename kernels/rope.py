@@ -5,8 +5,9 @@ k, or v) and reads it once: the QKV bias where the caller asks for it (the SP pa
 takes none), Qwen3's per-head RMSNorm of q and k (fp32 statistics over the head), the rotation
 (rotate-half convention, cos/sin from the table at each row's position), and one write, rounded
 once to the output's dtype. q and k go to their own [rows, heads, head_dim] outputs (dense, as
-the attention kernels take them); v is written only where asked (its bias added in place, or a
-copy into a KV buffer), else left where the GEMM put it.
+the attention kernels take them; k may be a KV buffer's rows, the split's store in this pass);
+v is written only where asked (its bias added in place, or a copy into a KV buffer), else left
+where the GEMM put it.
 
 Bytes: q and k read and written once, cos/sin rows read once per group of heads (from L2).
 overlapbench/rope.py holds the torch version (the oracle, and the CPU and float32 path) and
