@@ -112,6 +112,10 @@ class Measured:
     # A mixed batch's decode tokens (tokens, context) beside its prefill `batch`; None for a
     # prefill-only batch (and rows written before mixed batches existed).
     decode: tuple[int, int] | None = None
+    # A layer row's compute rate (overlapbench/flops.py): TFLOP/s, and its share of the device's
+    # dense bf16 peak; None for rows without them (micro workloads, CPU rows, older rows).
+    tflops: float | None = None
+    peak_frac: float | None = None
 
     @classmethod
     def of(cls, row: dict, source: str) -> Measured:
@@ -123,7 +127,7 @@ class Measured:
             checked=_is_checked(row), key=row_key(row), run_id=row.get("run_id"), git=row.get("git"), source=source,
             pairing=row.get("pairing"), round_ids=tuple(row.get("round_ids") or ()),
             speedup=row.get("speedup"), speedup_ci=tuple(row["speedup_ci"]) if row.get("speedup_ci") else None,
-            decode=decode_of(row),
+            decode=decode_of(row), tflops=row.get("tflops"), peak_frac=row.get("peak_frac"),
         )
 
     @property
@@ -270,10 +274,6 @@ def best_per_strategy(rows: Iterable[Measured]) -> dict[str, Measured]:
     return best
 
 
-def is_default(m: Measured) -> bool:
-    return default_knobs(m.knobs)
-
-
 def default_knobs(knobs: dict) -> bool:
     """Every knob at its default (or unset): the setting engines run today."""
     return all(value in (DEFAULT, None) for value in knobs.values())
@@ -284,7 +284,7 @@ def reference(rows: Iterable[Measured]) -> Measured | None:
     for the layer) with default knobs, as engines run it today; where none was measured, its
     fastest row."""
     candidates = [m for m in rows if m.strategy == m.group.reference_strategy]
-    defaults = [m for m in candidates if is_default(m)]
+    defaults = [m for m in candidates if default_knobs(m.knobs)]
     pool = defaults or candidates
     return min(pool, key=lambda m: m.ms) if pool else None
 
@@ -318,7 +318,7 @@ def stored_speedup(m: Measured, ref: Measured) -> tuple[float, tuple[float, floa
     reference without writing it again); None otherwise."""
     if (m.speedup is None or m.speedup_ci is None or m is ref or m.source != ref.source
             or m.composition != ref.composition
-            or ref.strategy != ref.group.reference_strategy or not is_default(ref)):
+            or ref.strategy != ref.group.reference_strategy or not default_knobs(ref.knobs)):
         return None
     return m.speedup, m.speedup_ci
 

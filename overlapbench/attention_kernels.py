@@ -291,11 +291,13 @@ class SdpaKernel:
             if r.start in prefix_of:
                 keys = prefix_of[r.start]
                 kk, vv = torch.cat([kv_k[keys], kk]), torch.cat([kv_v[keys], vv])
+            # K/V repeated to q's heads: SDPA's memory-efficient kernel (float32, the truth's)
+            # takes no GQA, and math would hold [heads, rows, rows] scores (128 GiB at 32K rows)
+            groups = qq.shape[1] // kk.shape[1]
+            kk, vv = kk.repeat_interleave(groups, dim=1), vv.repeat_interleave(groups, dim=1)
             if kk.shape[0] == qq.shape[0]:
-                o = F.scaled_dot_product_attention(bhsd(qq), bhsd(kk), bhsd(vv), is_causal=True, enable_gqa=True)
+                o = F.scaled_dot_product_attention(bhsd(qq), bhsd(kk), bhsd(vv), is_causal=True)
             else:
-                groups = qq.shape[1] // kk.shape[1]
-                kk, vv = kk.repeat_interleave(groups, dim=1), vv.repeat_interleave(groups, dim=1)
                 mask = causal_lower_right(qq.shape[0], kk.shape[0])
                 o = F.scaled_dot_product_attention(bhsd(qq), bhsd(kk), bhsd(vv), attn_mask=mask)
             out3[r] = o.squeeze(0).transpose(0, 1)

@@ -6,9 +6,11 @@ contiguous range of rows of the stack's token layout (all of them for the baseli
 split); its *segments* say which sequence each run of rows belongs to, so attention of a chunk
 that continues a sequence sees the earlier chunk's keys and values.
 
-Long because the layer's whole arithmetic (weights, norms, RoPE, attention, MLP, the stack's
-forward and its reference) is kept in one file that reads as one forward pass, as gpt-fast keeps
-its model.
+Long because the layer's weights, batches and forward (attention and MLP blocks, the stack's
+forward and its reference) are kept in one file that reads as one forward pass, as gpt-fast keeps
+its model. The elementwise arithmetic lives beside it, each piece with its GPU kernel and its
+torch oracle: `norms` (RMSNorm, residual add + RMSNorm), `rope` (q/k norms, RoPE), `activation`
+(SwiGLU); the names are imported here for the modules that take them from the layer.
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 
+from overlapbench.activation import swiglu
 from overlapbench.attention import ChunkPlan, causal_attention, decode_attention
 from overlapbench.models import ModelShape
 from overlapbench.moe import moe_partial
+from overlapbench.norms import add_rms_norm, rms_norm
+from overlapbench.rope import RopeTable
+from overlapbench.rope import rope_qkv as rope_rows
 
 # ---------------------------------------------------------------------------------------------
 # Weights
@@ -380,50 +385,6 @@ def token_range(seq_lens: tuple[int, ...], begin: int, end: int, device, decode:
 # Arithmetic
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (xf * weight.float()).to(x.dtype)
-
-
-def add_rms_norm(
-    partial: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """residual += partial (in place); returns rmsnorm(residual) * weight (into `out` if given).
-
-    On GPUs this is one fused Triton kernel, as in the engines the baseline stands for; the
-    torch version is the CPU path and the kernel's test oracle.
-    """
-    if partial.is_cuda:
-        from kernels.rmsnorm import fused_add_rmsnorm
-
-        return fused_add_rmsnorm(partial, residual, weight, eps, out=out)
-    residual += partial
-    normed = rms_norm(residual, weight, eps)
-    return normed if out is None else out.copy_(normed)
-
-
-class RopeTable:
-    """cos/sin of rotary embeddings for positions 0..max_pos-1 (rotate-half convention)."""
-
-    def __init__(self, shape: ModelShape, max_pos: int, device) -> None:
-        half = shape.head_dim // 2
-        inv = shape.rope_theta ** (-torch.arange(half, dtype=torch.float64, device=device) / half)
-        angles = torch.arange(max_pos, dtype=torch.float64, device=device)[:, None] * inv
-        self.cos = angles.cos().float()
-        self.sin = angles.sin().float()
-
-    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: [rows, heads, head_dim]."""
-        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
-        x1, x2 = x.float().chunk(2, dim=-1)
-        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
-
-
 class KVBuffer:
     """Keys and values of the whole batch in its natural layout, for sequences split across chunks."""
 
@@ -437,6 +398,16 @@ class KVBuffer:
         kv = cls.__new__(cls)
         kv.k, kv.v = k, v
         return kv
+
+    def rows_of(self, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Where a chunk's keys and values can be written straight into the buffer, as they are
+        made: a chunk of one continued segment and no decode rows (token_split's first chunk of
+        one sequence), whose rows are then a range of the buffer's; None otherwise (`store`)."""
+        if chunk.decode is not None or len(chunk.segments) != 1 or not chunk.segments[0].continued:
+            return None
+        s = chunk.segments[0]
+        rows = slice(s.kv_row + s.start, s.kv_row + s.start + s.length)
+        return self.k[rows], self.v[rows]
 
     def store(self, chunk: Chunk, k: torch.Tensor, v: torch.Tensor) -> None:
         """Keep the keys and values that a later chunk reads: those of continued segments."""
@@ -452,24 +423,16 @@ def qkv_projection(w: LayerWeights, normed: torch.Tensor) -> torch.Tensor:
     return normed @ w.wqkv.t() if w.bqkv is None else torch.addmm(w.bqkv, normed, w.wqkv.t())
 
 
-def add_qkv_bias(w: LayerWeights, qkv: torch.Tensor) -> torch.Tensor:
-    """The QKV bias added (in place) to a projection computed without it: the SP path's GEMM
-    is fused with its all-gather and takes no bias."""
-    return qkv if w.bqkv is None else qkv.add_(w.bqkv)
-
-
 def rope_qkv(
-    stack: Stack, w: LayerWeights, qkv: torch.Tensor, positions: torch.Tensor, rope: RopeTable
+    stack: Stack, w: LayerWeights, qkv: torch.Tensor, positions: torch.Tensor, rope: RopeTable, add_bias: bool = False,
+    kv_out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Rows of the QKV projection (its bias already added), split into heads, with the per-head
-    q/k RMSNorms where the layer has them (Qwen3), then RoPE on q and k:
-    q [rows, heads, head_dim], k and v [rows, kv_heads, head_dim]."""
-    d = stack.shape.head_dim
-    q, k, v = qkv.split([stack.heads * d, stack.kv_heads * d, stack.kv_heads * d], dim=-1)
-    q, k = q.view(-1, stack.heads, d), k.view(-1, stack.kv_heads, d)
-    if w.q_norm is not None:
-        q, k = rms_norm(q, w.q_norm, stack.shape.eps), rms_norm(k, w.k_norm, stack.shape.eps)
-    return rope.apply(q, positions), rope.apply(k, positions), v.view(-1, stack.kv_heads, d)
+    """Rows of the QKV projection -> q [rows, heads, head_dim], k and v [rows, kv_heads, head_dim]:
+    the layer's QKV bias added here with `add_bias` (for a GEMM that took none), its per-head
+    q/k RMSNorms where it has them (Qwen3), then RoPE on q and k (overlapbench/rope.py); k and v
+    written into `kv_out` where given (a KV buffer's rows: the store in the same pass)."""
+    return rope_rows(qkv, positions, rope, stack.heads, stack.kv_heads, stack.shape.head_dim, stack.shape.eps,
+                     w.bqkv if add_bias else None, w.q_norm, w.k_norm, kv_out)
 
 
 def attend(
@@ -513,16 +476,11 @@ def attention_partial(
     """QKV (+ bias) -> q/k norms -> RoPE -> causal attention -> O-proj of one chunk: this
     rank's partial sum."""
     w = stack.layers[layer]
-    q, k, v = rope_qkv(stack, w, qkv_projection(w, normed), chunk.positions, rope)
-    if kv is not None:
+    into = None if kv is None else kv.rows_of(chunk)
+    q, k, v = rope_qkv(stack, w, qkv_projection(w, normed), chunk.positions, rope, kv_out=into)
+    if kv is not None and into is None:
         kv.store(chunk, k, v)
     return torch.matmul(attend(stack, q, k, v, chunk, kv, layer=layer), w.wo.t(), out=out)
-
-
-def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
-    """SiLU(gate) * up of the gate/up projection's rows."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
 
 
 def mlp_partial(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 
 from overlapbench.errors import UserError, did_you_mean
 
@@ -80,6 +80,14 @@ class ModelShape:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def shard(self, tp: int) -> ModelShape:
+        """One rank's shape of a TP=tp layer: heads, kv_heads and the MLP's width divided by tp,
+        hidden unchanged. A tp=1 layer of this shape computes exactly what one rank computes, so
+        one GPU measures a rank's compute (the `sweeps/shard-*.yaml` studies, tests/benchmarks/layer_vs_transformers.py)."""
+        self.check_tp(tp)
+        width = {"expert_ffn": self.expert_ffn // tp} if self.moe else {"ffn": self.ffn // tp}
+        return replace(self, heads=self.heads // tp, kv_heads=self.kv_heads // tp, **width)
 
 
 def completed(shape: dict) -> dict:

@@ -28,18 +28,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from overlapbench.activation import swiglu
+
 
 def route(normed: torch.Tensor, router: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [tokens, top_k] fp32 summing to 1 per token, experts [tokens, top_k] int64)."""
     logits = normed.float() @ router.float().t()
     weights, experts = logits.softmax(dim=-1).topk(top_k, dim=-1)
     return weights / weights.sum(dim=-1, keepdim=True), experts
-
-
-def _swiglu(gate_up: torch.Tensor) -> torch.Tensor:
-    """SiLU(gate) * up, as the dense MLP's (layer.swiglu; this module stays below layer.py)."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
 
 
 def grouped_mm(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -75,7 +71,7 @@ def moe_partial(
     counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
     offsets = counts.cumsum(0, dtype=torch.int32)
     rows = normed[order // top_k]  # each sorted assignment's token
-    y = grouped_mm(_swiglu(grouped_mm(rows, w_gate_up, offsets)), w_down, offsets)
+    y = grouped_mm(swiglu(grouped_mm(rows, w_gate_up, offsets)), w_down, offsets)
     by_assignment = y.new_empty(y.shape)  # contiguous (a grouped GEMM may pad its rows)
     by_assignment[order] = y
     return _weighted_sum(weights, by_assignment.view(tokens, top_k, -1), out)
@@ -100,6 +96,6 @@ def reference_moe(
     for e in range(router.shape[0]):
         token, slot = (chosen == e).nonzero(as_tuple=True)
         if token.numel():
-            y = _swiglu(normed[token] @ w_gate_up[e].t()) @ w_down[e].t()
+            y = swiglu(normed[token] @ w_gate_up[e].t()) @ w_down[e].t()
             out.index_add_(0, token, y.float() * weights[token, slot, None])
     return out.to(normed.dtype)

@@ -13,7 +13,20 @@ import torch
 import torch.distributed as dist
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from overlapbench import attention, environment, interleave, measure, paired, printing, results, runtime, strategies
+from overlapbench import (
+    analysis,
+    attention,
+    environment,
+    flops,
+    interleave,
+    measure,
+    paired,
+    peak,
+    printing,
+    results,
+    runtime,
+    strategies,
+)
 from overlapbench.phases import PointFailed, out_of_memory
 from overlapbench.phases import phase as _phase
 from overlapbench.results import SCHEMA
@@ -186,6 +199,8 @@ def make_row(point: Point, result: dict, run_id: str, env: dict, spec: SweepSpec
     for key in ("ms", "p10_ms", "p90_ms", "iqr_ms", "cv", "graphs", "graph_error", "rel_err", "tolerance", "check", "checked",
                 "attention", "timing", "speedup", "speedup_ci", "pairing", "round_ids", "samples_ms"):
         row[key] = result.get(key)
+    if point.workload == analysis.LAYER:  # flops, tflops, peak_frac and the device's peak (overlapbench/flops.py)
+        row |= flops.row_fields(point.shape, point.tp, point.batch, point.decode, row["ms"], env.get("peak"))
     return row
 
 
@@ -202,7 +217,7 @@ def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = 
     interrupt_on_sigterm()
     watchdog = Watchdog(spec.measure.timeout_s, rt.rank)
     console = printing.console(quiet=rt.rank != 0)
-    env = environment.run_environment(rt)
+    env = environment.run_environment(rt) | {"peak": peak.dense_peak(rt.device)}  # rows' peak_frac: against it
     points = spec.points(rt.world_size, rt.is_cuda)
 
     store, done, run_id = results.open_on_ranks(output, resume, rt.rank)

@@ -223,7 +223,7 @@ def _pick_in_batch(rows: list[Measured], min_gain: float) -> Pick | None:
 
 
 def _ref_name(ref: Measured) -> str:
-    return ref.strategy if analysis.is_default(ref) else ref.describe()
+    return ref.strategy if analysis.default_knobs(ref.knobs) else ref.describe()
 
 
 def _kept_why(ref: Measured, challengers: list[Measured]) -> str:

@@ -15,9 +15,11 @@ if _gpus() == 0:
 
 
 def pytest_collection_modifyitems(config, items):
-    if _gpus() >= 2:
-        return
-    skip = pytest.mark.skip(reason="needs 2 CUDA GPUs (runs on the GPU machine)")
+    """`gpu` tests need 2 CUDA GPUs, those also marked `one_gpu` one: skipped where fewer are here."""
+    gpus = _gpus()
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" not in item.keywords:
+            continue
+        needed = 1 if "one_gpu" in item.keywords else 2
+        if gpus < needed:
+            item.add_marker(pytest.mark.skip(reason=f"needs {needed} CUDA GPU{'s' * (needed > 1)} (runs on the GPU machine)"))

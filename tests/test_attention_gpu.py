@@ -19,7 +19,7 @@ from overlapbench.runtime import apply_safe_env  # noqa: E402
 from tests import distributed  # noqa: E402
 from tests.test_attention import iso_split, reference, token_split  # noqa: E402
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.one_gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 apply_safe_env()
 HEADS = {"llama3-70b": (32, 4), "llama3-8b": (16, 4)}  # per rank at TP=2

@@ -12,17 +12,13 @@ Long because v1, v2 push and v2 pull share one emulated-rank harness (forked ran
 from __future__ import annotations
 
 import multiprocessing
-import os
 
 import pytest
 
+from tests.interpreter import use_interpreter
+
+triton = use_interpreter()  # before anything imports triton
 torch = pytest.importorskip("torch")
-if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available():
-    # Flipping the whole session to the interpreter would break the GPU tests beside this file.
-    pytest.skip("interpreter tests run on CPU machines (tests/conftest.py sets TRITON_INTERPRET there)",
-                allow_module_level=True)
-os.environ["TRITON_INTERPRET"] = "1"  # before Triton sees a kernel
-triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
 from kernels import allreduce_norm as arn  # noqa: E402

@@ -4,16 +4,13 @@ attention over the union of the keys."""
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 
+from tests.interpreter import use_interpreter
+
+triton = use_interpreter()  # before anything imports triton
 torch = pytest.importorskip("torch")
-if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available():
-    pytest.skip("interpreter tests run on CPU machines (tests/conftest.py sets TRITON_INTERPRET there)",
-                allow_module_level=True)
-os.environ["TRITON_INTERPRET"] = "1"  # before Triton sees a kernel
-pytest.importorskip("triton")
 
 from kernels.lse_merge import lse_merge, lse_merge_reference  # noqa: E402
 from overlapbench.attention_kernels import softmax_attention  # noqa: E402

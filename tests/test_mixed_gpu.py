@@ -19,7 +19,7 @@ from overlapbench.models import PRESETS  # noqa: E402
 from overlapbench.runtime import apply_safe_env  # noqa: E402
 from tests import distributed  # noqa: E402
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.one_gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 apply_safe_env()
 TOL = 1e-2

@@ -12,7 +12,7 @@ from overlapbench.layer import build_stack
 from overlapbench.models import ModelShape
 from overlapbench.moe import moe_partial, reference_moe
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.one_gpu]
 
 SHAPES = {
     "8x2": ModelShape(hidden=512, ffn=1024, heads=8, kv_heads=8, head_dim=64, experts=8, top_k=2, expert_ffn=512),

@@ -27,14 +27,13 @@ import torch
 import torch.distributed as dist
 
 from overlapbench import nccl_windows
+from overlapbench.activation import swiglu
 from overlapbench.layer import (
     KVBuffer,
-    add_qkv_bias,
     add_rms_norm,
     attend,
     rms_norm,
     rope_qkv,
-    swiglu,
     token_range,
     whole_batch,
 )
@@ -134,8 +133,8 @@ class SequenceParallelForward:
 
     def _attention(self, layer: int, normed: torch.Tensor) -> torch.Tensor:
         stack, w = self.ctx.stack, self.ctx.stack.layers[layer]
-        qkv = add_qkv_bias(w, self.ex.gather_matmul(ATTENTION, normed, w.wqkv)[: self.tokens])
-        q, k, v = rope_qkv(stack, w, qkv, self.positions, self.ctx.rope)
+        qkv = self.ex.gather_matmul(ATTENTION, normed, w.wqkv)[: self.tokens]
+        q, k, v = rope_qkv(stack, w, qkv, self.positions, self.ctx.rope, add_bias=True)  # the GEMM took no bias
         kv = KVBuffer.holding(k, v)
 
         def attend_rows(lo: int, hi: int) -> None:

@@ -115,7 +115,7 @@ class SplitForward:
         stack, (a, b) = self.ctx.stack, (self.plan.first, self.plan.second)
         order = self.plan.order
         self.residual.copy_(x if order is None else x[order])
-        self.normed.copy_(rms_norm(self.residual, stack.layers[0].attn_norm, stack.shape.eps))
+        rms_norm(self.residual, stack.layers[0].attn_norm, stack.shape.eps, out=self.normed)
         lanes = Lanes(self.ctx)
         attn, mlp = self.after_attention, self.after_mlp
         carried = None  # B's MLP partial from the previous layer

@@ -10,6 +10,8 @@ from overlapbench.analysis import Group, Measured
 
 STAR, NOISY, SLOWER = "★", "~", "▲"
 NOISY_TEXT = f"{NOISY} noisy (cv > {analysis.NOISY_CV:.0%})"
+RATE_TEXT = ("TF/s = the layer's GEMM and attention FLOPs on one rank per second, and its share of the device's "
+             "dense bf16 peak (the rows' peak_tflops, peak_source)")
 
 
 
@@ -20,8 +22,9 @@ def legend(views: dict[Group, dict[str, dict[str, Cell]]]) -> str:
     cells = [c for points in views.values() for cells in points.values() for c in cells.values()]
     hidden = (f" · hidden = share of {name}'s exposed communication ({name.removeprefix('the ')} - no_comm) removed"
               if any(c.hidden is not None for c in cells) else "")
+    rate = f" · {RATE_TEXT}" if any(c.m.peak_frac is not None for c in cells) else ""
     return (f"{STAR} picked by tune's rule (faster than {name} beyond the noise, else {name}) · {NOISY_TEXT} · "
-            f"speedup over {name} with default knobs{hidden} · each strategy at its best knobs{which}")
+            f"speedup over {name} with default knobs{hidden}{rate} · each strategy at its best knobs{which}")
 
 
 def sensitivity_legend(groups: Iterable[Group]) -> str:
@@ -60,7 +63,8 @@ class Cell:
             figures[0] += f" ±{(self.speedup_ci[1] - self.speedup_ci[0]) / 2 / self.speedup:.1%}"
         if self.hidden is not None and self.m.strategy != analysis.BOUND:
             figures.append(f"{round(self.hidden, 2) + 0.0:.0%} hidden")  # no "-0%"
-        return [f"{fmt_ms(self.m.ms)} ms", " ".join(figures), self.m.knob_text()]
+        rate = "" if self.m.peak_frac is None else f" {self.m.tflops:.0f} TF/s {self.m.peak_frac:.0%}"
+        return [f"{fmt_ms(self.m.ms)} ms{rate}", " ".join(figures), self.m.knob_text()]
 
     def record(self) -> dict:
         m = self.m
@@ -70,7 +74,7 @@ class Cell:
             "strategy": m.strategy, "knobs": m.knobs, "ms": m.ms,
             "p10_ms": m.p10_ms, "p90_ms": m.p90_ms, "cv": m.cv, "noisy": m.noisy,
             "speedup": self.speedup, "speedup_ci": None if self.speedup_ci is None else list(self.speedup_ci),
-            "hidden": self.hidden, "winner": self.winner,
+            "hidden": self.hidden, "winner": self.winner, "tflops": m.tflops, "peak_frac": m.peak_frac,
         }
 
 

@@ -23,8 +23,9 @@ if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapben
 import torch
 
 from overlapbench import measure, moe
+from overlapbench.activation import swiglu
 from overlapbench.environment import git_commit
-from overlapbench.layer import build_stack, swiglu
+from overlapbench.layer import build_stack
 from overlapbench.models import preset
 from overlapbench.results import RunLog
 
@@ -74,7 +75,7 @@ def bench(model: str, tokens: int, tp: int, iters: int) -> list[dict]:
 
     paths = {
         "moe": lambda: moe.moe_partial(x, w.router, w.w_gate_up, w.w_down, shape.top_k, out=out),
-        "experts": lambda: moe.grouped_mm(moe._swiglu(moe.grouped_mm(rows, w.w_gate_up, offsets)), w.w_down, offsets),
+        "experts": lambda: moe.grouped_mm(swiglu(moe.grouped_mm(rows, w.w_gate_up, offsets)), w.w_down, offsets),
         "dense": lambda: torch.matmul(swiglu(x @ dense_up.t()), dense_down.t(), out=out),
     }
     flops = 2 * tokens * shape.top_k * 3 * shape.hidden * f
