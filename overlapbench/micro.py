@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-from overlapbench.layer import random_input, seeded_randn, stable_seed
 from overlapbench.overlap.sp_schedule import ShardLayout
 from overlapbench.runtime import Runtime
 from overlapbench.step import Step
+from overlapbench.weights import random_input, seeded_randn, stable_seed
 
 WORKLOADS = ("gemm_ag", "gemm_rs")
 

@@ -18,8 +18,10 @@ import torch
 import torch.distributed as dist
 
 from overlapbench import nccl_log, nccl_windows
+from overlapbench.chunks import DecodeCache, decode_tokens
 from overlapbench.knobs import DEFAULT
-from overlapbench.layer import DecodeCache, RopeTable, Stack, decode_tokens
+from overlapbench.rope import RopeTable
+from overlapbench.weights import Stack
 
 # NVLink multicast stays off unless the user explicitly turned it on: our kernels never need
 # it, and on shared hosts it can take the GPUs down.

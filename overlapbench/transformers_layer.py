@@ -52,7 +52,7 @@ def _modeling(kind: str):
 
 
 def decoder_layer(shape: ModelShape, weights, index: int = 0, attention: str = "sdpa") -> torch.nn.Module:
-    """transformers' decoder layer `index` of `shape` holding `weights` (a layer.LayerWeights of
+    """transformers' decoder layer `index` of `shape` holding `weights` (a weights.LayerWeights of
     the unsharded stack, tp=1), in their dtype and on their device, in eval mode."""
     kind = kind_of(shape)
     made = config(shape, attention, layers=index + 1)

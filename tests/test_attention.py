@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from overlapbench import attention, attention_kernels
-from overlapbench.layer import KVBuffer, sequence_starts, token_range
+from overlapbench.chunks import KVBuffer, sequence_starts, token_range
 from overlapbench.strategies import iso
 
 HQ, HKV, D = 6, 2, 16

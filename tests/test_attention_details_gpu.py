@@ -62,7 +62,9 @@ def _graph_forward(step, x):
 
 def _run(rank: int, world: int) -> dict:
     from overlapbench import runtime, strategies
-    from overlapbench.layer import RopeTable, build_stack, random_input, reference_forward
+    from overlapbench.layer import reference_forward
+    from overlapbench.rope import RopeTable
+    from overlapbench.weights import build_stack, random_input
 
     rt = runtime.init(timeout_s=120)
     stack = build_stack(SHAPE, LAYERS, world, rank, torch.bfloat16, rt.device, seed=0)

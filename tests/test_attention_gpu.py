@@ -70,7 +70,7 @@ SPLITS = {  # name: (sequence lengths, chunks and layout order on the GPU)
 @pytest.mark.parametrize("split", SPLITS)
 @pytest.mark.parametrize("graph", [False, True])
 def test_split_chunks_match_masked_softmax(model, split, graph):
-    from overlapbench.layer import KVBuffer
+    from overlapbench.chunks import KVBuffer
 
     hq, hkv = HEADS[model]
     seq_lens, make = SPLITS[split]
@@ -116,7 +116,8 @@ def _label(strategy, knobs, lens) -> str:
 
 def _run_strategies(rank: int, world: int) -> dict:
     from overlapbench import runtime, strategies
-    from overlapbench.layer import RopeTable, build_stack, random_input
+    from overlapbench.rope import RopeTable
+    from overlapbench.weights import build_stack, random_input
 
     rt = runtime.init(timeout_s=120)
     shape = PRESETS["llama3-8b"]

@@ -11,19 +11,13 @@ torch = pytest.importorskip("torch")
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from overlapbench import flops  # noqa: E402
-from overlapbench.layer import (  # noqa: E402
-    LocalReducer,
-    RopeTable,
-    build_decode_cache,
-    build_stack,
-    forward_stack,
-    random_input,
-    token_range,
-    whole_batch,
-)
+from overlapbench.chunks import build_decode_cache, token_range, whole_batch  # noqa: E402
+from overlapbench.layer import LocalReducer, forward_stack  # noqa: E402
 from overlapbench.models import PRESETS, ModelShape  # noqa: E402
 from overlapbench.peak import Peak  # noqa: E402
+from overlapbench.rope import RopeTable  # noqa: E402
 from overlapbench.spec import Decode  # noqa: E402
+from overlapbench.weights import build_stack, random_input  # noqa: E402
 
 CPU = torch.device("cpu")
 

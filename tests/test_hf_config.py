@@ -14,8 +14,9 @@ import torch
 from overlapbench import hf_config
 from overlapbench import spec as spec_mod
 from overlapbench.errors import UserError
-from overlapbench.layer import build_stack, reference_forward
+from overlapbench.layer import reference_forward
 from overlapbench.models import PRESETS, ModelShape
+from overlapbench.weights import build_stack
 from tests import distributed
 from tests.test_registry import _runs_on_cpu
 
@@ -200,7 +201,8 @@ def test_the_bias_is_sharded_like_wqkv_and_the_norms_replicated():
 
 def _rank_all(rank: int, world: int, shapes: dict[str, ModelShape], names: list[str]) -> dict:
     from overlapbench import runtime, strategies
-    from overlapbench.layer import RopeTable, random_input
+    from overlapbench.rope import RopeTable
+    from overlapbench.weights import random_input
 
     rt = runtime.init(timeout_s=60)
     outputs = {}

@@ -15,21 +15,13 @@ from kernels import rmsnorm as rmsnorm_kernel  # noqa: E402
 from kernels import rope as rope_kernel  # noqa: E402
 from kernels import swiglu as swiglu_kernel  # noqa: E402
 from overlapbench import activation, measure, norms, rope  # noqa: E402
-from overlapbench.layer import (  # noqa: E402
-    LocalReducer,
-    RopeTable,
-    build_decode_cache,
-    build_stack,
-    cast,
-    forward_stack,
-    random_input,
-    rope_positions,
-    token_range,
-    whole_batch,
-)
+from overlapbench.chunks import build_decode_cache, rope_positions, token_range, whole_batch  # noqa: E402
+from overlapbench.layer import LocalReducer, forward_stack  # noqa: E402
 from overlapbench.models import PRESETS, ModelShape  # noqa: E402
 from overlapbench.overlap.split import SplitForward, SplitPlan  # noqa: E402
+from overlapbench.rope import RopeTable  # noqa: E402
 from overlapbench.runtime import BuildContext, Runtime  # noqa: E402
+from overlapbench.weights import build_stack, cast, random_input  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.one_gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

@@ -8,16 +8,11 @@ import pytest
 import torch
 
 from overlapbench import attention, attention_kernels
-from overlapbench.layer import (
-    RopeTable,
-    build_decode_cache,
-    build_stack,
-    random_input,
-    reference_forward,
-    token_range,
-    whole_batch,
-)
+from overlapbench.chunks import build_decode_cache, token_range, whole_batch
+from overlapbench.layer import reference_forward
 from overlapbench.models import PRESETS, ModelShape
+from overlapbench.rope import RopeTable
+from overlapbench.weights import build_stack, random_input
 from tests import distributed
 
 SHAPE = PRESETS["tiny"]
@@ -27,7 +22,7 @@ LAYERS = 2
 
 def _rank_forward(rank, world, strategy, knobs, seq_lens, decode, shape, seed):
     from overlapbench import runtime, strategies
-    from overlapbench.layer import rope_positions
+    from overlapbench.chunks import rope_positions
 
     rt = runtime.init(timeout_s=60)
     stack = build_stack(shape, LAYERS, world, rank, torch.float32, rt.device, seed)

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from overlapbench import attention, attention_kernels, measure  # noqa: E402
-from overlapbench.layer import build_decode_cache, whole_batch  # noqa: E402
+from overlapbench.chunks import build_decode_cache, whole_batch  # noqa: E402
 from overlapbench.models import PRESETS  # noqa: E402
 from overlapbench.runtime import apply_safe_env  # noqa: E402
 from tests import distributed  # noqa: E402
@@ -80,7 +80,9 @@ BATCH, DECODE = (2048,), (256, 4096)
 
 def _run(rank: int, world: int) -> dict:
     from overlapbench import runtime, strategies
-    from overlapbench.layer import RopeTable, build_stack, random_input, rope_positions
+    from overlapbench.chunks import rope_positions
+    from overlapbench.rope import RopeTable
+    from overlapbench.weights import build_stack, random_input
 
     rt = runtime.init(timeout_s=120)
     shape = PRESETS["llama3-8b"]

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from overlapbench.errors import UserError
-from overlapbench.layer import build_stack, reference_forward
+from overlapbench.layer import reference_forward
 from overlapbench.models import PRESETS, ModelShape
 from overlapbench.moe import moe_partial, reference_moe, route
+from overlapbench.weights import build_stack
 from tests import distributed
 from tests.test_sequence_parallel import _rank_forwards
 
@@ -145,8 +146,9 @@ def _rank_async_tp(rank: int, world: int, seq_lens: tuple):
     from torch.distributed import _symmetric_memory as symm_mem
 
     from overlapbench import runtime
-    from overlapbench.layer import RopeTable, random_input
     from overlapbench.overlap.sequence_parallel import FusedExchange, sp_layout, sp_step
+    from overlapbench.rope import RopeTable
+    from overlapbench.weights import random_input
 
     rt = runtime.init(timeout_s=60)
     ops = SimpleNamespace(

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from overlapbench import measure
-from overlapbench.layer import build_stack
 from overlapbench.models import ModelShape
 from overlapbench.moe import moe_partial, reference_moe
+from overlapbench.weights import build_stack
 
 pytestmark = [pytest.mark.gpu, pytest.mark.one_gpu]
 

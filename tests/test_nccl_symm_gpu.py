@@ -84,8 +84,10 @@ def _run_cases(rank: int, world: int, log_dir: str) -> dict:
     from overlapbench.comm import buffers, paths
     from overlapbench.comm import run as comm_run
     from overlapbench.comm.cases import Case
-    from overlapbench.layer import RopeTable, build_stack, random_input, reference_forward
+    from overlapbench.layer import reference_forward
     from overlapbench.nccl_log import TuningLog
+    from overlapbench.rope import RopeTable
+    from overlapbench.weights import build_stack, random_input
 
     rt = runtime.init(timeout_s=120)
     log = TuningLog(Path(log_dir) / f"nccl-{os.getpid()}.log")

@@ -56,8 +56,9 @@ def test_windows_need_nccl_on_gpus(strategy, knobs):
 
 def _rank_forward(rank: int, world: int, strategy: str, knobs: dict, seq_lens: tuple, shape: ModelShape):
     from overlapbench import nccl_windows, runtime
-    from overlapbench.layer import RopeTable, build_stack, random_input
     from overlapbench.overlap import sequence_parallel
+    from overlapbench.rope import RopeTable
+    from overlapbench.weights import build_stack, random_input
 
     rt = runtime.init(timeout_s=60)
     windows, calls = [], []

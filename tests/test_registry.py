@@ -39,7 +39,8 @@ def _runs_on_cpu(cls, knobs: dict, world: int) -> str | None:
 
 def _rank_all(rank: int, world: int, names: list[str], shape: ModelShape) -> dict:
     from overlapbench import runtime
-    from overlapbench.layer import RopeTable, build_stack, random_input
+    from overlapbench.rope import RopeTable
+    from overlapbench.weights import build_stack, random_input
 
     rt = runtime.init(timeout_s=60)
     stack = build_stack(shape, LAYERS, world, rank, torch.float32, rt.device, 0)

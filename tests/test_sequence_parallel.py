@@ -179,7 +179,8 @@ CASES_TP4 = [  # four ranks: peers at different ring distances, two ranks of pad
 
 def _rank_forwards(rank: int, world: int, shape: ModelShape, cases: list):
     from overlapbench import runtime
-    from overlapbench.layer import RopeTable, build_stack, random_input
+    from overlapbench.rope import RopeTable
+    from overlapbench.weights import build_stack, random_input
 
     rt = runtime.init(timeout_s=60)
     stack = build_stack(shape, LAYERS, world, rank, torch.float32, rt.device, seed=0)
@@ -218,8 +219,9 @@ def _check_all(shape: ModelShape, world: int, cases: list) -> None:
 def _attention_calls(rank: int, world: int, attention: str) -> list[int]:
     """Query rows of every attention call of one forward."""
     from overlapbench import runtime
-    from overlapbench.layer import RopeTable, build_stack, random_input
     from overlapbench.overlap import sequence_parallel
+    from overlapbench.rope import RopeTable
+    from overlapbench.weights import build_stack, random_input
 
     rt = runtime.init(timeout_s=60)
     stack = build_stack(TINY, LAYERS, world, rank, torch.float32, rt.device, seed=0)
@@ -268,8 +270,9 @@ def _rank_async_tp_reference(rank: int, world: int, seq_lens: tuple, micro_cases
     from torch.distributed import _symmetric_memory as symm_mem
 
     from overlapbench import micro, runtime, spec
-    from overlapbench.layer import RopeTable, build_stack, random_input
     from overlapbench.overlap.sequence_parallel import FusedExchange, sp_layout, sp_step
+    from overlapbench.rope import RopeTable
+    from overlapbench.weights import build_stack, random_input
 
     rt = runtime.init(timeout_s=60)
     ops = SimpleNamespace(

@@ -78,7 +78,9 @@ def _graph_forward(step, x):
 
 def _run_cases(rank: int, world: int) -> dict:
     from overlapbench import micro, runtime, strategies
-    from overlapbench.layer import RopeTable, build_stack, random_input, reference_forward
+    from overlapbench.layer import reference_forward
+    from overlapbench.rope import RopeTable
+    from overlapbench.weights import build_stack, random_input
 
     rt = runtime.init(timeout_s=120)
     errors: dict = {}

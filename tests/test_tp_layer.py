@@ -16,7 +16,8 @@ LAYERS = 2
 
 def _rank_forward(rank: int, world: int, strategy: str, knobs: dict, seq_lens: tuple, shape: ModelShape, seed: int):
     from overlapbench import runtime, strategies
-    from overlapbench.layer import RopeTable, build_stack, random_input
+    from overlapbench.rope import RopeTable
+    from overlapbench.weights import build_stack, random_input
 
     rt = runtime.init(timeout_s=60)
     stack = build_stack(shape, LAYERS, world, rank, torch.float32, rt.device, seed)

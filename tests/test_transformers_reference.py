@@ -10,8 +10,10 @@ import torch
 
 from overlapbench import transformers_layer
 from overlapbench.errors import UserError
-from overlapbench.layer import build_stack, random_input, reference_forward, rms_norm
+from overlapbench.layer import reference_forward
 from overlapbench.models import PRESETS, ModelShape
+from overlapbench.norms import rms_norm
+from overlapbench.weights import build_stack, random_input
 
 transformers = pytest.importorskip("transformers")
 

@@ -22,8 +22,9 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
+from overlapbench.chunks import Chunk
 from overlapbench.knobs import DEFAULT, FUSED_KERNEL, SYMMETRIC_COMM
-from overlapbench.layer import Chunk, LocalReducer
+from overlapbench.layer import LocalReducer
 from overlapbench.nccl_windows import NcclWindow
 from overlapbench.runtime import BuildContext
 

@@ -28,17 +28,11 @@ import torch.distributed as dist
 
 from overlapbench import nccl_windows
 from overlapbench.activation import swiglu
-from overlapbench.layer import (
-    KVBuffer,
-    add_rms_norm,
-    attend,
-    rms_norm,
-    rope_qkv,
-    token_range,
-    whole_batch,
-)
+from overlapbench.chunks import KVBuffer, token_range, whole_batch
+from overlapbench.layer import attend, rope_qkv
 from overlapbench.moe import moe_partial
 from overlapbench.nccl_windows import NcclWindow
+from overlapbench.norms import add_rms_norm, rms_norm
 from overlapbench.overlap.sp_schedule import ATTENTION_MODES, ShardLayout
 from overlapbench.runtime import BuildContext
 from overlapbench.step import Step

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-from overlapbench.layer import Chunk, KVBuffer, Reducer, attention_partial, mlp_partial, rms_norm
+from overlapbench.chunks import Chunk, KVBuffer
+from overlapbench.layer import Reducer, attention_partial, mlp_partial
+from overlapbench.norms import rms_norm
 from overlapbench.runtime import BuildContext
 from overlapbench.step import Step
 

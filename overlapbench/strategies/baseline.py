@@ -16,7 +16,8 @@ class Baseline(NcclStrategy):
 
     @classmethod
     def build(cls, ctx, knobs):
-        from overlapbench.layer import forward_stack, whole_batch
+        from overlapbench.chunks import whole_batch
+        from overlapbench.layer import forward_stack
         from overlapbench.overlap import reducers
 
         reducer = reducers.collective(ctx, knobs["nccl_max_ctas"], symm=cls.uses_nccl_windows(knobs))

@@ -19,7 +19,8 @@ class FusedNorm(Strategy):
 
     @classmethod
     def build(cls, ctx, knobs):
-        from overlapbench.layer import forward_stack, whole_batch
+        from overlapbench.chunks import whole_batch
+        from overlapbench.layer import forward_stack
         from overlapbench.overlap import reducers
 
         reducer = reducers.symmetric(ctx, knobs["comm_ctas"], knobs["comm"])

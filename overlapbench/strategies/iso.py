@@ -87,7 +87,7 @@ def chunks(seq_lens: tuple[int, ...], prefix: list[int], device, decode=None):
     """
     import torch
 
-    from overlapbench.layer import decode_tokens, make_chunk, sequence_starts
+    from overlapbench.chunks import decode_tokens, make_chunk, sequence_starts
 
     d = decode_tokens(decode)
     kv_rows = sequence_starts(tuple(prefix))

@@ -16,7 +16,8 @@ class NoComm(Strategy):
 
     @classmethod
     def build(cls, ctx, knobs):
-        from overlapbench.layer import LocalReducer, forward_stack, whole_batch
+        from overlapbench.chunks import whole_batch
+        from overlapbench.layer import LocalReducer, forward_stack
 
         reducer = LocalReducer(ctx.eps)
         chunk = whole_batch(ctx.seq_lens, ctx.runtime.device, ctx.decode)

@@ -59,7 +59,7 @@ class TokenSplit(SplitStrategy):
 
     @classmethod
     def build(cls, ctx, knobs):
-        from overlapbench.layer import token_range
+        from overlapbench.chunks import token_range
         from overlapbench.overlap import reducers
         from overlapbench.overlap.split import SplitPlan, split_step
 

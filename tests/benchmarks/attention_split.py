@@ -26,8 +26,8 @@ if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapben
 import torch
 
 from overlapbench import attention, attention_kernels, measure
+from overlapbench.chunks import KVBuffer, token_range, whole_batch
 from overlapbench.environment import git_commit
-from overlapbench.layer import KVBuffer, token_range, whole_batch
 from overlapbench.models import preset
 from overlapbench.results import RunLog
 from overlapbench.strategies import iso

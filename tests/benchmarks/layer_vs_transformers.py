@@ -39,10 +39,14 @@ if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapben
 import torch
 
 from overlapbench import attention, environment, flops, interleave, measure, peak, transformers_layer
+from overlapbench.chunks import whole_batch
 from overlapbench.errors import UserError, one_line
-from overlapbench.layer import LocalReducer, RopeTable, build_stack, cast, forward_stack, random_input, rms_norm, whole_batch
+from overlapbench.layer import LocalReducer, forward_stack
 from overlapbench.models import preset
+from overlapbench.norms import rms_norm
 from overlapbench.results import RunLog
+from overlapbench.rope import RopeTable
+from overlapbench.weights import build_stack, cast, random_input
 
 IMPLS = ("overlapbench", "hf_eager", "hf_compiled")
 REFERENCE = "hf_compiled"  # what rows' vs_compiled is against

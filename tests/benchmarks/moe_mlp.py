@@ -25,9 +25,9 @@ import torch
 from overlapbench import measure, moe
 from overlapbench.activation import swiglu
 from overlapbench.environment import git_commit
-from overlapbench.layer import build_stack
 from overlapbench.models import preset
 from overlapbench.results import RunLog
+from overlapbench.weights import build_stack
 
 
 def parse_args() -> argparse.Namespace:

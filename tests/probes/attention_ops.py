@@ -359,7 +359,7 @@ def ragged(model: str, hq: int, hkv: int, scale: float) -> None:
 
 def overlapbench_path_for(model: str, hq: int, hkv: int) -> None:
     from overlapbench import attention, attention_kernels
-    from overlapbench.layer import KVBuffer, sequence_starts, token_range
+    from overlapbench.chunks import KVBuffer, sequence_starts, token_range
     from overlapbench.strategies import iso
 
     attempt("ours", f"{model} select", lambda hq=hq, hkv=hkv: {
