@@ -59,8 +59,8 @@ def nccl_windows() -> str:
     reason = missing_support(SAFE_ENV | dict(os.environ))
     if reason is not None:
         return f"no: {reason}"
-    return (f"yes (NCCL {versions()['nccl']}: symmetric kernels by peer loads and stores; "
-            "`comm --paths nccl_symm` shows the kernel run)")
+    return (f"torch and NCCL {versions()['nccl']} offer them (symmetric kernels by peer loads and stores); "
+            "a run checks the backend's window allocator and skips nccl_symm with the reason where it refuses")
 
 
 def local_devices() -> dict:

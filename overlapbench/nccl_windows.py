@@ -80,6 +80,17 @@ def missing_support(env: Mapping[str, str] = os.environ) -> str | None:
     return None
 
 
+def allocator_refusal(group: dist.ProcessGroup, device: torch.device) -> str | None:
+    """Why `group`'s NCCL backend gives no allocator for windows here (None: it gives one).
+    torch can have the API and still refuse at run time: torch 2.11 with NCCL 2.28.9 raised "NCCL
+    mem allocator is not supported in this NCCL version" on a one-GPU H200 (world size 1)."""
+    try:
+        group._get_backend(device).mem_allocator  # noqa: B018 (the property raises where it cannot)
+    except RuntimeError as e:
+        return f"torch's NCCL backend gives no window allocator here: {str(e).splitlines()[0]}"
+    return None
+
+
 @dataclass
 class NcclWindow:
     """A flat tensor registered with `group` as a symmetric NCCL window."""

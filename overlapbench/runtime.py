@@ -93,16 +93,18 @@ class Runtime:
 
     def nccl_windows_unavailable(self) -> str | None:
         """Why NCCL's symmetric kernels cannot run here (None: they can): gloo, a torch or NCCL
-        without them, NVLink multicast not turned off, or ranks on several hosts. Collective on
-        the first call on GPUs (every rank asks in the same order), then remembered."""
+        without them, a backend that refuses its window allocator, NVLink multicast not turned
+        off, or ranks on several hosts. Collective on the first call on GPUs (every rank asks in
+        the same order; the first rank's reason is every rank's), then remembered."""
         if self.backend != "nccl":
             return f"needs NCCL on CUDA GPUs (registered symmetric windows); this run uses {self.backend} on CPU"
         key = "nccl_windows_unavailable"
         if key not in self._resources:
-            reason = nccl_windows.missing_support()
-            hosts: list = [None] * self.world_size
-            dist.all_gather_object(hosts, socket.gethostname(), group=self.control)
-            if reason is None and len(set(hosts)) > 1:
+            mine = nccl_windows.missing_support() or nccl_windows.allocator_refusal(dist.group.WORLD, self.device)
+            seen: list = [None] * self.world_size
+            dist.all_gather_object(seen, (socket.gethostname(), mine), group=self.control)
+            reason = next((r for _, r in seen if r is not None), None)
+            if reason is None and len({host for host, _ in seen}) > 1:
                 reason = "NCCL's symmetric kernels need every rank on one host"
             self._resources[key] = reason
         return self._resources[key]

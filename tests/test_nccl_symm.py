@@ -91,7 +91,7 @@ def test_env_says_whether_the_tools_runs_can_register_windows(gpu_torch):
     from overlapbench import environment
 
     gpu_torch.delenv("NCCL_NVLS_ENABLE")  # the runs set it to 0 themselves (runtime.SAFE_ENV)
-    assert environment.nccl_windows().startswith("yes (NCCL 2.28.9: symmetric kernels")
+    assert environment.nccl_windows().startswith("torch and NCCL 2.28.9 offer them")
     gpu_torch.setenv("NCCL_NVLS_ENABLE", "1")  # the user's choice: kept, and windows refused
     assert environment.nccl_windows().startswith("no: refused: NVLink multicast is not disabled")
     gpu_torch.setattr(torch.cuda.nccl, "version", lambda: (2, 26, 5))
@@ -345,3 +345,30 @@ def test_rows_and_outputs_carry_the_kernel_nccl_ran():
     plain = comm_run.make_row(Case("all_reduce", "nccl", "gloo", None, M, M // 4, "fp32", seed=2),
                               {k: v for k, v in result.items() if not k.startswith("nccl")}, info)
     assert "nccl_kernel" not in plain and "NCCL kernel" not in [c.header for c in output.to_table([plain]).columns]
+
+
+class _Backend:
+    def __init__(self, error: str | None):
+        self.error = error
+
+    @property
+    def mem_allocator(self):
+        if self.error:
+            raise RuntimeError(self.error)
+        return object()
+
+
+class _Group:
+    def __init__(self, error: str | None):
+        self.backend = _Backend(error)
+
+    def _get_backend(self, device):
+        return self.backend
+
+
+def test_a_backend_that_refuses_its_window_allocator_is_a_reason_to_skip():
+    """torch 2.11 + NCCL 2.28.9 on a one-GPU H200 has every API and still raises at run time."""
+    said = "NCCL mem allocator is not supported in this NCCL version\nmore"
+    assert nccl_windows.allocator_refusal(_Group(said), "cuda:0") == (
+        "torch's NCCL backend gives no window allocator here: NCCL mem allocator is not supported in this NCCL version")
+    assert nccl_windows.allocator_refusal(_Group(None), "cuda:0") is None
