@@ -13,7 +13,7 @@
 #    copy_engine, each point checked against the reference      -> layers.{jsonl,log}
 # 6. tests/benchmarks/copy_engine_norm.py: the copy-engine path's CTAs x chunks x who writes `out`
 #                                                               -> bench_copy_engine_norm.{jsonl,log}
-# Last: a short table (layer checks; busbw, #wrong, beside-GEMM busbw and GEMM TFLOP/s loss).
+# Last: `overlapbench report` of the layer points and the comm rows (busbw, #wrong, beside-GEMM loss).
 # Narrower runs: CHECK_PATHS (comm paths, default below), ALLREDUCE_NORM_ENGINES (the GPU tests'
 # engines, e.g. fused,fused_pull,fused_pull_push), CHECK_SKIP=layers,ce_bench (skip steps 5, 6):
 #   OUT=/tmp/out CHECK_PATHS=nccl,fused_norm,fused_norm_push,fused_norm_pull_push \
@@ -58,35 +58,7 @@ if [[ ",$SKIP," != *,ce_bench,* ]]; then
   echo "bench_copy_engine_norm: exit $?" | tee -a "$OUT/summary.txt"
 fi
 cat "$OUT/ptx.txt"
-python - "$OUT" <<'SUMMARY' | tee -a "$OUT/summary.txt"
-import csv, json, sys
-from pathlib import Path
-
-out = Path(sys.argv[1])
-
-
-def rows(name):
-    p = out / name
-    return list(csv.DictReader(p.open())) if p.exists() and p.stat().st_size else []
-
-
-layers = out / "layers.jsonl"
-for line in layers.read_text().splitlines() if layers.exists() else []:
-    r = json.loads(line)
-    if r.get("workload") == "layer":
-        err = "-" if r.get("rel_err") is None else f"{r['rel_err']:.1e}"
-        ms = "-" if r.get("ms") is None else f"{r['ms']:.3f}"
-        comm = r["knobs"].get("comm", "-")
-        print(f"layer {r['strategy']:<11} comm={comm:<11} tokens {r['tokens']:>5}: {r['status']:<7} "
-              f"rel_err {err:>7}, {ms} ms/layer {(r.get('error') or '')[:80]}")
-beside = {(r["path"], r.get("chunks"), r["ctas"], r["size"]): r for r in rows("comm-beside.csv")}
-print(f"{'path':<27} {'ctas':>7} {'MiB':>5} {'us':>9} {'busbw':>7} {'wrong':>5} | "
-      f"{'beside us':>9} {'busbw':>7} {'GEMM loss':>9}")
-for r in rows("comm.csv"):
-    b = beside.get((r["path"], r.get("chunks"), r["ctas"], r["size"]), {})
-    path = r["path"] + (f" chunks={r.get('chunks') or 'auto'}" if r["path"] == "copy_engine_norm" else "")
-    status = "" if r["status"] == "ok" else f"  {r['status']}: {r['error'][:60]}"
-    loss = f"{float(b['gemm_loss']):.1%}" if b.get("gemm_loss") else "-"
-    print(f"{path:<27} {r['ctas']:>7} {int(r['size']) >> 20:>5} {r['time_us'] or '-':>9} {r['busbw'] or '-':>7} "
-          f"{r['wrong'] or '-':>5} | {b.get('beside_us') or '-':>9} {b.get('beside_busbw') or '-':>7} {loss:>9}{status}")
-SUMMARY
+# The last table: overlapbench's own reports of what ran (the layer points' failures listed under it)
+for rows in layers comm comm-beside; do
+  [ -s "$OUT/$rows.jsonl" ] && COLUMNS=200 python -m overlapbench report "$OUT/$rows.jsonl" 2>&1 | tee -a "$OUT/summary.txt"
+done

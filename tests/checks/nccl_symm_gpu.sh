@@ -12,7 +12,7 @@
 #                                                               -> comm-beside.{jsonl,csv,log}
 # 4. a small llama3-8b sweep: baseline, token_split, iso and sp_baseline on windows, each point
 #    checked against the reference                              -> layers.{jsonl,log}
-# Last: a short table. CHECK_SKIP=tests,layers skips steps 1 and 4.
+# Last: `overlapbench report` of the layer points and the comm rows. CHECK_SKIP=tests,layers skips steps 1 and 4.
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out}
@@ -53,36 +53,7 @@ if [[ ",$SKIP," != *,layers,* ]]; then
   timeout 240 python -m overlapbench sweep "$OUT/check-layers.yaml" --output "$OUT/layers.jsonl" --nproc 2 > "$OUT/layers.log" 2>&1
   echo "layer check: exit $?" | tee -a "$OUT/summary.txt"
 fi
-python - "$OUT" <<'SUMMARY' | tee -a "$OUT/summary.txt"
-import csv, json, sys
-from pathlib import Path
-
-out = Path(sys.argv[1])
-
-
-def rows(name):
-    p = out / name
-    return list(csv.DictReader(p.open())) if p.exists() and p.stat().st_size else []
-
-
-layers = out / "layers.jsonl"
-for line in layers.read_text().splitlines() if layers.exists() else []:
-    r = json.loads(line)
-    if r.get("workload") == "layer":
-        err = "-" if r.get("rel_err") is None else f"{r['rel_err']:.1e}"
-        ms = "-" if r.get("ms") is None else f"{r['ms']:.3f}"
-        knobs = " ".join(f"{k}={v}" for k, v in r["knobs"].items() if v not in ("default", None))
-        print(f"layer {r['strategy']:<11} {knobs:<48} tokens {r['tokens']:>5}: {r['status']:<7} "
-              f"rel_err {err:>7}, {ms} ms/layer {(r.get('error') or '')[:80]}")
-beside = {(r["op"], r["path"], r["ctas"], r["size"]): r for r in rows("comm-beside.csv")}
-print(f"{'op':<14} {'path':<17} {'ctas':>7} {'MiB':>5} {'us':>9} {'busbw':>7} {'wrong':>5} {'NCCL kernel':<28} | "
-      f"{'beside us':>9} {'busbw':>7} {'GEMM loss':>9}")
-for r in rows("comm.csv"):
-    b = beside.get((r["op"], r["path"], r["ctas"], r["size"]), {})
-    kernel = f"{r['nccl_kernel']} x{r['nccl_channels']}" if r.get("nccl_kernel") else "-"
-    status = "" if r["status"] == "ok" else f"  {r['status']}: {r['error'][:60]}"
-    loss = f"{float(b['gemm_loss']):.1%}" if b.get("gemm_loss") else "-"
-    print(f"{r['op']:<14} {r['path']:<17} {r['ctas']:>7} {int(r['size']) >> 20:>5} {r['time_us'] or '-':>9} "
-          f"{r['busbw'] or '-':>7} {r['wrong'] or '-':>5} {kernel:<28} | {b.get('beside_us') or '-':>9} "
-          f"{b.get('beside_busbw') or '-':>7} {loss:>9}{status}")
-SUMMARY
+# The last table: overlapbench's own reports of what ran (the layer points' failures listed under it)
+for rows in layers comm comm-beside; do
+  [ -s "$OUT/$rows.jsonl" ] && COLUMNS=200 python -m overlapbench report "$OUT/$rows.jsonl" 2>&1 | tee -a "$OUT/summary.txt"
+done
