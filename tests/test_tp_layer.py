@@ -98,3 +98,17 @@ WIDE = ModelShape(hidden=64, ffn=128, heads=8, kv_heads=4, head_dim=8)  # divisi
 def test_four_ranks_match_the_reference(strategy, knobs):
     """TP=4 on 4 gloo processes: the sharding and the splits hold beyond two ranks."""
     _check(strategy, knobs, (29, 14), shape=WIDE, world=4)
+
+
+@pytest.mark.parametrize("comm", ["fused", "copy_engine"])
+@pytest.mark.parametrize("world", [1, 9])
+def test_a_symmetric_reducer_outside_its_world_sizes_is_skipped_with_the_reason(comm, world):
+    """One GPU runs the demo at tp 1: its fused points are skipped, saying why, not failed."""
+    from types import SimpleNamespace
+
+    from overlapbench.errors import UserError
+    from overlapbench.overlap import reducers
+
+    ctx = SimpleNamespace(runtime=SimpleNamespace(world_size=world), stack=SimpleNamespace(shape=None), eps=1e-5)
+    with pytest.raises(UserError, match=rf"comm={comm} runs its symmetric-memory kernels on 2 to 8 ranks; this run has {world}"):
+        reducers.symmetric(ctx, 16, comm)

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from overlapbench.chunks import Chunk
+from overlapbench.errors import UserError
 from overlapbench.knobs import DEFAULT, FUSED_KERNEL, SYMMETRIC_COMM
 from overlapbench.layer import LocalReducer
 from overlapbench.nccl_windows import NcclWindow
@@ -74,7 +75,11 @@ def _engine(ctx: BuildContext, comm: str):
     """The run's symmetric buffers of `comm` (`fused`, `copy_engine`): made once, sized for its
     largest batch. Where that batch does not fit in memory, sized for this one (and grown when
     a later point needs more)."""
+    from kernels.allreduce_norm import MAX_WORLD
+
     shape, rt = ctx.stack.shape, ctx.runtime
+    if not 2 <= rt.world_size <= MAX_WORLD:  # a point this run cannot hold: skipped with the reason
+        raise UserError(f"comm={comm} runs its symmetric-memory kernels on 2 to {MAX_WORLD} ranks; this run has {rt.world_size}")
     key = (comm, shape.hidden, ctx.stack.dtype)
 
     def make(tokens: int):
