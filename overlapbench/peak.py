@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from overlapbench.measure import capture
+
 SIZE = 8192
 MEASURED = f"measured: bf16 GEMM {SIZE}^3 on random data, median of 10 after 3 warm-ups, at this process's start"
 # By device name: the 8192^3 bf16 GEMM's burst rate on this workplace's machines (H200: 788 in the
@@ -83,10 +85,7 @@ def _rates(device: torch.device) -> tuple[float, float]:
         product()
     torch.cuda.synchronize()
     burst = statistics.median(_timed(product) for _ in range(10))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(20):
-            product()
+    graph = capture(lambda: [product() for _ in range(20)], warmup=0)  # warm already
     end = time.perf_counter() + 1.0
     while time.perf_counter() < end:
         graph.replay()

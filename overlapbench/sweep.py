@@ -233,7 +233,7 @@ def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = 
     try:
         with Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task("sweep", total=len(todo))
-            stacks: dict = {}  # the current shape's layer stack (sweep.weights)
+            stacks: dict = {}  # the current shape's layer stack (workload.weights)
             for batch, (_, group) in enumerate(itertools.groupby(todo, key=lambda p: p.workload_key)):
                 group = list(group)
                 first = group[0]
