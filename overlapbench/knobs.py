@@ -94,6 +94,14 @@ NCCL_SYMM = Knob(
     "own choice); false: plain buffers (its ring kernels). Not yet run on a GPU: name it to try it",
     sparse=True,
 )
+ALLREDUCE = Knob(
+    "allreduce", str, "nccl",
+    "the all-reduce's kernel: nccl (NCCL's, as nccl_max_ctas and nccl_symm say); one_shot or two_shot: "
+    "PyTorch's symmetric-memory all-reduce (torch.ops.symm_mem: every rank loads its peers' partials, "
+    "no multicast), the peer-memory kernels engines run below their size limits (vLLM's custom and "
+    "symmetric-memory all-reduce, TensorRT-LLM's ONESHOT/TWOSHOT)",
+    choices=("nccl", "one_shot", "two_shot"), sparse=True,
+)
 COMM = Knob(
     "comm", str, "nccl",
     "nccl: async NCCL all-reduce + fused add/RMSNorm; nccl_symm: the same on a registered symmetric "

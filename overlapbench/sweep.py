@@ -10,7 +10,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from overlapbench import (
@@ -212,8 +211,13 @@ def _describe(point: Point) -> str:
 
 
 def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = None) -> int:
-    """The sweep on this rank; returns the number of rows written."""
-    rt = runtime.init(spec.measure.timeout_s, nccl_tuning_log=spec.comm is not None)  # comm rows: NCCL's kernel
+    """The sweep on this rank; returns the number of rows written. The runtime is closed however
+    the sweep ends (runtime.session), so NCCL windows never outlive their communicators."""
+    with runtime.session(spec.measure.timeout_s, nccl_tuning_log=spec.comm is not None) as rt:  # comm rows: NCCL's kernel
+        return _run(rt, spec, output, resume, profile_dir)
+
+
+def _run(rt: runtime.Runtime, spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None) -> int:
     interrupt_on_sigterm()
     watchdog = Watchdog(spec.measure.timeout_s, rt.rank)
     console = printing.console(quiet=rt.rank != 0)
@@ -262,8 +266,6 @@ def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = 
         if store is not None:
             store.close()
     console.print(printing.styled((f"wrote {written} rows to {output}", "bold"), f" (run {run_id})"))
-    dist.barrier()
-    dist.destroy_process_group()
     return written
 
 

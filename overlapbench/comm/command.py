@@ -18,6 +18,8 @@ from overlapbench.spec import DTYPES, CommSpec
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from overlapbench.runtime import Runtime
+
 TIMEOUT_S = 600
 
 
@@ -157,12 +159,18 @@ def main(opts: Options, console: Console, err_console: Console) -> int:
 
 
 def run_ranks(opts: Options, console: Console) -> int:
-    """The measurement on this rank: cases, the store, the rows; rank 0 prints them."""
-    import torch.distributed as dist
+    """The measurement on this rank: cases, the store, the rows; rank 0 prints them. The
+    runtime is closed however it ends (runtime.session): NCCL windows go before their groups."""
+    from overlapbench import runtime
 
-    from overlapbench import environment, printing, results, runtime
+    with runtime.session(TIMEOUT_S, nccl_tuning_log=True) as rt:  # rows of NCCL paths record its kernel and channels
+        _measure(opts, console, rt)
+    return 0
 
-    rt = runtime.init(TIMEOUT_S, nccl_tuning_log=True)  # rows of NCCL paths record its kernel and channels
+
+def _measure(opts: Options, console: Console, rt: Runtime) -> None:
+    from overlapbench import environment, printing, results
+
     progress = printing.console(stderr=True, quiet=rt.rank != 0)
     env = environment.run_environment(rt)
     dtype = ("bf16" if rt.is_cuda else "fp32") if opts.dtype == "auto" else opts.dtype
@@ -181,6 +189,3 @@ def run_ranks(opts: Options, console: Console) -> int:
     if rt.rank == 0:
         render(rows, opts.fmt, console)
         progress.print(totals(rows), highlight=False)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
