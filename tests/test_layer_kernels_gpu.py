@@ -190,7 +190,7 @@ def test_a_split_on_one_gpu_matches_the_truth(name, batch, decode, cut):
     tokens = x.shape[0]
     runtime = Runtime(rank=0, world_size=1, local_rank=0, device=CUDA, backend="nccl")
     ctx = BuildContext(runtime, stack, batch, rope_table, tokens, cache)
-    plan = SplitPlan(token_range(batch, 0, cut, CUDA, cache), token_range(batch, cut, tokens, CUDA, cache))
+    plan = SplitPlan((token_range(batch, 0, cut, CUDA, cache), token_range(batch, cut, tokens, CUDA, cache)))
     split = SplitForward(ctx, plan, (LocalReducer(shape.eps), LocalReducer(shape.eps)))
     assert rel_err(split(x), truth) < BF16_TOL
     graph = measure.capture(lambda: split(x))
