@@ -16,7 +16,7 @@ from overlapbench.chunks import build_decode_cache, rope_positions, token_range
 from overlapbench.errors import UserError
 from overlapbench.layer import reference_forward
 from overlapbench.models import PRESETS, ModelShape, preset
-from overlapbench.strategies.balance import balanced_ratio, balanced_rows, layer_flops, leading_flops
+from overlapbench.overlap.balance import balanced_ratio, balanced_rows, layer_flops, leading_flops
 from overlapbench.strategies.token_split import aligned_cuts, split_point
 from tests import distributed
 

@@ -10,15 +10,15 @@ prefill rows attend to fewer keys (chunk 2's suffixes also read the prefixes). `
 counts them in chunk 1.
 
 `split_ratio: balanced` picks the fraction that gives both chunks the same FLOPs
-(strategies/balance.py, which token_split's `balanced` cut shares).
+(overlap/balance.py, which token_split's `balanced` cut shares).
 """
 
 from __future__ import annotations
 
 from overlapbench.errors import UserError
 from overlapbench.knobs import COMM, NCCL_MAX_CTAS, comm_ctas
+from overlapbench.overlap.balance import balanced_ratio
 from overlapbench.strategies import register
-from overlapbench.strategies.balance import balanced_ratio
 from overlapbench.strategies.base import Knob, SplitStrategy
 
 ALIGN = Knob("align", int, 64, "round each sequence's cut to a multiple of this many tokens", bounds=(1, 4096))

@@ -3,7 +3,7 @@ the other half's compute. Only the cuts live here; the schedule is in split.py.
 
 Where to cut: TokenWeave's aligned half-way point (plus `split_offset`), a fraction of the tokens
 (`split_ratio`), or `balanced`: equal FLOPs per chunk, causal attention counted
-(strategies/balance.py), which moves the cut past the middle of a long prompt. `chunks` > 2
+(overlap/balance.py), which moves the cut past the middle of a long prompt. `chunks` > 2
 cuts the batch in that many pieces (equal tokens, or equal FLOPs with `balanced`): each chunk's
 reduction then hides under the next chunk's compute, and the stack's exposed tail (the last
 chunk's MLP reduction) is 1/chunks of the batch.
@@ -59,7 +59,7 @@ def aligned_cuts(tokens: int, align: int, targets: list[float]) -> list[int]:
 
 def cut_rows(ctx, knobs: dict) -> list[int]:
     """The rows where each chunk but the last ends, in the flattened batch."""
-    from overlapbench.strategies.balance import balanced_rows
+    from overlapbench.overlap.balance import balanced_rows
 
     tokens, chunks, ratio = ctx.tokens, knobs.get("chunks", CHUNKS.default), knobs["split_ratio"]
     if ratio == "balanced":
@@ -74,7 +74,8 @@ def cut_rows(ctx, knobs: dict) -> list[int]:
 class TokenSplit(SplitStrategy):
     name = "token_split"
     simplicity = 20
-    summary = "TokenWeave: the batch's tokens cut in two; each half's all-reduce+norm overlaps the other half's compute"
+    summary = ("TokenWeave: the batch's tokens cut in two (or `chunks` pieces); each chunk's all-reduce+norm "
+               "overlaps the next chunk's compute")
     knobs = (
         ALIGN,
         Knob("split_offset", int, 0, "tokens added to the aligned half-way cut", bounds=(-16384, 16384)),

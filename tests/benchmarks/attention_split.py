@@ -29,9 +29,9 @@ from overlapbench import attention, attention_kernels, measure
 from overlapbench.chunks import KVBuffer, token_range, whole_batch
 from overlapbench.environment import git_commit
 from overlapbench.models import preset
+from overlapbench.overlap.balance import balanced_ratio
 from overlapbench.results import RunLog
 from overlapbench.strategies import iso
-from overlapbench.strategies.balance import balanced_ratio
 from overlapbench.strategies.token_split import split_point
 
 TP = 2
