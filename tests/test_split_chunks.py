@@ -223,6 +223,16 @@ def test_more_chunks_and_balanced_cuts_match_the_reference(knobs, seq_lens, deco
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("knobs, seq_lens, decode, shape", [
+    ({"chunks": 3, "align": 1}, (), (13, 21), SHAPE),  # decode tokens only: every cut among them
+    ({"chunks": 4, "align": 1, "split_ratio": "balanced"}, (37,), (11, 23), PRESETS["tiny-moe"]),  # experts' FLOPs
+])
+def test_more_chunks_of_decode_tokens_and_of_a_moe_stack(knobs, seq_lens, decode, shape):
+    for err in _errors(knobs, seq_lens, decode, shape):
+        assert err < 1e-4, f"token_split {knobs} {seq_lens} + {decode}: rel err {err:.2e}"
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("drop_chunk", [2, 3])
 def test_a_schedule_that_drops_a_chunks_reduction_is_caught(drop_chunk):
     """The check can fail: a schedule that reduced only the first two chunks (the two-chunk loop
