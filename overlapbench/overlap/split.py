@@ -67,21 +67,21 @@ class Lanes:
         event.record(stream)
         return event
 
-    def compute(self, name: int, fn):
-        if self.cuda and name in self.ready:
-            torch.cuda.current_stream().wait_event(self.ready[name])
+    def compute(self, chunk: int, fn):
+        if self.cuda and chunk in self.ready:
+            torch.cuda.current_stream().wait_event(self.ready[chunk])
         result = fn()
-        self.produced[name] = self._record()
+        self.produced[chunk] = self._record()
         return result
 
-    def communicate(self, name: int, fn) -> None:
+    def communicate(self, chunk: int, fn) -> None:
         if not self.cuda:
             fn()
             return
-        self.side.wait_event(self.produced[name])
+        self.side.wait_event(self.produced[chunk])
         with torch.cuda.stream(self.side):
             fn()
-        self.ready[name] = self._record(self.side)
+        self.ready[chunk] = self._record(self.side)
 
     def join(self) -> None:
         if self.cuda:
