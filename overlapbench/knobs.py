@@ -134,3 +134,11 @@ def comm_ctas(name: str, what: str) -> Knob:
     return Knob(name, int, 8, f"CTA budget of the fused all-reduce+norm kernel, of the copy-engine path's "
                 f"add+norm kernel, or of NCCL's symmetric all-reduce (exactly that many), {what}",
                 bounds=(1, MAX_COMM_CTAS))
+# issue 36 (long prompts): how many chunks a split cuts the batch into. Sparse: 2, TokenWeave's
+# schedule, keeps the point keys of the rows measured before the knob existed.
+CHUNKS = Knob(
+    "chunks", int, 2,
+    "chunks the batch is cut into: 2 = TokenWeave's two halves; more: each chunk's reduction hides under "
+    "the next chunk's compute, and the exposed tail (the last chunk's MLP reduction) shrinks to 1/chunks",
+    bounds=(2, 16), sparse=True,
+)
