@@ -166,7 +166,7 @@ def tune(
     from overlapbench import results as results_mod
     from overlapbench import tune as tune_mod
 
-    paths = results or [_newest_results(results_mod)]
+    paths = [_file_of(p, results_mod) for p in results] if results else [_newest_results(results_mod)]
     for path in tune_mod.run(paths, out_dir, console, min_gain):
         console.print(f"wrote {path}")
 
@@ -191,7 +191,8 @@ def report(
     from overlapbench import report as report_mod
     from overlapbench import results as results_mod
 
-    paths = results or ([] if compare else [_newest_results(results_mod)])
+    paths = [_file_of(p, results_mod) for p in results] if results else ([] if compare else [_newest_results(results_mod)])
+    compare = None if compare is None else (_file_of(compare[0], results_mod), _file_of(compare[1], results_mod))
     code = report_mod.run(paths, fmt, console, sensitivity=sensitivity, tokens=tokens, plot_path=plot,
                           plot_metric=plot_metric, compare_paths=compare, fail_above=fail_above, profile_dir=profile,
                           rounds=rounds)
@@ -199,11 +200,16 @@ def report(
         raise typer.Exit(code)
 
 
-def _newest_results(results_mod) -> Path:
-    """The newest results file, said on stderr: a command given no file tells which it read."""
-    path = results_mod.latest()
-    err_console.print(f"reading {path} (the newest results file; name one to choose)", soft_wrap=True)
+def _newest_results(results_mod, folder: Path = Path("results")) -> Path:
+    """The newest results file in `folder`, said on stderr: a command given no file tells which it read."""
+    path = results_mod.latest(folder)
+    err_console.print(f"reading {path} (the newest results file in {folder}/; name one to choose)", soft_wrap=True)
     return path
+
+
+def _file_of(path: Path, results_mod) -> Path:
+    """A results file as given, or for a folder the newest results file in it."""
+    return _newest_results(results_mod, path) if path.is_dir() else path
 
 
 @app.command("strategies")

@@ -10,9 +10,10 @@ import fcntl
 import json
 import os
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from overlapbench import row_schema
 from overlapbench.errors import UserError
 
 SCHEMA = "overlapbench/result-v1"
@@ -34,15 +35,21 @@ COLUMNS = (
 )
 
 
-def read_rows(path: str | Path) -> list[dict]:
-    """Every row of a store; a one-line UserError for anything that is not one of ours."""
+def read_rows(path: str | Path, required: Callable[[dict], tuple[str, ...]] = lambda row: ()) -> list[dict]:
+    """Every row of a store; a one-line UserError for anything that is not one of ours, or a
+    value a reader cannot compute with (row_schema.FIELDS; `required`: the fields a row must
+    have for the caller, e.g. an ok row's timing)."""
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{path}: a folder; name a results file in it (.jsonl), or the folder itself to `report`/`tune`")
     try:
         lines = path.read_text().splitlines(keepends=True)
     except FileNotFoundError:
         raise UserError(f"{path}: no such results file; run `overlapbench sweep` first") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: cannot read ({e.__class__.__name__})") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not text (a binary file?); this is not an overlapbench results file") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or 'an I/O error'})") from None
     rows = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -62,6 +69,12 @@ def read_rows(path: str | Path) -> list[dict]:
             raise UserError(
                 f"{path}:{n}: schema is {row['schema']!r}, this overlapbench reads {SCHEMA!r}; "
                 f"re-run the sweep with this version"
+            )
+        wrong = row_schema.problem(row, required(row))
+        if wrong is not None:
+            raise UserError(
+                f"{path}:{n}: {wrong}; the store is damaged: correct or delete that line "
+                f"(`overlapbench sweep --resume` re-runs a deleted point)"
             )
         rows.append(upgraded(row))
     return rows
@@ -89,7 +102,8 @@ def upgraded(row: dict) -> dict:
 
 
 def latest(results_dir: str | Path = "results") -> Path:
-    """The most recently written store under `results_dir`."""
+    """The most recently written store under `results_dir` (a folder given where a results file
+    is expected means this)."""
     stores = sorted(Path(results_dir).rglob("*.jsonl"), key=lambda p: p.stat().st_mtime)
     if not stores:
         raise UserError(f"{results_dir}/: no results yet; run `overlapbench sweep` first, or name a file")

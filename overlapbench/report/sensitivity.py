@@ -40,7 +40,8 @@ def sensitivity_grid(group: Group, rows: list[dict], ref: Measured | None) -> Gr
     last (one `ms` column when only one knob varies, one cell when none does)."""
     axes = varying([r["knobs"] for r in rows])
     outer, inner = (axes[:-1], axes[-1:]) if len(axes) > 1 else (axes, [])
-    fastest = min((r["ms"] for r in rows if r.get("status") == "ok"), default=None)
+    # a bound (comm: none, checked false) is not a correct result: tune never picks it, so it is never the star
+    fastest = min((r["ms"] for r in rows if r.get("status") == "ok" and analysis.is_checked(r)), default=None)
     cols = _sorted_coords({_coord(r, inner) for r in rows})
     grid_rows = []
     for line in _sorted_coords({_coord(r, outer) for r in rows}):
@@ -73,8 +74,10 @@ def _knob_cell(match: list[dict], ref: Measured | None, fastest: float | None) -
         return text_cell(match[0]["status"] if match else "-")
     best = min(ok, key=lambda r: r["ms"])
     speedup = [] if ref is None else [f"{ref.ms / best['ms']:.3f}x"]
+    bound = [] if analysis.is_checked(best) else ["bound"]
     noisy = best.get("cv") is not None and best["cv"] > analysis.NOISY_CV
-    return Shown((f"{fmt_ms(best['ms'])} ms", *speedup), best["ms"] == fastest, NOISY if noisy else "")
+    starred = best["ms"] == fastest and analysis.is_checked(best)
+    return Shown((f"{fmt_ms(best['ms'])} ms", *speedup, *bound), starred, NOISY if noisy else "")
 
 
 def sensitivity_record(row: dict, ref: Measured | None) -> dict:
