@@ -50,7 +50,9 @@ INTERVAL = Kind("[lo, hi], positive finite numbers with lo <= hi",
                 lambda x: isinstance(x, list) and len(x) == 2 and all(POSITIVE.ok(v) for v in x) and x[0] <= x[1])
 DECODE = Kind('{"tokens": N, "context": N}, whole numbers >= 1',
               lambda x: isinstance(x, dict) and COUNT.ok(x.get("tokens")) and COUNT.ok(x.get("context")))
-GEMM = Kind('{"n": N, "k": N}, whole numbers >= 1', lambda x: isinstance(x, dict) and COUNT.ok(x.get("n")) and COUNT.ok(x.get("k")))
+GEMM = Kind('{"n": N, "k": N}, whole numbers >= 1',
+            lambda x: isinstance(x, dict) and COUNT.ok(x.get("n")) and COUNT.ok(x.get("k")))
+FINITE = Kind("a finite number", lambda x: _number(x) and math.isfinite(x))
 
 # Every field a reader computes with or groups by (docs/design.md, "Result rows"); others pass as they are.
 FIELDS: dict[str, Kind] = {
@@ -65,7 +67,7 @@ FIELDS: dict[str, Kind] = {
     "tflops": NON_NEGATIVE, "peak_frac": NON_NEGATIVE, "peak_tflops": POSITIVE,
     # comm rows (report's comm table)
     "bytes": COUNT, "count": COUNT, "algbw": NON_NEGATIVE, "busbw": NON_NEGATIVE, "wrong": INDEX,
-    "beside_ms": POSITIVE, "beside_busbw": NON_NEGATIVE, "gemm_loss": Kind("a finite number", lambda x: _number(x) and math.isfinite(x)),
+    "beside_ms": POSITIVE, "beside_busbw": NON_NEGATIVE, "gemm_loss": FINITE,
 }
 
 
