@@ -19,7 +19,7 @@ from pathlib import Path
 from overlapbench import intervals, results
 from overlapbench.batches import decode_of
 from overlapbench.errors import UserError
-from overlapbench.knobs import DEFAULT
+from overlapbench.knobs import DEFAULT, show_value
 
 NOISY_CV = 0.02  # a point whose per-iteration CV exceeds this is flagged as noisy
 BOUND = "no_comm"  # the ideal, not a correct result: a bound to compare with, never a choice
@@ -176,7 +176,7 @@ def is_checked(row: dict) -> bool:
 
 def knob_text(knobs: dict) -> str:
     """Knobs set to something other than the library's choice, as `name=value` (may be empty)."""
-    return " ".join(f"{k}={v}" for k, v in knobs.items() if v not in (DEFAULT, None))
+    return " ".join(f"{k}={show_value(v)}" for k, v in knobs.items() if v not in (DEFAULT, None))
 
 
 def row_key(row: dict) -> str:
@@ -235,14 +235,14 @@ def read(paths: Iterable[str | Path], require_ok: bool = True) -> Store:
     for path in paths:
         mine = last_per_key((row, str(path)) for row in results.read_rows(path, _required))
         if require_ok and not any(_is_measured(row) for row, _ in mine):
-            raise UserError(f"{path}: no ok rows of the {COMPARED_TEXT} workloads; {_status_text([row for row, _ in mine])}")
+            raise UserError(f"{path}: no ok rows of the {COMPARED_TEXT} workloads; {status_text([row for row, _ in mine])}")
         tagged += mine
     kept = last_per_key(tagged)
     measured = [Measured.of(row, source) for row, source in kept if _is_measured(row)]
     return Store(paths, [row for row, _ in kept], measured)
 
 
-def _status_text(rows: list[dict]) -> str:
+def status_text(rows: list[dict]) -> str:
     if not rows:
         return "the file is empty"
     counts = Counter(r.get("status") for r in rows)

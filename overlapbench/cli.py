@@ -227,8 +227,9 @@ def list_strategies() -> None:
             where += ", symmetric memory"
         if needs.min_world_size > 1:
             where += f", >= {needs.min_world_size} ranks"
-        console.print(printing.styled((cls.name, "bold"), f": {cls.summary}"))
-        console.print(printing.styled((f"runs on {where}; workloads: {', '.join(needs.workloads)}", "dim")))
+        # prose: wrapped at words to the width (a pipe: 80 columns)
+        console.print(printing.styled((cls.name, "bold"), f": {cls.summary}"), soft_wrap=False)
+        console.print(printing.styled((f"runs on {where}; workloads: {', '.join(needs.workloads)}", "dim")), soft_wrap=False)
         table = printing.table("knob", "domain", "default", "what it does", keep=("knob",), show_edge=False)
         for knob in cls.knobs:
             table.add_row(knob.name, knob.domain(), show_value(knob.default), knob.help)
@@ -250,12 +251,25 @@ def models(
     if config is not None:
         return _show_config(config)
     columns = ("hidden", "ffn", "heads", "kv_heads", "head_dim", "eps", "rope_theta")
-    table = printing.table("preset", *columns, "attention", "experts", keep=("preset",))
+    table = printing.table("preset", *columns, keep=("preset",), **printing.COMPACT)
+    notes = []
     for name, s in PRESETS.items():
-        attention = ", ".join(text for on, text in ((s.qkv_bias, "qkv_bias"), (s.qk_norm, "qk_norm")) if on) or "-"
-        experts = f"{s.experts} (top_k {s.top_k}, expert_ffn {s.expert_ffn})" if s.moe else "-"
-        table.add_row(name, *(str(getattr(s, c)) for c in columns), attention, experts)
+        table.add_row(name, *(_plain_number(getattr(s, c)) for c in columns))
+        extras = [text for on, text in ((s.qkv_bias, "qkv_bias"), (s.qk_norm, "qk_norm")) if on]
+        if s.moe:
+            extras.append(f"experts {s.experts}, top_k {s.top_k}, expert_ffn {s.expert_ffn}")
+        if extras:
+            notes.append(f"  {name}: {'; '.join(extras)}")
     printing.print_table(console, table)
+    if notes:  # beside the table they would take it past 80 columns
+        console.print(printing.styled(("attention details and experts (the others: none):", "dim")))
+        for note in notes:
+            console.print(note, soft_wrap=False)
+
+
+def _plain_number(x: float) -> str:
+    """500000.0 as 500000 (as a spec would say it), 1e-05 as itself."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 def _show_config(path: Path) -> None:
@@ -286,10 +300,11 @@ def env(as_json: bool = typer.Option(False, "--json", help="Print the facts as J
         console.print_json(json.dumps(facts))
         return
     topology = facts.pop("topology", None)
-    table = printing.table("fact", "value", keep=("fact",), show_header=False)
-    for key, value in facts.items():
-        table.add_row(key, json.dumps(value) if isinstance(value, (dict, list)) else str(value))
-    printing.print_table(console, table)
+    import yaml
+
+    # YAML, as specs are written: null and true, nested facts indented, long text wrapped at 80
+    plain = json.loads(json.dumps(facts, default=str))  # version objects as their text
+    console.print(yaml.safe_dump(plain, sort_keys=False, width=78, allow_unicode=True).rstrip(), soft_wrap=True)
     if topology:
         console.print(topology)
 

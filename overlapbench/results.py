@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from overlapbench import row_schema
-from overlapbench.errors import UserError
+from overlapbench.errors import UserError, shown, unreadable
 
 SCHEMA = "overlapbench/result-v1"
 STATUSES = ("ok", "failed", "skipped")
@@ -46,10 +46,8 @@ def read_rows(path: str | Path, required: Callable[[dict], tuple[str, ...]] = la
         lines = path.read_text().splitlines(keepends=True)
     except FileNotFoundError:
         raise UserError(f"{path}: no such results file; run `overlapbench sweep` first") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not text (a binary file?); this is not an overlapbench results file") from None
-    except OSError as e:
-        raise UserError(f"{path}: cannot read ({e.strerror or 'an I/O error'})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read: {unreadable(e)}") from None
     rows = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -67,7 +65,7 @@ def read_rows(path: str | Path, required: Callable[[dict], tuple[str, ...]] = la
             raise UserError(f"{path}:{n}: no 'schema' field; this is not an overlapbench results file")
         if row["schema"] != SCHEMA:
             raise UserError(
-                f"{path}:{n}: schema is {row['schema']!r}, this overlapbench reads {SCHEMA!r}; "
+                f"{path}:{n}: schema is {shown(row['schema'])}, this overlapbench reads {shown(SCHEMA)}; "
                 f"re-run the sweep with this version"
             )
         wrong = row_schema.problem(row, required(row))

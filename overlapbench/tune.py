@@ -47,7 +47,7 @@ from rich.text import Text
 
 from overlapbench import analysis, batches, intervals, strategies, tuned
 from overlapbench.analysis import Group, Measured
-from overlapbench.errors import UserError
+from overlapbench.errors import UserError, shown
 
 LEVEL = 0.95
 # A challenger must be at least this much faster, beyond the noise, to replace a simpler choice.
@@ -328,7 +328,7 @@ def picks_of(points: dict[int, list[Measured]], min_gain: float = MIN_GAIN) -> t
 def run(paths: list[Path], out_dir: Path, console: Console, min_gain: float = MIN_GAIN) -> list[Path]:
     """Tune every layer group in the stores; write one YAML each; return the paths written."""
     if not 0 <= min_gain < 1:
-        raise UserError(f"--min-gain: must be a fraction in [0, 1) such as 0.01 for 1%, got {min_gain!r}")
+        raise UserError(f"--min-gain: must be a fraction in [0, 1) such as 0.01 for 1%, got {shown(min_gain)}")
     grouped = analysis.by_point(layer_rows(analysis.read(paths), console))
     names = file_names(list(grouped))
     written = []

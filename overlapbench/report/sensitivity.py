@@ -7,6 +7,7 @@ import json
 from overlapbench import analysis, batches
 from overlapbench.analysis import Group, Measured, Store
 from overlapbench.errors import UserError, did_you_mean
+from overlapbench.knobs import show_value
 from overlapbench.report.cells import NOISY, Grid, Shown, fmt_ms, sensitivity_legend, text_cell
 
 # -- sensitivity: one strategy's knob grid at one token count -------------------------------
@@ -64,8 +65,8 @@ def _sorted_coords(coords: set[tuple[str, ...]]) -> list[tuple[str, ...]]:
 
 def _label(names: list[str], coord: tuple[str, ...]) -> str:
     """`128` on a single axis (its name is in the header), `a=1 b=2` on several."""
-    values = [json.loads(v) for v in coord]
-    return str(values[0]) if len(names) == 1 else " ".join(f"{k}={v}" for k, v in zip(names, values))
+    values = [show_value(json.loads(v)) for v in coord]
+    return values[0] if len(names) == 1 else " ".join(f"{k}={v}" for k, v in zip(names, values))
 
 
 def _knob_cell(match: list[dict], ref: Measured | None, fastest: float | None) -> Shown:
