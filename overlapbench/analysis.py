@@ -342,9 +342,8 @@ def paired_estimate(ratios: list[float]) -> float:
 
 def paired_ci(ratios: list[float], level: float = LEVEL) -> tuple[float, float]:
     """The `level` interval of `paired_estimate`: rounds are independent draws (each ratio is
-    taken at one moment), so the trimmed-t interval of their log ratios (intervals.trimmed_t),
-    which keeps its coverage at a few rounds where a bootstrap's does not."""
-    lo, hi = intervals.trimmed_t([math.log(r) for r in ratios], level)
+    taken at one moment); intervals.paired_interval keeps its coverage at a few rounds too."""
+    lo, hi = intervals.paired_interval([math.log(r) for r in ratios], level)
     return math.exp(lo), math.exp(hi)
 
 

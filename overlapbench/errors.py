@@ -21,8 +21,8 @@ def field_name(key) -> str:
 def shown(value) -> str:
     """A value in a message as the user wrote it in YAML or JSON, not as Python prints it:
     null, true, 1.5, 'text', [1, 2], {"a": 1}."""
-    if isinstance(value, str):
-        return f"'{value}'"
+    if isinstance(value, str):  # one that would break the line: escaped, as JSON writes it
+        return f"'{value}'" if value.isprintable() else json.dumps(value)
     try:
         return json.dumps(value, allow_nan=True)
     except (TypeError, ValueError):  # not a YAML/JSON value (a Path, say): its text

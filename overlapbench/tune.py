@@ -53,7 +53,7 @@ LEVEL = 0.95
 # A challenger must be at least this much faster, beyond the noise, to replace a simpler choice.
 # Switching for less buys little, and the best few settings are often within 1% of each other:
 # there a rule of "beats it at all" picks by the noise. On two paired runs of sp-llama3-70b-tp2
-# picks agreed at 3 of 6 token counts with no margin, 6 of 6 with 1% (results/h200x2/a034cb8/);
+# picks agreed at 4 of 6 token counts with no margin, 6 of 6 with 1% (results/h200x2/a034cb8/);
 # with the ranks aligned and +-0.5% intervals, 5 of 6 with none (the sixth a near-tie of two
 # flash_agrs settings, 0.1-0.3% apart), 6 of 6 with 1% (results/h200x2/3b4da9f/).
 MIN_GAIN = 0.01  # `tune --min-gain`
