@@ -179,6 +179,10 @@ def shift_interval(a: Sequence[float], b: Sequence[float], level: float) -> tupl
 
 
 def _blocks(n: int, need: int) -> int:
-    """How many blocks a series of n samples is cut into: n / ceil(sqrt n), at least `need`
-    (where n allows), at most n."""
-    return min(n, max(n // math.ceil(math.sqrt(n)), need))
+    """How many blocks a series of n samples is cut into: n / ceil(sqrt n); where that is fewer
+    than `need`, `need` blocks of at least two samples, or where n is too short for those, every
+    sample on its own."""
+    blocks = n // math.ceil(math.sqrt(n))
+    if blocks >= need:
+        return blocks
+    return need if n >= 2 * need else n
