@@ -68,6 +68,7 @@ def test_a_real_slowdown_on_a_gpu_is_still_flagged(tmp_path, seed):
 
 def test_too_few_samples_is_no_verdict(tmp_path):
     rng = random.Random(8)
-    rows = lambda f: [synthetic.row("baseline", 64, samples=[f * rng.uniform(1, 1.01) for _ in range(3)])]  # noqa: E731
-    code, (record,) = run_compare(synthetic.write(tmp_path / "a.jsonl", rows(1.0)), synthetic.write(tmp_path / "b.jsonl", rows(2.0)))
+    old, new = (synthetic.write(tmp_path / f"{name}.jsonl", [synthetic.row(
+        "baseline", 64, samples=[factor * rng.uniform(1, 1.01) for _ in range(3)])]) for name, factor in (("a", 1.0), ("b", 2.0)))
+    code, (record,) = run_compare(old, new)
     assert code == 0 and record["ratio_ci"] is None and record["verdict"] == "too few samples" and not record["regression"]

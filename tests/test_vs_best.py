@@ -52,7 +52,8 @@ def test_report_gives_both_speedups_round_by_round(tmp_path, seed):
     assert ts["speedup_vs_best"] == pytest.approx(0.94 / 0.96, rel=0.01) and ts["best_reference"] == BEST
     out = io.StringIO()
     report.run([path], "table", Console(file=out, width=200))
-    assert f"{ts['speedup_vs_best']:.3f}x vs best" in out.getvalue() and "vs best = speedup over baseline's fastest" in out.getvalue()
+    text = out.getvalue()
+    assert f"{ts['speedup_vs_best']:.3f}x vs best" in text and "vs best = speedup over baseline's fastest" in text
 
 
 def test_tune_picks_the_best_baseline_setting_and_says_so(tmp_path):
