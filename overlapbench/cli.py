@@ -162,7 +162,8 @@ def tune(
     """Choose the best strategy and knobs per token range; write one tuned YAML per
     (device, world size, tp, shape, dtype) of the layer workload (micro runs: see report). A
     strategy replaces a simpler one only if it is faster by --min-gain beyond the noise (95%
-    bootstrap interval of the speedup above 1 + min-gain); ties go to the simpler strategy."""
+    interval of the speedup above 1 + min-gain; too few samples never replace); ties go to the
+    simpler strategy. Each pick is also said against the fastest baseline setting (vs best)."""
     from overlapbench import results as results_mod
     from overlapbench import tune as tune_mod
 
