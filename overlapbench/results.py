@@ -25,7 +25,7 @@ STATUSES = ("ok", "failed", "skipped")
 # `samples_ms` holds one value per round (ms per layer in that round, the slowest rank's),
 # `round_ids` which rounds of the batch's timing those are, `pairing` that timing's id (rows of one
 # pairing compare round by round), `speedup` the trimmed geometric mean over rounds of t_reference / t in the same
-# round, `speedup_ci` its 95% bootstrap interval over rounds [lo, hi] (the reference itself: 1.0,
+# round, `speedup_ci` its 95% interval over rounds [lo, hi] (intervals.paired_interval) (the reference itself: 1.0,
 # [1.0, 1.0]), `span_ms` the time per candidate per round and `iters` the iterations timed in all;
 # sequential rows hold null there.
 COLUMNS = (
