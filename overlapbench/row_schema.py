@@ -66,7 +66,7 @@ FIELDS: dict[str, Kind] = {
     "samples_ms": SAMPLES, "round_ids": ROUNDS, "speedup": POSITIVE, "speedup_ci": INTERVAL, "span_ms": POSITIVE,
     "tflops": NON_NEGATIVE, "peak_frac": NON_NEGATIVE, "peak_tflops": POSITIVE,
     # comm rows (report's comm table)
-    "bytes": COUNT, "count": COUNT, "algbw": NON_NEGATIVE, "busbw": NON_NEGATIVE, "wrong": INDEX,
+    "bytes": INDEX, "count": INDEX, "algbw": NON_NEGATIVE, "busbw": NON_NEGATIVE, "wrong": INDEX,
     "beside_ms": POSITIVE, "beside_busbw": NON_NEGATIVE, "gemm_loss": FINITE,
 }
 

@@ -126,8 +126,8 @@ def compare(old: Path, new: Path, fmt: str, console: Console, fail_above: float 
     run_sd = run_to_run_sd(pairs)
     records = [compare_record(o, n, limit, run_sd, len(pairs)) for o, n in pairs]
     regressions = [r for r in records if r["regression"]]
-    noise = (f"{COMPARE_LEVEL:.0%} CI: each run's own noise and the noise between runs (sd {run_sd:.2%} "
-             f"per point) together")
+    noise = (f"{COMPARE_LEVEL:.0%} CI: each run's own noise and the noise between runs (sd of log(new/old) "
+             f"per point {run_sd:.2g}) together, for all {len(records)} points at once")
     legend = noise if limit is None else (f"{SLOWER} slower than OLD by more than {fail_above:g}% (new/old > {limit:.3f}) "
                                           f"and beyond the noise (the CI of new/old above 1) · {noise}")
     emit(compare_grids(pairs, records), records, fmt, console, legend)
