@@ -162,11 +162,12 @@ def tune(
     """Choose the best strategy and knobs per token range; write one tuned YAML per
     (device, world size, tp, shape, dtype) of the layer workload (micro runs: see report). A
     strategy replaces a simpler one only if it is faster by --min-gain beyond the noise (95%
-    bootstrap interval of the speedup above 1 + min-gain); ties go to the simpler strategy."""
+    interval of the speedup above 1 + min-gain; too few samples never replace); ties go to the
+    simpler strategy. Each pick is also said against the fastest baseline setting (vs best)."""
     from overlapbench import results as results_mod
     from overlapbench import tune as tune_mod
 
-    paths = results or [_newest_results(results_mod)]
+    paths = [_file_of(p, results_mod) for p in results] if results else [_newest_results(results_mod)]
     for path in tune_mod.run(paths, out_dir, console, min_gain):
         console.print(f"wrote {path}")
 
@@ -191,7 +192,8 @@ def report(
     from overlapbench import report as report_mod
     from overlapbench import results as results_mod
 
-    paths = results or ([] if compare else [_newest_results(results_mod)])
+    paths = [_file_of(p, results_mod) for p in results] if results else ([] if compare else [_newest_results(results_mod)])
+    compare = None if compare is None else (_file_of(compare[0], results_mod), _file_of(compare[1], results_mod))
     code = report_mod.run(paths, fmt, console, sensitivity=sensitivity, tokens=tokens, plot_path=plot,
                           plot_metric=plot_metric, compare_paths=compare, fail_above=fail_above, profile_dir=profile,
                           rounds=rounds)
@@ -199,11 +201,16 @@ def report(
         raise typer.Exit(code)
 
 
-def _newest_results(results_mod) -> Path:
-    """The newest results file, said on stderr: a command given no file tells which it read."""
-    path = results_mod.latest()
-    err_console.print(f"reading {path} (the newest results file; name one to choose)", soft_wrap=True)
+def _newest_results(results_mod, folder: Path = Path("results")) -> Path:
+    """The newest results file in `folder`, said on stderr: a command given no file tells which it read."""
+    path = results_mod.latest(folder)
+    err_console.print(f"reading {path} (the newest results file in {folder}/; name one to choose)", soft_wrap=True)
     return path
+
+
+def _file_of(path: Path, results_mod) -> Path:
+    """A results file as given, or for a folder the newest results file in it."""
+    return _newest_results(results_mod, path) if path.is_dir() else path
 
 
 @app.command("strategies")
@@ -221,8 +228,9 @@ def list_strategies() -> None:
             where += ", symmetric memory"
         if needs.min_world_size > 1:
             where += f", >= {needs.min_world_size} ranks"
-        console.print(printing.styled((cls.name, "bold"), f": {cls.summary}"))
-        console.print(printing.styled((f"runs on {where}; workloads: {', '.join(needs.workloads)}", "dim")))
+        # prose: wrapped at words to the width (a pipe: 80 columns)
+        console.print(printing.styled((cls.name, "bold"), f": {cls.summary}"), soft_wrap=False)
+        console.print(printing.styled((f"runs on {where}; workloads: {', '.join(needs.workloads)}", "dim")), soft_wrap=False)
         table = printing.table("knob", "domain", "default", "what it does", keep=("knob",), show_edge=False)
         for knob in cls.knobs:
             table.add_row(knob.name, knob.domain(), show_value(knob.default), knob.help)
@@ -244,12 +252,25 @@ def models(
     if config is not None:
         return _show_config(config)
     columns = ("hidden", "ffn", "heads", "kv_heads", "head_dim", "eps", "rope_theta")
-    table = printing.table("preset", *columns, "attention", "experts", keep=("preset",))
+    table = printing.table("preset", *columns, keep=("preset",), **printing.COMPACT)
+    notes = []
     for name, s in PRESETS.items():
-        attention = ", ".join(text for on, text in ((s.qkv_bias, "qkv_bias"), (s.qk_norm, "qk_norm")) if on) or "-"
-        experts = f"{s.experts} (top_k {s.top_k}, expert_ffn {s.expert_ffn})" if s.moe else "-"
-        table.add_row(name, *(str(getattr(s, c)) for c in columns), attention, experts)
+        table.add_row(name, *(_plain_number(getattr(s, c)) for c in columns))
+        extras = [text for on, text in ((s.qkv_bias, "qkv_bias"), (s.qk_norm, "qk_norm")) if on]
+        if s.moe:
+            extras.append(f"experts {s.experts}, top_k {s.top_k}, expert_ffn {s.expert_ffn}")
+        if extras:
+            notes.append(f"  {name}: {'; '.join(extras)}")
     printing.print_table(console, table)
+    if notes:  # beside the table they would take it past 80 columns
+        console.print(printing.styled(("attention details and experts (the others: none):", "dim")))
+        for note in notes:
+            console.print(note, soft_wrap=False)
+
+
+def _plain_number(x: float) -> str:
+    """500000.0 as 500000 (as a spec would say it), 1e-05 as itself."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 def _show_config(path: Path) -> None:
@@ -280,10 +301,11 @@ def env(as_json: bool = typer.Option(False, "--json", help="Print the facts as J
         console.print_json(json.dumps(facts))
         return
     topology = facts.pop("topology", None)
-    table = printing.table("fact", "value", keep=("fact",), show_header=False)
-    for key, value in facts.items():
-        table.add_row(key, json.dumps(value) if isinstance(value, (dict, list)) else str(value))
-    printing.print_table(console, table)
+    import yaml
+
+    # YAML, as specs are written: null and true, nested facts indented, long text wrapped at 80
+    plain = json.loads(json.dumps(facts, default=str))  # version objects as their text
+    console.print(yaml.safe_dump(plain, sort_keys=False, width=78, allow_unicode=True).rstrip(), soft_wrap=True)
     if topology:
         console.print(topology)
 

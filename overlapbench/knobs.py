@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from overlapbench.errors import UserError
+from overlapbench.errors import UserError, shown
 
 DEFAULT = "default"  # a knob value meaning "leave it to the library"
 
@@ -69,13 +69,13 @@ class Knob:
         if self.choices is not None and value in self.choices and not isinstance(value, bool):
             return value
         if self.bounds is None and self.choices is not None:
-            raise UserError(f"{where}: {value!r} is not one of {self.domain()}")
+            raise UserError(f"{where}: {shown(value)} is not one of {self.domain()}")
         if self.type is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, self.type) or (self.type is int and isinstance(value, bool)):
-            raise UserError(f"{where}: {value!r} is not {_with_article(self.domain())}")
+            raise UserError(f"{where}: {shown(value)} is not {_with_article(self.domain())}")
         if self.bounds is not None and not self.bounds[0] <= value <= self.bounds[1]:
-            raise UserError(f"{where}: {value!r} is outside {self.domain()}")
+            raise UserError(f"{where}: {shown(value)} is outside {self.domain()}")
         return value
 
 

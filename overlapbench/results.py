@@ -10,10 +10,11 @@ import fcntl
 import json
 import os
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from overlapbench.errors import UserError
+from overlapbench import row_schema
+from overlapbench.errors import UserError, shown, unreadable
 
 SCHEMA = "overlapbench/result-v1"
 STATUSES = ("ok", "failed", "skipped")
@@ -24,7 +25,7 @@ STATUSES = ("ok", "failed", "skipped")
 # `samples_ms` holds one value per round (ms per layer in that round, the slowest rank's),
 # `round_ids` which rounds of the batch's timing those are, `pairing` that timing's id (rows of one
 # pairing compare round by round), `speedup` the trimmed geometric mean over rounds of t_reference / t in the same
-# round, `speedup_ci` its 95% bootstrap interval over rounds [lo, hi] (the reference itself: 1.0,
+# round, `speedup_ci` its 95% interval over rounds [lo, hi] (intervals.paired_interval) (the reference itself: 1.0,
 # [1.0, 1.0]), `span_ms` the time per candidate per round and `iters` the iterations timed in all;
 # sequential rows hold null there.
 COLUMNS = (
@@ -34,15 +35,19 @@ COLUMNS = (
 )
 
 
-def read_rows(path: str | Path) -> list[dict]:
-    """Every row of a store; a one-line UserError for anything that is not one of ours."""
+def read_rows(path: str | Path, required: Callable[[dict], tuple[str, ...]] = lambda row: ()) -> list[dict]:
+    """Every row of a store; a one-line UserError for anything that is not one of ours, or a
+    value a reader cannot compute with (row_schema.FIELDS; `required`: the fields a row must
+    have for the caller, e.g. an ok row's timing)."""
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{path}: a folder; name a results file in it (.jsonl), or the folder itself to `report`/`tune`")
     try:
         lines = path.read_text().splitlines(keepends=True)
     except FileNotFoundError:
         raise UserError(f"{path}: no such results file; run `overlapbench sweep` first") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: cannot read ({e.__class__.__name__})") from None
+        raise UserError(f"{path}: cannot read: {unreadable(e)}") from None
     rows = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -60,8 +65,14 @@ def read_rows(path: str | Path) -> list[dict]:
             raise UserError(f"{path}:{n}: no 'schema' field; this is not an overlapbench results file")
         if row["schema"] != SCHEMA:
             raise UserError(
-                f"{path}:{n}: schema is {row['schema']!r}, this overlapbench reads {SCHEMA!r}; "
+                f"{path}:{n}: schema is {shown(row['schema'])}, this overlapbench reads {shown(SCHEMA)}; "
                 f"re-run the sweep with this version"
+            )
+        wrong = row_schema.problem(row, required(row))
+        if wrong is not None:
+            raise UserError(
+                f"{path}:{n}: {wrong}; the store is damaged: correct or delete that line "
+                f"(`overlapbench sweep --resume` re-runs a deleted point)"
             )
         rows.append(upgraded(row))
     return rows
@@ -89,7 +100,8 @@ def upgraded(row: dict) -> dict:
 
 
 def latest(results_dir: str | Path = "results") -> Path:
-    """The most recently written store under `results_dir`."""
+    """The most recently written store under `results_dir` (a folder given where a results file
+    is expected means this)."""
     stores = sorted(Path(results_dir).rglob("*.jsonl"), key=lambda p: p.stat().st_mtime)
     if not stores:
         raise UserError(f"{results_dir}/: no results yet; run `overlapbench sweep` first, or name a file")

@@ -11,7 +11,7 @@ from overlapbench.comm.output import FORMATS, render, totals
 from overlapbench.comm.paths import DEFAULT_PATHS, OPS, make_cases
 from overlapbench.comm.run import RunInfo, run_cases
 from overlapbench.comm.sizes import CPU_SIZES, GPU_SIZES, parse_size, size_ladder
-from overlapbench.errors import UserError
+from overlapbench.errors import UserError, shown
 from overlapbench.printing import styled
 from overlapbench.spec import DTYPES, CommSpec
 
@@ -52,9 +52,9 @@ class Options:
               iters: int, warmup: int, graphs: bool, fmt: str, output: Path | None, resume: bool,
               nproc: int | None, beside_gemm: bool = False, ce_chunks: str | None = None) -> Options:
         if fmt not in FORMATS:
-            raise UserError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
+            raise UserError(f"--format: {shown(fmt)} is not one of {', '.join(FORMATS)}")
         if dtype not in DTYPES:
-            raise UserError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
+            raise UserError(f"--dtype: {shown(dtype)} is not one of {', '.join(DTYPES)}")
         if iters < 1:
             raise UserError(f"--iters: must be at least 1, got {iters}")
         if warmup < 0:
@@ -62,7 +62,7 @@ class Options:
         if nproc is not None and nproc < 1:
             raise UserError(f"--nproc: must be at least 1, got {nproc}")
         if output is not None and output.suffix != ".jsonl":
-            raise UserError(f"--output: must be a path ending in .jsonl, got {str(output)!r}")
+            raise UserError(f"--output: must be a path ending in .jsonl, got {shown(str(output))}")
         lists = CommSpec.build(
             ops=ops or OPS, paths=paths or DEFAULT_PATHS, sizes=(), hidden=hidden,
             nccl_max_ctas=nccl_max_ctas or CommSpec.DEFAULT_NCCL_MAX_CTAS,
@@ -116,7 +116,7 @@ def parse_chunks(text: str) -> tuple[int | None, ...]:
         elif item.isdigit() and int(item) >= 1:
             value = int(item)
         else:
-            raise UserError(f"--ce-chunks: {item!r} is not auto or an int >= 1")
+            raise UserError(f"--ce-chunks: {shown(item)} is not auto or an int >= 1")
         if value not in chunks:
             chunks.append(value)
     return tuple(chunks)
