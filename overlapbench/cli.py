@@ -120,7 +120,7 @@ def comm(
     max_bytes: str | None = typer.Option(None, "-e", "--max-bytes", help="Largest size. Default: 1G on GPUs, 64K on CPU."),
     factor: int = typer.Option(2, "-f", "--factor", help="Each size is the previous one times this."),
     ops: str | None = typer.Option(None, "--ops", help="Comma list of all_reduce, all_gather, reduce_scatter. Default: all."),
-    paths: str | None = typer.Option(None, "--paths", help="Comma list of nccl (gloo on CPU), symm_one_shot, symm_two_shot, fused_norm (the layer's fused kernel: v2 pull), fused_norm_push and fused_norm_pull_push (v2's other variants), fused_norm_v1, copy_engine, copy_engine_norm, nccl_symm (NCCL's symmetric kernels on registered windows, NCCL 2.27+). Default: all but nccl_symm (not yet run on a GPU: name it to try it)."),
+    paths: str | None = typer.Option(None, "--paths", help="Comma list of nccl (gloo on CPU), symm_one_shot, symm_two_shot, fused_norm (the layer's fused kernel: v2 pull), fused_norm_push and fused_norm_pull_push (v2's other variants), fused_norm_v1, copy_engine, copy_engine_norm, nccl_symm (NCCL's symmetric kernels on registered windows, NCCL 2.27+). Default: all."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on GPUs, fp32 on CPU) | bf16 | fp16 | fp32."),
     nccl_max_ctas: str | None = typer.Option(None, "--nccl-max-ctas", help="NCCL CTA budgets (max_ctas; nccl_symm: exactly that many, min_ctas = max_ctas), 'default' or 1..64. Default: default,4,8,16,32."),
     comm_ctas: str | None = typer.Option(None, "--comm-ctas", help="CTA budgets of the fused all-reduce+RMSNorm kernel and of the copy-engine path's add+norm kernel. Default: 1,2,4,8,16,32,64."),

@@ -91,7 +91,7 @@ NCCL_SYMM = Knob(
     "nccl_symm", bool, False,
     "true: NCCL's collectives on buffers registered as symmetric windows, so that NCCL (2.27+) runs its "
     "symmetric kernels (peer loads and stores, no multicast) on exactly nccl_max_ctas CTAs (default: its "
-    "own choice); false: plain buffers (its ring kernels). Not yet run on a GPU: name it to try it",
+    "own choice); false: plain buffers (its ring kernels)",
     sparse=True,
 )
 ALLREDUCE = Knob(
@@ -105,7 +105,7 @@ ALLREDUCE = Knob(
 COMM = Knob(
     "comm", str, "nccl",
     "nccl: async NCCL all-reduce + fused add/RMSNorm; nccl_symm: the same on a registered symmetric "
-    "window (NCCL's symmetric kernel on exactly the comm_ctas budgets; not yet run on a GPU); fused: one "
+    "window (NCCL's symmetric kernel on exactly the comm_ctas budgets); fused: one "
     "symmetric-memory all-reduce+norm kernel; copy_engine: reduce-scatter and all-gather by the copy "
     "engines, add+norm in a local few-CTA kernel; none: no reduction (a bound, not a correct result: "
     "what the split alone costs)",
