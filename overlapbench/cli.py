@@ -60,16 +60,18 @@ def sweep(
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep (the --output file, else the newest results/{name}-*.jsonl): skip points already done."),
     nproc: int | None = typer.Option(None, "--nproc", help="Processes to launch when not under torchrun. Default: all local GPUs, or 2 on CPU."),
     profile: Path | None = typer.Option(None, "--profile", help="Also profile each point: a kernel table per point into this folder (needs CUDA GPUs)."),
+    force: bool = typer.Option(False, "--force", help="Run even when the size check refuses: a spec estimated to need more host memory than this machine has, or a GPU-sized spec (no cpu: section) on a machine without GPUs."),
 ) -> None:
     """Measure every strategy x knob setting x batch of a spec; append one row per point.
 
     Under torchrun it runs as launched (any number of nodes); started plainly it re-launches
-    itself on all local GPUs (or 2 gloo processes on CPU). Every point is checked against
+    itself on all local GPUs (or 2 gloo processes on CPU), after checking that the spec fits
+    the machine (memory, and on CPU its size: see --force). Every point is checked against
     baseline's output before it is timed.
     """
-    from overlapbench import launch
+    from overlapbench import footprint, launch, launch_log
     from overlapbench import spec as spec_mod
-    from overlapbench.results import check_writable
+    from overlapbench.results import check_writable, kept
 
     path = spec or QUICK_SPEC
     if profile is not None and launch.local_gpus() == 0:
@@ -77,6 +79,7 @@ def sweep(
     if launch.under_torchrun():
         from overlapbench import sweep as sweep_mod
 
+        launch.as_worker()
         loaded = spec_mod.load(path, cuda=launch.local_gpus() > 0)
         out = output or loaded.output_path(resume)
         if profile is not None:
@@ -92,25 +95,56 @@ def sweep(
     world = nproc or launch.default_nproc()
     warning = launch.oversubscription(world)
     if warning:
-        err_console.print(printing.styled(("warning:", "bold yellow"), f" {warning}"), soft_wrap=True)
+        _warn(warning)
     loaded = spec_mod.load(path, cuda=cuda)
-    loaded.points(world, cuda=cuda)  # validates tp against the world size
+    points = loaded.points(world, cuda=cuda)  # validates tp against the world size
     out = output or loaded.output_path(resume)
-    check_writable(out, resume)
+    done = check_writable(out, resume, loaded.name)
+    todo = [p for p in points if p.key() not in done]
+    if done and not todo and loaded.comm is None:
+        console.print(f"{out}: all {len(points)} points of {loaded.name} are done already; nothing to run", soft_wrap=True)
+        return
+    size = footprint.estimate(loaded, todo, cuda)
+    if not force:
+        try:
+            warning = footprint.check(loaded, size, world, cuda, launch.gpu_memory_bytes())
+        except UserError as e:
+            raise UserError(f"{path}: {e}") from None
+        if warning:
+            _warn(warning)
     args = ["sweep", str(path), "--output", str(out)] + (["--resume"] if resume else [])
     args += ["--profile", str(profile)] if profile is not None else []
+    log, oom_before = launch_log.path_for(out), launch_log.oom_kills()
     try:
-        code = launch.relaunch(args, world)
+        code = launch.relaunch(args, world, log)
     except launch.Interrupted:
+        log.unlink(missing_ok=True)
         raise launch.Interrupted(_interrupted(spec, out)) from None
-    if code:
-        err_console.print(printing.styled(("sweep failed", "bold red"), f" (exit {code}); finished rows are in {out}; `--resume` continues"))
-        raise typer.Exit(code)
+    if not code:
+        log.unlink(missing_ok=True)
+        return
+    memory = f"this run needs about {footprint.gib(size.memory_bytes)} per process, {world} processes"
+    what = launch_log.explain(log, oom_before, memory)
+    if what is not None:
+        resume_line = f"; `overlapbench sweep{'' if spec is None else f' {spec}'} --output {out} --resume` skips them"
+        rows = kept(out)
+        rows += resume_line if not rows.startswith("no rows") else ""
+        err_console.print(printing.styled(("sweep failed:", "bold red"), f" {what} {rows[0].upper()}{rows[1:]}."), soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _warn(text: str) -> None:
+    err_console.print(printing.styled(("warning:", "bold yellow"), f" {text}"), soft_wrap=True)
 
 
 def _interrupted(spec: Path | None, out: Path) -> str:
+    from overlapbench.results import kept
+
+    rows = kept(out)
+    if rows.startswith("no rows"):
+        return f"interrupted; {rows}"
     named = "" if spec is None else f" {spec}"
-    return f"interrupted; finished rows are in {out}; continue with: overlapbench sweep{named} --output {out} --resume"
+    return f"interrupted; {rows}; continue with: overlapbench sweep{named} --output {out} --resume"
 
 
 @app.command()
@@ -165,8 +199,14 @@ def tune(
     bootstrap interval of the speedup above 1 + min-gain); ties go to the simpler strategy."""
     from overlapbench import results as results_mod
     from overlapbench import tune as tune_mod
+    from overlapbench.spec import WORKLOADS
 
-    paths = results or [_newest_results(results_mod)]
+    paths = results or [_newest_results(results_mod, WORKLOADS)]
+    for path in paths:
+        kinds = results_mod.workloads_in(path)
+        if kinds and not kinds & set(WORKLOADS):
+            raise UserError(f"{path}: holds {'/'.join(sorted(kinds))} rows, which tune does not choose from; tune reads a "
+                            f"sweep's results (`overlapbench report {path}` shows these)")
     for path in tune_mod.run(paths, out_dir, console, min_gain):
         console.print(f"wrote {path}")
 
@@ -190,8 +230,9 @@ def report(
     share of the exposed communication hidden; the winner marked, noisy cells flagged."""
     from overlapbench import report as report_mod
     from overlapbench import results as results_mod
+    from overlapbench.spec import WORKLOADS
 
-    paths = results or ([] if compare else [_newest_results(results_mod)])
+    paths = results or ([] if compare else [_newest_results(results_mod, WORKLOADS, fallback=True)])
     code = report_mod.run(paths, fmt, console, sensitivity=sensitivity, tokens=tokens, plot_path=plot,
                           plot_metric=plot_metric, compare_paths=compare, fail_above=fail_above, profile_dir=profile,
                           rounds=rounds)
@@ -199,9 +240,15 @@ def report(
         raise typer.Exit(code)
 
 
-def _newest_results(results_mod) -> Path:
-    """The newest results file, said on stderr: a command given no file tells which it read."""
-    path = results_mod.latest()
+def _newest_results(results_mod, workloads: tuple[str, ...], fallback: bool = False) -> Path:
+    """The newest results file holding rows of `workloads` (with `fallback`, else the newest of
+    any kind), said on stderr: a command given no file tells which it read."""
+    try:
+        path = results_mod.latest(workloads=workloads)
+    except UserError:
+        if not fallback:
+            raise
+        path = results_mod.latest()
     err_console.print(f"reading {path} (the newest results file; name one to choose)", soft_wrap=True)
     return path
 
