@@ -98,13 +98,7 @@ def sweep(
         _warn(warning)
     loaded = spec_mod.load(path, cuda=cuda)
     points = loaded.points(world, cuda=cuda)  # validates tp against the world size
-    out = output or loaded.output_path(resume)
-    done = check_writable(out, resume, loaded.name)
-    todo = [p for p in points if p.key() not in done]
-    if done and not todo and loaded.comm is None:
-        console.print(f"{out}: all {len(points)} points of {loaded.name} are done already; nothing to run", soft_wrap=True)
-        return
-    size = footprint.estimate(loaded, todo, cuda)
+    size = footprint.estimate(loaded, points, cuda)
     if not force:
         try:
             warning = footprint.check(loaded, size, world, cuda, launch.gpu_memory_bytes())
@@ -112,6 +106,11 @@ def sweep(
             raise UserError(f"{path}: {e}") from None
         if warning:
             _warn(warning)
+    out = output or loaded.output_path(resume)
+    done = check_writable(out, resume, loaded.name)
+    if done and all(p.key() in done for p in points) and loaded.comm is None:
+        console.print(f"{out}: all {len(points)} points of {loaded.name} are done already; nothing to run", soft_wrap=True)
+        return
     args = ["sweep", str(path), "--output", str(out)] + (["--resume"] if resume else [])
     args += ["--profile", str(profile)] if profile is not None else []
     log, oom_before = launch_log.path_for(out), launch_log.oom_kills()
@@ -126,9 +125,7 @@ def sweep(
     memory = f"this run needs about {footprint.gib(size.memory_bytes)} per process, {world} processes"
     what = launch_log.explain(log, oom_before, memory)
     if what is not None:
-        resume_line = f"; `overlapbench sweep{'' if spec is None else f' {spec}'} --output {out} --resume` skips them"
-        rows = kept(out)
-        rows += resume_line if not rows.startswith("no rows") else ""
+        rows = kept(out, f"`overlapbench sweep{_named(spec)} --output {out} --resume` skips them")
         err_console.print(printing.styled(("sweep failed:", "bold red"), f" {what} {rows[0].upper()}{rows[1:]}."), soft_wrap=True)
     raise typer.Exit(code)
 
@@ -140,11 +137,12 @@ def _warn(text: str) -> None:
 def _interrupted(spec: Path | None, out: Path) -> str:
     from overlapbench.results import kept
 
-    rows = kept(out)
-    if rows.startswith("no rows"):
-        return f"interrupted; {rows}"
-    named = "" if spec is None else f" {spec}"
-    return f"interrupted; {rows}; continue with: overlapbench sweep{named} --output {out} --resume"
+    return f"interrupted; {kept(out, f'continue with: overlapbench sweep{_named(spec)} --output {out} --resume')}"
+
+
+def _named(spec: Path | None) -> str:
+    """The spec as the command line named it (nothing for the built-in demo)."""
+    return "" if spec is None else f" {spec}"
 
 
 @app.command()
@@ -189,7 +187,7 @@ def comm(
 @app.command()
 @user_errors
 def tune(
-    results: list[Path] | None = typer.Argument(None, metavar="RESULTS.jsonl", help="Results files, read in order (a later row for a point wins). Default: the latest in results/."),
+    results: list[Path] | None = typer.Argument(None, metavar="RESULTS.jsonl", help="Results files, read in order (a later row for a point wins). Default: the newest in results/ holding a sweep's rows (layer or micro; not comm's)."),
     out_dir: Path = typer.Option(Path("results/tuned"), "--out-dir", help="Where the tuned YAMLs go."),
     min_gain: float = typer.Option(0.01, "--min-gain", metavar="FRACTION", help="How much faster, beyond the noise, a strategy must be to replace a simpler one (0.01: 1%; 0: any gain)."),
 ) -> None:
@@ -214,7 +212,7 @@ def tune(
 @app.command()
 @user_errors
 def report(
-    results: list[Path] | None = typer.Argument(None, metavar="RESULTS.jsonl", help="Results files, read in order (a later row for a point wins). Default: the latest in results/."),
+    results: list[Path] | None = typer.Argument(None, metavar="RESULTS.jsonl", help="Results files, read in order (a later row for a point wins). Default: the newest in results/ holding a sweep's rows (layer or micro), else the newest."),
     fmt: str = typer.Option("table", "--format", help="table | markdown | csv | json (csv/json: one record per cell, to stdout)."),
     sensitivity: str | None = typer.Option(None, "--sensitivity", metavar="STRATEGY", help="Show one strategy's knob grid (ms per setting) at --tokens."),
     tokens: int | None = typer.Option(None, "--tokens", metavar="N", help="The token count for --sensitivity."),

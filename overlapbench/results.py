@@ -120,15 +120,16 @@ def workloads_in(path: str | Path) -> set[str]:
     return found
 
 
-def kept(path: str | Path) -> str:
-    """What a stopped run left, truly: `N rows are in PATH` or `no rows were written to PATH`."""
+def kept(path: str | Path, go_on: str = "") -> str:
+    """What a stopped run left, truly: `N finished rows are in PATH; GO_ON`, or `no rows were
+    written to PATH` (and no promise that a resume continues from something)."""
     try:
         count = sum(1 for line in Path(path).read_text(errors="replace").splitlines() if line.strip())
     except OSError:
         count = 0
     if not count:
         return f"no rows were written to {path}"
-    return f"{count} finished row{'s are' if count != 1 else ' is'} in {path}"
+    return f"{count} finished row{'s are' if count != 1 else ' is'} in {path}" + (f"; {go_on}" if go_on else "")
 
 
 def load(paths: Iterable[str | Path] | str | Path):

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Column
 
 from overlapbench import (
     analysis,
@@ -70,7 +71,7 @@ def prepare_point(rt: runtime.Runtime, point: Point, work: Workload, spec: Sweep
         with attention.recording() as ran:  # which attention kernels this strategy's forward runs
             status("building")
             step = _phase(rt, lambda: cls.build(work.ctx, point.knobs))
-            status("checking against the reference")
+            status("checking")
             out = _phase(rt, lambda: step.to_full(step.forward(work.x)))
         fields["attention"] = attention.describe(ran)
         if checked and (not is_reference or work.truth is not None):
@@ -106,7 +107,7 @@ def measure_point(rt: runtime.Runtime, point: Point, work: Workload, spec: Sweep
     del prepared
     try:
         m = spec.measure
-        status(f"timing ({m.warmup} warmup + at least {m.iters} iterations)")
+        status("timing")
         timing = _phase(rt, lambda: measure.time_step(step, work.x, m.warmup, m.iters, m.graphs, m.warmup_s, m.min_time_s))
         failure = _profile(rt, point, step, work, profile_dir)
         if failure is not None:
@@ -233,17 +234,21 @@ def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = 
     max_tokens = max(p.tokens for p in points)
 
     written = 0
-    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    # The status line stays 2 columns short of the terminal: the ^C a terminal echoes then never
+    # wraps it onto a second line, which the display would not know to clear when it stops.
+    status_console = printing.console(quiet=rt.rank != 0, width=max(40, console.width - 2))
+    description = Column(no_wrap=True, overflow="ellipsis")  # the phase first, then the point, cut at the end
+    columns = (TextColumn("{task.description}", markup=False, table_column=description), BarColumn(bar_width=20),
+               MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("eta"), TimeRemainingColumn())
     try:
-        with Progress(*columns, console=console, transient=True) as progress:
+        with Progress(*columns, console=status_console, transient=True) as progress:
             task = progress.add_task("sweep", total=len(todo))
             stacks: dict = {}  # the current shape's layer stack (workload.weights)
             for batch, (_, group) in enumerate(itertools.groupby(todo, key=lambda p: p.workload_key)):
                 group = list(group)
                 first = group[0]
-                progress.update(task, description=f"{first.tokens} tokens: building the weights, input and reference",
-                                refresh=True)
+                progress.update(task, description=f"building the workload: {first.tokens} tokens", refresh=True)
                 with watchdog.guard(f"building the workload of {_describe(first)}"):
                     truth = spec.measure.checks_against_fp32(first.tp, first.shape.moe, first.dtype)
                     work = build_workload(rt, first, stacks, max_tokens, truth)
@@ -278,7 +283,7 @@ def _one_by_one(rt, group, work, spec, watchdog, profile_dir, progress, task):
     """The sequential mode: each point built, checked and timed on its own."""
     for point in group:
         def status(phase: str, point: Point = point) -> None:  # what runs within a long point
-            progress.update(task, description=f"{_describe(point)}: {phase}", refresh=True)
+            progress.update(task, description=f"{phase}: {_describe(point)}", refresh=True)
 
         with watchdog.guard(f"point '{_describe(point)}'"):
             result = measure_point(rt, point, work, spec, profile_dir, status)

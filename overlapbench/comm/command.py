@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 TIMEOUT_S = 600
+STUDY = "comm"  # the `spec` of this command's rows: a results file holds one study (results.ResultStore)
 
 
 @dataclass(frozen=True)
@@ -154,21 +155,15 @@ def main(opts: Options, console: Console, err_console: Console) -> int:
         code = launch.relaunch(opts.argv(cuda, out), world, log)
     except launch.Interrupted:
         log.unlink(missing_ok=True)
-        rows = kept(out)
-        again = "" if rows.startswith("no rows") else f"; add --output {out} --resume to continue"
-        raise launch.Interrupted(f"interrupted; {rows}{again}") from None
+        raise launch.Interrupted(f"interrupted; {kept(out, f'add --output {out} --resume to continue')}") from None
     if not code:
         log.unlink(missing_ok=True)
         return 0
     what = launch_log.explain(log, oom_before)
     if what is not None:
-        rows = kept(out)
-        again = "" if rows.startswith("no rows") else f"; `--output {out} --resume` skips them"
-        err_console.print(styled(("comm failed:", "bold red"), f" {what} {rows[0].upper()}{rows[1:]}{again}."), soft_wrap=True)
+        rows = kept(out, f"`--output {out} --resume` skips them")
+        err_console.print(styled(("comm failed:", "bold red"), f" {what} {rows[0].upper()}{rows[1:]}."), soft_wrap=True)
     return code
-
-
-STUDY = "comm"  # the `spec` of this command's rows: a results file holds one study
 
 
 def _refuse_if_nothing_runs(opts: Options, world: int) -> None:
@@ -198,7 +193,7 @@ def run_ranks(opts: Options, console: Console) -> int:
                        beside_gemm=opts.beside_gemm, ce_chunks=opts.ce_chunks, windows=rt.nccl_windows_unavailable())
     output = opts.output or default_output(env["device"], rt.world_size)
     store, done, run_id = results.open_on_ranks(output, opts.resume, rt.rank, STUDY)
-    info = RunInfo("comm", run_id, env, opts.warmup, opts.iters, opts.graphs)
+    info = RunInfo(STUDY, run_id, env, opts.warmup, opts.iters, opts.graphs)
     try:
         what = f"comm: {len(cases)} cases on {rt.world_size} x {env['device']} ({rt.backend}, {dtype}) -> {output}"
         progress.print(what, highlight=False)
