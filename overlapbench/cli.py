@@ -109,7 +109,7 @@ def sweep(
     out = output or loaded.output_path(resume)
     done = check_writable(out, resume, loaded.name)
     if done and all(p.key() in done for p in points) and loaded.comm is None:
-        console.print(f"{out}: all {len(points)} points of {loaded.name} are done already; nothing to run", soft_wrap=True)
+        console.print(f"{out}: every point of {loaded.name} ({len(points)}) is done already; nothing to run", soft_wrap=True)
         return
     args = ["sweep", str(path), "--output", str(out)] + (["--resume"] if resume else [])
     args += ["--profile", str(profile)] if profile is not None else []
@@ -241,13 +241,14 @@ def report(
 def _newest_results(results_mod, workloads: tuple[str, ...], fallback: bool = False) -> Path:
     """The newest results file holding rows of `workloads` (with `fallback`, else the newest of
     any kind), said on stderr: a command given no file tells which it read."""
+    kind = "results file with a sweep's rows"
     try:
         path = results_mod.latest(workloads=workloads)
     except UserError:
         if not fallback:
             raise
-        path = results_mod.latest()
-    err_console.print(f"reading {path} (the newest results file; name one to choose)", soft_wrap=True)
+        path, kind = results_mod.latest(), "results file"
+    err_console.print(f"reading {path} (the newest {kind}; name one to choose)", soft_wrap=True)
     return path
 
 

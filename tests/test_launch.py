@@ -255,7 +255,7 @@ def test_a_resume_with_every_point_done_launches_nothing_and_a_clean_run_leaves_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["long.yaml", "r.jsonl"]  # no .lock, no .log
     again = overlapbench("sweep", str(path), "-o", str(out), "--resume")
     assert again.returncode == 0, again.stderr
-    assert again.stdout.strip() == f"{out}: all 2 points of long are done already; nothing to run"
+    assert again.stdout.strip() == f"{out}: every point of long (2) is done already; nothing to run"
     assert len(read_rows(out)) == 2
 
 

@@ -226,4 +226,4 @@ def test_a_mixed_batch_sweeps_checked_rows_that_say_their_decode_tokens(tmp_path
     assert all(mixed[s]["rel_err"] < 1e-5 for s in ("token_split", "iso", "sp_baseline"))
     assert all(r["decode"] is None and "math_decode" not in r["attention"] for r in rows if r["batch"] == [29])
     again = sweep(str(spec), "--output", str(out), "--resume")
-    assert again.returncode == 0 and "all 10 points of tiny-test are done already; nothing to run" in again.stdout, again.stdout
+    assert again.returncode == 0 and "every point of tiny-test (10) is done already; nothing to run" in again.stdout, again.stdout
