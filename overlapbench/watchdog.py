@@ -78,14 +78,15 @@ def die_with_parent(parent: int, signum: int, grace_s: float = 10.0) -> None:
     and as a backstop for a `signum` a busy process does not act on, a thread sees this process
     adopted by another parent (the parent died) and sends `signum`, then ends the process
     `grace_s` later if it still runs."""
-    _set_parent_death_signal(signum)
+    by_kernel = _set_parent_death_signal(signum)
     if os.getppid() != parent:  # died before the kernel could be told
         os.kill(os.getpid(), signum)
 
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(0.5)
-        os.kill(os.getpid(), signum)
+        if not by_kernel:  # else the kernel sent it already: a second one would cut the first's cleanup short
+            os.kill(os.getpid(), signum)
         time.sleep(grace_s)
         os._exit(PARENT_GONE)
 
