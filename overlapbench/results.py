@@ -99,13 +99,49 @@ def upgraded(row: dict) -> dict:
     return row
 
 
-def latest(results_dir: str | Path = "results") -> Path:
+def latest(results_dir: str | Path = "results", workloads: tuple[str, ...] = ()) -> Path:
     """The most recently written store under `results_dir` (a folder given where a results file
-    is expected means this)."""
-    stores = sorted(Path(results_dir).rglob("*.jsonl"), key=lambda p: p.stat().st_mtime)
+    is expected means this); with `workloads`, the newest holding rows of one of them (a `comm`
+    file is no input for `tune`)."""
+    stores = sorted(Path(results_dir).rglob("*.jsonl"), key=lambda p: p.stat().st_mtime, reverse=True)
     if not stores:
         raise UserError(f"{results_dir}/: no results yet; run `overlapbench sweep` first, or name a file")
-    return stores[-1]
+    for store in stores:
+        if not workloads or workloads_in(store) & set(workloads):
+            return store
+    newest = "/".join(sorted(workloads_in(stores[0]))) or "no"
+    raise UserError(f"{results_dir}/: no results file holds {'/'.join(workloads)} rows (the newest, {stores[0]}, holds "
+                    f"{newest} rows); run `overlapbench sweep` first, or name a file")
+
+
+def workloads_in(path: str | Path) -> set[str]:
+    """The workloads of a store's rows (`layer`, `gemm_ag`, `gemm_rs`, `comm`), read leniently:
+    lines that are not rows are passed over (read_rows says what is wrong with them)."""
+    found = set()
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("workload"), str):
+            found.add(row["workload"])
+    return found
+
+
+def kept(path: str | Path, go_on: str = "") -> str:
+    """What a stopped run left, truly: `N finished rows are in PATH; GO_ON`, or `no rows were
+    written to PATH` (and no promise that a resume continues from something)."""
+    try:
+        count = sum(1 for line in Path(path).read_text(errors="replace").splitlines() if line.strip())
+    except OSError:
+        count = 0
+    if not count:
+        return f"no rows were written to {path}"
+    return f"{count} finished row{'s are' if count != 1 else ' is'} in {path}" + (f"; {go_on}" if go_on else "")
 
 
 def load(paths: Iterable[str | Path] | str | Path):
@@ -123,29 +159,23 @@ def load(paths: Iterable[str | Path] | str | Path):
 
 
 class ResultStore:
-    """The append-only JSONL file of one sweep, held under an exclusive lock while it runs."""
+    """The append-only JSONL file of one sweep, held under an exclusive lock while it runs.
+
+    The lock is `NAME.jsonl.lock` beside it, removed when the store is closed: a process that
+    locked the file just before its removal finds its lock no longer at that path and tries again."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.lock_path = self.path.with_name(self.path.name + ".lock")
         self._lock = None
 
-    def open(self, resume: bool) -> set[str]:
-        """Lock the store and return the keys of points already done (when resuming)."""
+    def open(self, resume: bool, study: str | None = None) -> set[str]:
+        """Lock the store and return the keys of points already done (when resuming). `study`:
+        the spec's name (`comm` for `overlapbench comm`); resuming a store that holds another
+        study's rows is refused (None: not checked)."""
         if self.path.is_dir():
             raise UserError(f"output: {self.path} is a folder; give a results file, e.g. --output {self.path / 'NAME.jsonl'}")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            lock = open(self.path.with_name(self.path.name + ".lock"), "w")
-        except OSError as e:
-            raise UserError(f"output: cannot write to {self.path} ({e.strerror}); choose another --output") from None
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.close()
-            raise UserError(
-                f"output: another sweep is writing to {self.path}; wait for it or choose another --output"
-            ) from None
-        self._lock = lock
+        self._lock = self._acquire()
         exists = self.path.exists() and self.path.stat().st_size > 0
         if exists and not resume:
             self.close()
@@ -157,10 +187,33 @@ class ResultStore:
             return set()
         try:
             rows = read_rows(self.path)
+            if study is not None:
+                _same_study(self.path, rows, study)
         except UserError:
             self.close()
             raise
         return {row["key"] for row in rows if "key" in row and row["status"] in ("ok", "skipped")}
+
+    def _acquire(self):
+        while True:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                lock = open(self.lock_path, "a")  # held until close
+            except OSError as e:
+                raise UserError(f"output: cannot write to {self.path} ({e.strerror}); choose another --output") from None
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                raise UserError(
+                    f"output: another sweep is writing to {self.path}; wait for it or choose another --output"
+                ) from None
+            try:
+                if os.stat(self.lock_path).st_ino == os.fstat(lock.fileno()).st_ino:
+                    return lock
+            except FileNotFoundError:  # its holder removed it as we locked it
+                pass
+            lock.close()
 
     def append(self, row: dict) -> None:
         line = json.dumps(row, sort_keys=False, default=str) + "\n"
@@ -170,20 +223,37 @@ class ResultStore:
             os.fsync(f.fileno())
 
     def close(self) -> None:
+        """Release the lock and remove its file (nothing is left beside the results)."""
         if self._lock is not None:
+            self.lock_path.unlink(missing_ok=True)
             fcntl.flock(self._lock, fcntl.LOCK_UN)
             self._lock.close()
             self._lock = None
 
 
-def check_writable(output: str | Path, resume: bool) -> None:
-    """Refuse a busy or already-written store (per `resume`) before any process is launched."""
+def _same_study(path: Path, rows: list[dict], study: str) -> None:
+    """Refuse to resume into rows of another study: one file, one study."""
+    others = sorted({str(row.get("spec")) for row in rows} - {study})
+    if others:
+        raise UserError(f"--resume: {path} holds the rows of {' and '.join(map(_study, others))}, not of {_study(study)}; "
+                        f"give this run its own --output")
+
+
+def _study(name: str) -> str:
+    return "`overlapbench comm`" if name == "comm" else f"spec '{name}'"
+
+
+def check_writable(output: str | Path, resume: bool, study: str | None = None) -> set[str]:
+    """Refuse a busy or already-written store (per `resume`), or another study's (per `study`),
+    before any process is launched; the keys of the points already done."""
     store = ResultStore(output)
-    store.open(resume)
+    done = store.open(resume, study)
     store.close()
+    return done
 
 
-def open_on_ranks(output: str | Path, resume: bool, rank: int) -> tuple[ResultStore | None, set[str], str]:
+def open_on_ranks(output: str | Path, resume: bool, rank: int,
+                  study: str | None = None) -> tuple[ResultStore | None, set[str], str]:
     """Rank 0 locks the store; every rank learns the keys already done and the run id (a
     collective: all ranks call it). A refusal is the same UserError on every rank."""
     import torch.distributed as dist
@@ -192,7 +262,7 @@ def open_on_ranks(output: str | Path, resume: bool, rank: int) -> tuple[ResultSt
     opened: list = [None, new_run_id()]
     if store is not None:
         try:
-            opened[0] = sorted(store.open(resume))
+            opened[0] = sorted(store.open(resume, study))
         except UserError as e:
             opened[0] = str(e)
     dist.broadcast_object_list(opened, src=0)

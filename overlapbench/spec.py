@@ -345,6 +345,7 @@ class SweepSpec:
     workload: str = "layer"  # or a micro workload (WORKLOADS), whose GEMM is `gemm`
     gemm: Gemm | None = None
     decodes: tuple[Decode | None, ...] = ()  # each batch's decode tokens (mixed batches); () for none
+    for_device: bool = False  # the spec has a section (cpu: or cuda:) for the device it runs on
 
     def compositions(self) -> list[tuple[tuple[int, ...], Decode | None]]:
         """(prefill sequence lengths, decode tokens or None) of each batch, in order."""
@@ -554,6 +555,7 @@ def from_dict(data: Any, name: str, cuda: bool, base: Path | None = None) -> Swe
         workload=workload,
         gemm=gemm,
         decodes=decodes if any(decodes) else (),
+        for_device=bool(section),
     )
     for grid in spec.strategies:  # expand once now, so bad knobs fail before any launch
         grid.settings()

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from overlapbench.runtime import Runtime
 
 TIMEOUT_S = 600
+STUDY = "comm"  # the `spec` of this command's rows: a results file holds one study (results.ResultStore)
 
 
 @dataclass(frozen=True)
@@ -136,26 +137,48 @@ def _local_device_name() -> str:
 
 def main(opts: Options, console: Console, err_console: Console) -> int:
     """Started plainly: check the store, re-launch under torchrun; under torchrun: measure."""
-    from overlapbench import launch
-    from overlapbench.results import check_writable
+    from overlapbench import launch, launch_log
+    from overlapbench.results import check_writable, kept
 
     if launch.under_torchrun():
+        launch.as_worker()
         return run_ranks(opts, console)
     cuda = launch.local_gpus() > 0
     world = opts.nproc or launch.default_nproc()
+    if not cuda:
+        _refuse_if_nothing_runs(opts, world)
     out = opts.output or default_output(_local_device_name(), world)
-    check_writable(out, opts.resume)
+    check_writable(out, opts.resume, STUDY)
     warning = launch.oversubscription(world)
     if warning:
         err_console.print(styled(("warning:", "bold yellow"), f" {warning}"))
+    log, oom_before = launch_log.path_for(out), launch_log.oom_kills()
     try:
-        code = launch.relaunch(opts.argv(cuda, out), world)
+        code = launch.relaunch(opts.argv(cuda, out), world, log)
     except launch.Interrupted:
-        raise launch.Interrupted(f"interrupted; finished rows are in {out}; add --output {out} --resume to continue") from None
-    if code:
-        where = f" (exit {code}); finished rows are in {out}; `--resume` continues"
-        err_console.print(styled(("comm failed", "bold red"), where))
+        log.unlink(missing_ok=True)
+        raise launch.Interrupted(f"interrupted; {kept(out, f'add --output {out} --resume to continue')}") from None
+    if not code:
+        log.unlink(missing_ok=True)
+        return 0
+    what = launch_log.explain(log, oom_before)
+    if what is not None:
+        rows = kept(out, f"`--output {out} --resume` skips them")
+        err_console.print(styled(("comm failed:", "bold red"), f" {what} {rows[0].upper()}{rows[1:]}."), soft_wrap=True)
     return code
+
+
+def _refuse_if_nothing_runs(opts: Options, world: int) -> None:
+    """On a machine without GPUs, refuse up front what would only skip: every case needs CUDA."""
+    if opts.beside_gemm:
+        raise UserError("--beside-gemm: times each path beside a bf16 GEMM stream on CUDA GPUs, and this machine "
+                        "has none; drop --beside-gemm here")
+    dtype = "fp32" if opts.dtype == "auto" else opts.dtype
+    cases = make_cases(opts.bench(cuda=False), world, "gloo", dtype, opts.hidden, ce_chunks=opts.ce_chunks)
+    if cases and all(c.skip for c in cases):
+        reasons = sorted({f"{c.path}: {c.skip}" for c in cases})
+        raise UserError(f"--paths: nothing would run on this machine ({'; '.join(reasons)}); on CPU processes "
+                        f"only the nccl path (gloo) runs")
 
 
 def run_ranks(opts: Options, console: Console) -> int:
@@ -177,8 +200,8 @@ def _measure(opts: Options, console: Console, rt: Runtime) -> None:
     cases = make_cases(opts.bench(rt.is_cuda), rt.world_size, rt.backend, dtype, opts.hidden, len(env["hosts"]),
                        beside_gemm=opts.beside_gemm, ce_chunks=opts.ce_chunks, windows=rt.nccl_windows_unavailable())
     output = opts.output or default_output(env["device"], rt.world_size)
-    store, done, run_id = results.open_on_ranks(output, opts.resume, rt.rank)
-    info = RunInfo("comm", run_id, env, opts.warmup, opts.iters, opts.graphs)
+    store, done, run_id = results.open_on_ranks(output, opts.resume, rt.rank, STUDY)
+    info = RunInfo(STUDY, run_id, env, opts.warmup, opts.iters, opts.graphs)
     try:
         what = f"comm: {len(cases)} cases on {rt.world_size} x {env['device']} ({rt.backend}, {dtype}) -> {output}"
         progress.print(what, highlight=False)
