@@ -295,3 +295,13 @@ def test_export_from_results_tunes_them_and_defaults_read_the_same_rows(tmp_path
     assert int(passes["pass_config"]["fi_allreduce_fusion_max_size_mb"] * MIB) // (4096 * 2) == fused_end
     table = CliRunner().invoke(app, ["export", str(store), "--engine", "vllm", "--defaults"])
     assert table.exit_code == 0 and "| 8192 | FlashInfer all-reduce + RMSNorm fusion (to 8192 tokens) |" in table.output
+
+
+def test_docs_example_is_what_the_committed_files_give():
+    """docs/export.md's example section is made from the committed tuned configs and their rows;
+    when those change (a new run), the page must be made again."""
+    from tests.checks import export_docs
+
+    page = export_docs.PAGE.read_text()
+    assert export_docs.render(page, export_docs.section()) == page, (
+        "docs/export.md's example is not what the committed files give: run python tests/checks/export_docs.py")

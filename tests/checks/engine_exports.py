@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -147,6 +148,7 @@ def ensure_venv(name: str, venvs: Path, log: list[str]) -> Path | None:
     done = subprocess.run([str(python), "-m", "pip", "install", "-q", PACKAGES[name]], capture_output=True, text=True)
     if done.returncode != 0:
         lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip() and not ln.startswith("WARNING: Location")]
+        lines = [re.sub(r"/tmp/pip-build-env-\w+/", "PIP_BUILD_ENV/", ln) for ln in lines]
         telling = list(dict.fromkeys(ln.strip() for ln in lines if "Error" in ln or "wheel_stub" in ln))
         log.append(f"{name}: `pip install {PACKAGES[name]}` failed (exit {done.returncode}); the telling lines:")
         log += [f"    {ln}" for ln in (telling or lines)[-8:]]
@@ -156,6 +158,14 @@ def ensure_venv(name: str, venvs: Path, log: list[str]) -> Path | None:
         return None
     marker.write_text(PACKAGES[name] + "\n")
     return python
+
+
+def installed(python: Path) -> str:
+    """The versions that matter in a venv: the engine, torch, pydantic, FlashInfer."""
+    listed = subprocess.run([str(python), "-m", "pip", "list", "--format=json"], capture_output=True, text=True)
+    wanted = ("vllm", "sglang", "tensorrt-llm", "torch", "pydantic", "flashinfer-python")
+    found = {p["name"].lower(): p["version"] for p in json.loads(listed.stdout or "[]")}
+    return ", ".join(f"{n} {found[n]}" for n in wanted if n in found)
 
 
 def run_in(python: Path, code: str, *args: str) -> dict:
@@ -207,6 +217,8 @@ def main() -> int:
         results[f"tokenweave/{name}"] = check_tokenweave(exports / "tokenweave" / name, cfg)
     for engine, code in (("vllm", VLLM_CHECK), ("sglang", SGLANG_CHECK), ("trtllm", TRTLLM_CHECK)):
         python = ensure_venv(engine, opts.venvs, log)
+        if python is not None:
+            log.append(f"{engine}: venv {opts.venvs / engine}, python 3.12, pip: {installed(python)}")
         for name, cfg in configs.items():
             folder = exports / engine / name
             key = f"{engine}/{name}"
