@@ -305,3 +305,21 @@ def test_docs_example_is_what_the_committed_files_give():
     page = export_docs.PAGE.read_text()
     assert export_docs.render(page, export_docs.section()) == page, (
         "docs/export.md's example is not what the committed files give: run python tests/checks/export_docs.py")
+
+
+def test_defaults_without_the_rows_behind_a_config_say_which_file_is_missing(tmp_path):
+    cfg = tuned.from_dict(tuned.load(_tuned_yaml(tmp_path)).as_dict() | {
+        "provenance": {"sources": [str(tmp_path / "gone.jsonl")]}})
+    path = tuned.save(cfg, tmp_path / "t.yaml")
+    result = CliRunner().invoke(app, ["export", str(path), "--engine", "vllm", "--defaults"])
+    assert result.exit_code == 2 and "gone.jsonl, not found here; pass the results .jsonl" in result.output
+
+
+def test_export_imports_no_torch():
+    """Like tune and tuned: `export` runs where torch is not installed (an engine's build box)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, overlapbench.export.command, overlapbench.export.defaults; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0

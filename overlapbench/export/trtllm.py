@@ -35,7 +35,7 @@ def choose(config: TunedConfig, warnings: list[str]) -> tuple[str, dict[str, int
     ps = picks(config)
     strategy = STRATEGY.get(ps[0].kind)
     if strategy is None:
-        warnings.append(f"{ps[0].text()}: TensorRT-LLM has no strategy for {ps[0].strategy}; NCCL exported")
+        warnings.append(f"{ps[0].text()}: no TensorRT-LLM strategy runs this ({ps[0].kind}); NCCL exported")
         strategy = "NCCL"
     if strategy == "NCCL":
         warnings += _unfollowed([p for p in ps if p.kind != "nccl"], strategy)

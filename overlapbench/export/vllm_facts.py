@@ -1,8 +1,8 @@
 """What vLLM reads and does, by release: its `PassConfig` key names (pydantic, unknown keys
 refused, so a wrong name is an error, not a no-op), its built-in thresholds and its all-reduce
 environment switches. Each version listed here had its wheel from PyPI read (the key names: the
-fields of `vllm/config/compilation.py`'s `PassConfig`, by tests/checks/engine_exports.py's
-`--scan-wheels`); a version not listed is refused rather than guessed.
+fields of `vllm/config/compilation.py`'s `PassConfig`: `python tests/checks/engine_exports.py
+--scan-wheels V...` prints them); a version not listed is refused rather than guessed.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ VERSIONS: dict[str, Keys] = {
     **dict.fromkeys(("0.10.1.1", "0.10.2", "0.11.0"), OLD),
     **dict.fromkeys(("0.11.1", "0.11.2"), OLD_MB),
     **dict.fromkeys(("0.12.0", "0.13.0", "0.14.0", "0.14.1", "0.15.0", "0.15.1", "0.16.0"), RENAMED),
-    **dict.fromkeys(("0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.20.0", "0.21.0", "0.22.0", "0.23.0",
-                     "0.24.0", "0.25.0", "0.26.0", "0.27.0", "0.28.0", "0.29.0", "0.30.0", "0.31.0"), SP_BOUND),
+    **dict.fromkeys(("0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.1", "0.20.2",
+                     "0.21.0", "0.22.0", "0.22.1", "0.23.0", "0.24.0", "0.25.0", "0.25.1", "0.26.0", "0.27.0",
+                     "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0"), SP_BOUND),
     **dict.fromkeys(("0.32.0", "0.33.0"), NO_SP),
 }
 DEFAULT_VERSION = "0.33.0"  # the newest on PyPI when this was written (2026-11)

@@ -18,11 +18,13 @@ missing; an engine that does not install is reported with pip's last error lines
   the entry found must be the one for the tuned range holding that count.
 
 Writes engine_exports.txt (what ran, what each parser said) and engine_exports.json under --out.
+`--scan-wheels V...` instead prints the pass keys of each vLLM release V, read from its wheel.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import re
@@ -30,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -197,11 +200,43 @@ def check_tokenweave(folder: Path, config: tuned.TunedConfig) -> dict:
     return {"keys": len(table), "counts_checked": 2 * config.max_tokens + 1 - switch, "wrong": wrong[:5], "ok": not wrong}
 
 
+PASS_KEYS = ("enable_fi_allreduce_fusion", "fi_allreduce_fusion_max_token_num", "enable_sequence_parallelism",
+             "enable_async_tp", "fuse_allreduce_rms", "fi_allreduce_fusion_max_size_mb", "enable_sp", "fuse_gemm_comms",
+             "sp_min_token_num")
+
+
+def scan_wheels(versions: list[str]) -> int:
+    """Per vLLM release: the pass keys its PassConfig declares, read from its wheel (pip download,
+    no install): the source of overlapbench/export/vllm_facts.py's VERSIONS."""
+    for version in versions:
+        with tempfile.TemporaryDirectory() as tmp:
+            done = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                                   "--python-version", "3.12", "-d", tmp, f"vllm=={version}"], capture_output=True, text=True)
+            wheels = list(Path(tmp).glob("*.whl"))
+            if done.returncode or not wheels:
+                print(f"{version}: no wheel ({(done.stderr.strip().splitlines() or ['?'])[-1]})")
+                continue
+            with zipfile.ZipFile(wheels[0]) as wheel:
+                try:
+                    source = wheel.read("vllm/config/compilation.py").decode()
+                except KeyError:
+                    print(f"{version}: no vllm/config/compilation.py")
+                    continue
+        tree = ast.parse(source)
+        cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "PassConfig")
+        fields = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+        print(f"{version}: {', '.join(k for k in PASS_KEYS if k in fields)}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--venvs", type=Path, default=Path("/tmp/ob-engines"))
     parser.add_argument("--out", type=Path, default=ROOT / "results/cpu-checks")
+    parser.add_argument("--scan-wheels", nargs="+", metavar="V", help="Instead: print each vLLM release's pass keys.")
     opts = parser.parse_args()
+    if opts.scan_wheels:
+        return scan_wheels(opts.scan_wheels)
     opts.venvs.mkdir(parents=True, exist_ok=True)
     exports = Path(tempfile.mkdtemp(prefix="ob-exports-"))
     configs = inputs()
