@@ -101,6 +101,11 @@ def test_vllm_symmetric_memory_pick_sets_the_backend_switches():
     assert any(w.startswith("4097..65536") for w in export.warnings)
 
 
+def test_an_allreduce_value_without_an_engine_counterpart_is_refused():
+    with pytest.raises(UserError, match="baseline knob allreduce: 'ring' has no engine counterpart here"):
+        vllm.export(config([(1, 9000, "baseline", BASE | {"allreduce": "ring"})]), "s", None)
+
+
 def test_vllm_nccl_symm_below_world_size_four_is_warned():
     export = vllm.export(config([(1, 9000, "baseline", BASE | {"nccl_symm": True})]), "s", None)
     assert f"export {vllm_facts.ENV_NCCL_SYMM}=1" in export.files["serve.sh"]
@@ -127,7 +132,7 @@ def test_tokenweave_nearest_key_lookup_returns_each_range(seed):
                  "split_ratio": None, "nccl_max_ctas": "default"}
         rules.append((lo, hi, "token_split", knobs))
     cfg = config(rules, model="llama3-70b")
-    export = tokenweave.export(cfg, "s")
+    export = tokenweave.export(cfg, "s", None)
     table = {int(k): v for k, v in json.loads(export.files["llama_config_2.json"]).items()}
     for n in range(tokenweave_facts.SPLIT_FROM["llama"], 2 * cfg.max_tokens):
         knobs = cfg.choose(n).knobs
@@ -139,7 +144,7 @@ def test_tokenweave_nearest_key_lookup_returns_each_range(seed):
 def test_tokenweave_says_what_it_cannot_run():
     cfg = config([(1, 700, "baseline", BASE), (701, 3000, "fused_norm", {"comm_ctas": 32}),
                   (3001, 9000, "flash_agrs", {"transport": "copy_engine"})], model="qwen2.5-7b")
-    export = tokenweave.export(cfg, "s")
+    export = tokenweave.export(cfg, "s", None)
     assert set(export.files) == {"qwen2_config_2.json", "qwen2_config_2.notes.txt"}
     table = json.loads(export.files["qwen2_config_2.json"])
     assert list(table) == ["1024", "3000", "3001", "9000"]  # nothing below the 1024-token switch
@@ -154,11 +159,11 @@ def test_tokenweave_says_what_it_cannot_run():
 def test_tokenweave_mixtral_switch_and_unknown_family():
     cfg = config([(1, 5000, "token_split", {"align": 256, "comm": "fused", "comm_ctas_attn": 8, "comm_ctas_mlp": 4,
                                              "split_offset": 0})], model="mixtral-8x7b")
-    assert list(json.loads(tokenweave.export(cfg, "s").files["mixtral_config_2.json"])) == ["2048", "5000"]
+    assert list(json.loads(tokenweave.export(cfg, "s", None).files["mixtral_config_2.json"])) == ["2048", "5000"]
     with pytest.raises(UserError, match="tuned up to 1500 tokens, below TokenWeave's split switch at 2048"):
-        tokenweave.export(config([(1, 1500, "fused_norm", {"comm_ctas": 8})], model="mixtral-8x7b"), "s")
+        tokenweave.export(config([(1, 1500, "fused_norm", {"comm_ctas": 8})], model="mixtral-8x7b"), "s", None)
     with pytest.raises(UserError, match="model 'qwen3-32b': TokenWeave has model files for llama, qwen2, mixtral"):
-        tokenweave.export(config([(1, 5000, "baseline", BASE)], model="qwen3-32b"), "s")
+        tokenweave.export(config([(1, 5000, "baseline", BASE)], model="qwen3-32b"), "s", None)
 
 
 def test_tokenweave_split_point_is_its_formula():

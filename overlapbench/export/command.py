@@ -2,7 +2,7 @@
 `--defaults` the engine's default against the tuned choice, from the rows behind each config.
 
 Inputs: tuned YAMLs (`overlapbench/tuned-v1`) and results files (`.jsonl`, tuned here as `tune`
-would, nothing written). Outputs: `<out>/<engine>/<config name>/`, one folder per tuned config.
+would, nothing written). Outputs: `OUT/ENGINE/CONFIG-NAME/`, one folder per tuned config.
 """
 
 from __future__ import annotations
@@ -17,14 +17,9 @@ from overlapbench import analysis, tune, tuned
 from overlapbench.analysis import Measured
 from overlapbench.errors import UserError
 from overlapbench.export import defaults, sglang, tokenweave, trtllm, vllm
-from overlapbench.export.picks import Export, write
+from overlapbench.export.picks import write
 
-EXPORTERS = {
-    "tokenweave": lambda config, source, version: _no_version(tokenweave.export(config, source), version),
-    "vllm": vllm.export,
-    "sglang": sglang.export,
-    "trtllm": trtllm.export,
-}
+EXPORTERS = {"tokenweave": tokenweave.export, "vllm": vllm.export, "sglang": sglang.export, "trtllm": trtllm.export}
 ENGINES = tuple(EXPORTERS)
 
 
@@ -36,12 +31,6 @@ class Input:
     source: str
     name: str
     rows: list[Measured] | None = None
-
-
-def _no_version(export: Export, version: str | None) -> Export:
-    if version is not None:
-        raise UserError("--engine-version: TokenWeave has no releases; its facts are of one commit; omit --engine-version")
-    return export
 
 
 def check_engine(engine: str) -> str:

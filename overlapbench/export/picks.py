@@ -20,6 +20,7 @@ from overlapbench.tuned import Rule, TunedConfig, write_atomic
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 MIB = 1 << 20
 SP_FAMILY = ("sp_baseline", "async_tp", "flash_agrs")
+ALLREDUCE = ("nccl", "one_shot", "two_shot")  # baseline's `allreduce` knob: NCCL, PyTorch symmetric memory
 # Compute capability by device name (the name a sweep's rows carry): engines key their tables by it.
 CAPABILITY = {"H100": 90, "H200": 90, "H800": 90, "H20": 90, "GH200": 90, "B200": 100, "GB200": 100, "B300": 103}
 
@@ -42,9 +43,11 @@ class Pick:
 def kind_of(strategy: str, knobs: dict) -> str:
     """The mechanism a strategy and its knobs run (see the module docstring)."""
     if strategy == "baseline":
-        if knobs.get("nccl_symm"):
-            return "nccl_symm"
-        return {"one_shot": "one_shot", "two_shot": "two_shot"}.get(knobs.get("allreduce") or "nccl", "nccl")
+        allreduce = knobs.get("allreduce") or "nccl"
+        if allreduce not in ALLREDUCE:
+            raise UserError(f"baseline knob allreduce: {allreduce!r} has no engine counterpart here "
+                            f"({' | '.join(ALLREDUCE)})")
+        return "nccl_symm" if knobs.get("nccl_symm") and allreduce == "nccl" else allreduce
     if strategy == "fused_norm" and knobs.get("comm", "fused") == "copy_engine":
         return "fused_norm_copy_engine"
     return strategy

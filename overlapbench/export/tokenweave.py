@@ -101,7 +101,10 @@ def render(table: dict[int, dict]) -> str:
     return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
-def export(config: TunedConfig, source: str) -> Export:
+def export(config: TunedConfig, source: str, version: str | None = None) -> Export:
+    if version is not None:
+        raise UserError(f"--engine-version: TokenWeave has no releases; its facts are of {facts.SOURCE}; "
+                        f"omit --engine-version")
     family = family_of(config)
     table, warnings = entries(config)
     if not table:  # TokenWeave's nearest-key lookup would fail on an empty file

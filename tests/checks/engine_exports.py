@@ -39,18 +39,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from overlapbench import tuned  # noqa: E402
-from overlapbench.export import sglang, tokenweave, tokenweave_facts, trtllm, vllm  # noqa: E402
+from overlapbench.export import tokenweave, tokenweave_facts  # noqa: E402
+from overlapbench.export.command import EXPORTERS  # noqa: E402
 from overlapbench.export.picks import leading_end, picks, write  # noqa: E402
 
 PYTHON = "/root/.pyenv/versions/3.12.1/bin/python"
 PACKAGES = {"vllm": "vllm==0.33.0", "sglang": "sglang==0.5.23", "trtllm": "tensorrt-llm==1.2.1"}
 TUNED = ROOT / "results/h200x2/tuned"
-EXPORTERS = {
-    "tokenweave": lambda cfg, name: tokenweave.export(cfg, name),
-    "vllm": lambda cfg, name: vllm.export(cfg, name, None),  # the newest known key names: the installed 0.33.0's
-    "sglang": lambda cfg, name: sglang.export(cfg, name, None),
-    "trtllm": lambda cfg, name: trtllm.export(cfg, name, None),
-}
 BASE = {"nccl_max_ctas": "default"}
 
 
@@ -242,7 +237,7 @@ def main() -> int:
     configs = inputs()
     for engine, export in EXPORTERS.items():
         for name, cfg in configs.items():
-            write(export(cfg, name), exports / engine / name)
+            write(export(cfg, name, None), exports / engine / name)  # vLLM: the newest known names, 0.33.0's
     log = [f"engine_exports.py, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; exports of "
            + ", ".join(configs)]
     results: dict = {}

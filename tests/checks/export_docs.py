@@ -38,7 +38,7 @@ def section() -> str:
 def _section() -> str:
     config = tuned.load(ROOT / EXAMPLE)
     exports = {
-        "tokenweave": tokenweave.export(config, EXAMPLE),
+        "tokenweave": tokenweave.export(config, EXAMPLE, None),
         "vllm": vllm.export(config, EXAMPLE, None),
         "sglang": sglang.export(config, EXAMPLE, None),
         "trtllm": trtllm.export(config, EXAMPLE, None),
