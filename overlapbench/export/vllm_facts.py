@@ -54,6 +54,8 @@ def known_versions() -> list[str]:
 FUSION_MAX_MB = {90: {2: 64, 4: 2, 8: 0.5}, 100: {2: 64, 4: 32, 8: 1}}
 FUSION_DEFAULT_SOURCE = ("vllm 0.33.0 wheel: FI_ALLREDUCE_FUSION_MAX_SIZE_MB; fusion on by default at -O2 on SM90/SM100 "
                          "with TP > 1")
+# (flashinfer-python is a dependency of the vllm 0.33.0 wheel, so the pass has its kernel.) The pass's
+# bound is also capped at max_num_batched_tokens, the most tokens one step holds.
 # Releases with the old keys bound the fusion in tokens (fi_allreduce_fusion_max_token_num, default 16384).
 FUSION_MAX_TOKENS_DEFAULT = 16384
 # Sequence parallelism is off by default at every optimization level in the releases that have it

@@ -6,8 +6,9 @@ Exports the committed TP=2 tuned configs (results/h200x2/tuned/, and tuned/sp/) 
 then, per engine, in a scratch venv of its own under --venvs (created and `pip install`ed when
 missing; an engine that does not install is reported with pip's last error lines):
 
-- vLLM: `vllm.config.CompilationConfig(**json)` on compilation-config.json (pydantic, unknown keys
-  refused), the serve line through vLLM's own CLI parser (`EngineArgs.add_cli_args` +
+- vLLM (0.33.0, and 0.31.0 for the sequence-parallel keys, each export made with that release's key
+  names): `vllm.config.CompilationConfig(**json)` on compilation-config.json (pydantic, unknown keys
+  refused, the values kept), the serve line through vLLM's own CLI parser (`EngineArgs.add_cli_args` +
   `from_cli_args`), and `PassConfig.flashinfer_max_size(tp)` // (hidden x dtype bytes) == the last
   fused_norm token count of the tuned config;
 - SGLang: the launch line through `ServerArgs.add_cli_args` (its argparse), each flag set;
@@ -44,7 +45,14 @@ from overlapbench.export.command import EXPORTERS  # noqa: E402
 from overlapbench.export.picks import leading_end, picks, write  # noqa: E402
 
 PYTHON = "/root/.pyenv/versions/3.12.1/bin/python"
-PACKAGES = {"vllm": "vllm==0.33.0", "sglang": "sglang==0.5.23", "trtllm": "tensorrt-llm==1.2.1"}
+# A venv per (engine, release): (engine, the --engine-version its export is made for, the pip requirement).
+# Two vLLM releases: the newest (no sequence-parallel keys) and the newest with them.
+VENVS = {
+    "vllm": ("vllm", "0.33.0", "vllm==0.33.0"),
+    "vllm-0.31.0": ("vllm", "0.31.0", "vllm==0.31.0"),
+    "sglang": ("sglang", None, "sglang==0.5.23"),
+    "trtllm": ("trtllm", None, "tensorrt-llm==1.2.1"),
+}
 TUNED = ROOT / "results/h200x2/tuned"
 BASE = {"nccl_max_ctas": "default"}
 
@@ -95,8 +103,10 @@ try:
     strict = False
 except Exception:
     strict = True
-ok = same and env_known and strict and str(tokens) == fused_end
+kept = {k: getattr(cc.pass_config, k) for k in data["pass_config"]} == data["pass_config"]
+ok = same and kept and env_known and strict and str(tokens) == fused_end
 print(json.dumps({"version": vllm.__version__, "pass_config": {k: getattr(cc.pass_config, k) for k in data["pass_config"]},
+                  "values_kept": kept,
                   "cli_parses_to_same_config": same, "env": env, "env_names_known": env_known,
                   "unknown_key_refused": strict, "fusion_max_tokens": tokens, "tuned_fused_end": fused_end, "ok": ok},
                  default=str))
@@ -143,18 +153,19 @@ def ensure_venv(name: str, venvs: Path, log: list[str]) -> Path | None:
         return python
     if not python.exists():
         subprocess.run([PYTHON, "-m", "venv", str(venv)], check=True)
-    done = subprocess.run([str(python), "-m", "pip", "install", "-q", PACKAGES[name]], capture_output=True, text=True)
+    package = VENVS[name][2]
+    done = subprocess.run([str(python), "-m", "pip", "install", "-q", package], capture_output=True, text=True)
     if done.returncode != 0:
         lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip() and not ln.startswith("WARNING: Location")]
         lines = [re.sub(r"/tmp/pip-build-env-\w+/", "PIP_BUILD_ENV/", ln) for ln in lines]
         telling = list(dict.fromkeys(ln.strip() for ln in lines if "Error" in ln or "wheel_stub" in ln))
-        log.append(f"{name}: `pip install {PACKAGES[name]}` failed (exit {done.returncode}); the telling lines:")
+        log.append(f"{name}: `pip install {package}` failed (exit {done.returncode}); the telling lines:")
         log += [f"    {ln}" for ln in (telling or lines)[-8:]]
         if any("wheel_stub" in ln for ln in lines):
-            log.append(f"    ({PACKAGES[name]} on PyPI is a stub: at install it downloads the real wheel from its "
+            log.append(f"    ({package} on PyPI is a stub: at install it downloads the real wheel from its "
                        "vendor's own package index, which this machine cannot reach)")
         return None
-    marker.write_text(PACKAGES[name] + "\n")
+    marker.write_text(package + "\n")
     return python
 
 
@@ -235,9 +246,11 @@ def main() -> int:
     opts.venvs.mkdir(parents=True, exist_ok=True)
     exports = Path(tempfile.mkdtemp(prefix="ob-exports-"))
     configs = inputs()
-    for engine, export in EXPORTERS.items():
+    for venv, (engine, version, _) in VENVS.items():
         for name, cfg in configs.items():
-            write(export(cfg, name, None), exports / engine / name)  # vLLM: the newest known names, 0.33.0's
+            write(EXPORTERS[engine](cfg, name, version), exports / venv / name)
+    for name, cfg in configs.items():
+        write(EXPORTERS["tokenweave"](cfg, name, None), exports / "tokenweave" / name)
     log = [f"engine_exports.py, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; exports of "
            + ", ".join(configs)]
     results: dict = {}
@@ -245,13 +258,14 @@ def main() -> int:
                "(not installed: a vLLM fork built from source)")
     for name, cfg in configs.items():
         results[f"tokenweave/{name}"] = check_tokenweave(exports / "tokenweave" / name, cfg)
-    for engine, code in (("vllm", VLLM_CHECK), ("sglang", SGLANG_CHECK), ("trtllm", TRTLLM_CHECK)):
-        python = ensure_venv(engine, opts.venvs, log)
+    checks = {"vllm": VLLM_CHECK, "sglang": SGLANG_CHECK, "trtllm": TRTLLM_CHECK}
+    for venv, (engine, _, _) in VENVS.items():
+        python = ensure_venv(venv, opts.venvs, log)
         if python is not None:
-            log.append(f"{engine}: venv {opts.venvs / engine}, python 3.12, pip: {installed(python)}")
+            log.append(f"{venv}: venv {opts.venvs / venv}, python 3.12, pip: {installed(python)}")
         for name, cfg in configs.items():
-            folder = exports / engine / name
-            key = f"{engine}/{name}"
+            folder = exports / venv / name
+            key = f"{venv}/{name}"
             if python is None:
                 results[key] = {"ok": None, "error": "not installed (see above)"}
                 if engine == "trtllm":
@@ -261,7 +275,7 @@ def main() -> int:
             if engine == "vllm":
                 fused = leading_end(picks(cfg), ("fused_norm",))
                 args += [str(cfg.shape["hidden"]), "2", str(cfg.tp), str(fused)]
-            results[key] = run_in(python, code, *args)
+            results[key] = run_in(python, checks[engine], *args)
     for key, value in results.items():
         log.append(f"{key}: {'ok' if value.get('ok') else 'NOT ok' if value.get('ok') is False else 'not checked'} "
                    f"{json.dumps({k: v for k, v in value.items() if k != 'ok'}, default=str)}")
