@@ -69,6 +69,8 @@ def trtllm(config: TunedConfig, tokens: int) -> Default:
 
 
 ENGINES = {"vllm": vllm, "sglang": sglang, "tokenweave": tokenweave, "trtllm": trtllm}
+SOURCES = {"vllm": vllm_facts.FUSION_DEFAULT_SOURCE, "sglang": sglang_facts.SOURCE, "tokenweave": tokenweave_facts.SOURCE,
+           "trtllm": trtllm_facts.SOURCE}
 
 
 def stand_in(kind: str, rows: list[Measured]) -> Measured | None:
@@ -138,7 +140,8 @@ def _line(engine: str, config: TunedConfig, tokens: int, rows: list[Measured]) -
 def markdown(engine: str, config: TunedConfig, rows: list[Measured], source: str) -> str:
     """The table for one tuned config, with the rows it came from named."""
     head = (f"### {engine} defaults vs tuned: {config.model} TP={config.tp} {config.device} {config.dtype}\n\n"
-            f"Tuned config: {source}; rows: {', '.join(sorted({m.source for m in rows}))}.\n\n"
+            f"Tuned config: {source}; rows: {', '.join(sorted({m.source for m in rows}))}; "
+            f"the engine's defaults: {SOURCES[engine]}.\n\n"
             "| tokens | engine default | our stand-in | ms | tuned pick | ms | default costs |\n"
             "|---|---|---|---|---|---|---|\n")
     body = "".join(_row(line) for line in lines(engine, config, rows))
