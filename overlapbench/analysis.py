@@ -10,15 +10,16 @@ only). No torch and no pandas here: `tune` and `report` must start fast.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from overlapbench import results
+from overlapbench import intervals, results
 from overlapbench.batches import decode_of
 from overlapbench.errors import UserError
-from overlapbench.knobs import DEFAULT
+from overlapbench.knobs import DEFAULT, show_value
 
 NOISY_CV = 0.02  # a point whose per-iteration CV exceeds this is flagged as noisy
 BOUND = "no_comm"  # the ideal, not a correct result: a bound to compare with, never a choice
@@ -124,7 +125,7 @@ class Measured:
             tokens=int(row["tokens"]), batch=tuple(row.get("batch") or (int(row["tokens"]),)), ms=float(row["ms"]),
             p10_ms=row.get("p10_ms"),
             p90_ms=row.get("p90_ms"), cv=row.get("cv"), samples=tuple(row.get("samples_ms") or ()),
-            checked=_is_checked(row), key=row_key(row), run_id=row.get("run_id"), git=row.get("git"), source=source,
+            checked=is_checked(row), key=row_key(row), run_id=row.get("run_id"), git=row.get("git"), source=source,
             pairing=row.get("pairing"), round_ids=tuple(row.get("round_ids") or ()),
             speedup=row.get("speedup"), speedup_ci=tuple(row["speedup_ci"]) if row.get("speedup_ci") else None,
             decode=decode_of(row), tflops=row.get("tflops"), peak_frac=row.get("peak_frac"),
@@ -168,14 +169,14 @@ class Store:
         return [(r, r.get("error") or "") for r in self.rows if r.get("status") != "ok"]
 
 
-def _is_checked(row: dict) -> bool:
+def is_checked(row: dict) -> bool:
     checked = row.get("checked")
     return row["strategy"] != BOUND if checked is None else bool(checked)
 
 
 def knob_text(knobs: dict) -> str:
     """Knobs set to something other than the library's choice, as `name=value` (may be empty)."""
-    return " ".join(f"{k}={v}" for k, v in knobs.items() if v not in (DEFAULT, None))
+    return " ".join(f"{k}={show_value(v)}" for k, v in knobs.items() if v not in (DEFAULT, None))
 
 
 def row_key(row: dict) -> str:
@@ -218,10 +219,9 @@ def _is_measured(row: dict) -> bool:
     return row.get("status") == "ok" and compared(row)
 
 
-def _check(row: dict, source: str) -> None:
-    missing = [name for name in _REQUIRED if row.get(name) is None]
-    if missing:
-        raise UserError(f"{source}: an ok row of {row.get('strategy')!r} has no '{missing[0]}'; the store is damaged")
+def _required(row: dict) -> tuple[str, ...]:
+    """The fields tune and report need of a row (results.read_rows checks them, with the line)."""
+    return _REQUIRED if _is_measured(row) else ()
 
 
 def read(paths: Iterable[str | Path], require_ok: bool = True) -> Store:
@@ -233,19 +233,16 @@ def read(paths: Iterable[str | Path], require_ok: bool = True) -> Store:
     paths = [Path(p) for p in paths]
     tagged = []
     for path in paths:
-        mine = last_per_key((row, str(path)) for row in results.read_rows(path))
+        mine = last_per_key((row, str(path)) for row in results.read_rows(path, _required))
         if require_ok and not any(_is_measured(row) for row, _ in mine):
-            raise UserError(f"{path}: no ok rows of the {COMPARED_TEXT} workloads; {_status_text([row for row, _ in mine])}")
+            raise UserError(f"{path}: no ok rows of the {COMPARED_TEXT} workloads; {status_text([row for row, _ in mine])}")
         tagged += mine
     kept = last_per_key(tagged)
-    for row, source in kept:
-        if _is_measured(row):
-            _check(row, source)
     measured = [Measured.of(row, source) for row, source in kept if _is_measured(row)]
     return Store(paths, [row for row, _ in kept], measured)
 
 
-def _status_text(rows: list[dict]) -> str:
+def status_text(rows: list[dict]) -> str:
     if not rows:
         return "the file is empty"
     counts = Counter(r.get("status") for r in rows)
@@ -289,6 +286,14 @@ def reference(rows: Iterable[Measured]) -> Measured | None:
     return min(pool, key=lambda m: m.ms) if pool else None
 
 
+def best_reference(rows: Iterable[Measured]) -> Measured | None:
+    """The reference strategy's fastest correct setting at one point (any knobs: the baseline's
+    all-reduce choice, its CTA budget, ...): the strongest reference there is. A verdict over the
+    default reference alone may rest on a weak one."""
+    candidates = [m for m in rows if m.strategy == m.group.reference_strategy and m.checked]
+    return min(candidates, key=lambda m: m.ms) if candidates else None
+
+
 def bound(rows: Iterable[Measured]) -> Measured | None:
     """The fastest `no_comm` row: the time with communication free."""
     bounds = [m for m in rows if m.strategy == BOUND]
@@ -297,8 +302,6 @@ def bound(rows: Iterable[Measured]) -> Measured | None:
 
 MIN_PAIRED = 3  # rounds in common before a paired ratio is trusted over the medians
 LEVEL = 0.95
-RESAMPLES = 2000
-SEED = 0
 
 
 def paired_ratios(a: Measured, b: Measured) -> list[float] | None:
@@ -323,19 +326,6 @@ def stored_speedup(m: Measured, ref: Measured) -> tuple[float, tuple[float, floa
     return m.speedup, m.speedup_ci
 
 
-TRIM = 0.1  # share of the rounds cut from each tail before averaging their log ratios
-
-
-def _trimmed_log_mean(logs, axis: int = -1):
-    """Mean of the log ratios along `axis` after cutting TRIM of them from each tail."""
-    import numpy as np
-
-    logs = np.sort(logs, axis=axis)
-    n = logs.shape[axis]
-    cut = int(n * TRIM) if n > 2 else 0
-    return np.take(logs, range(cut, n - cut), axis=axis).mean(axis=axis)
-
-
 def paired_estimate(ratios: list[float]) -> float:
     """A paired speedup from its per-round ratios: their geometric mean, 10% trimmed at each tail.
 
@@ -347,22 +337,14 @@ def paired_estimate(ratios: list[float]) -> float:
     """
     import numpy as np
 
-    return float(np.exp(_trimmed_log_mean(np.log(np.asarray(ratios, dtype=float)))))
+    return float(np.exp(intervals.trimmed_log_mean(np.log(np.asarray(ratios, dtype=float)))))
 
 
-def paired_ci(ratios: list[float], level: float = LEVEL, resamples: int = RESAMPLES, seed: int = SEED) -> tuple[float, float]:
-    """Percentile bootstrap interval of `paired_estimate` (rounds are independent draws: their
-    ratios are each taken at one moment), fixed seed: the same data give the same interval."""
-    import numpy as np  # only here: `--help` does not pay for it
-
-    logs = np.log(np.asarray(ratios, dtype=float))
-    if logs.size < 2:
-        return float(np.exp(logs[0])), float(np.exp(logs[0]))
-    index = np.random.default_rng(seed).integers(0, logs.size, size=(resamples, logs.size))
-    estimates = _trimmed_log_mean(logs[index], axis=1)
-    tail = (1 - level) / 2
-    lo, hi = np.exp(np.quantile(estimates, [tail, 1 - tail]))
-    return float(lo), float(hi)
+def paired_ci(ratios: list[float], level: float = LEVEL) -> tuple[float, float]:
+    """The `level` interval of `paired_estimate`: rounds are independent draws (each ratio is
+    taken at one moment); intervals.paired_interval keeps its coverage at a few rounds too."""
+    lo, hi = intervals.paired_interval([math.log(r) for r in ratios], level)
+    return math.exp(lo), math.exp(hi)
 
 
 def speedup(m: Measured, ref: Measured | None) -> float | None:

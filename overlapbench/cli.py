@@ -60,16 +60,18 @@ def sweep(
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep (the --output file, else the newest results/{name}-*.jsonl): skip points already done."),
     nproc: int | None = typer.Option(None, "--nproc", help="Processes to launch when not under torchrun. Default: all local GPUs, or 2 on CPU."),
     profile: Path | None = typer.Option(None, "--profile", help="Also profile each point: a kernel table per point into this folder (needs CUDA GPUs)."),
+    force: bool = typer.Option(False, "--force", help="Run even when the size check refuses: a spec estimated to need more host memory than this machine has, or a GPU-sized spec (no cpu: section) on a machine without GPUs."),
 ) -> None:
     """Measure every strategy x knob setting x batch of a spec; append one row per point.
 
     Under torchrun it runs as launched (any number of nodes); started plainly it re-launches
-    itself on all local GPUs (or 2 gloo processes on CPU). Every point is checked against
+    itself on all local GPUs (or 2 gloo processes on CPU), after checking that the spec fits
+    the machine (memory, and on CPU its size: see --force). Every point is checked against
     baseline's output before it is timed.
     """
-    from overlapbench import launch
+    from overlapbench import footprint, launch, launch_log
     from overlapbench import spec as spec_mod
-    from overlapbench.results import check_writable
+    from overlapbench.results import check_writable, kept
 
     path = spec or QUICK_SPEC
     if profile is not None and launch.local_gpus() == 0:
@@ -77,6 +79,7 @@ def sweep(
     if launch.under_torchrun():
         from overlapbench import sweep as sweep_mod
 
+        launch.as_worker()
         loaded = spec_mod.load(path, cuda=launch.local_gpus() > 0)
         out = output or loaded.output_path(resume)
         if profile is not None:
@@ -92,25 +95,54 @@ def sweep(
     world = nproc or launch.default_nproc()
     warning = launch.oversubscription(world)
     if warning:
-        err_console.print(printing.styled(("warning:", "bold yellow"), f" {warning}"), soft_wrap=True)
+        _warn(warning)
     loaded = spec_mod.load(path, cuda=cuda)
-    loaded.points(world, cuda=cuda)  # validates tp against the world size
+    points = loaded.points(world, cuda=cuda)  # validates tp against the world size
+    size = footprint.estimate(loaded, points, cuda)
+    if not force:
+        try:
+            warning = footprint.check(loaded, size, world, cuda, launch.gpu_memory_bytes())
+        except UserError as e:
+            raise UserError(f"{path}: {e}") from None
+        if warning:
+            _warn(warning)
     out = output or loaded.output_path(resume)
-    check_writable(out, resume)
+    done = check_writable(out, resume, loaded.name)
+    if done and all(p.key() in done for p in points) and loaded.comm is None:
+        console.print(f"{out}: every point of {loaded.name} ({len(points)}) is done already; nothing to run", soft_wrap=True)
+        return
     args = ["sweep", str(path), "--output", str(out)] + (["--resume"] if resume else [])
     args += ["--profile", str(profile)] if profile is not None else []
+    log, oom_before = launch_log.path_for(out), launch_log.oom_kills()
     try:
-        code = launch.relaunch(args, world)
+        code = launch.relaunch(args, world, log)
     except launch.Interrupted:
+        log.unlink(missing_ok=True)
         raise launch.Interrupted(_interrupted(spec, out)) from None
-    if code:
-        err_console.print(printing.styled(("sweep failed", "bold red"), f" (exit {code}); finished rows are in {out}; `--resume` continues"))
-        raise typer.Exit(code)
+    if not code:
+        log.unlink(missing_ok=True)
+        return
+    memory = f"this run needs about {footprint.gib(size.memory_bytes)} per process, {world} processes"
+    what = launch_log.explain(log, oom_before, memory)
+    if what is not None:
+        rows = kept(out, f"`overlapbench sweep{_named(spec)} --output {out} --resume` skips them")
+        err_console.print(printing.styled(("sweep failed:", "bold red"), f" {what} {rows[0].upper()}{rows[1:]}."), soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _warn(text: str) -> None:
+    err_console.print(printing.styled(("warning:", "bold yellow"), f" {text}"), soft_wrap=True)
 
 
 def _interrupted(spec: Path | None, out: Path) -> str:
-    named = "" if spec is None else f" {spec}"
-    return f"interrupted; finished rows are in {out}; continue with: overlapbench sweep{named} --output {out} --resume"
+    from overlapbench.results import kept
+
+    return f"interrupted; {kept(out, f'continue with: overlapbench sweep{_named(spec)} --output {out} --resume')}"
+
+
+def _named(spec: Path | None) -> str:
+    """The spec as the command line named it (nothing for the built-in demo)."""
+    return "" if spec is None else f" {spec}"
 
 
 @app.command()
@@ -120,7 +152,7 @@ def comm(
     max_bytes: str | None = typer.Option(None, "-e", "--max-bytes", help="Largest size. Default: 1G on GPUs, 64K on CPU."),
     factor: int = typer.Option(2, "-f", "--factor", help="Each size is the previous one times this."),
     ops: str | None = typer.Option(None, "--ops", help="Comma list of all_reduce, all_gather, reduce_scatter. Default: all."),
-    paths: str | None = typer.Option(None, "--paths", help="Comma list of nccl (gloo on CPU), symm_one_shot, symm_two_shot, fused_norm (the layer's fused kernel: v2 pull), fused_norm_push and fused_norm_pull_push (v2's other variants), fused_norm_v1, copy_engine, copy_engine_norm, nccl_symm (NCCL's symmetric kernels on registered windows, NCCL 2.27+). Default: all but nccl_symm (not yet run on a GPU: name it to try it)."),
+    paths: str | None = typer.Option(None, "--paths", help="Comma list of nccl (gloo on CPU), symm_one_shot, symm_two_shot, fused_norm (the layer's fused kernel: v2 pull), fused_norm_push and fused_norm_pull_push (v2's other variants), fused_norm_v1, copy_engine, copy_engine_norm, nccl_symm (NCCL's symmetric kernels on registered windows, NCCL 2.27+). Default: all."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on GPUs, fp32 on CPU) | bf16 | fp16 | fp32."),
     nccl_max_ctas: str | None = typer.Option(None, "--nccl-max-ctas", help="NCCL CTA budgets (max_ctas; nccl_symm: exactly that many, min_ctas = max_ctas), 'default' or 1..64. Default: default,4,8,16,32."),
     comm_ctas: str | None = typer.Option(None, "--comm-ctas", help="CTA budgets of the fused all-reduce+RMSNorm kernel and of the copy-engine path's add+norm kernel. Default: 1,2,4,8,16,32,64."),
@@ -155,18 +187,25 @@ def comm(
 @app.command()
 @user_errors
 def tune(
-    results: list[Path] | None = typer.Argument(None, metavar="RESULTS.jsonl", help="Results files, read in order (a later row for a point wins). Default: the latest in results/."),
+    results: list[Path] | None = typer.Argument(None, metavar="RESULTS.jsonl", help="Results files, read in order (a later row for a point wins). Default: the newest in results/ holding a sweep's rows (layer or micro; not comm's)."),
     out_dir: Path = typer.Option(Path("results/tuned"), "--out-dir", help="Where the tuned YAMLs go."),
     min_gain: float = typer.Option(0.01, "--min-gain", metavar="FRACTION", help="How much faster, beyond the noise, a strategy must be to replace a simpler one (0.01: 1%; 0: any gain)."),
 ) -> None:
     """Choose the best strategy and knobs per token range; write one tuned YAML per
     (device, world size, tp, shape, dtype) of the layer workload (micro runs: see report). A
     strategy replaces a simpler one only if it is faster by --min-gain beyond the noise (95%
-    bootstrap interval of the speedup above 1 + min-gain); ties go to the simpler strategy."""
+    interval of the speedup above 1 + min-gain; too few samples never replace); ties go to the
+    simpler strategy. Each pick is also said against the fastest baseline setting (vs best)."""
     from overlapbench import results as results_mod
     from overlapbench import tune as tune_mod
+    from overlapbench.spec import WORKLOADS
 
-    paths = results or [_newest_results(results_mod)]
+    paths = [_file_of(p, results_mod, WORKLOADS) for p in results] if results else [_newest_results(results_mod, WORKLOADS)]
+    for path in paths:
+        kinds = results_mod.workloads_in(path)
+        if kinds and not kinds & set(WORKLOADS):
+            raise UserError(f"{path}: holds {'/'.join(sorted(kinds))} rows, which tune does not choose from; tune reads a "
+                            f"sweep's results (`overlapbench report {path}` shows these)")
     for path in tune_mod.run(paths, out_dir, console, min_gain):
         console.print(f"wrote {path}")
 
@@ -192,7 +231,7 @@ def export(
 @app.command()
 @user_errors
 def report(
-    results: list[Path] | None = typer.Argument(None, metavar="RESULTS.jsonl", help="Results files, read in order (a later row for a point wins). Default: the latest in results/."),
+    results: list[Path] | None = typer.Argument(None, metavar="RESULTS.jsonl", help="Results files, read in order (a later row for a point wins). Default: the newest in results/ holding a sweep's rows (layer or micro), else the newest."),
     fmt: str = typer.Option("table", "--format", help="table | markdown | csv | json (csv/json: one record per cell, to stdout)."),
     sensitivity: str | None = typer.Option(None, "--sensitivity", metavar="STRATEGY", help="Show one strategy's knob grid (ms per setting) at --tokens."),
     tokens: int | None = typer.Option(None, "--tokens", metavar="N", help="The token count for --sensitivity."),
@@ -208,8 +247,13 @@ def report(
     share of the exposed communication hidden; the winner marked, noisy cells flagged."""
     from overlapbench import report as report_mod
     from overlapbench import results as results_mod
+    from overlapbench.spec import WORKLOADS
 
-    paths = results or ([] if compare else [_newest_results(results_mod)])
+    def file_of(path: Path) -> Path:
+        return _file_of(path, results_mod, WORKLOADS, fallback=True)
+
+    paths = [file_of(p) for p in results] if results else ([] if compare else [_newest_results(results_mod, WORKLOADS, fallback=True)])
+    compare = None if compare is None else (file_of(compare[0]), file_of(compare[1]))
     code = report_mod.run(paths, fmt, console, sensitivity=sensitivity, tokens=tokens, plot_path=plot,
                           plot_metric=plot_metric, compare_paths=compare, fail_above=fail_above, profile_dir=profile,
                           rounds=rounds)
@@ -217,11 +261,24 @@ def report(
         raise typer.Exit(code)
 
 
-def _newest_results(results_mod) -> Path:
-    """The newest results file, said on stderr: a command given no file tells which it read."""
-    path = results_mod.latest()
-    err_console.print(f"reading {path} (the newest results file; name one to choose)", soft_wrap=True)
+def _newest_results(results_mod, workloads: tuple[str, ...], fallback: bool = False,
+                    folder: Path = Path("results")) -> Path:
+    """The newest results file in `folder` holding rows of `workloads` (with `fallback`, else the
+    newest of any kind), said on stderr: a command given no file tells which it read."""
+    kind = "results file with a sweep's rows"
+    try:
+        path = results_mod.latest(folder, workloads=workloads)
+    except UserError:
+        if not fallback:
+            raise
+        path, kind = results_mod.latest(folder), "results file"
+    err_console.print(f"reading {path} (the newest {kind} in {folder}/; name one to choose)", soft_wrap=True)
     return path
+
+
+def _file_of(path: Path, results_mod, workloads: tuple[str, ...], fallback: bool = False) -> Path:
+    """A results file as given, or for a folder the newest results file in it (as `_newest_results`)."""
+    return _newest_results(results_mod, workloads, fallback, folder=path) if path.is_dir() else path
 
 
 @app.command("strategies")
@@ -239,8 +296,9 @@ def list_strategies() -> None:
             where += ", symmetric memory"
         if needs.min_world_size > 1:
             where += f", >= {needs.min_world_size} ranks"
-        console.print(printing.styled((cls.name, "bold"), f": {cls.summary}"))
-        console.print(printing.styled((f"runs on {where}; workloads: {', '.join(needs.workloads)}", "dim")))
+        # prose: wrapped at words to the width (a pipe: 80 columns)
+        console.print(printing.styled((cls.name, "bold"), f": {cls.summary}"), soft_wrap=False)
+        console.print(printing.styled((f"runs on {where}; workloads: {', '.join(needs.workloads)}", "dim")), soft_wrap=False)
         table = printing.table("knob", "domain", "default", "what it does", keep=("knob",), show_edge=False)
         for knob in cls.knobs:
             table.add_row(knob.name, knob.domain(), show_value(knob.default), knob.help)
@@ -262,12 +320,25 @@ def models(
     if config is not None:
         return _show_config(config)
     columns = ("hidden", "ffn", "heads", "kv_heads", "head_dim", "eps", "rope_theta")
-    table = printing.table("preset", *columns, "attention", "experts", keep=("preset",))
+    table = printing.table("preset", *columns, keep=("preset",), **printing.COMPACT)
+    notes = []
     for name, s in PRESETS.items():
-        attention = ", ".join(text for on, text in ((s.qkv_bias, "qkv_bias"), (s.qk_norm, "qk_norm")) if on) or "-"
-        experts = f"{s.experts} (top_k {s.top_k}, expert_ffn {s.expert_ffn})" if s.moe else "-"
-        table.add_row(name, *(str(getattr(s, c)) for c in columns), attention, experts)
+        table.add_row(name, *(_plain_number(getattr(s, c)) for c in columns))
+        extras = [text for on, text in ((s.qkv_bias, "qkv_bias"), (s.qk_norm, "qk_norm")) if on]
+        if s.moe:
+            extras.append(f"experts {s.experts}, top_k {s.top_k}, expert_ffn {s.expert_ffn}")
+        if extras:
+            notes.append(f"  {name}: {'; '.join(extras)}")
     printing.print_table(console, table)
+    if notes:  # beside the table they would take it past 80 columns
+        console.print(printing.styled(("attention details and experts (the others: none):", "dim")))
+        for note in notes:
+            console.print(note, soft_wrap=False)
+
+
+def _plain_number(x: float) -> str:
+    """500000.0 as 500000 (as a spec would say it), 1e-05 as itself."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 def _show_config(path: Path) -> None:
@@ -298,10 +369,11 @@ def env(as_json: bool = typer.Option(False, "--json", help="Print the facts as J
         console.print_json(json.dumps(facts))
         return
     topology = facts.pop("topology", None)
-    table = printing.table("fact", "value", keep=("fact",), show_header=False)
-    for key, value in facts.items():
-        table.add_row(key, json.dumps(value) if isinstance(value, (dict, list)) else str(value))
-    printing.print_table(console, table)
+    import yaml
+
+    # YAML, as specs are written: null and true, nested facts indented, long text wrapped at 80
+    plain = json.loads(json.dumps(facts, default=str))  # version objects as their text
+    console.print(yaml.safe_dump(plain, sort_keys=False, width=78, allow_unicode=True).rstrip(), soft_wrap=True)
     if topology:
         console.print(topology)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 
 
 class UserError(Exception):
@@ -15,6 +16,26 @@ def field_name(key) -> str:
     """A spec key as it may appear in a one-line error: itself when plain, else its repr
     (a key holding a newline or a non-string key would otherwise break the line or mislead)."""
     return key if isinstance(key, str) and key.isprintable() and key.strip() == key and key else repr(key)
+
+
+def shown(value) -> str:
+    """A value in a message as the user wrote it in YAML or JSON, not as Python prints it:
+    null, true, 1.5, 'text', [1, 2], {"a": 1}."""
+    if isinstance(value, str):  # one that would break the line: escaped, as JSON writes it
+        return f"'{value}'" if value.isprintable() else json.dumps(value)
+    try:
+        return json.dumps(value, allow_nan=True)
+    except (TypeError, ValueError):  # not a YAML/JSON value (a Path, say): its text
+        return f"'{value}'"
+
+
+def unreadable(e: OSError | UnicodeDecodeError) -> str:
+    """Why a file could not be read, in words rather than an exception's class name."""
+    if isinstance(e, UnicodeDecodeError):
+        return "not text (a binary file?)"
+    if isinstance(e, IsADirectoryError):
+        return "a folder, not a file"
+    return e.strerror or "an I/O error"
 
 
 def did_you_mean(word: str, choices) -> str:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from overlapbench.errors import UserError
+from overlapbench.errors import UserError, shown, unreadable
 from overlapbench.models import ModelShape
 
 
@@ -90,7 +90,7 @@ def read(path: str | Path) -> HFModel:
         raise UserError(f"{path}: no such config file; give a Hugging Face config.json "
                         f"(a relative path is relative to the spec's folder)") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: cannot read the config ({e.__class__.__name__})") from None
+        raise UserError(f"{path}: cannot read the config: {unreadable(e)}") from None
     except json.JSONDecodeError as e:
         raise UserError(f"{path}: not valid JSON at line {e.lineno}; give a Hugging Face config.json") from None
     try:
@@ -116,7 +116,7 @@ class _Reader:
             return default
         value = self.data[key]
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise UserError(f"{key}: must be an integer >= {minimum}, got {value!r}")
+            raise UserError(f"{key}: must be an integer >= {minimum}, got {shown(value)}")
         self.sources[key] = key
         return value
 
@@ -126,7 +126,7 @@ class _Reader:
             return default
         value = self.data[key]
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-            raise UserError(f"{key}: must be a positive number, got {value!r}")
+            raise UserError(f"{key}: must be a positive number, got {shown(value)}")
         self.sources[key] = key
         return float(value)
 
@@ -135,7 +135,7 @@ class _Reader:
         if value is None:
             return False
         if not isinstance(value, bool):
-            raise UserError(f"{key}: must be true or false, got {value!r}")
+            raise UserError(f"{key}: must be true or false, got {shown(value)}")
         return value
 
 
@@ -144,10 +144,10 @@ def _rope(r: _Reader, family: Family, notes: list[str]) -> tuple[float, str]:
     scaling, which changes the cos/sin table's values, not the work, and is not modelled."""
     params = r.data.get("rope_parameters")
     if params is not None and not isinstance(params, dict):
-        raise UserError(f"rope_parameters: must be a mapping, got {params!r}")
+        raise UserError(f"rope_parameters: must be a mapping, got {shown(params)}")
     scaling = r.data.get("rope_scaling")
     if scaling is not None and not isinstance(scaling, dict):
-        raise UserError(f"rope_scaling: must be a mapping or null, got {scaling!r}")
+        raise UserError(f"rope_scaling: must be a mapping or null, got {shown(scaling)}")
     if r.present("rope_theta"):
         theta = r.number("rope_theta", family.rope_theta)
         where = "rope_theta"
@@ -160,7 +160,7 @@ def _rope(r: _Reader, family: Family, notes: list[str]) -> tuple[float, str]:
         kind = (section or {}).get("rope_type") or (section or {}).get("type")
         if kind not in (None, "default"):
             factor = section.get("factor")
-            notes.append(f"{name}: RoPE scaling {kind!r}{'' if factor is None else f' (factor {factor})'} is not "
+            notes.append(f"{name}: RoPE scaling {shown(kind)}{'' if factor is None else f' (factor {factor})'} is not "
                          f"modelled: RoPE uses plain rope_theta (the table's values differ, not the work)")
     return theta, where
 
@@ -172,7 +172,7 @@ def _moe(r: _Reader, family: Family) -> dict:
     step = r.int("decoder_sparse_step", 1, minimum=0)
     dense_layers = r.data.get("mlp_only_layers") or []
     if not isinstance(dense_layers, list):
-        raise UserError(f"mlp_only_layers: must be a list of layer indices, got {dense_layers!r}")
+        raise UserError(f"mlp_only_layers: must be a list of layer indices, got {shown(dense_layers)}")
     if step != 1 or dense_layers:
         raise UserError("decoder_sparse_step / mlp_only_layers: this config mixes dense and MoE layers; "
                         "overlapbench measures a stack of identical layers (decoder_sparse_step 1, no mlp_only_layers)")
@@ -192,7 +192,7 @@ def from_config(data: Any, name: str) -> HFModel:
         raise UserError(f"not a JSON object of config fields (got {type(data).__name__}); give a Hugging Face config.json")
     kind = data.get("model_type")
     if kind not in FAMILIES:
-        got = "missing" if kind is None else f"{kind!r} is not supported"
+        got = "missing" if kind is None else f"{shown(kind)} is not supported"
         raise UserError(f"model_type: {got}; supported: {', '.join(SUPPORTED)}")
     family, r, notes = FAMILIES[kind], _Reader(data), []
     hidden, heads = r.int("hidden_size"), r.int("num_attention_heads")
@@ -222,7 +222,7 @@ def from_config(data: Any, name: str) -> HFModel:
                      f"(the same for sequences up to {window} tokens)")
     act = data.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
-        notes.append(f"hidden_act: {act!r} is modelled as SiLU (the same GEMMs)")
+        notes.append(f"hidden_act: {shown(act)} is modelled as SiLU (the same GEMMs)")
     moe = _moe(r, family) if family.moe else {}
     ffn_key = "intermediate_size" if not family.moe or r.present("intermediate_size") else "moe_intermediate_size"
     ffn = r.int(ffn_key)

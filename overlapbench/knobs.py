@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from overlapbench.errors import UserError
+from overlapbench.errors import UserError, shown
 
 DEFAULT = "default"  # a knob value meaning "leave it to the library"
 
@@ -69,13 +69,13 @@ class Knob:
         if self.choices is not None and value in self.choices and not isinstance(value, bool):
             return value
         if self.bounds is None and self.choices is not None:
-            raise UserError(f"{where}: {value!r} is not one of {self.domain()}")
+            raise UserError(f"{where}: {shown(value)} is not one of {self.domain()}")
         if self.type is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, self.type) or (self.type is int and isinstance(value, bool)):
-            raise UserError(f"{where}: {value!r} is not {_with_article(self.domain())}")
+            raise UserError(f"{where}: {shown(value)} is not {_with_article(self.domain())}")
         if self.bounds is not None and not self.bounds[0] <= value <= self.bounds[1]:
-            raise UserError(f"{where}: {value!r} is outside {self.domain()}")
+            raise UserError(f"{where}: {shown(value)} is outside {self.domain()}")
         return value
 
 
@@ -91,13 +91,21 @@ NCCL_SYMM = Knob(
     "nccl_symm", bool, False,
     "true: NCCL's collectives on buffers registered as symmetric windows, so that NCCL (2.27+) runs its "
     "symmetric kernels (peer loads and stores, no multicast) on exactly nccl_max_ctas CTAs (default: its "
-    "own choice); false: plain buffers (its ring kernels). Not yet run on a GPU: name it to try it",
+    "own choice); false: plain buffers (its ring kernels)",
     sparse=True,
+)
+ALLREDUCE = Knob(
+    "allreduce", str, "nccl",
+    "the all-reduce's kernel: nccl (NCCL's, as nccl_max_ctas and nccl_symm say); one_shot or two_shot: "
+    "PyTorch's symmetric-memory all-reduce (torch.ops.symm_mem: every rank loads its peers' partials, "
+    "no multicast), the peer-memory kernels engines run below their size limits (vLLM's custom and "
+    "symmetric-memory all-reduce, TensorRT-LLM's ONESHOT/TWOSHOT)",
+    choices=("nccl", "one_shot", "two_shot"), sparse=True,
 )
 COMM = Knob(
     "comm", str, "nccl",
     "nccl: async NCCL all-reduce + fused add/RMSNorm; nccl_symm: the same on a registered symmetric "
-    "window (NCCL's symmetric kernel on exactly the comm_ctas budgets; not yet run on a GPU); fused: one "
+    "window (NCCL's symmetric kernel on exactly the comm_ctas budgets); fused: one "
     "symmetric-memory all-reduce+norm kernel; copy_engine: reduce-scatter and all-gather by the copy "
     "engines, add+norm in a local few-CTA kernel; none: no reduction (a bound, not a correct result: "
     "what the split alone costs)",
@@ -126,3 +134,11 @@ def comm_ctas(name: str, what: str) -> Knob:
     return Knob(name, int, 8, f"CTA budget of the fused all-reduce+norm kernel, of the copy-engine path's "
                 f"add+norm kernel, or of NCCL's symmetric all-reduce (exactly that many), {what}",
                 bounds=(1, MAX_COMM_CTAS))
+# issue 36 (long prompts): how many chunks a split cuts the batch into. Sparse: 2, TokenWeave's
+# schedule, keeps the point keys of the rows measured before the knob existed.
+CHUNKS = Knob(
+    "chunks", int, 2,
+    "chunks the batch is cut into: 2 = TokenWeave's two halves; more: each chunk's reduction hides under "
+    "the next chunk's compute, and the exposed tail (the last chunk's MLP reduction) shrinks to 1/chunks",
+    bounds=(2, 16), sparse=True,
+)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 
-from overlapbench.errors import UserError, did_you_mean
+from overlapbench.errors import UserError, did_you_mean, shown
 
 
 @dataclass(frozen=True)
@@ -35,14 +35,14 @@ class ModelShape:
         for name in ("hidden", "ffn", "heads", "kv_heads", "head_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise UserError(f"shape.{name}: must be a positive integer, got {value!r}")
+                raise UserError(f"shape.{name}: must be a positive integer, got {shown(value)}")
         for name in ("qkv_bias", "qk_norm"):
             if not isinstance(getattr(self, name), bool):
-                raise UserError(f"shape.{name}: must be true or false, got {getattr(self, name)!r}")
+                raise UserError(f"shape.{name}: must be true or false, got {shown(getattr(self, name))}")
         for name in ("experts", "top_k", "expert_ffn"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise UserError(f"shape.{name}: must be an integer >= 0, got {value!r}")
+                raise UserError(f"shape.{name}: must be an integer >= 0, got {shown(value)}")
         if self.experts and not (1 <= self.top_k <= self.experts and self.expert_ffn):
             raise UserError(
                 f"shape.top_k: a MoE shape (experts={self.experts}) needs 1 <= top_k <= experts "
@@ -57,7 +57,7 @@ class ModelShape:
         if self.head_dim % 2:
             raise UserError(f"shape.head_dim: must be even for RoPE, got {self.head_dim}")
         if not self.eps > 0:
-            raise UserError(f"shape.eps: must be positive, got {self.eps!r}")
+            raise UserError(f"shape.eps: must be positive, got {shown(self.eps)}")
 
     @property
     def moe(self) -> bool:
@@ -70,12 +70,13 @@ class ModelShape:
 
     def check_tp(self, tp: int) -> None:
         """Megatron sharding needs tp to divide heads, kv_heads and the MLP's width."""
-        for name in ("heads", "kv_heads", "expert_ffn" if self.moe else "ffn"):
+        mlp = "expert_ffn" if self.moe else "ffn"
+        for name in ("heads", "kv_heads", mlp):
             value = getattr(self, name)
             if value % tp:
                 raise UserError(
-                    f"tp: {tp} does not divide shape.{name}={value}; "
-                    f"choose a tp that divides heads, kv_heads and {name}"
+                    f"tp: {tp} does not divide shape.{name}={value}; choose a tp that divides "
+                    f"heads ({self.heads}), kv_heads ({self.kv_heads}) and {mlp} ({getattr(self, mlp)})"
                 )
 
     def as_dict(self) -> dict:

@@ -9,7 +9,10 @@ rank in the same order, outside CUDA-graph capture. Each rank's tensor starts it
 segment, so views at the same offset on every rank are symmetric buffers, which is what NCCL
 asks of both the input and the output of a collective before it picks a symmetric kernel
 (otherwise it quietly runs its ring). `runtime.Runtime.window` is the one caller: one window
-per process group (its CTA budget) and dtype, kept for the run.
+per process group (its CTA budget) and dtype, kept for the run, and `release`d by
+`runtime.Runtime.close` before the process group is destroyed: a pool that outlives its
+communicator aborts the process at exit (torch 2.11 + NCCL 2.28: `NCCL communicator was aborted`,
+thrown from `MemPool`'s destructor after every row was written).
 
 Torch is imported inside the functions: `layout` serves the torch-free comm planning.
 """
@@ -139,3 +142,20 @@ def register(group: dist.ProcessGroup, device: torch.device, numel: int, dtype: 
             f"NCCL window of {numel} elements: {failure}")
     backend.register_mem_pool(pool, symm=True)
     return NcclWindow(tensor, pool, group)
+
+
+def release(window: NcclWindow, device: torch.device) -> None:
+    """Deregister `window`'s pool from its group and drop the window's memory, while the group's
+    communicator still lives. Local to this rank (NCCL's window deregistration takes no
+    collective), so it is safe on an interrupted run too. The caller drops every view of the
+    window first; what still holds one keeps its block until it dies, outside the pool's
+    registration."""
+    import torch
+
+    if window.pool is None:
+        return
+    deregister = getattr(window.group._get_backend(device), "deregister_mem_pool", None)
+    if deregister is not None:  # torch releases without it register nothing they would have to undo
+        deregister(window.pool)
+    window.tensor, window.pool = None, None  # the pool's destructor gives its segments back now
+    torch.cuda.empty_cache()

@@ -24,6 +24,9 @@ def styled(*parts: str | tuple[str, str]) -> Text:
     return Text.assemble(*parts)
 
 
+COMPACT = {"box": None, "pad_edge": False}  # no lines: two spaces between columns, where boxes take three
+
+
 def table(*columns: str, keep: tuple[str, ...] = (), **options) -> Table:
     """A table whose cells wrap (fold) when squeezed instead of being cut with an ellipsis;
     the `keep` columns (names users type, such as presets) never wrap."""

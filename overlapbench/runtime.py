@@ -5,11 +5,13 @@ windows (`Runtime.window`, through overlapbench/nccl_windows.py), one per proces
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import socket
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -149,10 +151,34 @@ class Runtime:
         failure = self.first_failure(None if error is None else {"status": "failed", "error": error})
         return None if failure is None else failure["error"]
 
+    def close(self, clean: bool = True) -> None:
+        """Give back what the run holds, then leave the process group. The order matters: NCCL
+        windows are deregistered and freed while their communicators live (nccl_windows.release),
+        then the groups go. `clean`: every rank got here (a finished run): wait for the device
+        and for the other ranks first. Otherwise (an interrupt, an error) nothing collective or
+        blocking runs: a peer may be gone or stuck; the windows are still released, and the
+        process group is left to the exit, as torch does."""
+        if clean and self.is_cuda:
+            torch.cuda.synchronize(self.device)
+        if clean:
+            dist.barrier(group=self.control)
+        windows = [w for key, made in self._resources.items() if _is_window_key(key) for w in made]
+        self._resources.clear()  # the steps' buffers and kernels, which may view the windows
+        gc.collect()
+        for window in windows:
+            nccl_windows.release(window, self.device)
+        if clean:
+            self._groups.clear()
+            dist.destroy_process_group()
+
     def max_over_ranks(self, value: float) -> float:
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t.item())
+
+
+def _is_window_key(key: Any) -> bool:
+    return isinstance(key, tuple) and key[:1] == ("nccl_window",)
 
 
 @dataclass
@@ -238,6 +264,19 @@ def init(timeout_s: int, nccl_tuning_log: bool = False) -> Runtime:
         dist.init_process_group(backend, timeout=timeout, **kwargs)
     control = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
     return Runtime(rank, world, local_rank, device, backend, control, tuning_log=log)
+
+
+@contextmanager
+def session(timeout_s: int, nccl_tuning_log: bool = False) -> Iterator[Runtime]:
+    """`init`, and `Runtime.close` however the body ends: a clean close after it returns, a
+    local one (no collectives) when it raises or is interrupted."""
+    rt = init(timeout_s, nccl_tuning_log)
+    try:
+        yield rt
+    except BaseException:
+        rt.close(clean=False)
+        raise
+    rt.close()
 
 
 @dataclass

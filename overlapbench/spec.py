@@ -25,7 +25,7 @@ from overlapbench.comm.paths import OPS as COMM_OPS
 from overlapbench.comm.paths import PATHS as COMM_PATHS
 from overlapbench.comm.paths import PATHS_BY_OP
 from overlapbench.comm.sizes import comm_sizes
-from overlapbench.errors import UserError, did_you_mean, field_name, reject_unknown_keys
+from overlapbench.errors import UserError, did_you_mean, field_name, reject_unknown_keys, shown, unreadable
 
 DTYPES = ("auto", "bf16", "fp16", "fp32")
 DEFAULT_TOLERANCE = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}
@@ -36,7 +36,7 @@ WORKLOADS = ("layer", "gemm_ag", "gemm_rs")  # the layer stack, or one GEMM with
 
 def _positive_int(value: Any, where: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise UserError(f"{where}: must be a positive integer, got {value!r}")
+        raise UserError(f"{where}: must be a positive integer, got {shown(value)}")
     return value
 
 
@@ -77,30 +77,30 @@ class Measure:
 
     def __post_init__(self) -> None:
         if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) or self.warmup < 0:
-            raise UserError(f"measure.warmup: must be an integer >= 0, got {self.warmup!r}")
+            raise UserError(f"measure.warmup: must be an integer >= 0, got {shown(self.warmup)}")
         _positive_int(self.iters, "measure.iters")
         for name in ("warmup_s", "min_time_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 600:
-                raise UserError(f"measure.{name}: must be a number of seconds in [0, 600], got {value!r}")
+                raise UserError(f"measure.{name}: must be a number of seconds in [0, 600], got {shown(value)}")
         _positive_int(self.timeout_s, "measure.timeout_s")
         if not isinstance(self.graphs, bool):
-            raise UserError(f"measure.graphs: must be true or false, got {self.graphs!r}")
+            raise UserError(f"measure.graphs: must be true or false, got {shown(self.graphs)}")
         if self.tolerance is not None and (
             not isinstance(self.tolerance, (int, float))
             or isinstance(self.tolerance, bool)
             or not self.tolerance > 0
         ):
-            raise UserError(f"measure.tolerance: must be a positive number, got {self.tolerance!r}")
+            raise UserError(f"measure.tolerance: must be a positive number, got {shown(self.tolerance)}")
         if self.check not in CHECKS:
-            raise UserError(f"measure.check: must be one of {', '.join(CHECKS)}, got {self.check!r}")
+            raise UserError(f"measure.check: must be one of {', '.join(CHECKS)}, got {shown(self.check)}")
         if self.interleave not in (True, False, "auto"):
-            raise UserError(f"measure.interleave: must be true, false or auto, got {self.interleave!r}")
+            raise UserError(f"measure.interleave: must be true, false or auto, got {shown(self.interleave)}")
         _positive_int(self.rounds, "measure.rounds")
         for name, top in (("span_ms", 60_000), ("ci_target", 1), ("time_factor", 100)):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= top:
-                raise UserError(f"measure.{name}: must be a number in (0, {top}], got {value!r}")
+                raise UserError(f"measure.{name}: must be a number in (0, {top}], got {shown(value)}")
 
     def checks_against_fp32(self, tp: int, moe: bool, dtype: str) -> bool:
         """Whether points are checked against the fp32 truth (see `check`), not baseline's output."""
@@ -156,7 +156,7 @@ def _grid(name: str, knobs: Any, where: str) -> StrategyGrid:
             raise UserError(f"{where}.{knob}: empty list; give at least one value")
         repeated = [v for i, v in enumerate(values) if v in values[:i]]
         if repeated:
-            raise UserError(f"{where}.{knob}: {repeated[0]!r} is listed twice; remove the duplicate")
+            raise UserError(f"{where}.{knob}: {shown(repeated[0])} is listed twice; remove the duplicate")
         grid[knob] = values
     return StrategyGrid(name, grid, where)
 
@@ -265,7 +265,7 @@ def _items(value: Any, where: str) -> tuple:
         raise UserError(f"{where}: empty; give at least one value")
     repeated = [v for i, v in enumerate(items) if v in items[:i]]
     if repeated:
-        raise UserError(f"{where}: {repeated[0]!r} is listed twice; remove the duplicate")
+        raise UserError(f"{where}: {shown(repeated[0])} is listed twice; remove the duplicate")
     return items
 
 
@@ -273,7 +273,7 @@ def _names(value: Any, allowed: tuple[str, ...], where: str) -> tuple[str, ...]:
     items = _items(value, where)
     for item in items:
         if item not in allowed:
-            raise UserError(f"{where}: unknown {item!r}{did_you_mean(item, allowed)}; known: {', '.join(allowed)}")
+            raise UserError(f"{where}: unknown {shown(item)}{did_you_mean(item, allowed)}; known: {', '.join(allowed)}")
     return items
 
 
@@ -345,6 +345,7 @@ class SweepSpec:
     workload: str = "layer"  # or a micro workload (WORKLOADS), whose GEMM is `gemm`
     gemm: Gemm | None = None
     decodes: tuple[Decode | None, ...] = ()  # each batch's decode tokens (mixed batches); () for none
+    for_device: bool = False  # the spec has a section (cpu: or cuda:) for the device it runs on
 
     def compositions(self) -> list[tuple[tuple[int, ...], Decode | None]]:
         """(prefill sequence lengths, decode tokens or None) of each batch, in order."""
@@ -357,8 +358,8 @@ class SweepSpec:
         tp = world_size if self.tp == "auto" else self.tp
         if tp != world_size:
             raise UserError(
-                f"tp: {tp} but the sweep runs on {world_size} processes; "
-                f"launch {tp} processes (--nproc {tp}) or set tp to {world_size} or 'auto'"
+                f"tp: {tp} but the sweep runs on {_processes(world_size)}; "
+                f"launch {_processes(tp)} (--nproc {tp}) or set tp to {world_size} or 'auto'"
             )
         self.shape.check_tp(tp)
         return tp
@@ -411,7 +412,7 @@ def _mixed(batch: dict, where: str) -> tuple[tuple[int, ...], Decode]:
     if isinstance(prefill, int) and not isinstance(prefill, bool):
         prefill = [prefill]
     if not isinstance(prefill, list):
-        raise UserError(f"{where}.prefill: must be a list of sequence lengths, got {prefill!r}")
+        raise UserError(f"{where}.prefill: must be a list of sequence lengths, got {shown(prefill)}")
     lengths = tuple(_positive_int(n, f"{where}.prefill[{j}]") for j, n in enumerate(prefill))
     for name in ("decode", "context"):
         if name not in batch:
@@ -481,7 +482,7 @@ def _workload(data: dict, grids: tuple[StrategyGrid, ...]) -> tuple[str, Gemm | 
     """The workload; for a micro one also its GEMM's N and K, and only strategies that run it."""
     workload, gemm = data.get("workload", "layer"), data.get("gemm")
     if workload not in WORKLOADS:
-        raise UserError(f"workload: {workload!r} is not one of {', '.join(map(str, WORKLOADS))}")
+        raise UserError(f"workload: {shown(workload)} is not one of {', '.join(map(str, WORKLOADS))}")
     if workload == "layer":
         if gemm is not None:
             raise UserError("gemm: only for the micro workloads gemm_ag and gemm_rs; set 'workload' or drop 'gemm'")
@@ -518,21 +519,21 @@ def from_dict(data: Any, name: str, cuda: bool, base: Path | None = None) -> Swe
 
     spec_name = data.get("name", name)
     if not isinstance(spec_name, str) or not spec_name or "/" in spec_name:
-        raise UserError(f"name: must be a non-empty string without '/', got {spec_name!r}")
+        raise UserError(f"name: must be a non-empty string without '/', got {shown(spec_name)}")
     model, shape = _model(data, base)
     tp = data.get("tp", "auto")
     if tp != "auto":
         _positive_int(tp, "tp")
     dtype = data.get("dtype", "auto")
     if dtype not in DTYPES:
-        raise UserError(f"dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
+        raise UserError(f"dtype: {shown(dtype)} is not one of {', '.join(DTYPES)}")
     layers = _positive_int(data.get("layers", 4), "layers")
     seed = data.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise UserError(f"seed: must be an integer >= 0, got {seed!r}")
+        raise UserError(f"seed: must be an integer >= 0, got {shown(seed)}")
     output = data.get("output")
     if output is not None and (not isinstance(output, str) or not output.endswith(".jsonl")):
-        raise UserError(f"output: must be a path ending in .jsonl, got {output!r}")
+        raise UserError(f"output: must be a path ending in .jsonl, got {shown(output)}")
     grids = _strategy_grids(data.get("strategies"))
     workload, gemm = _workload(data, grids)
     batches, decodes = _batches(data)
@@ -554,6 +555,7 @@ def from_dict(data: Any, name: str, cuda: bool, base: Path | None = None) -> Swe
         workload=workload,
         gemm=gemm,
         decodes=decodes if any(decodes) else (),
+        for_device=bool(section),
     )
     for grid in spec.strategies:  # expand once now, so bad knobs fail before any launch
         grid.settings()
@@ -568,7 +570,7 @@ def load(path: str | Path, cuda: bool) -> SweepSpec:
     except FileNotFoundError:
         raise UserError(f"{path}: no such spec file; see sweeps/ for examples") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: cannot read the spec ({e.__class__.__name__}: {e})") from None
+        raise UserError(f"{path}: cannot read the spec: {unreadable(e)}") from None
     try:
         data = yamlio.load(text)
     except yaml.YAMLError as e:
@@ -583,3 +585,7 @@ def load(path: str | Path, cuda: bool) -> SweepSpec:
         return from_dict(data, path.stem, cuda, path.parent)
     except UserError as e:
         raise UserError(f"{path}: {e}") from None
+
+
+def _processes(n: int) -> str:
+    return "1 process" if n == 1 else f"{n} processes"

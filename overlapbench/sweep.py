@@ -6,12 +6,13 @@ import dataclasses
 import datetime as dt
 import gc
 import itertools
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Column
 
 from overlapbench import (
     analysis,
@@ -49,11 +50,11 @@ def _skip_reason(cls: type[strategies.Strategy], rt: runtime.Runtime, point: Poi
 
 
 def prepare_point(rt: runtime.Runtime, point: Point, work: Workload, spec: SweepSpec, capture: bool = False,
-                  crowded: bool = False) -> paired.Prepared | dict:
+                  crowded: bool = False, status: Callable[[str], None] = lambda phase: None) -> paired.Prepared | dict:
     """Build the point's step and check its output against the reference; with `capture`, also
     capture what a timed iteration runs (`crowded`: a capture that runs out of memory fails the
     point rather than fall back to eager, see paired.Prepare). A Prepared, or the point's final
-    result (skipped, failed)."""
+    result (skipped, failed). `status` hears each phase's name as it starts (the progress line)."""
     cls = strategies.get(point.strategy)
     reason = _skip_reason(cls, rt, point)
     if reason:
@@ -67,7 +68,9 @@ def prepare_point(rt: runtime.Runtime, point: Point, work: Workload, spec: Sweep
               "check": "baseline" if work.truth is None else "fp32"}
     try:
         with attention.recording() as ran:  # which attention kernels this strategy's forward runs
+            status("building")
             step = _phase(rt, lambda: cls.build(work.ctx, point.knobs))
+            status("checking")
             out = _phase(rt, lambda: step.to_full(step.forward(work.x)))
         fields["attention"] = attention.describe(ran)
         if checked and (not is_reference or work.truth is not None):
@@ -93,15 +96,17 @@ def _raise_out_of_memory(capture_error: str | None) -> None:
         raise torch.OutOfMemoryError(f"capture: {capture_error}")
 
 
-def measure_point(rt: runtime.Runtime, point: Point, work: Workload, spec: SweepSpec, profile_dir: Path | None = None) -> dict:
+def measure_point(rt: runtime.Runtime, point: Point, work: Workload, spec: SweepSpec, profile_dir: Path | None = None,
+                  status: Callable[[str], None] = lambda phase: None) -> dict:
     """Build, check, then time one point on its own; the result fields of its row (the same on every rank)."""
-    prepared = prepare_point(rt, point, work, spec)
+    prepared = prepare_point(rt, point, work, spec, status=status)
     if isinstance(prepared, dict):
         return prepared
     step, fields = prepared.step, prepared.fields
     del prepared
     try:
         m = spec.measure
+        status("timing")
         timing = _phase(rt, lambda: measure.time_step(step, work.x, m.warmup, m.iters, m.graphs, m.warmup_s, m.min_time_s))
         failure = _profile(rt, point, step, work, profile_dir)
         if failure is not None:
@@ -212,15 +217,20 @@ def _describe(point: Point) -> str:
 
 
 def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = None) -> int:
-    """The sweep on this rank; returns the number of rows written."""
-    rt = runtime.init(spec.measure.timeout_s, nccl_tuning_log=spec.comm is not None)  # comm rows: NCCL's kernel
+    """The sweep on this rank; returns the number of rows written. The runtime is closed however
+    the sweep ends (runtime.session), so NCCL windows never outlive their communicators."""
+    with runtime.session(spec.measure.timeout_s, nccl_tuning_log=spec.comm is not None) as rt:  # comm rows: NCCL's kernel
+        return _run(rt, spec, output, resume, profile_dir)
+
+
+def _run(rt: runtime.Runtime, spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None) -> int:
     interrupt_on_sigterm()
     watchdog = Watchdog(spec.measure.timeout_s, rt.rank)
     console = printing.console(quiet=rt.rank != 0)
     env = environment.run_environment(rt) | {"peak": peak.dense_peak(rt.device)}  # rows' peak_frac: against it
     points = spec.points(rt.world_size, rt.is_cuda)
 
-    store, done, run_id = results.open_on_ranks(output, resume, rt.rank)
+    store, done, run_id = results.open_on_ranks(output, resume, rt.rank, spec.name)
     todo = [p for p in points if p.key() not in done]
     if done:
         console.print(f"resuming {output}: {len(points) - len(todo)} of {len(points)} points already done")
@@ -228,15 +238,21 @@ def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = 
     max_tokens = max(p.tokens for p in points)
 
     written = 0
-    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    # The status line stays 2 columns short of the terminal: the ^C a terminal echoes then never
+    # wraps it onto a second line, which the display would not know to clear when it stops.
+    status_console = printing.console(quiet=rt.rank != 0, width=max(40, console.width - 2))
+    description = Column(no_wrap=True, overflow="ellipsis")  # the phase first, then the point, cut at the end
+    columns = (TextColumn("{task.description}", markup=False, table_column=description), BarColumn(bar_width=20),
+               MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("eta"), TimeRemainingColumn())
     try:
-        with Progress(*columns, console=console, transient=True) as progress:
+        with Progress(*columns, console=status_console, transient=True) as progress:
             task = progress.add_task("sweep", total=len(todo))
             stacks: dict = {}  # the current shape's layer stack (workload.weights)
             for batch, (_, group) in enumerate(itertools.groupby(todo, key=lambda p: p.workload_key)):
                 group = list(group)
                 first = group[0]
+                progress.update(task, description=f"building the workload: {first.tokens} tokens", refresh=True)
                 with watchdog.guard(f"building the workload of {_describe(first)}"):
                     truth = spec.measure.checks_against_fp32(first.tp, first.shape.moe, first.dtype)
                     work = build_workload(rt, first, stacks, max_tokens, truth)
@@ -262,17 +278,17 @@ def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = 
         if store is not None:
             store.close()
     console.print(printing.styled((f"wrote {written} rows to {output}", "bold"), f" (run {run_id})"))
-    dist.barrier()
-    dist.destroy_process_group()
     return written
 
 
 def _one_by_one(rt, group, work, spec, watchdog, profile_dir, progress, task):
     """The sequential mode: each point built, checked and timed on its own."""
     for point in group:
-        progress.update(task, description=_describe(point), refresh=True)
+        def status(phase: str, point: Point = point) -> None:  # what runs within a long point
+            progress.update(task, description=f"{phase}: {_describe(point)}", refresh=True)
+
         with watchdog.guard(f"point '{_describe(point)}'"):
-            result = measure_point(rt, point, work, spec, profile_dir)
+            result = measure_point(rt, point, work, spec, profile_dir, status)
         yield point, result
 
 

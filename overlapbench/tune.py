@@ -12,14 +12,19 @@ The rule, per (device, world size, tp, model shape, dtype) and token count:
    replaces the incumbent only when it is faster by more than the noise, so ties go to the
    simpler strategy.
 3. "Faster by more than the noise": the 95% confidence interval of the speedup lies entirely
-   above 1. Rows timed interleaved in the same rounds (one pairing, see interleave.py) are
-   paired: the speedup is the median over their common rounds of t_incumbent / t_challenger,
-   its interval a bootstrap over those rounds. Otherwise it is incumbent median / challenger
-   median, each row's per-iteration samples resampled in moving blocks of ceil(sqrt(n))
-   consecutive iterations (drifting clocks correlate neighbours); `RESAMPLES` times, fixed
-   seed. A row without at least two samples falls back to its p10/p90: the interval is
-   [p10_inc / p90_ch, p90_inc / p10_ch], so the challenger must be faster with their central
-   80% ranges not overlapping.
+   above 1 + min_gain. Rows timed interleaved in the same rounds (one pairing, see interleave.py)
+   are paired: the speedup is the 10%-trimmed geometric mean over their common rounds of
+   t_incumbent / t_challenger, its interval the trimmed-t interval of those log ratios. Otherwise
+   it is incumbent median / challenger median, its interval the exact rank-sum interval of the
+   shift between the two rows' log times, over block means of about sqrt(n) consecutive samples
+   (drifting clocks correlate neighbours); where the samples are too few for a 95% interval at
+   all (fewer than 4 a side), the challenger is "too few samples" and never replaces the
+   incumbent (intervals.py). A row without at least two samples falls back to its p10/p90: the
+   interval is [p10_inc / p90_ch, p90_inc / p10_ch], so the challenger must be faster with their
+   central 80% ranges not overlapping.
+4. Every pick also says its speedup over the fastest setting of the reference strategy at that
+   batch (`vs best baseline`): a baseline knob setting (allreduce, nccl_max_ctas, ...) may beat
+   the default, and no verdict should rest on a weak reference.
 
 Ranges: neighbouring measured token counts with the same choice (strategy and knobs) merge.
 Between two measured counts a and b with different choices the boundary is floor(sqrt(a * b)),
@@ -40,17 +45,15 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from overlapbench import analysis, batches, strategies, tuned
+from overlapbench import analysis, batches, intervals, strategies, tuned
 from overlapbench.analysis import Group, Measured
-from overlapbench.errors import UserError
+from overlapbench.errors import UserError, shown
 
-RESAMPLES = 2000
 LEVEL = 0.95
-SEED = 0
 # A challenger must be at least this much faster, beyond the noise, to replace a simpler choice.
 # Switching for less buys little, and the best few settings are often within 1% of each other:
 # there a rule of "beats it at all" picks by the noise. On two paired runs of sp-llama3-70b-tp2
-# picks agreed at 3 of 6 token counts with no margin, 6 of 6 with 1% (results/h200x2/a034cb8/);
+# picks agreed at 4 of 6 token counts with no margin, 6 of 6 with 1% (results/h200x2/a034cb8/);
 # with the ranks aligned and +-0.5% intervals, 5 of 6 with none (the sixth a near-tie of two
 # flash_agrs settings, 0.1-0.3% apart), 6 of 6 with 1% (results/h200x2/3b4da9f/).
 MIN_GAIN = 0.01  # `tune --min-gain`
@@ -60,10 +63,11 @@ def method(min_gain: float = MIN_GAIN) -> str:
     """How the picks were made, for the tuned YAML's provenance."""
     return (
         f"per token count, a strategy's fastest knob setting replaces the simpler choice only if the "
-        f"{LEVEL:.0%} bootstrap CI ({RESAMPLES} resamples, seed {SEED}) of its speedup lies above {1 + min_gain:g} "
-        f"(rows timed interleaved: the 10%-trimmed geometric mean of per-round ratios, resampled over rounds; else "
-        f"the ratio of medians; no samples: p10/p90 ranges must not overlap); boundaries at floor(sqrt(a*b)) "
-        f"between measured counts"
+        f"{LEVEL:.0%} CI of its speedup lies above {1 + min_gain:g} (rows timed interleaved: the 10%-trimmed "
+        f"geometric mean of per-round ratios, trimmed-t interval; else the ratio of medians, exact rank-sum "
+        f"interval over block means, too few samples never replace; no samples: p10/p90 ranges must not overlap); "
+        f"speedups over the default reference and over its fastest setting (vs best); boundaries at "
+        f"floor(sqrt(a*b)) between measured counts"
     )
 
 
@@ -79,15 +83,21 @@ class Gain:
     """How much faster a challenger is than an incumbent: the speedup and its interval."""
 
     speedup: float  # incumbent median / challenger median
-    lo: float
-    hi: float
-    method: str  # "paired" (same rounds), "bootstrap" (medians) or "p10/p90"
+    lo: float | None  # None: too few samples for an interval at the level
+    hi: float | None
+    method: str  # "paired" (same rounds), "rank-sum" (medians) or "p10/p90"
+
+    @property
+    def decided(self) -> bool:
+        return self.lo is not None and self.hi is not None
 
     def beats(self, min_gain: float = MIN_GAIN) -> bool:
         """Faster by more than `min_gain` across the whole interval: worth switching for."""
-        return self.lo > 1.0 + min_gain
+        return self.decided and self.lo > 1.0 + min_gain
 
     def text(self) -> str:
+        if not self.decided:
+            return f"{self.speedup:.3f}x (too few samples to tell)"
         return f"{self.speedup:.3f}x [{self.lo:.3f}, {self.hi:.3f}]"
 
 
@@ -100,10 +110,16 @@ class Pick:
     reference: Measured
     gain: Gain | None  # chosen over the reference; None when the reference itself is chosen
     why: str
+    best: Measured | None = None  # the reference strategy's fastest setting here (analysis.best_reference)
 
     @property
     def speedup(self) -> float:
         return self.gain.speedup if self.gain is not None else self.reference.ms / self.chosen.ms
+
+    @property
+    def speedup_vs_best(self) -> float | None:
+        """Over the fastest reference setting, round by round where both were timed together."""
+        return None if self.best is None else analysis.speedup(self.chosen, self.best)
 
 
 @dataclass(frozen=True)
@@ -118,15 +134,18 @@ class Span:
 def gain(challenger: Measured, incumbent: Measured, level: float = LEVEL) -> Gain:
     ratios = analysis.paired_ratios(incumbent, challenger)
     if ratios is not None:  # timed in the same rounds: the drift cancels round by round
-        lo, hi = analysis.paired_ci(ratios, level, RESAMPLES, SEED)
+        lo, hi = analysis.paired_ci(ratios, level)
         return Gain(analysis.paired_estimate(ratios), lo, hi, "paired")
     stored = analysis.stored_speedup(challenger, incumbent)
     if stored is not None and level == LEVEL:  # paired with a re-timed reference (a resumed sweep)
         return Gain(stored[0], *stored[1], "paired")
     point = incumbent.ms / challenger.ms
     if len(challenger.samples) >= 2 and len(incumbent.samples) >= 2:
-        lo, hi = _bootstrap(incumbent.samples, challenger.samples, level)
-        return Gain(point, lo, hi, "bootstrap")
+        shift = intervals.shift_interval(incumbent.samples, challenger.samples, level)
+        if shift is None:
+            return Gain(point, None, None, "rank-sum")
+        # the interval is of the shift between locations; the point is the ratio of medians
+        return Gain(point, min(math.exp(shift[0]), point), max(math.exp(shift[1]), point), "rank-sum")
     inc_lo, inc_hi = _spread(incumbent)
     ch_lo, ch_hi = _spread(challenger)
     return Gain(point, inc_lo / ch_hi, inc_hi / ch_lo, "p10/p90")
@@ -135,34 +154,6 @@ def gain(challenger: Measured, incumbent: Measured, level: float = LEVEL) -> Gai
 def _spread(m: Measured) -> tuple[float, float]:
     """p10 and p90; a row with neither counts as noise-free (a single iteration, say)."""
     return (m.p10_ms if m.p10_ms is not None else m.ms), (m.p90_ms if m.p90_ms is not None else m.ms)
-
-
-def _bootstrap(incumbent: tuple[float, ...], challenger: tuple[float, ...], level: float = LEVEL) -> tuple[float, float]:
-    """Percentile interval of median(incumbent) / median(challenger) over resampled samples.
-
-    Moving-block resampling (blocks of ceil(sqrt(n)) consecutive iterations): GPU clocks drift,
-    so neighbouring iterations are correlated, and resampling them one by one would claim a
-    precision the run does not have.
-    """
-    import numpy as np  # only here: report's table and tune pay for it, `--help` does not
-
-    rng = np.random.default_rng(SEED)
-    a, b = np.asarray(incumbent, dtype=float), np.asarray(challenger, dtype=float)
-    ratios = np.median(_block_resample(a, rng), axis=1) / np.median(_block_resample(b, rng), axis=1)
-    tail = (1 - level) / 2
-    lo, hi = np.quantile(ratios, [tail, 1 - tail])
-    return float(lo), float(hi)
-
-
-def _block_resample(x, rng):
-    """RESAMPLES series of len(x), each stitched from random runs of consecutive samples."""
-    import numpy as np
-
-    n = x.size
-    block = math.ceil(math.sqrt(n))
-    starts = rng.integers(0, n - block + 1, size=(RESAMPLES, math.ceil(n / block)))
-    index = (starts[:, :, None] + np.arange(block)).reshape(RESAMPLES, -1)[:, :n]
-    return x[index]
 
 
 def pick(rows: list[Measured], min_gain: float = MIN_GAIN) -> Pick | None:
@@ -178,11 +169,11 @@ def pick(rows: list[Measured], min_gain: float = MIN_GAIN) -> Pick | None:
     if len({p.chosen.setting for p in picks}) == 1:
         first = picks[0]
         why = first.why if len(picks) == 1 else "; ".join(f"{batches.batch_text(p.reference)}: {p.why}" for p in picks)
-        return Pick(first.tokens, first.chosen, first.reference, first.gain, why)
+        return Pick(first.tokens, first.chosen, first.reference, first.gain, why, first.best)
     ref = picks[0].reference
     choices = "; ".join(f"{batches.batch_text(p.reference)}: {p.chosen.describe()}" for p in picks)
     why = f"batches disagree ({choices}); {_ref_name(ref)} kept"
-    return Pick(ref.tokens, ref, ref, None, why)
+    return Pick(ref.tokens, ref, ref, None, why, picks[0].best)
 
 
 def settled_per_strategy(rows: list[Measured], min_gain: float = MIN_GAIN) -> dict[str, Measured]:
@@ -216,10 +207,21 @@ def _pick_in_batch(rows: list[Measured], min_gain: float) -> Pick | None:
     for challenger in challengers:
         if gain(challenger, winner).beats(min_gain):
             winner = challenger
+    best = analysis.best_reference(rows)
     if winner is ref:
-        return Pick(ref.tokens, ref, ref, None, _kept_why(ref, challengers))
+        return Pick(ref.tokens, ref, ref, None, _kept_why(ref, challengers) + _vs_best_text(ref, ref, best), best)
     g = gain(winner, ref)
-    return Pick(ref.tokens, winner, ref, g, f"{g.text()} over {_ref_name(ref)}, beats noise")
+    why = f"{g.text()} over {_ref_name(ref)}, beats noise{_vs_best_text(winner, ref, best)}"
+    return Pick(ref.tokens, winner, ref, g, why, best)
+
+
+def _vs_best_text(chosen: Measured, ref: Measured, best: Measured | None) -> str:
+    """What the choice is against the fastest reference setting, where that is not the default."""
+    if best is None or best is ref:
+        return ""
+    if best is chosen:
+        return f"; it is the fastest {best.strategy} setting"
+    return f"; {analysis.speedup(chosen, best):.3f}x vs best {best.strategy} ({best.describe()})"
 
 
 def _ref_name(ref: Measured) -> str:
@@ -231,7 +233,7 @@ def _kept_why(ref: Measured, challengers: list[Measured]) -> str:
         return f"{_ref_name(ref)}: nothing else measured"
     closest = min(challengers, key=lambda m: m.ms)
     g = gain(closest, ref)
-    verdict = "within noise" if g.speedup > 1 else "slower"
+    verdict = "too few samples to tell" if not g.decided else "within noise" if g.speedup > 1 else "slower"
     return f"{_ref_name(ref)} kept; best challenger {closest.describe()} {g.text()}, {verdict}"
 
 
@@ -261,10 +263,13 @@ def boundary(a: int, b: int) -> int:
 def rule(span: Span) -> tuned.Rule:
     """A tuned rule; ms and speedup are those at the span's largest measured token count."""
     last = span.picks[-1]
+    vs_best = last.speedup_vs_best
+    best = {} if vs_best is None else {"speedup_vs_best": round(vs_best, 4), "best_reference": last.best.describe()}
     return tuned.Rule(
         span.lo, span.hi, last.chosen.strategy, dict(last.chosen.knobs),
         ms=_sig(last.chosen.ms), speedup=round(last.speedup, 4),
-        extra={"measured": [p.tokens for p in span.picks], "why": "; ".join(f"{p.tokens}: {p.why}" for p in span.picks)},
+        extra={"measured": [p.tokens for p in span.picks]} | best
+        | {"why": "; ".join(f"{p.tokens}: {p.why}" for p in span.picks)},
     )
 
 
@@ -323,7 +328,7 @@ def picks_of(points: dict[int, list[Measured]], min_gain: float = MIN_GAIN) -> t
 def run(paths: list[Path], out_dir: Path, console: Console, min_gain: float = MIN_GAIN) -> list[Path]:
     """Tune every layer group in the stores; write one YAML each; return the paths written."""
     if not 0 <= min_gain < 1:
-        raise UserError(f"--min-gain: must be a fraction in [0, 1) such as 0.01 for 1%, got {min_gain!r}")
+        raise UserError(f"--min-gain: must be a fraction in [0, 1) such as 0.01 for 1%, got {shown(min_gain)}")
     grouped = analysis.by_point(layer_rows(analysis.read(paths), console))
     names = file_names(list(grouped))
     written = []

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from overlapbench import strategies, yamlio
-from overlapbench.errors import UserError
+from overlapbench.errors import UserError, shown, unreadable
 
 SCHEMA = "overlapbench/tuned-v1"
 HEADER = (
@@ -135,7 +135,7 @@ def load(path: str | Path) -> TunedConfig:
     except FileNotFoundError:
         raise UserError(f"{path}: no such tuned config; run `overlapbench tune` first") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: cannot read ({e.__class__.__name__})") from None
+        raise UserError(f"{path}: cannot read: {unreadable(e)}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         raise UserError(f"{path}: not valid YAML{f' at line {mark.line + 1}' if mark else ''}") from None
@@ -151,7 +151,7 @@ def from_dict(data: Any) -> TunedConfig:
     if not isinstance(data, dict):
         raise UserError("not a tuned config (expected a YAML mapping)")
     if data.get("schema") != SCHEMA:
-        raise UserError(f"schema: {data.get('schema')!r}, this overlapbench reads {SCHEMA!r}")
+        raise UserError(f"schema: {shown(data.get('schema'))}, this overlapbench reads {shown(SCHEMA)}")
     for name in _TOP:
         if name not in data:
             raise UserError(f"{name}: missing")
@@ -180,7 +180,7 @@ def _rule(data: Any, where: str) -> Rule:
             raise UserError(f"{where}.{name}: missing")
     tokens = data["tokens"]
     if not (isinstance(tokens, list) and len(tokens) == 2):
-        raise UserError(f"{where}.tokens: must be [lo, hi], got {tokens!r}")
+        raise UserError(f"{where}.tokens: must be [lo, hi], got {shown(tokens)}")
     lo, hi = (_count(t, f"{where}.tokens") for t in tokens)
     if lo > hi:
         raise UserError(f"{where}.tokens: [{lo}, {hi}] is empty (lo > hi)")
@@ -224,17 +224,17 @@ def _check_coverage(rules: tuple[Rule, ...]) -> None:
 
 def _typed(value: Any, kind: type, where: str) -> Any:
     if not isinstance(value, kind):
-        raise UserError(f"{where}: must be a {kind.__name__}, got {value!r}")
+        raise UserError(f"{where}: must be a {kind.__name__}, got {shown(value)}")
     return value
 
 
 def _count(value: Any, where: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise UserError(f"{where}: must be a positive integer, got {value!r}")
+        raise UserError(f"{where}: must be a positive integer, got {shown(value)}")
     return value
 
 
 def _number(value: Any, where: str) -> float | None:
     if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
-        raise UserError(f"{where}: must be a number or null, got {value!r}")
+        raise UserError(f"{where}: must be a number or null, got {shown(value)}")
     return value

@@ -227,7 +227,8 @@ def picks_by_tokens(*stores: str) -> dict[int, dict]:
     """Per token count of the stores' one layer group: tune's pick there, as the README's table
     prints it: the reference's and no_comm's ms, the pick's strategy and its comm/CTA knobs, its
     speedup over the reference with the paired interval's half width, and the share of the
-    exposed communication it hides (analysis.hidden, the figure report prints)."""
+    exposed communication it hides (analysis.hidden, the figure report prints); the reference's
+    fastest setting there (`best_*`) and the pick's speedup over it (`vs_best`)."""
     (points,) = layer_points(*stores).values()
     out = {}
     for tokens, rows_at in sorted(points.items()):
@@ -237,7 +238,10 @@ def picks_by_tokens(*stores: str) -> dict[int, dict]:
         speedup = analysis.speedup(m, ref)
         ctas = [str(v) for k, v in m.knobs.items() if "ctas" in k and v not in (None, analysis.DEFAULT)]
         how = ", ".join(filter(None, [str(m.knobs.get("comm") or ""), f"{'/'.join(ctas)} CTAs" if ctas else ""]))
+        best = analysis.best_reference(rows_at)
         out[tokens] = {"ref_ms": ref.ms, "free_ms": free.ms, "strategy": m.strategy, "how": how, "speedup": speedup,
                        "pm": 0.0 if ci is None else (ci[1] - ci[0]) / 2 / speedup * 100,
-                       "hidden": analysis.hidden(m, ref, free) * 100}
+                       "hidden": analysis.hidden(m, ref, free) * 100,
+                       "best_ms": best.ms, "best_how": best.knob_text() or "default",
+                       "vs_best": chosen.speedup_vs_best}
     return out

@@ -373,7 +373,8 @@ def test_command_end_to_end_on_gloo(tmp_path: Path):
     measured = [r for r in records if r["status"] == "ok"]
     assert {(r["op"], r["size"]) for r in measured} == {(op, s) for op in paths.OPS for s in (K, 2 * K, 4 * K)}
     assert all(r["wrong"] == 0 and r["path"] == "gloo" and r["time_us"] > 0 and r["busbw"] > 0 for r in measured)
-    assert {r["path"] for r in records if r["status"] == "skipped"} == set(SYMMETRIC_PATHS)
+    windows = {p.name for p in paths.PATHS_BY_NAME.values() if p.window}  # NCCL's windows: CUDA only, as symmetric memory
+    assert {r["path"] for r in records if r["status"] == "skipped"} == set(SYMMETRIC_PATHS) | windows
     stored = read_rows(out)
     assert len(stored) == len(records) and all(r["workload"] == "comm" and r["spec"] == "comm" for r in stored)
     assert {r["world_size"] for r in stored} == {2} and {r["backend"] for r in stored} == {"gloo"}
@@ -507,15 +508,17 @@ def test_fused_paths_take_their_kernels(monkeypatch, fused_kernel):
 
 
 def test_by_default_comm_runs_every_path_that_has_run_on_a_gpu_and_the_layers_copy_engine_schedule():
-    """Every path that has run correct on 2x H200 (results/h200x2/486cebf/) runs by default;
-    nccl_symm, not yet run on a GPU, only where --paths (or a spec's comm.paths) names it.
-    copy_engine_norm's chunks default to the layer's (by size)."""
+    """Every path that has run correct on 2 GPUs (results/h200x2/486cebf/; nccl_symm on 2x H100,
+    results/h100x2/331cb63/) runs by default, and only those: a path no GPU has run stays out until
+    --paths (or a spec's comm.paths) names it. copy_engine_norm's chunks default to the layer's
+    (by size)."""
     def parsed(paths_arg):
         return command.Options.parse(min_bytes=None, max_bytes="64K", factor=4, ops=None, paths=paths_arg,
                                      dtype="auto", nccl_max_ctas="default", comm_ctas=None, hidden=64, iters=1,
                                      warmup=0, graphs=False, fmt="csv", output=None, resume=False, nproc=None)
 
-    untried = {"nccl_symm"}
+    untried = {name for name, path in paths.PATHS_BY_NAME.items() if not path.by_default}
+    assert not untried  # every path has run on a GPU
     opts = parsed(None)
     assert set(opts.paths) == set(paths.PATHS) - untried == set(CommSpec.from_yaml({}, cuda=False).paths)
     assert set(paths.DEFAULT_PATHS) == set(paths.PATHS) - untried

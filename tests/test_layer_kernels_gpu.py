@@ -181,16 +181,19 @@ def test_the_bf16_layer_matches_its_float32_truth_eager_and_replayed(name, batch
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen3"])
-@pytest.mark.parametrize("batch,decode,cut", [((1023,), None, 512), ((300, 257, 5), None, 280), ((517,), (33, 1000), 20)])
-def test_a_split_on_one_gpu_matches_the_truth(name, batch, decode, cut):
+@pytest.mark.parametrize("batch,decode,cuts", [((1023,), None, (512,)), ((300, 257, 5), None, (280,)),
+                                              ((517,), (33, 1000), (20,)), ((1023,), None, (300, 611, 857)),
+                                              ((300, 257, 5), (33, 1000), (20, 290, 301, 560))])
+def test_a_split_on_one_gpu_matches_the_truth(name, batch, decode, cuts):
     """token_split's schedule with no communication (two lanes, side stream, KV buffer across
-    the cut), replayed from a graph: the tp=1 layer of a shard, cut in two."""
+    the cuts), replayed from a graph: the tp=1 layer of a shard, cut in two or more chunks."""
     shape = SHAPES[name]
     stack, cache, x, rope_table, truth = _truth_and_bf16(shape, batch, decode)
     tokens = x.shape[0]
     runtime = Runtime(rank=0, world_size=1, local_rank=0, device=CUDA, backend="nccl")
     ctx = BuildContext(runtime, stack, batch, rope_table, tokens, cache)
-    plan = SplitPlan(token_range(batch, 0, cut, CUDA, cache), token_range(batch, cut, tokens, CUDA, cache))
+    ends = [0, *cuts, tokens]
+    plan = SplitPlan(tuple(token_range(batch, lo, hi, CUDA, cache) for lo, hi in zip(ends, ends[1:])))
     split = SplitForward(ctx, plan, (LocalReducer(shape.eps), LocalReducer(shape.eps)))
     assert rel_err(split(x), truth) < BF16_TOL
     graph = measure.capture(lambda: split(x))

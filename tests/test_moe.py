@@ -102,7 +102,7 @@ def test_presets_have_the_real_sizes():
 
 
 def test_iso_balances_the_active_experts_flops():
-    from overlapbench.strategies.iso import layer_flops
+    from overlapbench.overlap.balance import layer_flops
 
     dense_equivalent = ModelShape(hidden=64, ffn=2 * 32, heads=8, kv_heads=4, head_dim=8)
     gemm, attention = layer_flops(MOE, 2)

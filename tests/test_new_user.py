@@ -302,7 +302,9 @@ def test_ctrl_c_says_one_thing_and_exits_130(tmp_path, stop):
     assert child.returncode == 130
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
-    assert lines[0].startswith("interrupted; finished rows are in") and f"--output {out} --resume" in lines[0]
+    count = len(read_rows(out))
+    assert lines[0].startswith(f"interrupted; {count} finished row") and f"in {out};" in lines[0]
+    assert f"--output {out} --resume" in lines[0]
     assert read_rows(out)  # the finished rows are there
     assert _processes_naming(str(path)) == []  # torchrun and its workers are gone too
 

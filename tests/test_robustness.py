@@ -58,7 +58,9 @@ def test_a_dead_rank_stops_the_sweep_and_resume_completes_it(tmp_path: Path):
     start = time.monotonic()
     died = sweep(str(path), "--output", str(out))
     assert died.returncode != 0 and time.monotonic() - start < 120
-    assert "--resume" in died.stderr and "Traceback" not in died.stderr.splitlines()[-1]
+    assert "--resume" in died.stderr and "Traceback" not in died.stderr
+    assert died.stderr.strip().splitlines() == [died.stderr.strip()]  # one paragraph
+    assert "rank 1 exited with code 9 while running point 'fault tokens=29" in died.stderr, died.stderr
     rows = read_rows(out)  # every finished row intact, the point in flight absent
     assert [(r["strategy"], r["tokens"]) for r in rows] == [("baseline", 16), ("fault", 16), ("no_comm", 16), ("baseline", 29)]
 
@@ -80,7 +82,11 @@ def test_a_hanging_rank_stops_the_sweep_in_bounded_time(tmp_path: Path):
     hung = sweep(str(path), "--output", str(out), timeout=200)
     elapsed = time.monotonic() - start
     assert hung.returncode != 0 and elapsed < 100, (elapsed, hung.stderr[-2000:])
-    assert "where it was" in hung.stderr and "fault_plugin.py" in hung.stderr, hung.stderr[-2000:]  # the stack
+    lines = hung.stderr.strip().splitlines()
+    assert len(lines) == 1 and "ran longer than 15 s (measure.timeout_s)" in lines[0], hung.stderr[-2000:]
+    assert "point 'fault tokens=29" in lines[0] and "Traceback" not in hung.stderr
+    stacks = out.with_suffix(".log").read_text()  # where each thread was, named in that paragraph
+    assert f"stack is in {out.with_suffix('.log')}" in lines[0] and "where it was" in stacks and "fault_plugin.py" in stacks
     assert [(r["strategy"], r["tokens"]) for r in read_rows(out)] == [("baseline", 16), ("fault", 16), ("baseline", 29)]
 
 

@@ -59,7 +59,7 @@ def test_a_clearly_faster_strategy_is_chosen(seed):
     )
     p = tune.pick(rows)
     assert p.chosen.strategy == "token_split" and p.chosen.knobs == {"split_offset": 128}
-    assert p.gain.method == "bootstrap"
+    assert p.gain.method == "rank-sum"
     assert 1.0 < p.gain.lo < p.gain.speedup < p.gain.hi
     assert p.why.startswith("1.07") and p.why.endswith("over baseline, beats noise")
 
@@ -122,7 +122,7 @@ def test_without_samples_p10_p90_ranges_decide():
     assert tune.pick(measured(base, far)).chosen.strategy == "fused_norm"
 
 
-def test_the_bootstrap_is_reproducible():
+def test_the_interval_is_reproducible():
     rng = random.Random(5)
     a, b = measured(synthetic.row("baseline", 64, samples=synthetic.draw(1.0, 0.03, rng)),
                     synthetic.row("iso", 64, samples=synthetic.draw(0.97, 0.03, rng)))
@@ -372,7 +372,7 @@ def test_paired_rows_decide_on_the_ratio_in_the_same_rounds(seed):
     assert p.chosen is split and p.speedup == g.speedup
     # The same numbers without the pairing: the drift between rounds hides the 2%.
     base, split = paired_rows(0.98, random.Random(seed), pairing=None)
-    assert tune.gain(split, base).method == "bootstrap" and tune.pick([base, split]).chosen is base
+    assert tune.gain(split, base).method == "rank-sum" and tune.pick([base, split]).chosen is base
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -387,7 +387,7 @@ def test_a_gain_beyond_the_noise_but_under_min_gain_keeps_the_simpler_choice(see
 def test_rows_of_different_pairings_are_not_paired():
     rng = random.Random(9)
     (base, _), (_, split) = paired_rows(0.99, rng, "run1/0"), paired_rows(0.99, rng, "run2/0")
-    assert analysis.paired_ratios(base, split) is None and tune.gain(split, base).method == "bootstrap"
+    assert analysis.paired_ratios(base, split) is None and tune.gain(split, base).method == "rank-sum"
 
 
 def test_a_paired_tie_goes_to_the_simpler_strategy():
@@ -412,7 +412,7 @@ def test_a_resumed_row_keeps_its_speedup_over_the_reference_timed_beside_it(tmp_
     assert (g.method, g.speedup, g.lo, g.hi) == ("paired", 1.0101, 1.008, 1.012)
     assert analysis.speedup(split, base) == 1.0101 and analysis.speedup_ci(split, base) == (1.008, 1.012)
     other_file = dataclasses.replace(split, source="other.jsonl")  # report --compare: never this way
-    assert tune.gain(other_file, base).method == "bootstrap"
+    assert tune.gain(other_file, base).method == "rank-sum"
 
 
 def test_a_knob_setting_within_the_noise_of_the_default_does_not_displace_it():

@@ -11,14 +11,17 @@ from overlapbench.comm.output import FORMATS, render, totals
 from overlapbench.comm.paths import DEFAULT_PATHS, OPS, make_cases
 from overlapbench.comm.run import RunInfo, run_cases
 from overlapbench.comm.sizes import CPU_SIZES, GPU_SIZES, parse_size, size_ladder
-from overlapbench.errors import UserError
+from overlapbench.errors import UserError, shown
 from overlapbench.printing import styled
 from overlapbench.spec import DTYPES, CommSpec
 
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from overlapbench.runtime import Runtime
+
 TIMEOUT_S = 600
+STUDY = "comm"  # the `spec` of this command's rows: a results file holds one study (results.ResultStore)
 
 
 @dataclass(frozen=True)
@@ -50,9 +53,9 @@ class Options:
               iters: int, warmup: int, graphs: bool, fmt: str, output: Path | None, resume: bool,
               nproc: int | None, beside_gemm: bool = False, ce_chunks: str | None = None) -> Options:
         if fmt not in FORMATS:
-            raise UserError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
+            raise UserError(f"--format: {shown(fmt)} is not one of {', '.join(FORMATS)}")
         if dtype not in DTYPES:
-            raise UserError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
+            raise UserError(f"--dtype: {shown(dtype)} is not one of {', '.join(DTYPES)}")
         if iters < 1:
             raise UserError(f"--iters: must be at least 1, got {iters}")
         if warmup < 0:
@@ -60,7 +63,7 @@ class Options:
         if nproc is not None and nproc < 1:
             raise UserError(f"--nproc: must be at least 1, got {nproc}")
         if output is not None and output.suffix != ".jsonl":
-            raise UserError(f"--output: must be a path ending in .jsonl, got {str(output)!r}")
+            raise UserError(f"--output: must be a path ending in .jsonl, got {shown(str(output))}")
         lists = CommSpec.build(
             ops=ops or OPS, paths=paths or DEFAULT_PATHS, sizes=(), hidden=hidden,
             nccl_max_ctas=nccl_max_ctas or CommSpec.DEFAULT_NCCL_MAX_CTAS,
@@ -114,7 +117,7 @@ def parse_chunks(text: str) -> tuple[int | None, ...]:
         elif item.isdigit() and int(item) >= 1:
             value = int(item)
         else:
-            raise UserError(f"--ce-chunks: {item!r} is not auto or an int >= 1")
+            raise UserError(f"--ce-chunks: {shown(item)} is not auto or an int >= 1")
         if value not in chunks:
             chunks.append(value)
     return tuple(chunks)
@@ -134,43 +137,71 @@ def _local_device_name() -> str:
 
 def main(opts: Options, console: Console, err_console: Console) -> int:
     """Started plainly: check the store, re-launch under torchrun; under torchrun: measure."""
-    from overlapbench import launch
-    from overlapbench.results import check_writable
+    from overlapbench import launch, launch_log
+    from overlapbench.results import check_writable, kept
 
     if launch.under_torchrun():
+        launch.as_worker()
         return run_ranks(opts, console)
     cuda = launch.local_gpus() > 0
     world = opts.nproc or launch.default_nproc()
+    if not cuda:
+        _refuse_if_nothing_runs(opts, world)
     out = opts.output or default_output(_local_device_name(), world)
-    check_writable(out, opts.resume)
+    check_writable(out, opts.resume, STUDY)
     warning = launch.oversubscription(world)
     if warning:
         err_console.print(styled(("warning:", "bold yellow"), f" {warning}"))
+    log, oom_before = launch_log.path_for(out), launch_log.oom_kills()
     try:
-        code = launch.relaunch(opts.argv(cuda, out), world)
+        code = launch.relaunch(opts.argv(cuda, out), world, log)
     except launch.Interrupted:
-        raise launch.Interrupted(f"interrupted; finished rows are in {out}; add --output {out} --resume to continue") from None
-    if code:
-        where = f" (exit {code}); finished rows are in {out}; `--resume` continues"
-        err_console.print(styled(("comm failed", "bold red"), where))
+        log.unlink(missing_ok=True)
+        raise launch.Interrupted(f"interrupted; {kept(out, f'add --output {out} --resume to continue')}") from None
+    if not code:
+        log.unlink(missing_ok=True)
+        return 0
+    what = launch_log.explain(log, oom_before)
+    if what is not None:
+        rows = kept(out, f"`--output {out} --resume` skips them")
+        err_console.print(styled(("comm failed:", "bold red"), f" {what} {rows[0].upper()}{rows[1:]}."), soft_wrap=True)
     return code
 
 
+def _refuse_if_nothing_runs(opts: Options, world: int) -> None:
+    """On a machine without GPUs, refuse up front what would only skip: every case needs CUDA."""
+    if opts.beside_gemm:
+        raise UserError("--beside-gemm: times each path beside a bf16 GEMM stream on CUDA GPUs, and this machine "
+                        "has none; drop --beside-gemm here")
+    dtype = "fp32" if opts.dtype == "auto" else opts.dtype
+    cases = make_cases(opts.bench(cuda=False), world, "gloo", dtype, opts.hidden, ce_chunks=opts.ce_chunks)
+    if cases and all(c.skip for c in cases):
+        reasons = sorted({f"{c.path}: {c.skip}" for c in cases})
+        raise UserError(f"--paths: nothing would run on this machine ({'; '.join(reasons)}); on CPU processes "
+                        f"only the nccl path (gloo) runs")
+
+
 def run_ranks(opts: Options, console: Console) -> int:
-    """The measurement on this rank: cases, the store, the rows; rank 0 prints them."""
-    import torch.distributed as dist
+    """The measurement on this rank: cases, the store, the rows; rank 0 prints them. The
+    runtime is closed however it ends (runtime.session): NCCL windows go before their groups."""
+    from overlapbench import runtime
 
-    from overlapbench import environment, printing, results, runtime
+    with runtime.session(TIMEOUT_S, nccl_tuning_log=True) as rt:  # rows of NCCL paths record its kernel and channels
+        _measure(opts, console, rt)
+    return 0
 
-    rt = runtime.init(TIMEOUT_S, nccl_tuning_log=True)  # rows of NCCL paths record its kernel and channels
+
+def _measure(opts: Options, console: Console, rt: Runtime) -> None:
+    from overlapbench import environment, printing, results
+
     progress = printing.console(stderr=True, quiet=rt.rank != 0)
     env = environment.run_environment(rt)
     dtype = ("bf16" if rt.is_cuda else "fp32") if opts.dtype == "auto" else opts.dtype
     cases = make_cases(opts.bench(rt.is_cuda), rt.world_size, rt.backend, dtype, opts.hidden, len(env["hosts"]),
                        beside_gemm=opts.beside_gemm, ce_chunks=opts.ce_chunks, windows=rt.nccl_windows_unavailable())
     output = opts.output or default_output(env["device"], rt.world_size)
-    store, done, run_id = results.open_on_ranks(output, opts.resume, rt.rank)
-    info = RunInfo("comm", run_id, env, opts.warmup, opts.iters, opts.graphs)
+    store, done, run_id = results.open_on_ranks(output, opts.resume, rt.rank, STUDY)
+    info = RunInfo(STUDY, run_id, env, opts.warmup, opts.iters, opts.graphs)
     try:
         what = f"comm: {len(cases)} cases on {rt.world_size} x {env['device']} ({rt.backend}, {dtype}) -> {output}"
         progress.print(what, highlight=False)
@@ -181,6 +212,3 @@ def run_ranks(opts: Options, console: Console) -> int:
     if rt.rank == 0:
         render(rows, opts.fmt, console)
         progress.print(totals(rows), highlight=False)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0

@@ -86,8 +86,7 @@ PATHS_BY_NAME = {
         CommPath("nccl", OPS, benches.nccl_bench, _nccl_ctas, nccl=True),
         # NCCL's symmetric kernels (2.27+) at the same budgets, exact (min_ctas = max_ctas); at
         # world size 1 NCCL copies locally and runs no kernel, hence 2 ranks at least
-        CommPath("nccl_symm", OPS, benches.nccl_symm_bench, _nccl_ctas, world=(2, 8), nccl=True, window=True,
-                 by_default=False),
+        CommPath("nccl_symm", OPS, benches.nccl_symm_bench, _nccl_ctas, world=(2, 8), nccl=True, window=True),
         CommPath("symm_one_shot", ("all_reduce",), benches.symm_all_reduce_bench, _own_grid, buffer="symmetric"),
         CommPath("symm_two_shot", ("all_reduce",), benches.symm_all_reduce_bench, _own_grid, buffer="symmetric"),
         CommPath("fused_norm", ("all_reduce",), benches.fused_norm_bench, _norm_ctas,

@@ -7,7 +7,7 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from overlapbench.errors import UserError, reject_unknown_keys
+from overlapbench.errors import UserError, reject_unknown_keys, shown
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # torch attribute names
@@ -45,14 +45,14 @@ def parse_size(text: Any, where: str) -> int:
     else:
         match = _SIZE.fullmatch(str(text).strip()) if isinstance(text, str) else None
         if match is None:
-            raise UserError(f"{where}: {text!r} is not a size; give bytes, optionally with K, M or G (e.g. 64K, 1M, 1G)")
+            raise UserError(f"{where}: {shown(text)} is not a size; give bytes, optionally with K, M or G (e.g. 64K, 1M, 1G)")
         try:
             number, unit = Decimal(match[1]), (match[2] or "").lower() or None
         except InvalidOperation:  # pragma: no cover -- the regex admits only decimals
-            raise UserError(f"{where}: {text!r} is not a size") from None
+            raise UserError(f"{where}: {shown(text)} is not a size") from None
     value = number * _UNITS[unit]
     if value != value.to_integral_value() or value < 1:
-        raise UserError(f"{where}: {text!r} is not a whole number of bytes >= 1")
+        raise UserError(f"{where}: {shown(text)} is not a whole number of bytes >= 1")
     return int(value)
 
 
@@ -63,7 +63,7 @@ def size_ladder(lo: int, hi: int, factor: int, names: tuple[str, str, str] = CLI
     """lo, lo*f, lo*f^2, ... up to hi: nccl-tests' -b -e -f. `names` name the three fields in
     errors (options on the command line, keys in a spec)."""
     if not isinstance(factor, int) or isinstance(factor, bool) or factor < 2:
-        raise UserError(f"{names[2]}: must be an integer >= 2, got {factor!r}")
+        raise UserError(f"{names[2]}: must be an integer >= 2, got {shown(factor)}")
     if hi < lo:
         raise UserError(f"{names[1]}: {format_bytes(hi)} is below {names[0]} {format_bytes(lo)}")
     sizes, size = [], lo

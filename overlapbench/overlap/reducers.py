@@ -4,6 +4,9 @@
 `nccl_symm`: the same on rows of a registered NCCL window (runtime.Runtime.window), which the
 GEMMs write their partial sums into, so that NCCL runs its symmetric kernel on exactly the
 budget's CTAs (its own choice at `default`).
+`one_shot` / `two_shot` (baseline's `allreduce`): PyTorch's symmetric-memory all-reduce on rows
+of a rendezvoused buffer the GEMMs write into, then the fused add + RMSNorm: the peer-memory
+kernels engines run below their size limits.
 `fused`: one few-CTA Triton kernel over symmetric memory that reduces, adds and normalizes
 (knobs.FUSED_KERNEL: kernel v2's pull variant, kernels/allreduce_norm_pull.py, by default; or
 push, pull_push or v1; the residual token-sharded, except in v1);
@@ -27,7 +30,8 @@ from overlapbench.errors import UserError
 from overlapbench.knobs import DEFAULT, FUSED_KERNEL, SYMMETRIC_COMM
 from overlapbench.layer import LocalReducer
 from overlapbench.nccl_windows import NcclWindow
-from overlapbench.runtime import BuildContext
+from overlapbench.norms import add_rms_norm
+from overlapbench.runtime import BuildContext, SymmetricBuffer, symmetric_buffer
 
 
 def collective(ctx: BuildContext, nccl_max_ctas=DEFAULT, high_priority: bool = False, symm: bool = False) -> LocalReducer:
@@ -52,6 +56,44 @@ class WindowReducer(LocalReducer):
 
     def out_buffer(self, chunk: Chunk) -> torch.Tensor:
         return self.window.view(chunk.begin * self.hidden, (chunk.size, self.hidden))
+
+
+@dataclass
+class SymmMemReducer(LocalReducer):
+    """PyTorch's symmetric-memory all-reduce (torch.ops.symm_mem, peer loads, no multicast) on
+    partial sums the GEMMs wrote into `buffer`, row r of the layout at row r; the sum is then
+    added and normed as LocalReducer does. `two_shot` reduce-scatters and all-gathers in place;
+    `one_shot` has every rank read all its peers' rows into a new tensor. Both start at the
+    buffer's first element (the ops find the allocation by the tensor's address), so a chunk
+    must start the batch: baseline's whole batch does."""
+
+    buffer: SymmetricBuffer | None = None
+    hidden: int = 0
+    kind: str = "two_shot"
+
+    def out_buffer(self, chunk: Chunk) -> torch.Tensor:
+        if chunk.begin:
+            raise ValueError("the symmetric-memory all-reduce reduces a batch's rows from its first one")
+        return self.buffer.view(0, (chunk.size, self.hidden))
+
+    def __call__(self, partial, chunk, residual, weight, out=None):
+        if self.kind == "two_shot":
+            torch.ops.symm_mem.two_shot_all_reduce_(partial, "sum", self.buffer.group_name)
+        else:
+            partial = torch.ops.symm_mem.one_shot_all_reduce(partial, "sum", self.buffer.group_name)
+        return add_rms_norm(partial, residual, weight, self.eps, out)
+
+
+def symm_mem(ctx: BuildContext, kind: str) -> SymmMemReducer:
+    """Baseline's `allreduce: one_shot | two_shot` on the run's buffer, rows for its largest
+    batch (this one's where that does not fit)."""
+    hidden, dtype, rt = ctx.stack.shape.hidden, ctx.stack.dtype, ctx.runtime
+
+    def make(tokens: int):
+        return lambda: symmetric_buffer(tokens * hidden, dtype, rt.device)
+
+    buffer = _run_sized(ctx, ("symm_mem_allreduce", hidden, dtype), make, lambda b: b.tensor.numel() // hidden)
+    return SymmMemReducer(ctx.eps, buffer=buffer, hidden=hidden, kind=kind)
 
 
 @dataclass
@@ -92,10 +134,18 @@ def _engine(ctx: BuildContext, comm: str):
 
         return lambda: FUSED_KERNELS[FUSED_KERNEL](*args)
 
-    kernel = rt.cached(key)
-    if kernel is not None and kernel.max_tokens >= ctx.tokens:
-        return kernel
-    if kernel is None and ctx.max_tokens > ctx.tokens:
+    return _run_sized(ctx, key, make, lambda kernel: kernel.max_tokens)
+
+
+def _run_sized(ctx: BuildContext, key: tuple, make, capacity):
+    """The run's object under `key`, made by `make(tokens)()` for its largest batch once; where
+    that does not fit in memory, for this batch (and made again, larger, when a later one needs
+    more). `capacity(obj)`: the tokens it holds."""
+    rt = ctx.runtime
+    made = rt.cached(key)
+    if made is not None and capacity(made) >= ctx.tokens:
+        return made
+    if made is None and ctx.max_tokens > ctx.tokens:
         try:
             return rt.replace_resource(key, make(ctx.max_tokens))
         except (torch.OutOfMemoryError, RuntimeError) as e:  # symmetric memory: "CUDA driver error: out of memory"

@@ -1,17 +1,20 @@
-"""The two-way split overlap that `token_split` and `iso` share.
+"""The split overlap that `token_split` and `iso` share.
 
-The batch's rows are cut into chunks A and B. Compute runs on the main stream, communication on
-a high-priority side stream, so one chunk's reduction hides under the other's compute. Per
-layer (TokenWeave's schedule):
+The batch's rows are cut into chunks (two, A and B, unless a strategy's `chunks` knob asks for
+more). Compute runs on the main stream, communication on a high-priority side stream, so one
+chunk's reduction hides under the next chunk's compute. Per layer (TokenWeave's schedule):
 
     comm: reduce(B, previous MLP)   ||  compute: attention(A)
     comm: reduce(A, attention)      ||  compute: attention(B)
     comm: reduce(B, attention)      ||  compute: MLP(A)
     comm: reduce(A, MLP)            ||  compute: MLP(B)
 
-so B's MLP reduction is carried into the next layer, and only the last one is exposed. B's
-attention reads A's keys and values where a sequence straddles the cut. Strategies differ only
-in how they cut (a `SplitPlan`); the schedule is written once, here.
+so B's MLP reduction is carried into the next layer, and only the last one is exposed. With N
+chunks C1..CN the same pipeline runs over the sequence attention(C1..CN), MLP(C1..CN): each
+compute is issued, then its reduction, which runs beside the next compute; the exposed tail is
+CN's last MLP reduction, 1/N of the batch. A later chunk's attention reads the earlier chunks'
+keys and values where a sequence straddles a cut. Strategies differ only in how they cut (a
+`SplitPlan`); the schedule is written once, here.
 """
 
 from __future__ import annotations
@@ -29,15 +32,20 @@ from overlapbench.step import Step
 
 @dataclass
 class SplitPlan:
-    """Two chunks covering the batch's rows in the split layout.
+    """Chunks (two or more, in schedule order) covering the batch's rows in the split layout.
 
     `order[j]` is the natural row (sequences back to back) of layout row j, or None when the
-    layout is the natural one (a single cut of the flattened batch).
+    layout is the natural one (cuts of the flattened batch).
     """
 
-    first: Chunk
-    second: Chunk
+    chunks: tuple[Chunk, ...]
     order: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        ends = [c.end for c in self.chunks]
+        if len(self.chunks) < 2 or [c.begin for c in self.chunks] != [0, *ends[:-1]] or any(c.size < 1 for c in self.chunks):
+            raise ValueError(f"a split needs 2 or more non-empty chunks back to back from row 0, got rows "
+                             f"{[(c.begin, c.end) for c in self.chunks]}")
 
 
 class Lanes:
@@ -49,8 +57,8 @@ class Lanes:
     def __init__(self, ctx: BuildContext) -> None:
         self.cuda = ctx.runtime.is_cuda
         self.side = ctx.runtime.side_stream() if self.cuda else None
-        self.ready: dict[str, object] = {}  # chunk name -> event after its last reduction
-        self.produced: dict[str, object] = {}  # chunk name -> event after its last GEMM
+        self.ready: dict[int, object] = {}  # chunk index -> event after its last reduction
+        self.produced: dict[int, object] = {}  # chunk index -> event after its last GEMM
 
     def _record(self, stream=None):
         if not self.cuda:
@@ -59,21 +67,21 @@ class Lanes:
         event.record(stream)
         return event
 
-    def compute(self, name: str, fn):
-        if self.cuda and name in self.ready:
-            torch.cuda.current_stream().wait_event(self.ready[name])
+    def compute(self, chunk: int, fn):
+        if self.cuda and chunk in self.ready:
+            torch.cuda.current_stream().wait_event(self.ready[chunk])
         result = fn()
-        self.produced[name] = self._record()
+        self.produced[chunk] = self._record()
         return result
 
-    def communicate(self, name: str, fn) -> None:
+    def communicate(self, chunk: int, fn) -> None:
         if not self.cuda:
             fn()
             return
-        self.side.wait_event(self.produced[name])
+        self.side.wait_event(self.produced[chunk])
         with torch.cuda.stream(self.side):
             fn()
-        self.ready[name] = self._record(self.side)
+        self.ready[chunk] = self._record(self.side)
 
     def join(self) -> None:
         if self.cuda:
@@ -81,7 +89,7 @@ class Lanes:
 
 
 class SplitForward:
-    """The stack forward over two chunks with the interleaved schedule above.
+    """The stack forward over the plan's chunks with the interleaved schedule above.
 
     Buffers that cross streams (residual, normed input, partial sums) are made once, at build,
     so the caching allocator never hands a block in use on one stream to the other.
@@ -114,24 +122,20 @@ class SplitForward:
         reducer(partial, chunk, self.residual[rows], weight, self.normed[rows])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        stack, (a, b) = self.ctx.stack, (self.plan.first, self.plan.second)
-        order = self.plan.order
+        stack, chunks, order = self.ctx.stack, self.plan.chunks, self.plan.order
         self.residual.copy_(x if order is None else x[order])
         rms_norm(self.residual, stack.layers[0].attn_norm, stack.shape.eps, out=self.normed)
         lanes = Lanes(self.ctx)
         attn, mlp = self.after_attention, self.after_mlp
-        carried = None  # B's MLP partial from the previous layer
         for i, w in enumerate(stack.layers):
-            if carried is not None:
-                lanes.communicate("B", lambda p=carried: self._reduce(mlp, p, b, w.attn_norm))
-            pa = lanes.compute("A", lambda: self._attention(i, a))
-            lanes.communicate("A", lambda: self._reduce(attn, pa, a, w.mlp_norm))
-            pb = lanes.compute("B", lambda: self._attention(i, b))
-            lanes.communicate("B", lambda: self._reduce(attn, pb, b, w.mlp_norm))
-            pa = lanes.compute("A", lambda: self._mlp(i, a))
-            lanes.communicate("A", lambda p=pa: self._reduce(mlp, p, a, stack.norm_after(i)))
-            carried = lanes.compute("B", lambda: self._mlp(i, b))
-        lanes.communicate("B", lambda: self._reduce(mlp, carried, b, stack.final_norm))
+            # Each compute, then its reduction on the side lane, beside the next compute (the last
+            # chunk's MLP reduction beside the next layer's first attention).
+            for k, c in enumerate(chunks):
+                partial = lanes.compute(k, lambda c=c: self._attention(i, c))
+                lanes.communicate(k, lambda p=partial, c=c: self._reduce(attn, p, c, w.mlp_norm))
+            for k, c in enumerate(chunks):
+                partial = lanes.compute(k, lambda c=c: self._mlp(i, c))
+                lanes.communicate(k, lambda p=partial, c=c: self._reduce(mlp, p, c, stack.norm_after(i)))
         lanes.join()
         if order is None:
             return self.normed

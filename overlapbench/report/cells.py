@@ -23,13 +23,16 @@ def legend(views: dict[Group, dict[str, dict[str, Cell]]]) -> str:
     hidden = (f" · hidden = share of {name}'s exposed communication ({name.removeprefix('the ')} - no_comm) removed"
               if any(c.hidden is not None for c in cells) else "")
     rate = f" · {RATE_TEXT}" if any(c.m.peak_frac is not None for c in cells) else ""
+    vs_best = (f" · vs best = speedup over {name}'s fastest knob setting at that point, where that is not its default"
+               if any(c.vs_best_text() for c in cells) else "")
     return (f"{STAR} picked by tune's rule (faster than {name} beyond the noise, else {name}) · {NOISY_TEXT} · "
-            f"speedup over {name} with default knobs{hidden}{rate} · each strategy at its best knobs{which}")
+            f"speedup over {name} with default knobs{vs_best}{hidden}{rate} · each strategy at its best knobs{which}")
 
 
 def sensitivity_legend(groups: Iterable[Group]) -> str:
     name, which = references(groups)
-    return f"{STAR} fastest setting · {NOISY_TEXT} · speedup over {name} with default knobs{which}"
+    return (f"{STAR} fastest correct setting · bound: not a correct result (comm: none), never picked · {NOISY_TEXT} · "
+            f"speedup over {name} with default knobs{which}")
 
 
 def references(groups: Iterable[Group]) -> tuple[str, str]:
@@ -56,15 +59,40 @@ class Cell:
     hidden: float | None
     winner: bool
     speedup_ci: tuple[float, float] | None = None  # 95%, where timed interleaved with the reference
+    # Over the reference strategy's fastest setting at this point (analysis.best_reference), and
+    # that row; shown where it is not the default reference.
+    vs_best: float | None = None
+    best: Measured | None = None
+
+    @property
+    def best_differs(self) -> bool:
+        """The fastest reference setting is not the default one: `vs best` says more than `speedup`."""
+        return self.best is not None and not analysis.default_knobs(self.best.knobs)
+
+    def speedup_text(self) -> str:
+        if self.speedup is None:
+            return ""
+        text = f"{self.speedup:.3f}x"
+        if self.speedup_ci is not None and self.speedup_ci[1] > self.speedup_ci[0]:
+            text += f" ±{(self.speedup_ci[1] - self.speedup_ci[0]) / 2 / self.speedup:.1%}"
+        return text
+
+    def vs_best_text(self) -> str:
+        return "" if self.vs_best is None or not self.best_differs else f"{self.vs_best:.3f}x"
+
+    def hidden_text(self) -> str:
+        if self.hidden is None or self.m.strategy == analysis.BOUND:
+            return ""
+        return f"{round(self.hidden, 2) + 0.0:.0%}"  # no "-0%"
+
+    def rate_text(self) -> str:
+        return "" if self.m.peak_frac is None else f"{self.m.tflops:.0f} TF/s {self.m.peak_frac:.0%}"
 
     def lines(self) -> list[str]:
-        figures = [] if self.speedup is None else [f"{self.speedup:.3f}x"]
-        if self.speedup_ci is not None and self.speedup_ci[1] > self.speedup_ci[0]:
-            figures[0] += f" ±{(self.speedup_ci[1] - self.speedup_ci[0]) / 2 / self.speedup:.1%}"
-        if self.hidden is not None and self.m.strategy != analysis.BOUND:
-            figures.append(f"{round(self.hidden, 2) + 0.0:.0%} hidden")  # no "-0%"
-        rate = "" if self.m.peak_frac is None else f" {self.m.tflops:.0f} TF/s {self.m.peak_frac:.0%}"
-        return [f"{fmt_ms(self.m.ms)} ms{rate}", " ".join(figures), self.m.knob_text()]
+        figures = [t for t in (self.speedup_text(), self.hidden_text() and f"{self.hidden_text()} hidden") if t]
+        vs_best = [f"{self.vs_best_text()} vs best"] if self.vs_best_text() else []
+        rate = f" {self.rate_text()}" if self.rate_text() else ""
+        return [f"{fmt_ms(self.m.ms)} ms{rate}", " ".join(figures), *vs_best, self.m.knob_text()]
 
     def record(self) -> dict:
         m = self.m
@@ -75,6 +103,7 @@ class Cell:
             "p10_ms": m.p10_ms, "p90_ms": m.p90_ms, "cv": m.cv, "noisy": m.noisy,
             "speedup": self.speedup, "speedup_ci": None if self.speedup_ci is None else list(self.speedup_ci),
             "hidden": self.hidden, "winner": self.winner, "tflops": m.tflops, "peak_frac": m.peak_frac,
+            "speedup_vs_best": self.vs_best, "best_reference": None if self.best is None else self.best.knobs,
         }
 
 
@@ -86,8 +115,12 @@ class Shown:
     best: bool = False
     mark: str = ""
     knobs: str = ""  # the knob setting: the last line, or a tag explained under a narrow table
+    right: bool = False  # a number: right-aligned where its column is (stacked tables)
+    knobs_inline: bool = False  # the knob setting (or its tag) on the last line, not a line of its own
 
     def all_lines(self) -> list[str]:
+        if self.knobs_inline and self.knobs:
+            return [*self.lines[:-1], f"{self.lines[-1]} {self.knobs}"]
         return [line for line in (*self.lines, self.knobs) if line]
 
 
@@ -98,6 +131,7 @@ class Grid:
     title: str
     header: list[str]
     rows: list[list[Shown]]
+    stacked: Grid | None = None  # the same, a line per cell, for a console too narrow for this one
 
 
 def fmt_ms(x: float) -> str:

@@ -88,7 +88,7 @@ def _require_measured(store: Store) -> None:
         first = next((e for _, e in store.errors() if e), "no rows")
         names = ", ".join(map(str, store.sources))
         raise UserError(f"{names}: no ok rows of the {analysis.COMPARED_TEXT} workloads to report "
-                        f"({dict(store.statuses())}; first error: {first})")
+                        f"({analysis.status_text(store.rows)}; first error: {first})")
 
 
 def run(paths: Iterable[Path], fmt: str = "table", console: Console | None = None, **options) -> int:

@@ -6,18 +6,19 @@ from collections import Counter
 
 from overlapbench import analysis, batches, tune
 from overlapbench.analysis import Group, Measured, Store
-from overlapbench.report.cells import NOISY, Cell, Grid, Shown, text_cell
+from overlapbench.report.cells import NOISY, Cell, Grid, Shown, fmt_ms, text_cell
 
 
 def cells_at(rows: list[Measured]) -> dict[str, Cell]:
     """Per strategy at one point: tune's choice where it is that strategy, else its best knobs."""
     ref, free, choice = analysis.reference(rows), analysis.bound(rows), tune.pick(rows)
+    strongest = analysis.best_reference(rows)
     best = analysis.best_per_strategy(rows)
     if choice is not None:
         best[choice.chosen.strategy] = choice.chosen
     return {
         s: Cell(m, analysis.speedup(m, ref), analysis.hidden(m, ref, free), choice is not None and m is choice.chosen,
-                None if m is ref else analysis.speedup_ci(m, ref))
+                None if m is ref else analysis.speedup_ci(m, ref), analysis.speedup(m, strongest), strongest)
         for s, m in sorted(best.items(), key=lambda item: column_order(item[0]))
     }
 
@@ -46,7 +47,25 @@ def overview_grid(group: Group, points: dict[str, dict[str, Cell]]) -> Grid:
     for label, cells in points.items():
         shown = [_overview_cell(cells.get(s)) for s in strategies]
         rows.append([text_cell(label), *shown])
-    return Grid(group.label(), ["tokens", *strategies], rows)
+    return Grid(group.label(), ["tokens", *strategies], rows, stacked_grid(group, points))
+
+
+def stacked_grid(group: Group, points: dict[str, dict[str, Cell]]) -> Grid:
+    """The overview a line per strategy and point, its figures in columns: what fits a narrow
+    console (80 columns) however many strategies were measured. Columns no cell fills are left out."""
+    cells = [(label, c) for label, by_strategy in points.items() for c in by_strategy.values()]
+    columns = {
+        "ms": lambda c: fmt_ms(c.m.ms), "speedup": Cell.speedup_text, "vs best": Cell.vs_best_text,
+        "hidden": Cell.hidden_text, "TF/s": Cell.rate_text,
+    }
+    shown = [name for name, text in columns.items() if any(text(c) for _, c in cells)]
+    rows, previous = [], None
+    for label, c in cells:
+        strategy = Shown((c.m.strategy,), c.winner, NOISY if c.m.noisy else "", c.m.knob_text(), knobs_inline=True)
+        numbers = [Shown((columns[name](c) or "-",), right=True) for name in shown]
+        rows.append([text_cell(label if label != previous else ""), strategy, *numbers])
+        previous = label
+    return Grid(group.label(), ["tokens", "strategy", *shown], rows)
 
 
 def _overview_cell(cell: Cell | None) -> Shown:

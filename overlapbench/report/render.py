@@ -20,7 +20,8 @@ def to_rich(grid: Grid) -> Table:
     multiline = any(len(c.all_lines()) > 1 for row in grid.rows for c in row)
     table = Table(title=Text(grid.title, style="bold"), title_justify="left", show_lines=multiline)
     for i, name in enumerate(grid.header):  # squeezed, a cell wraps (folds), never cuts
-        table.add_column(name, justify="right" if i == 0 else "left", overflow="fold")
+        right = i == 0 or all(row[i].right for row in grid.rows if i < len(row))
+        table.add_column(name, justify="right" if right else "left", overflow="fold")
     for row in grid.rows:
         table.add_row(*(_rich_cell(c) for c in row))
     return table
@@ -78,13 +79,17 @@ def emit(grids: list[Grid], records: list[dict], fmt: str, console: Console,
 
 def print_grid(grid: Grid, console: Console) -> None:
     """The table in full. Where it is wider than the console (a pipe counts as 80 columns), the
-    knob settings move under it (a tag in the cell, its meaning below): the cells that stay need
-    little width, and whatever is still too wide wraps, or goes to a pipe unsqueezed."""
+    knob settings move under it (a tag in the cell, its meaning below); where that is still too
+    wide, the grid's stacked form (a line per cell) takes its place; whatever is still too wide
+    wraps, or goes to a pipe unsqueezed."""
     table = to_rich(grid)
     if printing.fits(console, table):
         console.print(table)
         return
     tagged, legend = knobs_below(grid)
+    if grid.stacked is not None and not printing.fits(console, to_rich(tagged)):
+        print_grid(grid.stacked, console)
+        return
     printing.print_table(console, to_rich(tagged))
     if legend:
         console.print(Text("knob settings of the cells:", style="dim"))

@@ -7,6 +7,7 @@ import json
 from overlapbench import analysis, batches
 from overlapbench.analysis import Group, Measured, Store
 from overlapbench.errors import UserError, did_you_mean
+from overlapbench.knobs import show_value
 from overlapbench.report.cells import NOISY, Grid, Shown, fmt_ms, sensitivity_legend, text_cell
 
 # -- sensitivity: one strategy's knob grid at one token count -------------------------------
@@ -40,7 +41,8 @@ def sensitivity_grid(group: Group, rows: list[dict], ref: Measured | None) -> Gr
     last (one `ms` column when only one knob varies, one cell when none does)."""
     axes = varying([r["knobs"] for r in rows])
     outer, inner = (axes[:-1], axes[-1:]) if len(axes) > 1 else (axes, [])
-    fastest = min((r["ms"] for r in rows if r.get("status") == "ok"), default=None)
+    # a bound (comm: none, checked false) is not a correct result: tune never picks it, so it is never the star
+    fastest = min((r["ms"] for r in rows if r.get("status") == "ok" and analysis.is_checked(r)), default=None)
     cols = _sorted_coords({_coord(r, inner) for r in rows})
     grid_rows = []
     for line in _sorted_coords({_coord(r, outer) for r in rows}):
@@ -63,8 +65,8 @@ def _sorted_coords(coords: set[tuple[str, ...]]) -> list[tuple[str, ...]]:
 
 def _label(names: list[str], coord: tuple[str, ...]) -> str:
     """`128` on a single axis (its name is in the header), `a=1 b=2` on several."""
-    values = [json.loads(v) for v in coord]
-    return str(values[0]) if len(names) == 1 else " ".join(f"{k}={v}" for k, v in zip(names, values))
+    values = [show_value(json.loads(v)) for v in coord]
+    return values[0] if len(names) == 1 else " ".join(f"{k}={v}" for k, v in zip(names, values))
 
 
 def _knob_cell(match: list[dict], ref: Measured | None, fastest: float | None) -> Shown:
@@ -73,8 +75,10 @@ def _knob_cell(match: list[dict], ref: Measured | None, fastest: float | None) -
         return text_cell(match[0]["status"] if match else "-")
     best = min(ok, key=lambda r: r["ms"])
     speedup = [] if ref is None else [f"{ref.ms / best['ms']:.3f}x"]
+    bound = [] if analysis.is_checked(best) else ["bound"]
     noisy = best.get("cv") is not None and best["cv"] > analysis.NOISY_CV
-    return Shown((f"{fmt_ms(best['ms'])} ms", *speedup), best["ms"] == fastest, NOISY if noisy else "")
+    starred = best["ms"] == fastest and analysis.is_checked(best)
+    return Shown((f"{fmt_ms(best['ms'])} ms", *speedup, *bound), starred, NOISY if noisy else "")
 
 
 def sensitivity_record(row: dict, ref: Measured | None) -> dict:

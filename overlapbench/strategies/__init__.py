@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from overlapbench.errors import UserError, did_you_mean
+from overlapbench.errors import UserError, did_you_mean, shown
 from overlapbench.strategies.base import DEFAULT, Knob, Needs, Step, Strategy
 
 _REGISTRY: dict[str, type[Strategy]] = {}
@@ -20,7 +20,7 @@ def get(name: str, where: str = "strategies") -> type[Strategy]:
         return _REGISTRY[name]
     except KeyError:
         raise UserError(
-            f"{where}: unknown strategy {name!r}{did_you_mean(name, _REGISTRY)}; "
+            f"{where}: unknown strategy {shown(name)}{did_you_mean(name, _REGISTRY)}; "
             f"known: {', '.join(_REGISTRY)}"
         ) from None
 

@@ -1,8 +1,13 @@
-"""`baseline`: how engines run TP today, and the reference every strategy is checked against."""
+"""`baseline`: how engines run TP today, and the reference every strategy is checked against.
+
+Its all-reduce is a choice, because engines do not all run NCCL's ring: `allreduce: one_shot` or
+`two_shot` is PyTorch's symmetric-memory all-reduce (the peer-memory kernels vLLM and
+TensorRT-LLM run below their size limits), `nccl_symm` NCCL's symmetric kernels on a CTA budget.
+`report` and `tune` measure every strategy against the default setting and the fastest one."""
 
 from __future__ import annotations
 
-from overlapbench.knobs import NCCL_MAX_CTAS, NCCL_SYMM
+from overlapbench.knobs import ALLREDUCE, DEFAULT, NCCL_MAX_CTAS, NCCL_SYMM
 from overlapbench.strategies import register
 from overlapbench.strategies.base import NcclStrategy, Step
 
@@ -12,7 +17,20 @@ class Baseline(NcclStrategy):
     name = "baseline"
     simplicity = 0
     summary = "compute, blocking all-reduce, then residual add + RMSNorm (vLLM/Megatron)"
-    knobs = (NCCL_MAX_CTAS, NCCL_SYMM)
+    knobs = (NCCL_MAX_CTAS, NCCL_SYMM, ALLREDUCE)
+
+    @classmethod
+    def check_combination(cls, knobs, where):
+        """NCCL's knobs do not apply to PyTorch's all-reduce: reset, so a grid over both does
+        not measure one setting twice."""
+        if knobs["allreduce"] != "nccl":
+            knobs["nccl_max_ctas"], knobs["nccl_symm"] = DEFAULT, False
+
+    @classmethod
+    def skip_reason(cls, knobs, cuda):
+        if knobs.get("allreduce", "nccl") != "nccl" and not cuda:
+            return f"allreduce={knobs['allreduce']} is PyTorch's symmetric-memory all-reduce and needs CUDA GPUs"
+        return super().skip_reason(knobs, cuda)
 
     @classmethod
     def build(cls, ctx, knobs):
@@ -20,6 +38,9 @@ class Baseline(NcclStrategy):
         from overlapbench.layer import forward_stack
         from overlapbench.overlap import reducers
 
-        reducer = reducers.collective(ctx, knobs["nccl_max_ctas"], symm=cls.uses_nccl_windows(knobs))
+        if knobs.get("allreduce", "nccl") != "nccl":
+            reducer = reducers.symm_mem(ctx, knobs["allreduce"])
+        else:
+            reducer = reducers.collective(ctx, knobs["nccl_max_ctas"], symm=cls.uses_nccl_windows(knobs))
         chunk = whole_batch(ctx.seq_lens, ctx.runtime.device, ctx.decode)
         return Step(lambda x: forward_stack(ctx.stack, x, chunk, ctx.rope, reducer))

@@ -9,18 +9,15 @@ own (no row permutation), and their attention over their caches lands in the chu
 prefill rows attend to fewer keys (chunk 2's suffixes also read the prefixes). `balanced`
 counts them in chunk 1.
 
-`split_ratio: balanced` picks the fraction that gives both chunks the same FLOPs. A prefix of c
-tokens of a sequence costs  g*c + a*c^2/2,  its suffix  g*(L-c) + a*(L^2-c^2)/2,  where g is the
-per-token GEMM FLOPs of a layer on one rank and a the attention FLOPs per (query, key) pair; the
-balanced ratio solves  sum over sequences of (prefix - suffix) + decode = 0  by bisection, where
-decode = d * (g + a * (context + 1)) for d decode tokens.
+`split_ratio: balanced` picks the fraction that gives both chunks the same FLOPs
+(overlap/balance.py, which token_split's `balanced` cut shares).
 """
 
 from __future__ import annotations
 
 from overlapbench.errors import UserError
 from overlapbench.knobs import COMM, NCCL_MAX_CTAS, comm_ctas
-from overlapbench.models import ModelShape
+from overlapbench.overlap.balance import balanced_ratio
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Knob, SplitStrategy
 
@@ -30,35 +27,6 @@ SPLIT_RATIO = Knob(
     "fraction of every sequence in chunk 1, or 'balanced': equal FLOPs in both chunks",
     choices=("balanced",), bounds=(0.05, 0.95),
 )
-
-
-def layer_flops(shape: ModelShape, tp: int) -> tuple[float, float]:
-    """(GEMM FLOPs per token, attention FLOPs per query-key pair) of one layer on one rank.
-    A MoE layer's token runs its top_k experts' FFN shards and the (replicated) router."""
-    q, kv = shape.heads // tp * shape.head_dim, shape.kv_heads // tp * shape.head_dim
-    mlp = 3 * shape.top_k * shape.expert_ffn // tp + shape.experts if shape.moe else 3 * shape.ffn // tp
-    gemm = 2 * shape.hidden * (q + 2 * kv + q + mlp)
-    attention = 4 * q  # QK^T and PV, a multiply-add each
-    return gemm, attention
-
-
-def balanced_ratio(shape: ModelShape, tp: int, seq_lens: tuple[int, ...], decode: tuple[int, int] = (0, 0)) -> float:
-    """`decode`: (tokens, context) of the decode tokens in chunk 1."""
-    g, a = layer_flops(shape, tp)
-    tokens, context = decode
-
-    def imbalance(r: float) -> float:
-        total = tokens * (g + a * (context + 1)) if tokens else 0.0
-        for n in seq_lens:
-            c = r * n
-            total += (g * c + a * c * c / 2) - (g * (n - c) + a * (n * n - c * c) / 2)
-        return total
-
-    lo, hi = 0.0, 1.0  # imbalance rises with r: negative at 0, positive at 1
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if imbalance(mid) < 0 else (lo, mid)
-    return (lo + hi) / 2
 
 
 def cuts(seq_lens: tuple[int, ...], ratio: float, align: int) -> list[int]:
@@ -128,4 +96,4 @@ class Iso(SplitStrategy):
             ratio = balanced_ratio(ctx.stack.shape, ctx.stack.tp, seq_lens, mixed)
         first, second, order = chunks(seq_lens, cuts(seq_lens, ratio, knobs["align"]), device, decode)
         cta = {"comm_ctas_attn": knobs["comm_ctas"], "comm_ctas_mlp": knobs["comm_ctas"]}
-        return split_step(ctx, SplitPlan(first, second, order), reducers.for_split(ctx, knobs | cta))
+        return split_step(ctx, SplitPlan((first, second), order), reducers.for_split(ctx, knobs | cta))

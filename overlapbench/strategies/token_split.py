@@ -1,12 +1,20 @@
 """`token_split` (TokenWeave): cut the flattened batch once; each half's reduction hides under
-the other half's compute. Only the cut lives here; the schedule is in split.py."""
+the other half's compute. Only the cuts live here; the schedule is in split.py.
+
+Where to cut: TokenWeave's aligned half-way point (plus `split_offset`), a fraction of the tokens
+(`split_ratio`), or `balanced`: equal FLOPs per chunk, causal attention counted
+(overlap/balance.py), which moves the cut past the middle of a long prompt. `chunks` > 2
+cuts the batch in that many pieces (equal tokens, or equal FLOPs with `balanced`): each chunk's
+reduction then hides under the next chunk's compute, and the stack's exposed tail (the last
+chunk's MLP reduction) is 1/chunks of the batch.
+"""
 
 from __future__ import annotations
 
 import math
 
 from overlapbench.errors import UserError
-from overlapbench.knobs import ALIGN, COMM, NCCL_MAX_CTAS, comm_ctas
+from overlapbench.knobs import ALIGN, CHUNKS, COMM, NCCL_MAX_CTAS, comm_ctas
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Knob, SplitStrategy
 
@@ -33,28 +41,68 @@ def split_point(tokens: int, align: int, offset: int = 0, ratio: float | None = 
     return cut
 
 
+def aligned_cuts(tokens: int, align: int, targets: list[float]) -> list[int]:
+    """The rows where each chunk ends but the last: every target rounded to a multiple of
+    `align`, or, where that would leave a chunk empty, to the nearest row, moved just enough to
+    keep every chunk non-empty."""
+    if tokens < len(targets) + 1:
+        raise UserError(f"token_split: {tokens} token(s) cannot be cut into {len(targets) + 1} chunks; use fewer chunks")
+    cuts = [round(t / align) * align for t in targets]
+    if all(lo < hi for lo, hi in zip([0, *cuts], [*cuts, tokens])):
+        return cuts
+    cuts, last = [], 0
+    for k, t in enumerate(targets):
+        last = min(max(round(t), last + 1), tokens - (len(targets) - k))
+        cuts.append(last)
+    return cuts
+
+
+def cut_rows(ctx, knobs: dict) -> list[int]:
+    """The rows where each chunk but the last ends, in the flattened batch."""
+    from overlapbench.overlap.balance import balanced_rows
+
+    tokens, chunks, ratio = ctx.tokens, knobs.get("chunks", CHUNKS.default), knobs["split_ratio"]
+    if ratio == "balanced":
+        decode = (ctx.decode.tokens, ctx.decode.context) if ctx.decode is not None else (0, 0)
+        return aligned_cuts(tokens, knobs["align"], balanced_rows(ctx.stack.shape, ctx.stack.tp, ctx.seq_lens, decode, chunks))
+    if chunks == 2:
+        return [split_point(tokens, knobs["align"], knobs["split_offset"], ratio)]
+    return aligned_cuts(tokens, knobs["align"], [tokens * k / chunks for k in range(1, chunks)])
+
+
 @register
 class TokenSplit(SplitStrategy):
     name = "token_split"
     simplicity = 20
-    summary = "TokenWeave: the batch's tokens cut in two; each half's all-reduce+norm overlaps the other half's compute"
+    summary = ("TokenWeave: the batch's tokens cut in two (or `chunks` pieces); each chunk's all-reduce+norm "
+               "overlaps the next chunk's compute")
     knobs = (
         ALIGN,
         Knob("split_offset", int, 0, "tokens added to the aligned half-way cut", bounds=(-16384, 16384)),
-        Knob("split_ratio", float, None, "cut at this fraction of the tokens instead (alternative to split_offset)",
-             bounds=(0.05, 0.95), optional=True),
+        Knob("split_ratio", float, None,
+             "cut at this fraction of the tokens instead (alternative to split_offset), or 'balanced': "
+             "equal FLOPs in every chunk, causal attention counted (with chunks > 2: the only alternative "
+             "to equal tokens)",
+             choices=("balanced",), bounds=(0.05, 0.95), optional=True),
         COMM,
         comm_ctas("comm_ctas_attn", "after attention (comm=fused, copy_engine or nccl_symm)"),
         comm_ctas("comm_ctas_mlp", "after the MLP (comm=fused, copy_engine or nccl_symm)"),
         NCCL_MAX_CTAS,
+        CHUNKS,
     )
 
     cta_knobs = ("comm_ctas_attn", "comm_ctas_mlp")
 
     @classmethod
     def check_combination(cls, knobs, where):
-        if knobs["split_ratio"] is not None and knobs["split_offset"] != 0:
+        ratio, offset = knobs["split_ratio"], knobs["split_offset"]
+        if ratio is not None and offset != 0:
             raise UserError(f"{where}: split_ratio and split_offset are alternatives; set one of them")
+        if knobs["chunks"] > 2 and offset != 0:
+            raise UserError(f"{where}: split_offset moves the one cut of 2 chunks; with chunks > 2 leave it out")
+        if knobs["chunks"] > 2 and ratio not in (None, "balanced"):
+            raise UserError(f"{where}: a split_ratio fraction makes 2 chunks; with chunks > 2 use "
+                            f"split_ratio: balanced or leave it out (equal tokens)")
         super().check_combination(knobs, where)
 
     @classmethod
@@ -63,8 +111,7 @@ class TokenSplit(SplitStrategy):
         from overlapbench.overlap import reducers
         from overlapbench.overlap.split import SplitPlan, split_step
 
-        tokens, device = ctx.tokens, ctx.runtime.device
-        cut = split_point(tokens, knobs["align"], knobs["split_offset"], knobs["split_ratio"])
-        seq_lens, decode = ctx.seq_lens, ctx.decode  # rows: the decode tokens, then the sequences
-        plan = SplitPlan(token_range(seq_lens, 0, cut, device, decode), token_range(seq_lens, cut, tokens, device, decode))
+        seq_lens, decode, device = ctx.seq_lens, ctx.decode, ctx.runtime.device  # rows: the decode tokens, then the sequences
+        ends = [0, *cut_rows(ctx, knobs), ctx.tokens]
+        plan = SplitPlan(tuple(token_range(seq_lens, lo, hi, device, decode) for lo, hi in zip(ends, ends[1:])))
         return split_step(ctx, plan, reducers.for_split(ctx, knobs))

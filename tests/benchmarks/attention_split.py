@@ -29,6 +29,7 @@ from overlapbench import attention, attention_kernels, measure
 from overlapbench.chunks import KVBuffer, token_range, whole_batch
 from overlapbench.environment import git_commit
 from overlapbench.models import preset
+from overlapbench.overlap.balance import balanced_ratio
 from overlapbench.results import RunLog
 from overlapbench.strategies import iso
 from overlapbench.strategies.token_split import split_point
@@ -96,7 +97,7 @@ def split_of(seq_lens: tuple[int, ...], cut: str, align: int, model: str, dev):
     if cut == "half":
         c = split_point(n, align)
         return token_range(seq_lens, 0, c, dev), token_range(seq_lens, c, n, dev), torch.arange(n, device=dev), c
-    prefix = iso.cuts(seq_lens, iso.balanced_ratio(preset(model), TP, seq_lens), align)
+    prefix = iso.cuts(seq_lens, balanced_ratio(preset(model), TP, seq_lens), align)
     first, second, order = iso.chunks(seq_lens, prefix, dev)
     return first, second, (torch.arange(n, device=dev) if order is None else order), first.size
 
