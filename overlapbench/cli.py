@@ -1,6 +1,7 @@
 """The command line: `overlapbench sweep | tune | export | report | strategies | models | env`.
 
-No logic lives here: each command parses its options and calls one module.
+No logic lives here: each command parses its options and calls one module. Long because every
+command's options are declared here, one per line, as typer reads them.
 """
 
 from __future__ import annotations
