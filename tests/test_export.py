@@ -156,6 +156,14 @@ def test_tokenweave_says_what_it_cannot_run():
     assert "ships no qwen2 config for TP=2" in export.files["qwen2_config_2.notes.txt"]
 
 
+def test_tokenweave_keeps_the_cut_of_a_split_it_reduces_differently():
+    knobs = {"align": 256, "comm": "copy_engine", "comm_ctas_attn": 32, "comm_ctas_mlp": 4, "split_offset": 256}
+    export = tokenweave.export(config([(1, 9000, "token_split", knobs)]), "s", None)
+    assert json.loads(export.files["llama_config_2.json"])["9000"] == {"attention_ctas": 16, "mlp_ctas": 16,
+                                                                       "split_offset": 256}
+    assert any("comm=copy_engine" in w and "keeps the cut" in w for w in export.warnings)
+
+
 def test_tokenweave_mixtral_switch_and_unknown_family():
     cfg = config([(1, 5000, "token_split", {"align": 256, "comm": "fused", "comm_ctas_attn": 8, "comm_ctas_mlp": 4,
                                              "split_offset": 0})], model="mixtral-8x7b")

@@ -63,8 +63,9 @@ def entry_for(p: Pick) -> tuple[dict, str | None]:
     builtin = _entry(facts.BUILTIN_CTAS, facts.BUILTIN_CTAS, 0)
     if p.kind == "token_split":
         if p.knobs.get("comm", "nccl") != "fused":
-            return builtin, (f"token_split with comm={p.knobs.get('comm', 'nccl')} picked; TokenWeave reduces with its fused "
-                             f"kernel only: entry holds its built-in {facts.BUILTIN_CTAS} CTAs")
+            return builtin | {"split_offset": p.knobs.get("split_offset", 0)}, (
+                f"token_split with comm={p.knobs.get('comm', 'nccl')} picked; TokenWeave reduces with its fused kernel "
+                f"only: entry keeps the cut (split_offset) and holds its built-in {facts.BUILTIN_CTAS} CTAs")
         if p.knobs.get("split_ratio") is not None:
             return builtin, "token_split with split_ratio picked; TokenWeave cuts at half plus an offset only: built-in entry"
         entry = _entry(p.knobs.get("comm_ctas_attn", 8), p.knobs.get("comm_ctas_mlp", 8), p.knobs.get("split_offset", 0))
