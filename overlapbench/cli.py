@@ -1,6 +1,7 @@
-"""The command line: `overlapbench sweep | tune | report | strategies | models | env`.
+"""The command line: `overlapbench sweep | tune | export | report | strategies | models | env`.
 
-No logic lives here: each command parses its options and calls one module.
+No logic lives here: each command parses its options and calls one module. Long because every
+command's options are declared here, one per line, as typer reads them.
 """
 
 from __future__ import annotations
@@ -207,6 +208,24 @@ def tune(
             raise UserError(f"{path}: holds {'/'.join(sorted(kinds))} rows, which tune does not choose from; tune reads a "
                             f"sweep's results (`overlapbench report {path}` shows these)")
     for path in tune_mod.run(paths, out_dir, console, min_gain):
+        console.print(f"wrote {path}")
+
+
+@app.command()
+@user_errors
+def export(
+    inputs: list[Path] = typer.Argument(..., metavar="TUNED.yaml|RESULTS.jsonl", help="Tuned configs, or results files to tune here (nothing else written)."),
+    engine: str = typer.Option(..., "--engine", help="tokenweave | vllm | sglang | trtllm."),
+    engine_version: str | None = typer.Option(None, "--engine-version", metavar="V", help="The engine release whose key names to write (vllm; default its newest known). An unknown one is refused."),
+    out: Path = typer.Option(Path("results/exports"), "--out", help="Folder; each config's files go to OUT/ENGINE/CONFIG-NAME/."),
+    show_defaults: bool = typer.Option(False, "--defaults", help="Instead: what the engine's defaults run per measured batch, against the tuned pick, from the rows behind each config (markdown)."),
+) -> None:
+    """Write the tuned choice as the files and flags an engine reads: TokenWeave's config JSON,
+    vLLM's --compilation-config and env lines, SGLang's flags, TensorRT-LLM's YAML and env. Each
+    says in its header what the engine cannot express and which of our kernels stand for its own."""
+    from overlapbench.export import command as export_mod
+
+    for path in export_mod.run(inputs, engine, engine_version, out, show_defaults, console):
         console.print(f"wrote {path}")
 
 

@@ -1,0 +1,155 @@
+"""What every engine's export shares: a tuned config's ranges as engine-neutral picks, the
+message size an engine's byte thresholds are written in, the runs an engine's one threshold can
+express, and the export itself (files, header, warnings) and how it is written.
+
+An engine sees a batch's token count and our kernels only by analogy, so each pick gets a `kind`
+that names the mechanism, not our implementation: `nccl` (NCCL all-reduce, then add + RMSNorm),
+`nccl_symm` (NCCL's symmetric kernels on registered windows), `one_shot` / `two_shot` (PyTorch's
+symmetric-memory all-reduce), `fused_norm` (one all-reduce + add + RMSNorm kernel), `token_split`
+(TokenWeave), `iso`, and the sequence-parallel family `sp_baseline`, `async_tp`, `flash_agrs`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from overlapbench.errors import UserError
+from overlapbench.tuned import Rule, TunedConfig, write_atomic
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+MIB = 1 << 20
+SP_FAMILY = ("sp_baseline", "async_tp", "flash_agrs")
+ALLREDUCE = ("nccl", "one_shot", "two_shot")  # baseline's `allreduce` knob: NCCL, PyTorch symmetric memory
+# Compute capability by device name (the name a sweep's rows carry): engines key their tables by it.
+CAPABILITY = {"H100": 90, "H200": 90, "H800": 90, "H20": 90, "GH200": 90, "B200": 100, "GB200": 100, "B300": 103}
+
+
+@dataclass(frozen=True)
+class Pick:
+    """One tuned rule: batches of lo..hi tokens run `strategy` with `knobs`; `kind` is its mechanism."""
+
+    lo: int
+    hi: int
+    strategy: str
+    knobs: dict
+    kind: str
+
+    def text(self) -> str:
+        knobs = " ".join(f"{k}={v}" for k, v in self.knobs.items() if v not in (None, "default"))
+        return f"{self.lo}..{self.hi} tokens: {self.strategy}{' ' + knobs if knobs else ''}"
+
+
+def kind_of(strategy: str, knobs: dict) -> str:
+    """The mechanism a strategy and its knobs run (see the module docstring)."""
+    if strategy == "baseline":
+        allreduce = knobs.get("allreduce") or "nccl"
+        if allreduce not in ALLREDUCE:
+            raise UserError(f"baseline knob allreduce: {allreduce!r} has no engine counterpart here "
+                            f"({' | '.join(ALLREDUCE)})")
+        return "nccl_symm" if knobs.get("nccl_symm") and allreduce == "nccl" else allreduce
+    if strategy == "fused_norm" and knobs.get("comm", "fused") == "copy_engine":
+        return "fused_norm_copy_engine"
+    return strategy
+
+
+def picks(config: TunedConfig) -> list[Pick]:
+    return [pick_of(rule) for rule in config.rules]
+
+
+def pick_of(rule: Rule) -> Pick:
+    return Pick(rule.lo, rule.hi, rule.strategy, dict(rule.knobs), kind_of(rule.strategy, rule.knobs))
+
+
+def dtype_bytes(config: TunedConfig) -> int:
+    if config.dtype not in DTYPE_BYTES:
+        raise UserError(f"dtype: {config.dtype!r} has no byte size known here ({', '.join(DTYPE_BYTES)})")
+    return DTYPE_BYTES[config.dtype]
+
+
+def hidden(config: TunedConfig) -> int:
+    value = config.shape.get("hidden")
+    if not isinstance(value, int) or value < 1:
+        raise UserError(f"shape.hidden: must be a positive integer to size the all-reduce, got {value!r}")
+    return value
+
+
+def message_bytes(config: TunedConfig, tokens: int) -> int:
+    """Bytes of one all-reduce of `tokens` rows: what byte thresholds (vLLM's MiB bounds,
+    TensorRT-LLM's workspace) compare against."""
+    return tokens * hidden(config) * dtype_bytes(config)
+
+
+def capability(device: str) -> int | None:
+    """The compute capability (90 for Hopper) of a device name such as 'NVIDIA H200', or None."""
+    words = device.replace("NVIDIA", "").replace("-", " ").split()
+    return next((CAPABILITY[w] for w in words if w in CAPABILITY), None)
+
+
+def leading_end(ps: list[Pick], kinds: tuple[str, ...]) -> int | None:
+    """The last token of the run of picks of `kinds` that starts at 1 token; None if the first is not."""
+    end = None
+    for p in ps:
+        if p.kind not in kinds:
+            break
+        end = p.hi
+    return end
+
+
+def trailing_start(ps: list[Pick], kinds: tuple[str, ...]) -> int | None:
+    """The first token of the run of picks of `kinds` that reaches the largest range; None if the last is not."""
+    start = None
+    for p in reversed(ps):
+        if p.kind not in kinds:
+            break
+        start = p.lo
+    return start
+
+
+def measured_from(config: TunedConfig) -> int | None:
+    """The smallest measured token count behind the config (rules name theirs), if recorded."""
+    counts = [t for r in config.rules for t in (r.extra.get("measured") or []) if isinstance(t, int)]
+    return min(counts) if counts else None
+
+
+@dataclass
+class Export:
+    """What one engine reads for one tuned config: files (name -> text), the header every file
+    carries (what the engine cannot express, which kernels stand for which), and warnings (our
+    picks it cannot follow)."""
+
+    engine: str
+    version: str | None
+    source: str  # the tuned config it came from
+    files: dict[str, str] = field(default_factory=dict)
+    header: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def notes(self) -> list[str]:
+        return [*self.header, *(f"WARNING: {w}" for w in self.warnings)]
+
+
+def comment(lines: list[str], mark: str = "#") -> str:
+    return "".join(f"{mark} {line}".rstrip() + "\n" for line in lines)
+
+
+def provenance(config: TunedConfig, source: str, engine: str, version: str | None) -> list[str]:
+    """The header's first lines: which config, which machine and shape, which engine version."""
+    shape = f"hidden {config.shape.get('hidden')}, {config.dtype}"
+    engine_text = engine + (f" {version}" if version else "")
+    return [
+        f"overlapbench export for {engine_text}, from {source}",
+        f"tuned on {config.device}, TP={config.tp} (world {config.world_size}), {config.model} ({shape})",
+        "picks: " + "; ".join(p.text() for p in picks(config)),
+    ]
+
+
+def write(export: Export, out_dir: Path) -> list[Path]:
+    """Each file atomically (never half a file); a UserError naming --out if it cannot."""
+    written = []
+    for name, text in export.files.items():
+        try:
+            written.append(write_atomic(Path(out_dir) / name, text))
+        except OSError as e:
+            raise UserError(f"--out: cannot write {Path(out_dir) / name} ({e.strerror or e}); choose another --out") from None
+    return written
