@@ -2,7 +2,7 @@
 
     python tests/checks/engine_exports.py [--venvs /tmp/ob-engines] [--out results/cpu-checks]
 
-Exports the committed TP=2 tuned configs (results/h200x2/tuned/, and tuned/sp/) for every engine,
+Exports the committed TP=2 tuned configs (results/h200x2/tuned/ and tuned/sp/, results/h100x2/331cb63/tuned/) for every engine,
 then, per engine, in a scratch venv of its own under --venvs (created and `pip install`ed when
 missing; an engine that does not install is reported with pip's last error lines):
 
@@ -53,14 +53,15 @@ VENVS = {
     "sglang": ("sglang", None, "sglang==0.5.23"),
     "trtllm": ("trtllm", None, "tensorrt-llm==1.2.1"),
 }
-TUNED = ROOT / "results/h200x2/tuned"
+TUNED = (ROOT / "results/h200x2/tuned", ROOT / "results/h100x2/331cb63/tuned")  # H200 (with SP configs), the H100 re-run
 BASE = {"nccl_max_ctas": "default"}
 
 
 def inputs() -> dict[str, tuned.TunedConfig]:
     """The committed TP=2 tuned configs, and synthetic ones whose picks reach the switches the
     committed picks do not (symmetric-memory and NCCL-symmetric all-reduce, TokenWeave's split)."""
-    out = {f"{p.parent.name}-{p.stem}": tuned.load(p) for p in sorted(TUNED.glob("*.yaml")) + sorted(TUNED.glob("sp/*.yaml"))}
+    found = [p for folder in TUNED for p in sorted(folder.glob("*.yaml")) + sorted(folder.glob("sp/*.yaml"))]
+    out = {f"{p.parent.name}-{p.stem}": tuned.load(p) for p in found}
     like = next(iter(out.values()))
     for name, rules in SYNTHETIC.items():
         out[name] = tuned.TunedConfig(like.device, like.world_size, like.tp, like.model, like.shape, like.dtype,

@@ -24,7 +24,7 @@ from overlapbench.export.command import Input, rows_of  # noqa: E402
 
 PAGE = ROOT / "docs/export.md"
 START, END = "<!-- export-example:start -->", "<!-- export-example:end -->"
-TUNED = "results/h200x2/tuned/{model}-tp2-nvidia-h200-bf16.yaml"
+TUNED = "results/h100x2/331cb63/tuned/{model}-tp2-nvidia-h100-80gb-hbm3-bf16.yaml"  # the TP=2 re-run on 2x H100
 EXAMPLE = TUNED.format(model="llama3-8b")
 FENCE = {".json": "json", ".sh": "sh", ".yaml": "yaml", ".txt": "text"}
 
