@@ -37,7 +37,7 @@ def user_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from overlapbench import launch
+        from overlapbench import launch, launch_log
 
         try:
             return fn(*args, **kwargs)
@@ -48,7 +48,7 @@ def user_errors(fn):
         except (launch.Interrupted, KeyboardInterrupt) as e:
             if os.environ.get("RANK", "0") == "0" and not launch.relaunched():  # the parent speaks for its workers
                 err_console.print(str(e) if isinstance(e, launch.Interrupted) and str(e) else "interrupted", soft_wrap=True)
-            raise typer.Exit(launch.INTERRUPTED) from None
+            raise typer.Exit(launch_log.INTERRUPTED) from None
 
     return wrapper
 

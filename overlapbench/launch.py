@@ -15,7 +15,6 @@ from overlapbench import launch_agent, launch_log, watchdog
 from overlapbench.runtime import apply_safe_env
 
 RELAUNCHED = "OVERLAPBENCH_RELAUNCHED"  # set for the workers of `relaunch`: the parent speaks for them
-INTERRUPTED = 130  # the shell's code for a command ended by Ctrl-C
 
 
 class Interrupted(Exception):
@@ -111,7 +110,7 @@ def relaunch(args: list[str], nproc: int, log: Path) -> int:
             signal.signal(signum, handler)
         if relay is not None:
             relay.join(timeout=5)
-    if code in (INTERRUPTED, 128 + signal.SIGTERM, -signal.SIGINT, -signal.SIGTERM):
+    if code in (launch_log.INTERRUPTED, 128 + signal.SIGTERM, -signal.SIGINT, -signal.SIGTERM):
         raise Interrupted
     return code
 

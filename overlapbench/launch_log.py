@@ -16,6 +16,7 @@ from pathlib import Path
 
 LOG = "OVERLAPBENCH_LAUNCH_LOG"  # the log's path, set by the launcher for torchrun and its workers
 EVENT = "overlapbench-event "  # the prefix of an event line
+INTERRUPTED = 130  # the shell's code for a command ended by Ctrl-C; a worker's, stopped by SIGINT or torchrun's SIGTERM
 
 
 def path_for(output: Path) -> Path:
@@ -86,8 +87,13 @@ def explain(log: Path, oom_before: int | None, memory: str | None = None) -> str
     ended = [e for e in found if e["event"] == "ended"]
     if ended and all(e.get("exitcode") == 2 for e in ended):  # UserError: the worker printed it
         return None
-    running = [e["what"] for e in found if e["event"] == "running"]
-    during = "" if not running else f" while {'running ' if running[-1].startswith('point ') else ''}{running[-1]}"
+    def during(rank=None) -> str:
+        """` while running POINT`: what `rank` (else any rank) ran last."""
+        running = [e["what"] for e in found if e["event"] == "running" and rank in (None, e.get("rank"))]
+        if not running and rank is not None:
+            return during()
+        return "" if not running else f" while {'running ' if running[-1].startswith('point ') else ''}{running[-1]}"
+
     timeout = next((e for e in found if e["event"] == "timeout"), None)
     if timeout is not None:
         return (f"rank {timeout['rank']}: {timeout['what']} ran longer than {timeout['limit_s']:g} s "
@@ -101,28 +107,31 @@ def explain(log: Path, oom_before: int | None, memory: str | None = None) -> str
         signalled = signals[0]  # a SIGTERM from outside
     if signalled is not None:
         rank, name = signalled["rank"], _signal_name(-signalled["exitcode"])
+        where = during(rank)
         need = f" ({memory})" if memory else ""
         smaller = ("Make the study smaller (model, layers, tokens; a cpu: section for CPU runs) or run fewer "
                    "processes")
         oom_after = oom_kills()
         if oom_before is not None and oom_after is not None and oom_after > oom_before:
-            return (f"host memory ran out{during}: the kernel's out-of-memory killer ended rank {rank}{need}. "
+            return (f"host memory ran out{where}: the kernel's out-of-memory killer ended rank {rank}{need}. "
                     f"{smaller}; details are in {log}.")
         if name == "SIGKILL":
-            return (f"rank {rank} was killed (SIGKILL){during}, by the out-of-memory killer if memory ran out{need} "
+            return (f"rank {rank} was killed (SIGKILL){where}, by the out-of-memory killer if memory ran out{need} "
                     f"or by another process. If it was memory: {smaller[0].lower()}{smaller[1:]}; details are in {log}.")
-        return (f"rank {rank} died of {name}{during}: a crash in native code or a signal from outside; "
+        return (f"rank {rank} died of {name}{where}: a crash in native code or a signal from outside; "
                 f"what it printed is in {log}.")
     errors = [e for e in found if e["event"] == "error"]
-    abrupt = next((e for e in ended if e["rank"] not in {x["rank"] for x in errors}), None)
-    if abrupt is not None:
-        return (f"rank {abrupt['rank']} exited with code {abrupt['exitcode']}{during}, without a Python "
-                f"error (native code or os._exit); what it printed is in {log}.")
+    # a rank torchrun stopped after another failed exits as interrupted (130): the other is the cause
+    abrupt = [e for e in ended if e["rank"] not in {x["rank"] for x in errors}]
+    cause = next((e for e in abrupt if e.get("exitcode") != INTERRUPTED), abrupt[0] if abrupt else None)
+    if cause is not None:
+        return (f"rank {cause['rank']} exited with code {cause['exitcode']}{during(cause['rank'])}, without a "
+                f"Python error (native code or os._exit); what it printed is in {log}.")
     if errors:
         first = errors[0]
-        return (f"rank {first['rank']} stopped on an unexpected error{during}: {first['error']}. "
+        return (f"rank {first['rank']} stopped on an unexpected error{during(first['rank'])}: {first['error']}. "
                 f"This is a bug of overlapbench or of its environment; the traceback is in {log}.")
-    return f"the launched processes ended abnormally{during}; what they printed is in {log}."
+    return f"the launched processes ended abnormally{during()}; what they printed is in {log}."
 
 
 def _signal_name(number: int) -> str:

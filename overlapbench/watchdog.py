@@ -32,10 +32,10 @@ class Watchdog:
     @contextlib.contextmanager
     def guard(self, what: str, extra_s: float = 0.0):
         """Ends the process (torchrun then stops the other ranks) if the block outlives the limit
-        (plus `extra_s`, for a block known to run long: a batch's interleaved rounds). Rank 0
-        tells the launch log what runs, so a run that dies can name its point."""
-        if self.rank == 0:
-            launch_log.event("running", what=what)
+        (plus `extra_s`, for a block known to run long: a batch's interleaved rounds). Each rank
+        tells the launch log what it runs, so a run that dies can name the point of the rank that
+        died (ranks are not in lockstep between collectives)."""
+        launch_log.event("running", what=what, rank=self.rank)
         timer = threading.Timer(self.limit_s + extra_s, self._expire, args=(what, self.limit_s + extra_s))
         timer.daemon = True
         timer.start()
