@@ -142,3 +142,12 @@ def test_a_bound_is_never_the_starred_setting(tmp_path):
     starred = [line for line in out.getvalue().splitlines() if "★" in line and line.startswith("|")]
     assert len(starred) == 1 and "copy_engine" in starred[0] and "none" not in starred[0], out.getvalue()
     assert "bound" in out.getvalue()
+
+
+@pytest.mark.parametrize("way", WAYS, ids=["piped", "terminal"])
+def test_a_real_run_with_every_column_fits_80_columns(way):
+    """A committed 2-GPU run: speedup, vs best (its fastest baseline is not the default), hidden
+    and TF/s all filled, the widest stacked form there is."""
+    lines = lines_of(overlapbench("report", "results/h100x2/331cb63/llama3-8b-tp2.jsonl", env={"COLUMNS": "80", **way}))
+    assert max(map(len, lines)) <= 80, "\n".join(lines)
+    assert any("vs best" in line and "TF/s" in line for line in lines)

@@ -132,6 +132,7 @@ class Grid:
     header: list[str]
     rows: list[list[Shown]]
     stacked: Grid | None = None  # the same, a line per cell, for a console too narrow for this one
+    compact: bool = False  # drawn without lines (printing.COMPACT): a stacked grid's columns need every one
 
 
 def fmt_ms(x: float) -> str:

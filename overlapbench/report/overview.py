@@ -65,7 +65,7 @@ def stacked_grid(group: Group, points: dict[str, dict[str, Cell]]) -> Grid:
         numbers = [Shown((columns[name](c) or "-",), right=True) for name in shown]
         rows.append([text_cell(label if label != previous else ""), strategy, *numbers])
         previous = label
-    return Grid(group.label(), ["tokens", "strategy", *shown], rows)
+    return Grid(group.label(), ["tokens", "strategy", *shown], rows, compact=True)
 
 
 def _overview_cell(cell: Cell | None) -> Shown:

@@ -18,7 +18,8 @@ from overlapbench.report.cells import NOISY, STAR, Grid, Shown
 
 def to_rich(grid: Grid) -> Table:
     multiline = any(len(c.all_lines()) > 1 for row in grid.rows for c in row)
-    table = Table(title=Text(grid.title, style="bold"), title_justify="left", show_lines=multiline)
+    lines = printing.COMPACT if grid.compact else {"show_lines": multiline}
+    table = Table(title=Text(grid.title, style="bold"), title_justify="left", **lines)
     for i, name in enumerate(grid.header):  # squeezed, a cell wraps (folds), never cuts
         right = i == 0 or all(row[i].right for row in grid.rows if i < len(row))
         table.add_column(name, justify="right" if right else "left", overflow="fold")
