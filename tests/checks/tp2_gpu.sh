@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The TP=2 measurements of issue 33 on 2 GPUs, in steps, everything under $OUT (packed into
-# $OUT/tp2.tgz, with a summary printed last):
+# $OUT/tp2.tgz after every step, so a call cut off by its limit keeps what finished; a summary
+# printed last). Keep each call's steps well inside the call's limit: one study per call.
 #   OUT=/tmp/out OVERLAPBENCH_GIT=<commit> STEPS=comm,beside,tests bash tests/checks/tp2_gpu.sh
 #   OUT=/tmp/out OVERLAPBENCH_GIT=<commit> STEPS=study SPECS="sweeps/a.yaml sweeps/b.yaml" bash tests/checks/tp2_gpu.sh
 # comm:   overlapbench comm, 1-256 MiB: nccl and nccl_symm (all-reduce, all-gather, reduce-scatter) at
@@ -21,12 +22,18 @@ STEPS=",${STEPS:-comm,beside,tests},"
 COMM=(python -m overlapbench comm --iters 10 --warmup 3 --hidden 8192 --nproc 2 --format csv)
 SUMMARY=$WORK/summary.txt
 
-step() {  # step NAME TIMEOUT_S COMMAND...: run it, note its wall time and exit code
+pack() {  # everything so far into $OUT (at most 8 files come back, so one archive): a call cut
+  # off by its time limit still brings back every step that finished
+  tar -czf "$OUT/tp2.tgz" -C "$WORK" . && cp "$SUMMARY" "$OUT/summary.txt"
+}
+
+step() {  # step NAME TIMEOUT_S COMMAND...: run it, note its wall time and exit code, pack
   local name=$1 limit=$2 start
   shift 2
   start=$(date +%s)
   timeout "$limit" "$@"
   echo "$name: exit $? in $(( $(date +%s) - start )) s" | tee -a "$SUMMARY"
+  pack
 }
 
 { python -m overlapbench env; nvidia-smi -L; nvidia-smi topo -m; } > "$WORK/env.txt" 2>&1
@@ -51,11 +58,11 @@ if [[ $STEPS == *,study,* ]]; then
     name=$(basename "$spec" .yaml)
     step "$name" "${STUDY_TIMEOUT:-420}" python -m overlapbench sweep "$spec" -o "$WORK/$name.jsonl" > "$WORK/$name.log" 2>&1
     python -m overlapbench report "$WORK/$name.jsonl" --format markdown > "$WORK/report-$name.md" 2>&1
+    pack
   done
 fi
 
-tar -czf "$OUT/tp2.tgz" -C "$WORK" .
-cp "$SUMMARY" "$OUT/summary.txt"
+pack
 for rows in "$WORK"/comm*.jsonl; do
   [ -f "$rows" ] && python -m overlapbench report "$rows" 2>/dev/null | tail -n 40
 done
