@@ -45,6 +45,7 @@ class Runtime:
     control: dist.ProcessGroup | None = None  # gloo group for agreement, never blocked by GPU work
     _groups: dict = field(default_factory=dict)
     _resources: dict = field(default_factory=dict)
+    _windows: dict = field(default_factory=dict)  # (max_ctas, high_priority, dtype) -> the NCCL windows made, oldest first
     _side_stream: Any = None
     tuning_log: nccl_log.TuningLog | None = None  # this process's NCCL tuning log, where init turned it on
 
@@ -77,11 +78,11 @@ class Runtime:
         (exact: NCCL's symmetric kernels run on exactly `max_ctas` CTAs; `default`: NCCL's own
         choice), made once per group and dtype, outside CUDA-graph capture, and kept for the
         run; where `numel` does not fit in memory, `fallback` elements (what this point needs).
-        A larger request makes a larger window and keeps the old one too: a captured graph may
-        still use it, and giving registered memory back is collective. Collective: every rank
-        asks for the same windows in the same order."""
+        A larger request makes a larger window and keeps the old one too, until `close`: a
+        captured graph may still use it. Collective: every rank asks for the same windows in the
+        same order."""
         group = self.group(max_ctas, high_priority, exact=True) or dist.group.WORLD
-        made = self._resources.setdefault(("nccl_window", max_ctas, high_priority, dtype), [])
+        made = self._windows.setdefault((max_ctas, high_priority, dtype), [])
         if made and made[-1].numel >= (fallback or numel):
             return made[-1]
         try:
@@ -162,11 +163,12 @@ class Runtime:
             torch.cuda.synchronize(self.device)
         if clean:
             dist.barrier(group=self.control)
-        windows = [w for key, made in self._resources.items() if _is_window_key(key) for w in made]
         self._resources.clear()  # the steps' buffers and kernels, which may view the windows
         gc.collect()
-        for window in windows:
-            nccl_windows.release(window, self.device)
+        for made in self._windows.values():
+            for window in made:
+                nccl_windows.release(window, self.device)
+        self._windows.clear()
         if clean:
             self._groups.clear()
             dist.destroy_process_group()
@@ -175,10 +177,6 @@ class Runtime:
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t.item())
-
-
-def _is_window_key(key: Any) -> bool:
-    return isinstance(key, tuple) and key[:1] == ("nccl_window",)
 
 
 @dataclass

@@ -227,7 +227,7 @@ def test_windows_are_made_once_per_group_and_grow_keeping_the_old(monkeypatch):
     assert made[0][0] is rt.group(8, exact=True)  # the exact group: NCCL runs on all 8 CTAs
     bigger = rt.window(200, torch.bfloat16, 8)
     assert bigger is not first and bigger.numel == 200
-    assert rt._resources[("nccl_window", 8, False, torch.bfloat16)] == [first, bigger]  # the old one is kept
+    assert rt._windows[(8, False, torch.bfloat16)] == [first, bigger]  # the old one is kept
     assert rt.window(10, torch.float32, 8) is not bigger  # per dtype
     assert rt.window(10, torch.bfloat16, DEFAULT).group == "world"
     assert rt.window(10, torch.bfloat16, DEFAULT, high_priority=True).group.high_priority

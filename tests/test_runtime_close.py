@@ -56,7 +56,7 @@ def test_an_interrupted_close_releases_windows_without_collectives(monkeypatch):
     journal = Journal()
     rt = runtime.Runtime(0, 2, 0, torch.device("cpu"), "nccl")
     windows = [_window(journal, "pool-a"), _window(journal, "pool-b")]
-    rt._resources[("nccl_window", 8, False, torch.bfloat16)] = windows
+    rt._windows[(8, False, torch.bfloat16)] = windows
     rt._resources["other"] = object()
 
     def collective(*args, **kwargs):
@@ -66,13 +66,13 @@ def test_an_interrupted_close_releases_windows_without_collectives(monkeypatch):
     monkeypatch.setattr(dist, "destroy_process_group", collective)
     rt.close(clean=False)
     assert journal.events == ["deregister pool-a", "deregister pool-b"]
-    assert all(w.pool is None for w in windows) and not rt._resources
+    assert all(w.pool is None for w in windows) and not rt._resources and not rt._windows
 
 
 def test_a_clean_close_releases_windows_before_the_group_goes(monkeypatch):
     journal = Journal()
     rt = runtime.Runtime(0, 2, 0, torch.device("cpu"), "nccl")
-    rt._resources[("nccl_window", "default", True, torch.bfloat16)] = [_window(journal, "pool-a")]
+    rt._windows[("default", True, torch.bfloat16)] = [_window(journal, "pool-a")]
     monkeypatch.setattr(dist, "barrier", lambda group=None: journal.events.append("barrier"))
     monkeypatch.setattr(dist, "destroy_process_group", lambda: journal.events.append("destroy"))
     rt.close()
