@@ -21,6 +21,7 @@ from overlapbench.chunks import Chunk, KVBuffer, build_decode_cache, decode_toke
 from overlapbench.models import ModelShape
 from overlapbench.moe import moe_partial
 from overlapbench.norms import add_rms_norm, rms_norm
+from overlapbench.overlap.schedule import ATTENTION, COMPUTE, Task, serial
 from overlapbench.rope import RopeTable
 from overlapbench.rope import rope_qkv as rope_rows
 from overlapbench.weights import LayerWeights, Stack, build_stack, random_input
@@ -147,18 +148,34 @@ class LocalReducer:
         return add_rms_norm(partial, residual, weight, self.eps, out)
 
 
+def compute_block(
+    stack: Stack, task: Task, normed: torch.Tensor, chunk: Chunk, rope: RopeTable, kv: KVBuffer | None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """A compute task of a schedule (overlap/schedule.py): its block's partial sum of the chunk."""
+    if task.block == ATTENTION:
+        return attention_partial(stack, task.layer, normed, chunk, rope, kv, out)
+    return mlp_partial(stack, task.layer, normed, out)
+
+
+def norm_weight(stack: Stack, task: Task) -> torch.Tensor:
+    """The RMSNorm weight a reduce task normalizes with: the MLP's after attention, the next
+    layer's attention norm (the final norm after the last layer) after the MLP."""
+    return stack.layers[task.layer].mlp_norm if task.block == ATTENTION else stack.norm_after(task.layer)
+
+
 def forward_stack(
     stack: Stack, x: torch.Tensor, chunk: Chunk, rope: RopeTable, reduce: Reducer
 ) -> torch.Tensor:
-    """The plain TP forward: compute, reduce, add + norm, layer after layer; returns the final
-    normed hidden states."""
+    """The plain TP forward (schedule.serial): compute, reduce, add + norm, block after block, on
+    one stream; returns the final normed hidden states."""
     residual = x.clone()
     normed = rms_norm(residual, stack.layers[0].attn_norm, stack.shape.eps)
-    for i in range(len(stack.layers)):
-        partial = attention_partial(stack, i, normed, chunk, rope, None, reduce.out_buffer(chunk))
-        normed = reduce(partial, chunk, residual, stack.layers[i].mlp_norm)
-        partial = mlp_partial(stack, i, normed, reduce.out_buffer(chunk))
-        normed = reduce(partial, chunk, residual, stack.norm_after(i))
+    for task in serial(len(stack.layers)):
+        if task.work == COMPUTE:
+            partial = compute_block(stack, task, normed, chunk, rope, None, reduce.out_buffer(chunk))
+        else:
+            normed = reduce(partial, chunk, residual, norm_weight(stack, task))
     return normed
 
 

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from overlapbench import nccl_log, nccl_windows
 from overlapbench.chunks import DecodeCache, decode_tokens
 from overlapbench.knobs import DEFAULT
+from overlapbench.overlap.schedule import Batch
 from overlapbench.rope import RopeTable
 from overlapbench.weights import Stack
 
@@ -295,3 +296,9 @@ class BuildContext:
     @property
     def eps(self) -> float:
         return self.stack.shape.eps
+
+    @property
+    def batch(self) -> Batch:
+        """What a strategy's plan depends on (overlap/schedule.py)."""
+        decode = (self.decode.tokens, self.decode.context) if self.decode is not None else (0, 0)
+        return Batch(self.seq_lens, decode, self.stack.shape, self.stack.tp)

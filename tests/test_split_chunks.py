@@ -90,21 +90,13 @@ def test_too_few_tokens_for_the_chunks_is_a_user_error():
         aligned_cuts(3, 1, [0.75, 1.5, 2.25])
 
 
-class _Ctx:
-    """What the cut reads of a BuildContext."""
-
-    def __init__(self, seq_lens, decode=None, shape=SHAPE, tp=2):
-        from types import SimpleNamespace
-
-        self.seq_lens, self.decode = seq_lens, decode
-        self.tokens = sum(seq_lens) + (0 if decode is None else decode.tokens)
-        self.stack = SimpleNamespace(shape=shape, tp=tp)
-
-
 def _cuts(knobs: dict, seq_lens, decode=None, shape=SHAPE) -> list[int]:
-    from overlapbench.strategies.token_split import cut_rows
+    """The cuts of the strategy's own plan (what build runs and predict simulates)."""
+    from overlapbench.overlap.schedule import Batch
 
-    return cut_rows(_Ctx(seq_lens, decode, shape), TOKEN_SPLIT.check_knobs(knobs, "token_split"))
+    mixed = (0, 0) if decode is None else (decode.tokens, decode.context)
+    plan = TOKEN_SPLIT.plan(TOKEN_SPLIT.check_knobs(knobs, "token_split"), Batch(tuple(seq_lens), mixed, shape, 2))
+    return [c.end for c in plan.chunks[:-1]]
 
 
 def test_two_chunks_cut_where_they_always_did():
@@ -176,11 +168,11 @@ def _rank_forward(rank, world, knobs, seq_lens, decode, shape, drop_chunk):
     if drop_chunk is not None:  # a wrong schedule: one chunk's reductions never run
         reduce = SplitForward._reduce
 
-        def dropping(self, reducer, partial, chunk, weight):
-            if chunk.begin != self.plan.chunks[drop_chunk].begin:
-                reduce(self, reducer, partial, chunk, weight)
+        def dropping(self, task, partial):
+            if task.chunk != drop_chunk:
+                reduce(self, task, partial)
             else:  # what a 2-chunk loop left over: the rows normed without their reduction
-                self.normed[chunk.rows] = partial
+                self.normed[self.plan.chunks[task.chunk].rows] = partial
         SplitForward._reduce = dropping
     rt = runtime.init(timeout_s=60)
     stack = build_stack(shape, LAYERS, world, rank, torch.float32, rt.device, 0)

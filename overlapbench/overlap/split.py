@@ -14,7 +14,8 @@ chunks C1..CN the same pipeline runs over the sequence attention(C1..CN), MLP(C1
 compute is issued, then its reduction, which runs beside the next compute; the exposed tail is
 CN's last MLP reduction, 1/N of the batch. A later chunk's attention reads the earlier chunks'
 keys and values where a sequence straddles a cut. Strategies differ only in how they cut (a
-`SplitPlan`); the schedule is written once, here.
+`SplitPlan`); the schedule is written once, as data (schedule.split), which `Lanes` runs here and
+`overlapbench predict` simulates.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from dataclasses import dataclass
 import torch
 
 from overlapbench.chunks import Chunk, KVBuffer
-from overlapbench.layer import Reducer, attention_partial, mlp_partial
+from overlapbench.layer import Reducer, compute_block, norm_weight
 from overlapbench.norms import rms_norm
+from overlapbench.overlap.schedule import ATTENTION, COMPUTE, SIDE, Task, previous_of_chunk, split
 from overlapbench.runtime import BuildContext
 from overlapbench.step import Step
 
@@ -49,39 +51,31 @@ class SplitPlan:
 
 
 class Lanes:
-    """Compute on the current stream, communication on the side stream, ordered by events.
+    """Runs a schedule's tasks (overlap/schedule.py) on two streams: the main lane on the current
+    stream, the side lane on the runtime's high-priority side stream; a task whose chunk's
+    previous task ran on the other lane waits for that task's event (schedule.previous_of_chunk).
 
     On CPU both lanes run inline, in program order: the same arithmetic, no overlap.
     """
 
-    def __init__(self, ctx: BuildContext) -> None:
+    def __init__(self, ctx: BuildContext, tasks: list[Task]) -> None:
         self.cuda = ctx.runtime.is_cuda
         self.side = ctx.runtime.side_stream() if self.cuda else None
-        self.ready: dict[int, object] = {}  # chunk index -> event after its last reduction
-        self.produced: dict[int, object] = {}  # chunk index -> event after its last GEMM
+        self.tasks, self.previous = tasks, previous_of_chunk(tasks)
+        self.done: list[object] = [None] * len(tasks)  # each task's event, where another lane waits for it
 
-    def _record(self, stream=None):
+    def run(self, j: int, fn):
         if not self.cuda:
-            return None
-        event = torch.cuda.Event()
-        event.record(stream)
-        return event
-
-    def compute(self, chunk: int, fn):
-        if self.cuda and chunk in self.ready:
-            torch.cuda.current_stream().wait_event(self.ready[chunk])
-        result = fn()
-        self.produced[chunk] = self._record()
+            return fn()
+        task, before = self.tasks[j], self.previous[j]
+        stream = self.side if task.lane == SIDE else torch.cuda.current_stream()
+        if before is not None and self.tasks[before].lane != task.lane:
+            stream.wait_event(self.done[before])
+        with torch.cuda.stream(stream):
+            result = fn()
+            self.done[j] = torch.cuda.Event()
+            self.done[j].record(stream)
         return result
-
-    def communicate(self, chunk: int, fn) -> None:
-        if not self.cuda:
-            fn()
-            return
-        self.side.wait_event(self.produced[chunk])
-        with torch.cuda.stream(self.side):
-            fn()
-        self.ready[chunk] = self._record(self.side)
 
     def join(self) -> None:
         if self.cuda:
@@ -89,7 +83,8 @@ class Lanes:
 
 
 class SplitForward:
-    """The stack forward over the plan's chunks with the interleaved schedule above.
+    """The stack forward over the plan's chunks with the pipelined schedule above
+    (schedule.split, run by Lanes).
 
     Buffers that cross streams (residual, normed input, partial sums) are made once, at build,
     so the caching allocator never hands a block in use on one stream to the other.
@@ -102,40 +97,36 @@ class SplitForward:
         make = lambda: torch.empty(tokens, hidden, dtype=ctx.stack.dtype, device=ctx.runtime.device)
         self.residual, self.normed, self.partials = make(), make(), make()
         self.kv = KVBuffer(tokens, ctx.stack.kv_heads, ctx.stack.shape.head_dim, ctx.stack.dtype, ctx.runtime.device)
+        self.tasks = split(len(ctx.stack.layers), len(plan.chunks))
 
-    def _partial_out(self, reducer: Reducer, chunk: Chunk) -> torch.Tensor:
-        """Where a GEMM writes the partial sums `reducer` will reduce: its buffer (a symmetric
-        one, which the two reducers share unless their CTA budgets give them NCCL windows of
-        two groups), or the chunk's rows of `partials`."""
-        buffer = reducer.out_buffer(chunk)
-        return self.partials[chunk.rows] if buffer is None else buffer
+    def _reducer(self, task: Task) -> Reducer:
+        return self.after_attention if task.block == ATTENTION else self.after_mlp
 
-    def _attention(self, layer: int, chunk: Chunk) -> torch.Tensor:
-        stack, rope, out = self.ctx.stack, self.ctx.rope, self._partial_out(self.after_attention, chunk)
-        return attention_partial(stack, layer, self.normed[chunk.rows], chunk, rope, self.kv, out)
+    def _compute(self, task: Task) -> torch.Tensor:
+        """The block's partial sum, written where its reducer will reduce it: the reducer's
+        buffer (a symmetric one, which the two reducers share unless their CTA budgets give them
+        NCCL windows of two groups), or the chunk's rows of `partials`."""
+        chunk = self.plan.chunks[task.chunk]
+        buffer = self._reducer(task).out_buffer(chunk)
+        out = self.partials[chunk.rows] if buffer is None else buffer
+        return compute_block(self.ctx.stack, task, self.normed[chunk.rows], chunk, self.ctx.rope, self.kv, out)
 
-    def _mlp(self, layer: int, chunk: Chunk) -> torch.Tensor:
-        return mlp_partial(self.ctx.stack, layer, self.normed[chunk.rows], self._partial_out(self.after_mlp, chunk))
-
-    def _reduce(self, reducer: Reducer, partial: torch.Tensor, chunk: Chunk, weight: torch.Tensor) -> None:
+    def _reduce(self, task: Task, partial: torch.Tensor) -> None:
+        chunk = self.plan.chunks[task.chunk]
         rows = chunk.rows
-        reducer(partial, chunk, self.residual[rows], weight, self.normed[rows])
+        self._reducer(task)(partial, chunk, self.residual[rows], norm_weight(self.ctx.stack, task), self.normed[rows])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        stack, chunks, order = self.ctx.stack, self.plan.chunks, self.plan.order
+        stack, order = self.ctx.stack, self.plan.order
         self.residual.copy_(x if order is None else x[order])
         rms_norm(self.residual, stack.layers[0].attn_norm, stack.shape.eps, out=self.normed)
-        lanes = Lanes(self.ctx)
-        attn, mlp = self.after_attention, self.after_mlp
-        for i, w in enumerate(stack.layers):
-            # Each compute, then its reduction on the side lane, beside the next compute (the last
-            # chunk's MLP reduction beside the next layer's first attention).
-            for k, c in enumerate(chunks):
-                partial = lanes.compute(k, lambda c=c: self._attention(i, c))
-                lanes.communicate(k, lambda p=partial, c=c: self._reduce(attn, p, c, w.mlp_norm))
-            for k, c in enumerate(chunks):
-                partial = lanes.compute(k, lambda c=c: self._mlp(i, c))
-                lanes.communicate(k, lambda p=partial, c=c: self._reduce(mlp, p, c, stack.norm_after(i)))
+        lanes = Lanes(self.ctx, self.tasks)
+        partials: dict[int, torch.Tensor] = {}  # chunk -> its latest partial sum
+        for j, task in enumerate(self.tasks):
+            if task.work == COMPUTE:
+                partials[task.chunk] = lanes.run(j, lambda t=task: self._compute(t))
+            else:
+                lanes.run(j, lambda t=task: self._reduce(t, partials[t.chunk]))
         lanes.join()
         if order is None:
             return self.normed

@@ -15,6 +15,7 @@ from overlapbench.step import Step
 
 if TYPE_CHECKING:
 
+    from overlapbench.overlap.schedule import Batch, LayerPlan
     from overlapbench.runtime import BuildContext
 
 
@@ -83,6 +84,12 @@ class Strategy:
         """Whether this setting runs NCCL on registered symmetric windows (runtime.Runtime.window):
         the sweep skips it, with the reason, where those cannot be made."""
         return False
+
+    @classmethod
+    def plan(cls, knobs: dict, batch: Batch) -> LayerPlan | None:
+        """The layer's schedule at this batch (overlap/schedule.py): what `build` runs and
+        `predict` simulates; None where the strategy has none to give (predict skips it)."""
+        return None
 
     @classmethod
     def build(cls, ctx: BuildContext, knobs: dict) -> Step:

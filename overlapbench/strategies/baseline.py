@@ -8,6 +8,7 @@ TensorRT-LLM run below their size limits), `nccl_symm` NCCL's symmetric kernels 
 from __future__ import annotations
 
 from overlapbench.knobs import ALLREDUCE, DEFAULT, NCCL_MAX_CTAS, NCCL_SYMM
+from overlapbench.overlap.schedule import LayerPlan, Rows, Transfer
 from overlapbench.strategies import register
 from overlapbench.strategies.base import NcclStrategy, Step
 
@@ -31,6 +32,15 @@ class Baseline(NcclStrategy):
         if knobs.get("allreduce", "nccl") != "nccl" and not cuda:
             return f"allreduce={knobs['allreduce']} is PyTorch's symmetric-memory all-reduce and needs CUDA GPUs"
         return super().skip_reason(knobs, cuda)
+
+    @classmethod
+    def plan(cls, knobs, batch):
+        kind = knobs.get("allreduce", "nccl")
+        if kind != "nccl":
+            transfer = Transfer(f"symm_{kind}")
+        else:
+            transfer = Transfer("nccl_symm" if cls.uses_nccl_windows(knobs) else "nccl", knobs["nccl_max_ctas"])
+        return LayerPlan((Rows(0, batch.tokens),), transfer, transfer)
 
     @classmethod
     def build(cls, ctx, knobs):

@@ -5,6 +5,7 @@ is one few-CTA symmetric-memory kernel that the row-parallel GEMMs write into di
 from __future__ import annotations
 
 from overlapbench.knobs import FUSED_COMM, comm_ctas
+from overlapbench.overlap.schedule import LayerPlan, Rows, comm_transfer
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Needs, Step, Strategy
 
@@ -16,6 +17,11 @@ class FusedNorm(Strategy):
     summary = "no split; each all-reduce fused with residual add + RMSNorm in one few-CTA kernel"
     knobs = (FUSED_COMM, comm_ctas("comm_ctas", "(every reduction)"))
     needs = Needs(cuda=True, symmetric_memory=True)
+
+    @classmethod
+    def plan(cls, knobs, batch):
+        transfer = comm_transfer(knobs["comm"], knobs["comm_ctas"])
+        return LayerPlan((Rows(0, batch.tokens),), transfer, transfer)
 
     @classmethod
     def build(cls, ctx, knobs):

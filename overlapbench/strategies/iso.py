@@ -18,6 +18,7 @@ from __future__ import annotations
 from overlapbench.errors import UserError
 from overlapbench.knobs import COMM, NCCL_MAX_CTAS, comm_ctas
 from overlapbench.overlap.balance import balanced_ratio
+from overlapbench.overlap.schedule import LayerPlan, SequenceParts, comm_transfer
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Knob, SplitStrategy
 
@@ -81,19 +82,26 @@ class Iso(SplitStrategy):
     cta_knobs = ("comm_ctas",)
 
     @classmethod
+    def plan(cls, knobs, batch):
+        if not batch.seq_lens:
+            raise UserError("iso: cuts prefill sequences, and this batch has none (decode tokens only); use token_split")
+        if batch.tokens < 2:
+            raise UserError("iso: a single token cannot be split")
+        ratio = knobs["split_ratio"]
+        if ratio == "balanced":
+            ratio = balanced_ratio(batch.shape, batch.tp, batch.seq_lens, batch.decode)
+        prefixes = tuple(cuts(batch.seq_lens, ratio, knobs["align"]))
+        first = batch.decode[0] + sum(prefixes)
+        parts = (SequenceParts(prefixes, 0, first), SequenceParts(prefixes, 1, batch.tokens - first))
+        transfer = comm_transfer(knobs["comm"], knobs["comm_ctas"], knobs["nccl_max_ctas"])
+        return LayerPlan(parts, transfer, transfer, pipelined=True)
+
+    @classmethod
     def build(cls, ctx, knobs):
         from overlapbench.overlap import reducers
         from overlapbench.overlap.split import SplitPlan, split_step
 
-        seq_lens, device, decode = ctx.seq_lens, ctx.runtime.device, ctx.decode
-        if not seq_lens:
-            raise UserError("iso: cuts prefill sequences, and this batch has none (decode tokens only); use token_split")
-        if ctx.tokens < 2:
-            raise UserError("iso: a single token cannot be split")
-        ratio = knobs["split_ratio"]
-        if ratio == "balanced":
-            mixed = (decode.tokens, decode.context) if decode is not None else (0, 0)
-            ratio = balanced_ratio(ctx.stack.shape, ctx.stack.tp, seq_lens, mixed)
-        first, second, order = chunks(seq_lens, cuts(seq_lens, ratio, knobs["align"]), device, decode)
+        prefixes = cls.plan(knobs, ctx.batch).chunks[0].prefixes
+        first, second, order = chunks(ctx.seq_lens, list(prefixes), ctx.runtime.device, ctx.decode)
         cta = {"comm_ctas_attn": knobs["comm_ctas"], "comm_ctas_mlp": knobs["comm_ctas"]}
         return split_step(ctx, SplitPlan((first, second), order), reducers.for_split(ctx, knobs | cta))

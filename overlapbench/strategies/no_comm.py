@@ -4,6 +4,7 @@ and never a tuned choice."""
 
 from __future__ import annotations
 
+from overlapbench.overlap.schedule import LayerPlan, Rows, Transfer
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Step, Strategy
 
@@ -13,6 +14,10 @@ class NoComm(Strategy):
     name = "no_comm"
     summary = "baseline with every collective removed: the ideal bound, not a correct result"
     checked = False
+
+    @classmethod
+    def plan(cls, knobs, batch):
+        return LayerPlan((Rows(0, batch.tokens),), Transfer(None), Transfer(None))
 
     @classmethod
     def build(cls, ctx, knobs):

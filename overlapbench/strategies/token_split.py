@@ -15,6 +15,8 @@ import math
 
 from overlapbench.errors import UserError
 from overlapbench.knobs import ALIGN, CHUNKS, COMM, NCCL_MAX_CTAS, comm_ctas
+from overlapbench.overlap.balance import balanced_rows
+from overlapbench.overlap.schedule import Batch, LayerPlan, Rows, comm_transfer
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Knob, SplitStrategy
 
@@ -57,14 +59,11 @@ def aligned_cuts(tokens: int, align: int, targets: list[float]) -> list[int]:
     return cuts
 
 
-def cut_rows(ctx, knobs: dict) -> list[int]:
+def cut_rows(batch: Batch, knobs: dict) -> list[int]:
     """The rows where each chunk but the last ends, in the flattened batch."""
-    from overlapbench.overlap.balance import balanced_rows
-
-    tokens, chunks, ratio = ctx.tokens, knobs.get("chunks", CHUNKS.default), knobs["split_ratio"]
+    tokens, chunks, ratio = batch.tokens, knobs.get("chunks", CHUNKS.default), knobs["split_ratio"]
     if ratio == "balanced":
-        decode = (ctx.decode.tokens, ctx.decode.context) if ctx.decode is not None else (0, 0)
-        return aligned_cuts(tokens, knobs["align"], balanced_rows(ctx.stack.shape, ctx.stack.tp, ctx.seq_lens, decode, chunks))
+        return aligned_cuts(tokens, knobs["align"], balanced_rows(batch.shape, batch.tp, batch.seq_lens, batch.decode, chunks))
     if chunks == 2:
         return [split_point(tokens, knobs["align"], knobs["split_offset"], ratio)]
     return aligned_cuts(tokens, knobs["align"], [tokens * k / chunks for k in range(1, chunks)])
@@ -106,12 +105,19 @@ class TokenSplit(SplitStrategy):
         super().check_combination(knobs, where)
 
     @classmethod
+    def plan(cls, knobs, batch):
+        ends = [0, *cut_rows(batch, knobs), batch.tokens]
+        return LayerPlan(tuple(Rows(lo, hi) for lo, hi in zip(ends, ends[1:])),
+                         comm_transfer(knobs["comm"], knobs["comm_ctas_attn"], knobs["nccl_max_ctas"]),
+                         comm_transfer(knobs["comm"], knobs["comm_ctas_mlp"], knobs["nccl_max_ctas"]), pipelined=True)
+
+    @classmethod
     def build(cls, ctx, knobs):
         from overlapbench.chunks import token_range
         from overlapbench.overlap import reducers
         from overlapbench.overlap.split import SplitPlan, split_step
 
         seq_lens, decode, device = ctx.seq_lens, ctx.decode, ctx.runtime.device  # rows: the decode tokens, then the sequences
-        ends = [0, *cut_rows(ctx, knobs), ctx.tokens]
-        plan = SplitPlan(tuple(token_range(seq_lens, lo, hi, device, decode) for lo, hi in zip(ends, ends[1:])))
+        chunks = cls.plan(knobs, ctx.batch).chunks
+        plan = SplitPlan(tuple(token_range(seq_lens, c.begin, c.end, device, decode) for c in chunks))
         return split_step(ctx, plan, reducers.for_split(ctx, knobs))
