@@ -62,6 +62,8 @@ def sweep(
     nproc: int | None = typer.Option(None, "--nproc", help="Processes to launch when not under torchrun. Default: all local GPUs, or 2 on CPU."),
     profile: Path | None = typer.Option(None, "--profile", help="Also profile each point: a kernel table per point into this folder (needs CUDA GPUs)."),
     force: bool = typer.Option(False, "--force", help="Run even when the size check refuses: a spec estimated to need more host memory than this machine has, or a GPU-sized spec (no cpu: section) on a machine without GPUs."),
+    pieces: bool = typer.Option(False, "--pieces", help="Instead: time the compute pieces of one TP=--tp rank's layer on one GPU (what `overlapbench predict --compute` reads)."),
+    tp: int | None = typer.Option(None, "--tp", help="With --pieces: the TP degree whose shard is timed. Default: the spec's."),
 ) -> None:
     """Measure every strategy x knob setting x batch of a spec; append one row per point.
 
@@ -82,6 +84,11 @@ def sweep(
 
         launch.as_worker()
         loaded = spec_mod.load(path, cuda=launch.local_gpus() > 0)
+        if pieces:
+            from overlapbench.predict import pieces as pieces_mod
+
+            pieces_mod.run(loaded, output, tp)
+            return
         out = output or loaded.output_path(resume)
         if profile is not None:
             profile.mkdir(parents=True, exist_ok=True)
@@ -92,6 +99,8 @@ def sweep(
         return
     if nproc is not None and nproc < 1:
         raise UserError(f"--nproc: must be at least 1, got {nproc}")
+    if pieces:
+        return _sweep_pieces(path, output, tp)
     cuda = launch.local_gpus() > 0
     world = nproc or launch.default_nproc()
     warning = launch.oversubscription(world)
@@ -129,6 +138,26 @@ def sweep(
         rows = kept(out, f"`overlapbench sweep{_named(spec)} --output {out} --resume` skips them")
         err_console.print(printing.styled(("sweep failed:", "bold red"), f" {what} {rows[0].upper()}{rows[1:]}."), soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _sweep_pieces(path: Path, output: Path | None, tp: int | None) -> None:
+    """`sweep --pieces`: one process on one GPU times the shard layer's pieces."""
+    from overlapbench import launch, launch_log
+    from overlapbench import spec as spec_mod
+
+    if launch.local_gpus() == 0:
+        raise UserError("--pieces: times one rank's compute on a GPU, and this machine has none; run it on one GPU")
+    loaded = spec_mod.load(path, cuda=True)
+    tp = tp or (loaded.tp if isinstance(loaded.tp, int) else None)
+    if tp is None or tp < 1:
+        raise UserError("--tp: give the TP degree whose shard to time (the spec says tp: auto)")
+    loaded.shape.check_tp(tp)
+    out = output or Path("results") / f"{loaded.name}-pieces-tp{tp}.jsonl"
+    log = launch_log.path_for(out)
+    code = launch.relaunch(["sweep", str(path), "--pieces", "--tp", str(tp), "--output", str(out)], 1, log)
+    if code:
+        raise typer.Exit(code)
+    log.unlink(missing_ok=True)
 
 
 def _warn(text: str) -> None:
@@ -183,6 +212,36 @@ def comm(
     code = comm_mod.main(opts, console, err_console)
     if code:
         raise typer.Exit(code)
+
+
+@app.command()
+@user_errors
+def predict(
+    spec: Path = typer.Argument(..., metavar="SPEC.yaml", help="The study to predict: every strategy, knob setting and batch of it."),
+    tp: int = typer.Option(..., "--tp", help="The TP degree to predict."),
+    comm: list[Path] = typer.Option(..., "--comm", metavar="TABLE", help="The all-reduce table: `overlapbench comm` rows (.jsonl; its --beside-gemm rows give the contention), or nccl-tests all_reduce_perf output (.txt). Repeat for several files."),
+    compute: list[Path] | None = typer.Option(None, "--compute", metavar="ROWS", help="The shard's compute pieces, timed on one GPU by `overlapbench sweep SPEC --pieces --tp K`. Default: results/{name}-pieces-tp{K}.jsonl."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Where the predicted rows go (.jsonl). Default: results/{name}-predicted-tp{K}.jsonl."),
+    busbw: float | None = typer.Option(None, "--busbw", metavar="GB/S", help="Rescale the comm table to this all-reduce bus bandwidth at 1 GiB at --tp's world size (a table measured on fewer GPUs, to predict more)."),
+    transfer_beside: str = typer.Option("alone", "--transfer-beside", help="alone | measured: a transfer beside compute runs as fast as alone, or as slowed as --beside-gemm measured it."),
+    error: float | None = typer.Option(None, "--error", metavar="ABS", help="The error of a predicted speedup, absolute: the rows' interval. Default: what the TP=2 validation supports (docs/predict.md)."),
+) -> None:
+    """Predict a study at TP=K from one GPU's compute pieces and a table of collectives: rows in
+    the sweep's schema (timing "predicted"), which `tune` and `report` read as they are."""
+    from overlapbench import spec as spec_mod
+    from overlapbench.predict import command as predict_mod
+
+    if transfer_beside not in ("alone", "measured"):
+        raise UserError(f"--transfer-beside: one of alone, measured, got {transfer_beside!r}")
+    if tp < 1:
+        raise UserError(f"--tp: must be at least 1, got {tp}")
+    loaded = spec_mod.load(spec, cuda=True)
+    loaded.shape.check_tp(tp)
+    compute = compute or [Path("results") / f"{loaded.name}-pieces-tp{tp}.jsonl"]
+    out = output or Path("results") / f"{loaded.name}-predicted-tp{tp}.jsonl"
+    inputs = predict_mod.load_inputs(comm, compute, transfer_beside, tp, busbw)
+    written = predict_mod.predict(loaded, tp, inputs, out, predict_mod.ERROR if error is None else error)
+    console.print(f"wrote {written} predicted rows to {out}", soft_wrap=True)
 
 
 @app.command()

@@ -1,0 +1,113 @@
+"""`overlapbench predict`: a spec's rows at TP=k, predicted, in the sweep's row schema.
+
+Every point of the spec at `--tp K` gets a row whose `ms` is the predicted time per layer
+(estimate.py), `timing` is "predicted", `device` is the pieces' device with " (predicted)"
+added (so `tune` and `report` keep predicted and measured rows apart), `speedup` is over the
+predicted default baseline of its batch, and `speedup_ci` that speedup +- `error` (the
+absolute error the TP=2 validation supports: docs/predict.md). `p10_ms` and `p90_ms` bound the
+time by half that error each way, so `tune`'s rule for rows without samples (their ranges must
+not overlap) asks a challenger to win by more than the model's error. `predicted` says what
+each row was made from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from pathlib import Path
+
+from overlapbench import environment, results, strategies
+from overlapbench.errors import UserError
+from overlapbench.predict.estimate import ComputePieces, Inputs, estimate
+from overlapbench.predict.piece_keys import batch_of
+from overlapbench.spec import SweepSpec
+from overlapbench.workload import reference_setting
+
+# The absolute error in speedup that the TP=2 validation supports (results/h100x2/predict/:
+# the 90th percentile of |predicted - measured| over both models' points): `--error`'s default.
+ERROR = 0.03
+
+
+def load_inputs(comm: list[Path], compute: list[Path], stretch: str, tp: int, busbw: float | None = None) -> Inputs:
+    """The prediction's inputs: `comm` files are `overlapbench comm` stores (their beside-GEMM
+    rows give the contention) or nccl-tests text output; `busbw` rescales the table to TP=tp."""
+    from overlapbench.predict.comm_table import CommTable
+    from overlapbench.predict.contention import Contention
+
+    stores = [p for p in comm if p.suffix == ".jsonl"]
+    rows = [row for path in stores for row in results.read_rows(path)]
+    tables = [CommTable.from_rows(rows)] if rows else []
+    for path in (p for p in comm if p.suffix != ".jsonl"):
+        try:
+            tables.append(CommTable.from_nccl_tests(path.read_text(), source=str(path)))
+        except OSError as e:
+            raise UserError(f"--comm: cannot read {path}: {e.strerror}") from None
+    if len(tables) != 1:
+        raise UserError("--comm: give one comm table: `overlapbench comm` stores (.jsonl), or one nccl-tests output")
+    table = tables[0]
+    if busbw is not None:
+        table = table.scaled(tp, busbw, source=f"{table.source}, rescaled to {busbw:g} GB/s bus bandwidth at 1 GiB on {tp} GPUs")
+    elif table.world_size != tp:
+        raise UserError(f"--comm: the table was measured on {table.world_size} GPUs, not --tp {tp}; give a table of "
+                        f"{tp} GPUs, or --busbw GB/S to rescale this one")
+    beside = [row for row in rows if row.get("beside_ms") is not None]
+    return Inputs(ComputePieces.load(compute), table, Contention.from_rows(beside) if beside else None, stretch)
+
+
+def predict(spec: SweepSpec, tp: int, inputs: Inputs, output: Path, error: float = ERROR) -> int:
+    """Rows for every point of `spec` at TP=tp into `output` (a new store); returns the count."""
+    if inputs.compute.tp != tp:
+        raise UserError(f"--compute: the piece rows are of TP={inputs.compute.tp}, not --tp {tp}; time the pieces "
+                        f"with `overlapbench sweep SPEC --pieces --tp {tp}`")
+    spec = dataclasses.replace(spec, tp=tp)
+    points = [p for p in spec.points(tp, cuda=True) if p.workload == "layer"]
+    store = results.ResultStore(output)
+    store.open(resume=False, study=spec.name)
+    run_id, written = results.new_run_id(), 0
+    reference = reference_setting("layer")
+    try:
+        for _, group in itertools.groupby(points, key=lambda p: p.workload_key):
+            group = list(group)
+            found = {id(p): estimate(p.strategy, p.knobs, batch_of(p), p.layers, p.dtype, inputs) for p in group}
+            ref = next((found[id(p)] for p in group if (p.strategy, p.knobs) == reference), None)
+            for point in group:
+                store.append(_row(point, found[id(point)], ref, inputs, run_id, error))
+                written += 1
+    finally:
+        store.close()
+    return written
+
+
+def _row(point, found, ref, inputs: Inputs, run_id: str, error: float) -> dict:
+    from overlapbench.sweep import make_row
+
+    cls = strategies.get(point.strategy)
+    if found is None:
+        result = {"status": "skipped", "error": f"{point.strategy} has no schedule to predict (its plan() gives none)"}
+    else:
+        speedup = None if ref is None else ref.ms / found.ms
+        result = {"status": "ok", "error": None, "ms": found.ms, "p10_ms": found.ms * (1 - error / 2),
+                  "p90_ms": found.ms * (1 + error / 2), "iqr_ms": 0.0, "cv": 0.0, "graphs": None, "rel_err": None,
+                  "tolerance": None, "checked": cls.is_checked(point.knobs), "timing": "predicted",
+                  "speedup": None if speedup is None else round(speedup, 6),
+                  "speedup_ci": None if speedup is None else [round(max(speedup - error, 1e-6), 6), round(speedup + error, 6)],
+                  "iters": 0}
+    env = {"world_size": point.tp, "device": f"{inputs.compute.device} (predicted)", "backend": "predicted",
+           "hosts": [], "nodes": 1, "ranks": [], "gpus_per_host": None, "versions": environment.versions(),
+           "git": environment.git_commit(), "multicast_env": {}}
+    row = make_row(point, result, run_id, env, _measure_stub(point))
+    row["predicted"] = {
+        "compute": inputs.compute.sources, "compute_runs": sorted(inputs.compute.runs),
+        "comm": getattr(inputs.comm, "source", None), "contention": inputs.contention is not None,
+        "transfer_beside": inputs.stretch, "error": error,
+        "exposed_ms": None if found is None else round(found.played.exposed_ms / point.layers, 6),
+        "notes": [] if found is None else found.notes,
+    }
+    return row
+
+
+def _measure_stub(point):
+    """make_row reads the spec's measurement settings; a prediction has none."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(measure=SimpleNamespace(warmup=0, warmup_s=0.0, min_time_s=0.0, iters=0, span_ms=None))

@@ -1,0 +1,124 @@
+"""A point's predicted time per layer: its strategy's plan (overlap/schedule.py), each task's
+phases priced from the one-GPU pieces and the comm table, played out with contention
+(timeline.py)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from overlapbench import strategies
+from overlapbench.errors import UserError
+from overlapbench.overlap.schedule import COMPUTE, Batch, LayerPlan
+from overlapbench.predict import piece_keys
+from overlapbench.predict.timeline import COMPUTE as COMPUTE_PHASE
+from overlapbench.predict.timeline import NORM, TRANSFER, Phase, Played, play
+from overlapbench.results import read_rows
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass
+class ComputePieces:
+    """The pieces `sweep --pieces` timed: (batch, decode, piece key) -> median ms, with where
+    they came from."""
+
+    ms: dict[tuple, float]
+    device: str
+    tp: int
+    sources: list[str] = field(default_factory=list)
+    runs: set[str] = field(default_factory=set)
+
+    @classmethod
+    def load(cls, paths: list[Path]) -> ComputePieces:
+        table, devices, tps, runs = {}, set(), set(), set()
+        for path in paths:
+            for row in read_rows(path):
+                if row.get("workload") != piece_keys.WORKLOAD or row.get("status") != "ok":
+                    continue
+                table[_batch_key(row["batch"], row.get("decode")) + (row["key"],)] = row["ms"]
+                devices.add(row["device"])
+                tps.add(row["tp"])
+                runs.add(row["run_id"])
+        if not table:
+            raise UserError(f"--compute: {', '.join(map(str, paths))} holds no piece rows; make them with "
+                            f"`overlapbench sweep SPEC --pieces --tp K` on one GPU")
+        if len(devices) > 1 or len(tps) > 1:
+            raise UserError(f"--compute: the piece rows mix devices {sorted(devices)} or TP degrees {sorted(tps)}; "
+                            f"give the rows of one device and one TP")
+        return cls(table, devices.pop(), tps.pop(), [str(p) for p in paths], runs)
+
+    def get(self, batch: Batch, key: str) -> float:
+        found = self.ms.get(_batch_key(list(batch.seq_lens), _decode(batch)) + (key,))
+        if found is None:
+            what = json.loads(key)
+            raise UserError(f"--compute: no piece row for {what['piece']} of {what['rows']} rows at batch "
+                            f"{list(batch.seq_lens)}; time the spec's pieces: `overlapbench sweep SPEC --pieces --tp {batch.tp}`")
+        return found
+
+
+def _decode(batch: Batch) -> dict | None:
+    return {"tokens": batch.decode[0], "context": batch.decode[1]} if batch.decode[0] else None
+
+
+def _batch_key(seq_lens, decode) -> tuple:
+    return (tuple(seq_lens), None if not decode else (decode["tokens"], decode["context"]))
+
+
+@dataclass
+class Inputs:
+    """What a prediction is made from: compute pieces, a comm table, contention, the transfer
+    model (`stretch`: 'alone' runs transfers beside compute as fast as alone; 'measured' slows
+    them by the beside-GEMM table's stretch)."""
+
+    compute: ComputePieces
+    comm: object  # predict.comm_table.CommTable
+    contention: object | None  # predict.contention.Contention
+    stretch: str = "alone"
+
+
+@dataclass
+class Estimate:
+    ms: float  # per layer
+    played: Played
+    notes: list[str]
+
+
+def estimate(strategy: str, knobs: dict, batch: Batch, layers: int, dtype: str, inputs: Inputs) -> Estimate | None:
+    """The point's time per layer, or None where its strategy gives no plan."""
+    plan = strategies.get(strategy).plan(knobs, batch)
+    if plan is None:
+        return None
+    notes: list[str] = []
+    tasks = plan.tasks(layers)
+    phases = [_phases(plan, task, batch, dtype, inputs, notes) for task in tasks]
+    played = play(tasks, phases)
+    entry = inputs.compute.get(batch, piece_keys.piece_key("entry", batch.tokens))
+    return Estimate((played.ms + entry) / layers, played, sorted(set(notes)))
+
+
+def _phases(plan: LayerPlan, task, batch: Batch, dtype: str, inputs: Inputs, notes: list[str]) -> list[Phase]:
+    chunk = plan.chunks[task.chunk]
+    if task.work == COMPUTE:
+        key = (piece_keys.piece_key("attention", chunk.size, chunk, plan.pipelined) if task.block == "attention"
+               else piece_keys.piece_key("mlp", chunk.size))
+        return [Phase(COMPUTE_PHASE, inputs.compute.get(batch, key))]
+    transfer = plan.transfer(task.block)
+    out = []
+    if transfer.path is not None:
+        nbytes = chunk.size * batch.shape.hidden * DTYPE_BYTES[dtype]
+        found = inputs.comm.time_ms(transfer.path, transfer.ctas, nbytes, hidden=batch.shape.hidden)
+        if found.note:
+            notes.append(found.note)
+        loss, stretch = 0.0, 1.0
+        if inputs.contention is not None and plan.pipelined:
+            beside = inputs.contention.at(transfer.path, transfer.ctas, nbytes)
+            if beside.note:
+                notes.append(beside.note)
+            loss = beside.gemm_loss
+            stretch = beside.transfer_stretch if inputs.stretch == "measured" else 1.0
+        out.append(Phase(TRANSFER, found.ms, max(0.0, min(loss, 0.9)), max(1.0, stretch)))
+    if transfer.norm:
+        out.append(Phase(NORM, inputs.compute.get(batch, piece_keys.piece_key("norm", chunk.size))))
+    return out

@@ -1,0 +1,47 @@
+"""What a compute piece is called (`sweep --pieces` writes it, `predict` looks it up), and which
+pieces a spec's points need: free of torch, so `predict` runs anywhere."""
+
+from __future__ import annotations
+
+import json
+
+from overlapbench import strategies
+from overlapbench.overlap.schedule import Batch, Rows, SequenceParts
+
+WORKLOAD = "piece"
+
+
+def chunk_key(chunk: Rows | SequenceParts) -> dict:
+    if isinstance(chunk, Rows):
+        return {"rows": [chunk.begin, chunk.end]}
+    return {"prefixes": list(chunk.prefixes), "part": chunk.part}
+
+
+def piece_key(piece: str, rows: int, chunk: Rows | SequenceParts | None = None, kv: bool = False) -> str:
+    """A piece's identity within a batch: what `predict` looks up."""
+    what = {"piece": piece, "rows": rows}
+    if piece == "attention":
+        what |= {"chunk": chunk_key(chunk), "kv": kv}
+    return json.dumps(what, sort_keys=True)
+
+
+def batch_of(point) -> Batch:
+    decode = (point.decode.tokens, point.decode.context) if point.decode else (0, 0)
+    return Batch(point.batch, decode, point.shape, point.tp)
+
+
+def wanted_pieces(points) -> dict[str, tuple]:
+    """piece key -> (piece, rows, chunk, kv) over the plans of the points of one batch."""
+    wanted: dict[str, tuple] = {}
+    for point in points:
+        plan = strategies.get(point.strategy).plan(point.knobs, batch_of(point))
+        if plan is None:
+            continue
+        for chunk in plan.chunks:
+            wanted.setdefault(piece_key("attention", chunk.size, chunk, plan.pipelined),
+                              ("attention", chunk.size, chunk, plan.pipelined))
+            for piece in ("mlp", "norm"):
+                wanted.setdefault(piece_key(piece, chunk.size), (piece, chunk.size, None, False))
+    tokens = points[0].tokens
+    wanted.setdefault(piece_key("entry", tokens), ("entry", tokens, None, False))
+    return wanted

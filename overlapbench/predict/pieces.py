@@ -1,0 +1,146 @@
+"""`sweep --pieces --tp K`: the compute pieces of one TP=K rank's layer, timed on one GPU.
+
+One rank of a TP=K layer computes what one GPU computes on the shard's shapes (heads, KV heads
+and FFN divided by K; measured within about 1% of `no_comm` on two GPUs: shared/device-facts.md),
+so one GPU times what `predict` needs of compute. The pieces are those the schedules
+(overlap/schedule.py) are made of, for every chunk any point of the spec cuts:
+
+- `attention` of a chunk: QKV GEMM, RoPE, causal attention (over the earlier chunks' keys too),
+  O-projection (layer.attention_partial); with the split's KV buffer where the plan pipelines;
+- `mlp` of a row count: gate/up GEMM, SwiGLU, down GEMM;
+- `norm` of a row count: the residual add + RMSNorm a reduction runs after NCCL's all-reduce;
+- `entry`: the stack's first RMSNorm of the whole batch (once per stack).
+
+Each distinct piece is timed once per batch, however many strategies use it. A piece is timed as
+a CUDA graph of enough repetitions to last about a millisecond, so launch gaps do not inflate it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from pathlib import Path
+
+import torch
+
+from overlapbench import environment, measure, printing, results, runtime
+from overlapbench.chunks import KVBuffer, build_decode_cache, rope_positions, token_range
+from overlapbench.errors import UserError
+from overlapbench.layer import attention_partial, mlp_partial
+from overlapbench.norms import add_rms_norm, rms_norm
+from overlapbench.overlap.schedule import Rows, SequenceParts
+from overlapbench.predict.piece_keys import WORKLOAD, wanted_pieces
+from overlapbench.rope import RopeTable
+from overlapbench.spec import SweepSpec
+from overlapbench.step import Step
+from overlapbench.weights import build_stack, random_input
+
+TARGET_MS = 1.0  # one timed sample lasts about this long (repetitions of the piece in one graph)
+# Each piece: 3 warm-up samples and 0.2 s, then at least 20 samples and 0.3 s (a spec has dozens of pieces).
+WARMUP, WARMUP_S, ITERS, MIN_TIME_S = 3, 0.2, 20, 0.3
+
+
+def _chunk(chunk: Rows | SequenceParts, seq_lens, device, decode):
+    """The chunk as the strategy's build makes it (token_split: a row range; iso: its parts)."""
+    if isinstance(chunk, Rows):
+        return token_range(seq_lens, chunk.begin, chunk.end, device, decode)
+    from overlapbench.strategies.iso import chunks as iso_chunks
+
+    return iso_chunks(seq_lens, list(chunk.prefixes), device, decode)[chunk.part]
+
+
+class BatchPieces:
+    """One batch's shard layer (one layer of rank 0 of TP=tp) and random operands, never zeros."""
+
+    def __init__(self, point, device) -> None:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[point.dtype]
+        self.point, self.device = point, device
+        self.stack = build_stack(point.shape, 1, point.tp, 0, dtype, device, point.seed)
+        d = point.decode
+        self.cache = None if d is None else build_decode_cache(point.shape, 1, point.tp, 0, d.tokens, d.context, dtype,
+                                                               device, point.seed)
+        tokens, hidden = point.tokens, point.shape.hidden
+        self.rope = RopeTable(point.shape, rope_positions(point.batch, self.cache), device)
+        self.x = random_input(tokens, hidden, point.seed, dtype, device)
+        self.normed = rms_norm(self.x, self.stack.layers[0].attn_norm, point.shape.eps)
+        self.partial = random_input(tokens, hidden, point.seed + 1, dtype, device)
+        self.out = torch.empty_like(self.x)
+        self.kv = KVBuffer(tokens, self.stack.kv_heads, point.shape.head_dim, dtype, device)
+        self.kv.k.normal_()
+        self.kv.v.normal_()
+
+    def run(self, piece: str, rows: int, chunk, kv: bool):
+        """What one repetition of the piece runs."""
+        stack, eps, w = self.stack, self.point.shape.eps, self.stack.layers[0]
+        if piece == "attention":
+            c, buffer = _chunk(chunk, self.point.batch, self.device, self.cache), self.kv if kv else None
+            return lambda: attention_partial(stack, 0, self.normed[c.rows], c, self.rope, buffer, self.out[c.rows])
+        if piece == "mlp":
+            return lambda: mlp_partial(stack, 0, self.normed[:rows], self.out[:rows])
+        if piece == "norm":
+            residual = self.x.clone()
+            return lambda: add_rms_norm(self.partial[:rows], residual[:rows], w.mlp_norm, eps, self.out[:rows])
+        return lambda: rms_norm(self.x, w.attn_norm, eps, out=self.out)
+
+
+def _repeated(fn, device) -> tuple[Step, int]:
+    """A step of enough repetitions of `fn` to last about TARGET_MS, and the count."""
+    fn()
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        fn()
+    end.record()
+    torch.cuda.synchronize(device)
+    once = max(start.elapsed_time(end) / 3, 1e-3)
+    reps = max(1, min(200, round(TARGET_MS / once)))
+    return Step(lambda x: [fn() for _ in range(reps)]), reps
+
+
+def run(spec: SweepSpec, output: Path, tp: int) -> int:
+    """Every piece of every batch of the spec at TP=tp, on this one GPU; returns rows written."""
+    spec = dataclasses.replace(spec, tp=tp)
+    with runtime.session(spec.measure.timeout_s) as rt:
+        if not rt.is_cuda or rt.world_size != 1:
+            raise UserError("--pieces: times one rank's compute on one GPU; run it with --nproc 1 on a GPU machine")
+        console = printing.console()
+        env = environment.run_environment(rt)
+        points = [p for p in spec.points(tp, cuda=True) if p.workload == "layer"]
+        store = results.ResultStore(output)
+        store.open(resume=False, study=spec.name)
+        run_id, written = results.new_run_id(), 0
+        try:
+            for _, group in itertools.groupby(points, key=lambda p: p.workload_key):
+                group = list(group)
+                first, wanted = group[0], wanted_pieces(group)
+                batch = BatchPieces(first, rt.device)
+                for key, (piece, rows, chunk, kv) in wanted.items():
+                    step, reps = _repeated(batch.run(piece, rows, chunk, kv), rt.device)
+                    timing = measure.time_step(step, batch.x, WARMUP, ITERS, True, WARMUP_S, MIN_TIME_S)
+                    samples = [s / reps for s in timing.samples_ms]
+                    store.append(_row(first, key, piece, rows, samples, timing, run_id, env, reps))
+                    written += 1
+                console.print(f"{first.tokens} tokens: {len(wanted)} pieces timed")
+                del batch
+                torch.cuda.empty_cache()
+        finally:
+            store.close()
+        console.print(printing.styled((f"wrote {written} piece rows to {output}", "bold"), f" (run {run_id})"))
+        return written
+
+
+def _row(point, key: str, piece: str, rows: int, samples: list[float], timing, run_id: str, env: dict, reps: int) -> dict:
+    import datetime as dt
+
+    return {
+        "schema": results.SCHEMA, "run_id": run_id,
+        "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "spec": point.spec, "key": key, "status": "ok", "error": None, "workload": WORKLOAD,
+        "piece": piece, "rows": rows, "model": point.model, "shape": point.shape.as_dict(), "tp": point.tp,
+        "dtype": point.dtype, "batch": list(point.batch), "decode": point.decode.as_dict() if point.decode else None,
+        "tokens": point.tokens, "seed": point.seed, "world_size": 1, "device": env["device"],
+        "versions": env["versions"], "git": env["git"], "multicast_env": env["multicast_env"],
+        "graphs": timing.graphs, "graph_error": timing.graph_error, "repetitions": reps,
+        **measure.summarize(samples), "samples_ms": [round(s, 6) for s in samples],
+    }

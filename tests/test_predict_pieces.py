@@ -1,0 +1,52 @@
+"""The pieces `sweep --pieces` times: the ones the spec's plans need, each once per batch, and
+each computing what the layer computes for those rows (on CPU, float32)."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from overlapbench import spec as spec_mod
+from overlapbench.predict.piece_keys import wanted_pieces
+from overlapbench.predict.pieces import BatchPieces
+
+SPEC = {
+    "name": "pieces", "shape": {"hidden": 64, "ffn": 128, "heads": 4, "kv_heads": 2, "head_dim": 16},
+    "tp": 2, "layers": 2, "dtype": "fp32", "tokens": [37],
+    "strategies": {"baseline": {}, "no_comm": {}, "token_split": [{"comm": "none", "align": 1}, {"comm": "nccl", "align": 1}],
+                   "iso": {"comm": "none", "split_ratio": 0.5, "align": 1}},
+}
+
+
+def _points(tp=2):
+    return spec_mod.from_dict(SPEC | {"tp": tp}, "pieces", cuda=False).points(tp, cuda=False)
+
+
+def test_each_piece_is_wanted_once_per_batch():
+    wanted = wanted_pieces(_points())
+    kinds = sorted(json.loads(k)["piece"] for k in wanted)
+    # whole batch (no KV buffer) + token_split's 2 chunks + iso's 2 parts; mlp and norm per distinct row count
+    rows = {w[1] for w in wanted.values() if w[0] == "mlp"}
+    assert kinds.count("attention") == 5
+    assert kinds.count("mlp") == kinds.count("norm") == len(rows)
+    assert kinds.count("entry") == 1
+    assert 37 in rows
+
+
+def test_a_piece_computes_the_layers_rows():
+    from overlapbench.layer import attention_partial
+    from overlapbench.predict.pieces import _chunk
+
+    point = _points()[0]
+    pieces = BatchPieces(point, torch.device("cpu"))
+    wanted = wanted_pieces(_points())
+    for piece, rows, chunk, kv in wanted.values():
+        if piece != "attention" or kv:
+            continue
+        pieces.out.normal_()
+        pieces.run(piece, rows, chunk, kv)()
+        c = _chunk(chunk, point.batch, pieces.device, None)
+        expected = attention_partial(pieces.stack, 0, pieces.normed[c.rows], c, pieces.rope, None)
+        torch.testing.assert_close(pieces.out[c.rows], expected)
+    assert pieces.x.abs().sum() > 0 and pieces.kv.k.abs().sum() > 0  # random operands, never zeros
