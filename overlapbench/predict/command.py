@@ -31,27 +31,20 @@ ERROR = 0.03
 def load_inputs(comm: list[Path], compute: list[Path], stretch: str, tp: int, busbw: float | None = None) -> Inputs:
     """The prediction's inputs: `comm` files are `overlapbench comm` stores (their beside-GEMM
     rows give the contention) or nccl-tests text output; `busbw` rescales the table to TP=tp."""
-    from overlapbench.predict.comm_table import CommTable
+    from overlapbench.predict.comm_table import CommTable, is_beside
     from overlapbench.predict.contention import Contention
 
-    stores = [p for p in comm if p.suffix == ".jsonl"]
-    rows = [row for path in stores for row in results.read_rows(path)]
-    tables = [CommTable.from_rows(rows)] if rows else []
-    for path in (p for p in comm if p.suffix != ".jsonl"):
-        try:
-            tables.append(CommTable.from_nccl_tests(path.read_text(), source=str(path)))
-        except OSError as e:
-            raise UserError(f"--comm: cannot read {path}: {e.strerror}") from None
-    if len(tables) != 1:
-        raise UserError("--comm: give one comm table: `overlapbench comm` stores (.jsonl), or one nccl-tests output")
-    table = tables[0]
+    stores = {path: results.read_rows(path) for path in comm if path.suffix == ".jsonl"}
+    beside = [row for rows in stores.values() for row in rows if is_beside(row)]
+    only_beside = {path for path, rows in stores.items() if rows and all(is_beside(row) for row in rows)}
+    table = CommTable.read([p for p in comm if p not in only_beside], world_size=tp if busbw is None else None)
     if busbw is not None:
         table = table.scaled(tp, busbw, source=f"{table.source}, rescaled to {busbw:g} GB/s bus bandwidth at 1 GiB on {tp} GPUs")
     elif table.world_size != tp:
         raise UserError(f"--comm: the table was measured on {table.world_size} GPUs, not --tp {tp}; give a table of "
                         f"{tp} GPUs, or --busbw GB/S to rescale this one")
-    beside = [row for row in rows if row.get("beside_ms") is not None]
-    return Inputs(ComputePieces.load(compute), table, Contention.from_rows(beside) if beside else None, stretch)
+    contention = Contention.from_rows(beside, source=", ".join(str(p) for p in comm)) if beside else None
+    return Inputs(ComputePieces.load(compute), table, contention, stretch)
 
 
 def predict(spec: SweepSpec, tp: int, inputs: Inputs, output: Path, error: float = ERROR) -> int:

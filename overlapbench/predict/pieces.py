@@ -36,8 +36,12 @@ from overlapbench.step import Step
 from overlapbench.weights import build_stack, random_input
 
 TARGET_MS = 1.0  # one timed sample lasts about this long (repetitions of the piece in one graph)
-# Each piece: 3 warm-up samples and 0.2 s, then at least 20 samples and 0.3 s (a spec has dozens of pieces).
-WARMUP, WARMUP_S, ITERS, MIN_TIME_S = 3, 0.2, 20, 0.3
+# A batch's pieces are timed interleaved, as the sweep times a batch's points (interleave.py): after
+# WARMUP_S of running them all, ROUNDS rounds each time every piece once, in a rotated order, so the
+# clock's drift (an H100 slows as it warms) moves every piece alike. Timed one after the other,
+# a whole batch's MLP and its two halves came out of different clock states: the split looked up
+# to 7% cheaper than no split, where the two-GPU run measured it 0.3-2% dearer.
+WARMUP_S, ROUNDS = 2.0, 30
 
 
 def _chunk(chunk: Rows | SequenceParts, seq_lens, device, decode):
@@ -98,6 +102,31 @@ def _repeated(fn, device) -> tuple[Step, int]:
     return Step(lambda x: [fn() for _ in range(reps)]), reps
 
 
+def time_in_rounds(runs: list, x: torch.Tensor) -> list[list[float]]:
+    """Samples (ms) of each of `runs` (what one sample runs), timed interleaved in rounds."""
+    import time
+
+    deadline = time.monotonic() + WARMUP_S
+    while time.monotonic() < deadline:
+        for run in runs:
+            run()
+        torch.cuda.synchronize(x.device)
+    samples: list[list[float]] = [[] for _ in runs]
+    for r in range(ROUNDS):
+        order = [(r + i) % len(runs) for i in range(len(runs))]
+        events = []
+        for i in order:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            runs[i]()
+            end.record()
+            events.append((i, start, end))
+        torch.cuda.synchronize(x.device)
+        for i, start, end in events:
+            samples[i].append(start.elapsed_time(end))
+    return samples
+
+
 def run(spec: SweepSpec, output: Path, tp: int) -> int:
     """Every piece of every batch of the spec at TP=tp, on this one GPU; returns rows written."""
     spec = dataclasses.replace(spec, tp=tp)
@@ -115,14 +144,17 @@ def run(spec: SweepSpec, output: Path, tp: int) -> int:
                 group = list(group)
                 first, wanted = group[0], wanted_pieces(group)
                 batch = BatchPieces(first, rt.device)
-                for key, (piece, rows, chunk, kv) in wanted.items():
-                    step, reps = _repeated(batch.run(piece, rows, chunk, kv), rt.device)
-                    timing = measure.time_step(step, batch.x, WARMUP, ITERS, True, WARMUP_S, MIN_TIME_S)
-                    samples = [s / reps for s in timing.samples_ms]
-                    store.append(_row(first, key, piece, rows, samples, timing, run_id, env, reps))
+                steps = {key: _repeated(batch.run(*what), rt.device) for key, what in wanted.items()}
+                runs = {key: measure.runner(step, batch.x, True) for key, (step, _) in steps.items()}
+                samples = time_in_rounds([run for run, _, _ in runs.values()], batch.x)
+                for (key, (piece, rows, _, _)), (_, reps), (_, graphs, error), taken in zip(
+                        wanted.items(), steps.values(), runs.values(), samples):
+                    per_piece = [t / reps for t in taken]
+                    timing = measure.Timing(per_piece, graphs, error)
+                    store.append(_row(first, key, piece, rows, per_piece, timing, run_id, env, reps))
                     written += 1
                 console.print(f"{first.tokens} tokens: {len(wanted)} pieces timed")
-                del batch
+                del batch, steps, runs
                 torch.cuda.empty_cache()
         finally:
             store.close()
