@@ -39,7 +39,9 @@ def test_a_piece_computes_the_layers_rows():
     from overlapbench.predict.pieces import _chunk
 
     point = _points()[0]
-    pieces = BatchPieces(point, torch.device("cpu"))
+    from overlapbench.runtime import Runtime
+
+    pieces = BatchPieces(point, Runtime(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo"))
     wanted = wanted_pieces(_points())
     for piece, rows, chunk, kv in wanted.values():
         if piece != "attention" or kv:
@@ -50,3 +52,19 @@ def test_a_piece_computes_the_layers_rows():
         expected = attention_partial(pieces.stack, 0, pieces.normed[c.rows], c, pieces.rope, None)
         torch.testing.assert_close(pieces.out[c.rows], expected)
     assert pieces.x.abs().sum() > 0 and pieces.kv.k.abs().sum() > 0  # random operands, never zeros
+
+
+def test_a_chain_runs_the_plan_with_its_communication_removed():
+    """Each plan's chain is the real executor over the shard's stack: the pipelined chains (the
+    split's and iso's lanes, norms only) compute what the serial one does."""
+    from overlapbench.runtime import Runtime
+
+    points = _points()
+    rt = Runtime(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
+    pieces = BatchPieces(points[0], rt)
+    chains = {key: what for key, what in wanted_pieces(points).items() if what[0] == "chain"}
+    assert len(chains) == 3  # serial, token_split's cut, iso's parts
+    outputs = [pieces.run(*what)().clone() for what in chains.values()]
+    for out in outputs[1:]:
+        torch.testing.assert_close(out, outputs[0], rtol=1e-4, atol=1e-4)
+    assert outputs[0].abs().sum() > 0

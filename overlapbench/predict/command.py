@@ -94,6 +94,7 @@ def _row(point, found, ref, inputs: Inputs, run_id: str, error: float) -> dict:
         "comm": getattr(inputs.comm, "source", None), "contention": inputs.contention is not None,
         "transfer_beside": inputs.stretch, "error": error,
         "exposed_ms": None if found is None else round(found.played.exposed_ms / point.layers, 6),
+        "in_context": None if found is None else round(found.in_context, 4),
         "notes": [] if found is None else found.notes,
     }
     return row

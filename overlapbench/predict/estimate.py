@@ -5,7 +5,7 @@ phases priced from the one-GPU pieces and the comm table, played out with conten
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from overlapbench import strategies
@@ -49,8 +49,11 @@ class ComputePieces:
                             f"give the rows of one device and one TP")
         return cls(table, devices.pop(), tps.pop(), [str(p) for p in paths], runs)
 
+    def find(self, batch: Batch, key: str) -> float | None:
+        return self.ms.get(_batch_key(list(batch.seq_lens), _decode(batch)) + (key,))
+
     def get(self, batch: Batch, key: str) -> float:
-        found = self.ms.get(_batch_key(list(batch.seq_lens), _decode(batch)) + (key,))
+        found = self.find(batch, key)
         if found is None:
             what = json.loads(key)
             raise UserError(f"--compute: no piece row for {what['piece']} of {what['rows']} rows at batch "
@@ -83,6 +86,7 @@ class Estimate:
     ms: float  # per layer
     played: Played
     notes: list[str]
+    in_context: float = 1.0  # the chain's time over the isolated pieces' (compute scaled by it)
 
 
 def estimate(strategy: str, knobs: dict, batch: Batch, layers: int, dtype: str, inputs: Inputs) -> Estimate | None:
@@ -93,9 +97,24 @@ def estimate(strategy: str, knobs: dict, batch: Batch, layers: int, dtype: str, 
     notes: list[str] = []
     tasks = plan.tasks(layers)
     phases = [_phases(plan, task, batch, dtype, inputs, notes) for task in tasks]
-    played = play(tasks, phases)
     entry = inputs.compute.get(batch, piece_keys.piece_key("entry", batch.tokens))
-    return Estimate((played.ms + entry) / layers, played, sorted(set(notes)))
+    scale = _in_context(plan, tasks, phases, entry, batch, layers, inputs, notes)
+    phases = [[p if p.kind == TRANSFER else replace(p, ms=p.ms * scale) for p in ps] for ps in phases]
+    played = play(tasks, phases)
+    return Estimate((played.ms + entry * scale) / layers, played, sorted(set(notes)), scale)
+
+
+def _in_context(plan: LayerPlan, tasks, phases, entry: float, batch: Batch, layers: int, inputs: Inputs,
+                notes: list[str]) -> float:
+    """How much slower the plan's compute ran in context (its chain: the stack with the
+    communication removed) than its isolated pieces played on the same lanes: every compute and
+    norm phase is scaled by it. 1 where the pieces have no chain row (noted)."""
+    chain = inputs.compute.find(batch, piece_keys.chain_key(plan, batch.tokens, layers))
+    if chain is None:
+        notes.append("no chain row for this plan: the isolated pieces are used as they are")
+        return 1.0
+    alone = play(tasks, [[p for p in ps if p.kind != TRANSFER] for ps in phases]).ms + entry
+    return chain / alone
 
 
 def _phases(plan: LayerPlan, task, batch: Batch, dtype: str, inputs: Inputs, notes: list[str]) -> list[Phase]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from overlapbench import strategies
-from overlapbench.overlap.schedule import Batch, Rows, SequenceParts
+from overlapbench.overlap.schedule import Batch, LayerPlan, Rows, SequenceParts
 
 WORKLOAD = "piece"
 
@@ -25,13 +25,21 @@ def piece_key(piece: str, rows: int, chunk: Rows | SequenceParts | None = None, 
     return json.dumps(what, sort_keys=True)
 
 
+def chain_key(plan: LayerPlan, tokens: int, layers: int) -> str:
+    """The whole stack of a plan with its communication removed (its compute and norms on their
+    lanes), timed in context: what the isolated pieces are scaled to (estimate.py)."""
+    return json.dumps({"piece": "chain", "rows": tokens, "layers": layers, "pipelined": plan.pipelined,
+                       "chunks": [chunk_key(c) for c in plan.chunks]}, sort_keys=True)
+
+
 def batch_of(point) -> Batch:
     decode = (point.decode.tokens, point.decode.context) if point.decode else (0, 0)
     return Batch(point.batch, decode, point.shape, point.tp)
 
 
 def wanted_pieces(points) -> dict[str, tuple]:
-    """piece key -> (piece, rows, chunk, kv) over the plans of the points of one batch."""
+    """piece key -> (piece, rows, chunk, kv) over the plans of the points of one batch (a chain:
+    ('chain', tokens, the plan's chunks, whether it pipelines))."""
     wanted: dict[str, tuple] = {}
     for point in points:
         plan = strategies.get(point.strategy).plan(point.knobs, batch_of(point))
@@ -42,6 +50,7 @@ def wanted_pieces(points) -> dict[str, tuple]:
                               ("attention", chunk.size, chunk, plan.pipelined))
             for piece in ("mlp", "norm"):
                 wanted.setdefault(piece_key(piece, chunk.size), (piece, chunk.size, None, False))
+        wanted.setdefault(chain_key(plan, point.tokens, point.layers), ("chain", point.tokens, plan.chunks, plan.pipelined))
     tokens = points[0].tokens
     wanted.setdefault(piece_key("entry", tokens), ("entry", tokens, None, False))
     return wanted

@@ -9,7 +9,10 @@ so one GPU times what `predict` needs of compute. The pieces are those the sched
   O-projection (layer.attention_partial); with the split's KV buffer where the plan pipelines;
 - `mlp` of a row count: gate/up GEMM, SwiGLU, down GEMM;
 - `norm` of a row count: the residual add + RMSNorm a reduction runs after NCCL's all-reduce;
-- `entry`: the stack's first RMSNorm of the whole batch (once per stack).
+- `entry`: the stack's first RMSNorm of the whole batch (once per stack);
+- `chain`: each plan's whole stack with the communication removed, run by the real executors:
+  the pieces in context (several layers' weights, the lanes' norms beside the compute), which
+  ran 2-11% slower than the isolated pieces' sum on the same H100 (estimate.py scales by it).
 
 Each distinct piece is timed once per batch, however many strategies use it. A piece is timed as
 a CUDA graph of enough repetitions to last about a millisecond, so launch gaps do not inflate it.
@@ -26,9 +29,10 @@ import torch
 from overlapbench import environment, measure, printing, results, runtime
 from overlapbench.chunks import KVBuffer, build_decode_cache, rope_positions, token_range
 from overlapbench.errors import UserError
-from overlapbench.layer import attention_partial, mlp_partial
+from overlapbench.layer import LocalReducer, attention_partial, forward_stack, mlp_partial
 from overlapbench.norms import add_rms_norm, rms_norm
 from overlapbench.overlap.schedule import Rows, SequenceParts
+from overlapbench.overlap.split import SplitForward, SplitPlan
 from overlapbench.predict.piece_keys import WORKLOAD, wanted_pieces
 from overlapbench.rope import RopeTable
 from overlapbench.spec import SweepSpec
@@ -54,11 +58,14 @@ def _chunk(chunk: Rows | SequenceParts, seq_lens, device, decode):
 
 
 class BatchPieces:
-    """One batch's shard layer (one layer of rank 0 of TP=tp) and random operands, never zeros."""
+    """One batch's shard layer (one layer of rank 0 of TP=tp) and random operands, never zeros;
+    for the chains, the shard's whole stack of the point's layers."""
 
-    def __init__(self, point, device) -> None:
+    def __init__(self, point, rt: runtime.Runtime) -> None:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[point.dtype]
-        self.point, self.device = point, device
+        device = rt.device
+        self.point, self.device, self.rt, self.dtype = point, device, rt, dtype
+        self._chain_ctx = None
         self.stack = build_stack(point.shape, 1, point.tp, 0, dtype, device, point.seed)
         d = point.decode
         self.cache = None if d is None else build_decode_cache(point.shape, 1, point.tp, 0, d.tokens, d.context, dtype,
@@ -84,7 +91,36 @@ class BatchPieces:
         if piece == "norm":
             residual = self.x.clone()
             return lambda: add_rms_norm(self.partial[:rows], residual[:rows], w.mlp_norm, eps, self.out[:rows])
+        if piece == "chain":
+            return self._chain(chunk, kv)
         return lambda: rms_norm(self.x, w.attn_norm, eps, out=self.out)
+
+    def _chain(self, chunks: tuple, pipelined: bool):
+        """The plan's stack with its reductions' communication removed, run by the real executors
+        (forward_stack, SplitForward): its compute, and its norms on their lanes."""
+        ctx, eps = self._context(), self.point.shape.eps
+        seq_lens, cache = self.point.batch, ctx.decode
+        if not pipelined:
+            whole = token_range(seq_lens, 0, self.point.tokens, self.device, cache)
+            return lambda: forward_stack(ctx.stack, self.x, whole, ctx.rope, LocalReducer(eps))
+        if isinstance(chunks[0], Rows):
+            plan = SplitPlan(tuple(token_range(seq_lens, c.begin, c.end, self.device, cache) for c in chunks))
+        else:
+            from overlapbench.strategies.iso import chunks as iso_chunks
+
+            first, second, order = iso_chunks(seq_lens, list(chunks[0].prefixes), self.device, cache)
+            plan = SplitPlan((first, second), order)
+        forward = SplitForward(ctx, plan, (LocalReducer(eps), LocalReducer(eps)))
+        return lambda: forward(self.x)
+
+    def _context(self) -> runtime.BuildContext:
+        if self._chain_ctx is None:
+            p = self.point
+            stack = build_stack(p.shape, p.layers, p.tp, 0, self.dtype, self.device, p.seed)
+            cache = None if p.decode is None else build_decode_cache(p.shape, p.layers, p.tp, 0, p.decode.tokens,
+                                                                     p.decode.context, self.dtype, self.device, p.seed)
+            self._chain_ctx = runtime.BuildContext(self.rt, stack, p.batch, self.rope, p.tokens, cache)
+        return self._chain_ctx
 
 
 def _repeated(fn, device) -> tuple[Step, int]:
@@ -143,7 +179,7 @@ def run(spec: SweepSpec, output: Path, tp: int) -> int:
             for _, group in itertools.groupby(points, key=lambda p: p.workload_key):
                 group = list(group)
                 first, wanted = group[0], wanted_pieces(group)
-                batch = BatchPieces(first, rt.device)
+                batch = BatchPieces(first, rt)
                 steps = {key: _repeated(batch.run(*what), rt.device) for key, what in wanted.items()}
                 runs = {key: measure.runner(step, batch.x, True) for key, (step, _) in steps.items()}
                 samples = time_in_rounds([run for run, _, _ in runs.values()], batch.x)

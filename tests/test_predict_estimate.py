@@ -1,0 +1,94 @@
+"""A point's prediction from synthetic pieces and a synthetic comm table: the arithmetic of the
+serial and pipelined plans, the in-context scaling, and rows that `tune` and `report` read."""
+
+from __future__ import annotations
+
+import io
+import random
+
+import pytest
+from rich.console import Console
+
+from overlapbench import spec as spec_mod
+from overlapbench import strategies
+from overlapbench.predict import piece_keys
+from overlapbench.predict.comm_table import CommTable
+from overlapbench.predict.estimate import ComputePieces, Inputs, estimate
+
+SPEC = {
+    "name": "predicted", "shape": {"hidden": 64, "ffn": 128, "heads": 4, "kv_heads": 2, "head_dim": 16},
+    "tp": 2, "layers": 3, "dtype": "bf16", "tokens": [512, 4096],
+    "strategies": {"baseline": {}, "no_comm": {}, "token_split": [{"comm": "nccl"}, {"comm": "none"}]},
+}
+
+
+def _points():
+    return spec_mod.from_dict(SPEC, "predicted", cuda=True).points(2, cuda=True)
+
+
+def _inputs(seed: int, scale: float = 1.0, comm_ms: float = 0.05) -> Inputs:
+    """Random piece times (ms per row, so bigger pieces cost more); chains `scale` times the
+    isolated pieces' serial sum; all-reduce time linear in bytes from `comm_ms` at 1 MiB."""
+    rng = random.Random(seed)
+    per_row = {"attention": rng.uniform(1e-4, 3e-4), "mlp": rng.uniform(3e-4, 6e-4), "norm": rng.uniform(1e-6, 1e-5),
+               "entry": rng.uniform(1e-6, 1e-5)}
+    table: dict = {}
+    for points in ([p for p in _points() if p.tokens == t] for t in (512, 4096)):
+        tokens, batch = points[0].tokens, piece_keys.batch_of(points[0])
+        for key, (piece, rows, _, _) in piece_keys.wanted_pieces(points).items():
+            if piece != "chain":
+                table[((tokens,), None, key)] = per_row[piece] * rows
+        for plan in (strategies.get(p.strategy).plan(p.knobs, batch) for p in points):
+            alone = sum((per_row["attention"] + per_row["mlp"] + 2 * per_row["norm"]) * c.size for c in plan.chunks)
+            table[((tokens,), None, piece_keys.chain_key(plan, tokens, 3))] = (3 * alone + per_row["entry"] * tokens) * scale
+    compute = ComputePieces(table, "GPU", 2)
+    sizes = [1 << 16, 1 << 20, 1 << 24]
+    comm = CommTable({("nccl", "default", None): [(b, comm_ms * b / (1 << 20)) for b in sizes]}, 2, "GPU", "synthetic")
+    return Inputs(compute, comm, None)
+
+
+def _at(tokens: int, strategy: str, comm: str | None = None):
+    return next(p for p in _points() if p.tokens == tokens and p.strategy == strategy
+                and (comm is None or p.knobs.get("comm") == comm))
+
+
+def _predict(point, inputs):
+    return estimate(point.strategy, point.knobs, piece_keys.batch_of(point), point.layers, point.dtype, inputs)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_serial_plans_add_their_transfers_to_the_chain(seed):
+    scale = random.Random(seed).uniform(1.02, 1.1)
+    inputs = _inputs(seed, scale)
+    for tokens in (512, 4096):
+        free = _predict(_at(tokens, "no_comm"), inputs)
+        base = _predict(_at(tokens, "baseline"), inputs)
+        transfer = inputs.comm.time_ms("nccl", "default", tokens * 64 * 2).ms
+        assert free.in_context == pytest.approx(scale)
+        assert base.ms == pytest.approx(free.ms + 2 * transfer)
+
+
+def test_a_split_hides_its_transfers_under_long_compute():
+    inputs = _inputs(3, comm_ms=0.001)  # tiny transfers: all but the last hide
+    for tokens in (512, 4096):
+        bound = _predict(_at(tokens, "token_split", "none"), inputs)
+        split = _predict(_at(tokens, "token_split", "nccl"), inputs)
+        last = inputs.comm.time_ms("nccl", "default", (tokens - tokens // 2) * 64 * 2).ms
+        assert split.ms == pytest.approx(bound.ms + last / 3, rel=1e-6)
+
+
+def test_predicted_rows_feed_tune_and_report(tmp_path):
+    from overlapbench import tune
+    from overlapbench.predict.command import predict
+    from overlapbench.report.command import run as report
+    from overlapbench.results import read_rows
+
+    out = tmp_path / "predicted.jsonl"
+    written = predict(spec_mod.from_dict(SPEC, "predicted", cuda=True), 2, _inputs(4), out, error=0.02)
+    rows = read_rows(out)
+    assert written == len(rows) == len(_points())
+    assert {r["timing"] for r in rows} == {"predicted"} and all(r["device"] == "GPU (predicted)" for r in rows)
+    assert all(r["speedup_ci"][0] < r["speedup"] < r["speedup_ci"][1] for r in rows if r["strategy"] != "baseline")
+    console = Console(file=io.StringIO(), width=120)
+    assert tune.run([out], tmp_path / "tuned", console)
+    report([out], "markdown", Console(file=io.StringIO(), width=120))
