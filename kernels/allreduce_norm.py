@@ -25,6 +25,7 @@ No NVLink multicast anywhere: only peer loads/stores/atomics through mapped poin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,11 @@ MAX_WORLD = 8
 SIGNAL_SLOTS = MAX_CTAS * MAX_WORLD
 STEP_BYTES = 128 * 1024  # bytes one CTA loads per loop step (16-byte vectors, all in flight at once)
 _MAX_TILE_ROWS = 16
+
+# allocate(numel, dtype, device, group) -> a symmetric buffer (.tensor, .handle, .view, .peer_ptrs,
+# .rank, .world): collective, every rank calls it in the same order. The caller passes its own
+# (overlapbench's runtime.symmetric_buffer), so kernels/ depends on nothing above it.
+Allocate = Callable[..., object]
 
 
 def row_block(n_rows: int, world: int, rank: int) -> tuple[int, int]:
@@ -294,13 +300,14 @@ class AllReduceNorm:
 
     step_bytes: int = STEP_BYTES
 
-    def __init__(self, group, max_tokens: int, hidden: int, dtype: torch.dtype, device: torch.device):
-        from overlapbench.runtime import symmetric_buffer
-
+    def __init__(self, group, max_tokens: int, hidden: int, dtype: torch.dtype, device: torch.device, *,
+                 allocate: Allocate):
+        """`allocate`: the caller's symmetric allocator (overlapbench's runtime.symmetric_buffer),
+        passed in so the kernels import nothing from the package above them."""
         group = group or dist.group.WORLD
         world, rank = ranks_of(group, hidden, dtype)
         rows = buffer_rows(max_tokens, world)
-        sym = symmetric_buffer(rows * hidden, dtype, device, group)
+        sym = allocate(rows * hidden, dtype, device, group)
         handle = sym.handle
         # The flags must start at 0 (a pooled allocation may reuse a pad); raises if the pad is smaller.
         handle.get_signal_pad(rank, [SIGNAL_SLOTS], torch.int32).zero_()

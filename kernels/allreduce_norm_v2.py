@@ -54,6 +54,7 @@ from kernels.allreduce_norm import (
     MAX_CTAS,
     MAX_WORLD,
     STEP_BYTES,
+    Allocate,
     _row_block,
     check_call,
     peer_offsets,
@@ -262,14 +263,14 @@ class AllReduceNormV2:
     _view = SymmetricRowsV2
     _reduce = staticmethod(reduce_norm)
 
-    def __init__(self, group, max_tokens: int, hidden: int, dtype: torch.dtype, device: torch.device):
-        from overlapbench.runtime import symmetric_buffer
-
+    def __init__(self, group, max_tokens: int, hidden: int, dtype: torch.dtype, device: torch.device, *,
+                 allocate: Allocate):
+        """`allocate`: the caller's symmetric allocator (allreduce_norm.Allocate)."""
         group = group or dist.group.WORLD
         world, rank = ranks_of(group, hidden, dtype)
         rows = self._buffer_rows(max_tokens, world)
-        data = symmetric_buffer(rows * hidden, dtype, device, group)
-        flags = symmetric_buffer(FLAG_SLOTS, torch.int32, device, group)
+        data = allocate(rows * hidden, dtype, device, group)
+        flags = allocate(FLAG_SLOTS, torch.int32, device, group)
         flags.tensor.zero_()
         self._sym = self._view(
             buf=data.tensor.view(rows, hidden),

@@ -68,7 +68,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.allreduce_norm import MAX_WORLD, check_call, row_block, slot_rows
+from kernels.allreduce_norm import MAX_WORLD, Allocate, check_call, row_block, slot_rows
 from kernels.rmsnorm import rmsnorm_rows
 
 TILE_ELEMS = 16384  # elements per tensor one CTA loads per step (32 KiB of bf16): all in flight at once
@@ -266,15 +266,14 @@ class CopyEngineNorm:
 
     @classmethod
     def allocate(cls, group, max_tokens: int, hidden: int, dtype: torch.dtype, device,
-                 chunks: int | None = None, sm_out: bool = False) -> CopyEngineNorm:
+                 chunks: int | None = None, sm_out: bool = False, *, allocate: Allocate) -> CopyEngineNorm:
+        """`allocate`: the caller's symmetric allocator (allreduce_norm.Allocate)."""
         import torch.distributed as dist
-
-        from overlapbench.runtime import symmetric_buffer
 
         if hidden * torch.empty((), dtype=dtype).element_size() % 16:
             raise ValueError("a row must be a whole number of 16-byte vectors")
         world = dist.get_world_size(group or dist.group.WORLD)
-        sym = symmetric_buffer(buffer_elems(max_tokens, hidden, world), dtype, device, group)
+        sym = allocate(buffer_elems(max_tokens, hidden, world), dtype, device, group)
         return cls(sym, max_tokens, hidden, chunks, sm_out)
 
     def partial(self, row_start: int, row_end: int) -> torch.Tensor:

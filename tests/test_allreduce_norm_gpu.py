@@ -26,7 +26,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from overlapbench.runtime import SAFE_ENV  # noqa: E402
+from overlapbench.runtime import SAFE_ENV, symmetric_buffer  # noqa: E402
 from tests import distributed  # noqa: E402
 
 pytestmark = distributed.two_gpus()
@@ -55,11 +55,11 @@ def _engine(kind: str, max_tokens: int, hidden: int, dtype, rank: int):
         from kernels.copy_engine_norm import CopyEngineNorm
 
         chunks = int(kind.rsplit("_c", 1)[1]) if "_c" in kind else None
-        return CopyEngineNorm.allocate(*args, chunks=chunks, sm_out=chunks == 1)
+        return CopyEngineNorm.allocate(*args, chunks=chunks, sm_out=chunks == 1, allocate=symmetric_buffer)
     from kernels.allreduce_norm_pull import FUSED_KERNELS
 
     fused = {"fused": "v2", "fused_pull": "v2pull", "fused_pull_push": "v2pullpush", "fused_v1": "v1"}
-    return FUSED_KERNELS[fused[kind]](*args)
+    return FUSED_KERNELS[fused[kind]](*args, allocate=symmetric_buffer)
 
 
 def _kept(ar, a: int, b: int) -> slice:

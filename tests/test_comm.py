@@ -21,7 +21,7 @@ from overlapbench.comm import run as comm_run
 from overlapbench.comm.cases import Case
 from overlapbench.errors import UserError
 from overlapbench.results import SCHEMA, read_rows
-from overlapbench.spec import CommSpec
+from overlapbench.spec_sections import CommSpec
 from tests import distributed
 
 SYMMETRIC_PATHS = tuple(p.name for p in paths.PATHS_BY_NAME.values() if p.buffer is not None)
@@ -496,7 +496,8 @@ def test_fused_paths_take_their_kernels(monkeypatch, fused_kernel):
     from overlapbench import knobs
 
     for kernel, kind in list(FUSED_KERNELS.items()):
-        monkeypatch.setitem(FUSED_KERNELS, kernel, lambda group, rows, hidden, dtype, device, name=kind.__name__: (name, rows))
+        monkeypatch.setitem(FUSED_KERNELS, kernel,
+                            lambda group, rows, hidden, dtype, device, allocate, name=kind.__name__: (name, rows))
     monkeypatch.setattr(knobs, "FUSED_KERNEL", fused_kernel)
     cases = [Case("all_reduce", p, "nccl", 8, 0, 3 * 1024, "bf16", 1024, buffer=p)
              for p in ("fused_norm", "fused_norm_v1", "fused_norm_push", "fused_norm_pull_push")]

@@ -122,6 +122,15 @@ def test_kernels_holds_only_kernels_the_package_runs():
     assert not list((ROOT / "kernels").glob("*.sh")), "scripts go to tests/benchmarks, tests/probes or tests/checks"
 
 
+def test_kernels_import_nothing_from_the_package():
+    """kernels/ is the lowest floor: what a kernel needs from the package (its symmetric memory) is
+    passed in by the caller, so no kernel imports overlapbench (at any depth)."""
+    graph = import_graph()
+    upward = {name: sorted(d for d in deps if d.startswith("overlapbench"))
+              for name, deps in graph.items() if name.startswith("kernels")}
+    assert not {name: deps for name, deps in upward.items() if deps}
+
+
 def _tracked() -> set[str]:
     out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
     if out.returncode:

@@ -67,22 +67,26 @@ class Buffers:
 
         from kernels.allreduce_norm_pull import FUSED_KERNELS
         from overlapbench.knobs import FUSED_KERNEL
+        from overlapbench.runtime import symmetric_buffer
 
         key = self._key(case)
         if key not in self._made:
             rows = self._largest[key] // case.hidden
             kernel = {"fused_norm_v1": "v1", "fused_norm_push": "v2",
                       "fused_norm_pull_push": "v2pullpush"}.get(case.buffer, FUSED_KERNEL)
-            self._made[key] = FUSED_KERNELS[kernel](dist.group.WORLD, rows, case.hidden, self._dtype(case), self.rt.device)
+            self._made[key] = FUSED_KERNELS[kernel](dist.group.WORLD, rows, case.hidden, self._dtype(case), self.rt.device,
+                                                   allocate=symmetric_buffer)
         return self._made[key]
 
 
     def copy_engine_norm(self, case: Case):
         from kernels.copy_engine_norm import CopyEngineNorm
+        from overlapbench.runtime import symmetric_buffer
 
         key = self._key(case)
         if key not in self._made:
             rows = self._largest[key] // case.hidden
             # the layer's schedule: chunks by size (or --ce-chunks), `out` copied by the copy engine
-            self._made[key] = CopyEngineNorm.allocate(None, rows, case.hidden, self._dtype(case), self.rt.device)
+            self._made[key] = CopyEngineNorm.allocate(None, rows, case.hidden, self._dtype(case), self.rt.device,
+                                                     allocate=symmetric_buffer)
         return self._made[key]

@@ -129,10 +129,10 @@ def _engine(ctx: BuildContext, comm: str):
         if comm == "copy_engine":
             from kernels.copy_engine_norm import CopyEngineNorm
 
-            return lambda: CopyEngineNorm.allocate(*args)
+            return lambda: CopyEngineNorm.allocate(*args, allocate=symmetric_buffer)
         from kernels.allreduce_norm_pull import FUSED_KERNELS
 
-        return lambda: FUSED_KERNELS[FUSED_KERNEL](*args)
+        return lambda: FUSED_KERNELS[FUSED_KERNEL](*args, allocate=symmetric_buffer)
 
     return _run_sized(ctx, key, make, lambda kernel: kernel.max_tokens)
 

@@ -90,7 +90,8 @@ def main() -> None:
     rt = runtime.init(timeout_s=600)  # torchrun's group, NCCL, this rank's GPU
     dev, rank, world = rt.device, rt.rank, rt.world_size
     hidden, dtype, max_tokens = args.hidden, torch.bfloat16, max(args.tokens)
-    engines = {name: ENGINES[name](dist.group.WORLD, max_tokens, hidden, dtype, dev) for name in args.engines}
+    engines = {name: ENGINES[name](dist.group.WORLD, max_tokens, hidden, dtype, dev, allocate=runtime.symmetric_buffer)
+               for name in args.engines}
     groups = {"nccl": None}
     if args.nccl_ctas:
         opts = dist.ProcessGroupNCCL.Options()

@@ -62,7 +62,8 @@ def main() -> None:
     dev, rank, world = rt.device, rt.rank, rt.world_size
     hidden, dtype = args.hidden, torch.bfloat16
     sizes = {mib: mib * MiB // (hidden * 2) for mib in args.mib}  # rows of each size
-    engine = CopyEngineNorm.allocate(dist.group.WORLD, max(sizes.values()), hidden, dtype, dev)
+    engine = CopyEngineNorm.allocate(dist.group.WORLD, max(sizes.values()), hidden, dtype, dev,
+                                    allocate=runtime.symmetric_buffer)
     weight = (torch.arange(hidden, device=dev) % 3 + 1).to(dtype)
     meta = dict(bench="copy_engine_norm", hidden=hidden, dtype="bfloat16", world_size=world,
                 device=torch.cuda.get_device_name(dev), torch=torch.__version__, iters=args.iters)
