@@ -131,6 +131,10 @@ def sweep(
     raise typer.Exit(code)
 
 
+def _say(text: str) -> None:
+    err_console.print(text, soft_wrap=True)
+
+
 def _warn(text: str) -> None:
     err_console.print(printing.styled(("warning:", "bold yellow"), f" {text}"), soft_wrap=True)
 
@@ -201,7 +205,7 @@ def tune(
     from overlapbench import tune as tune_mod
     from overlapbench.spec import WORKLOADS
 
-    paths = [_file_of(p, results_mod, WORKLOADS) for p in results] if results else [_newest_results(results_mod, WORKLOADS)]
+    paths = [results_mod.given_or_newest(p, WORKLOADS, _say) for p in results or [None]]
     for path in paths:
         kinds = results_mod.workloads_in(path)
         if kinds and not kinds & set(WORKLOADS):
@@ -250,36 +254,16 @@ def report(
     from overlapbench import results as results_mod
     from overlapbench.spec import WORKLOADS
 
-    def file_of(path: Path) -> Path:
-        return _file_of(path, results_mod, WORKLOADS, fallback=True)
+    def file_of(path: Path | None) -> Path:
+        return results_mod.given_or_newest(path, WORKLOADS, _say, fallback=True)
 
-    paths = [file_of(p) for p in results] if results else ([] if compare else [_newest_results(results_mod, WORKLOADS, fallback=True)])
+    paths = [file_of(p) for p in results] if results else ([] if compare else [file_of(None)])
     compare = None if compare is None else (file_of(compare[0]), file_of(compare[1]))
     code = report_mod.run(paths, fmt, console, sensitivity=sensitivity, tokens=tokens, plot_path=plot,
                           plot_metric=plot_metric, compare_paths=compare, fail_above=fail_above, profile_dir=profile,
                           rounds=rounds)
     if code:
         raise typer.Exit(code)
-
-
-def _newest_results(results_mod, workloads: tuple[str, ...], fallback: bool = False,
-                    folder: Path = Path("results")) -> Path:
-    """The newest results file in `folder` holding rows of `workloads` (with `fallback`, else the
-    newest of any kind), said on stderr: a command given no file tells which it read."""
-    kind = "results file with a sweep's rows"
-    try:
-        path = results_mod.latest(folder, workloads=workloads)
-    except UserError:
-        if not fallback:
-            raise
-        path, kind = results_mod.latest(folder), "results file"
-    err_console.print(f"reading {path} (the newest {kind} in {folder}/; name one to choose)", soft_wrap=True)
-    return path
-
-
-def _file_of(path: Path, results_mod, workloads: tuple[str, ...], fallback: bool = False) -> Path:
-    """A results file as given, or for a folder the newest results file in it (as `_newest_results`)."""
-    return _newest_results(results_mod, workloads, fallback, folder=path) if path.is_dir() else path
 
 
 @app.command("strategies")
@@ -324,7 +308,7 @@ def models(
     table = printing.table("preset", *columns, keep=("preset",), **printing.COMPACT)
     notes = []
     for name, s in PRESETS.items():
-        table.add_row(name, *(_plain_number(getattr(s, c)) for c in columns))
+        table.add_row(name, *(printing.plain_number(getattr(s, c)) for c in columns))
         extras = [text for on, text in ((s.qkv_bias, "qkv_bias"), (s.qk_norm, "qk_norm")) if on]
         if s.moe:
             extras.append(f"experts {s.experts}, top_k {s.top_k}, expert_ffn {s.expert_ffn}")
@@ -335,11 +319,6 @@ def models(
         console.print(printing.styled(("attention details and experts (the others: none):", "dim")))
         for note in notes:
             console.print(note, soft_wrap=False)
-
-
-def _plain_number(x: float) -> str:
-    """500000.0 as 500000 (as a spec would say it), 1e-05 as itself."""
-    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 def _show_config(path: Path) -> None:
