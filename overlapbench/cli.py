@@ -100,7 +100,9 @@ def sweep(
     if nproc is not None and nproc < 1:
         raise UserError(f"--nproc: must be at least 1, got {nproc}")
     if pieces:
-        return _sweep_pieces(path, output, tp)
+        from overlapbench.predict.command import launch_pieces
+
+        return launch_pieces(path, output, tp)
     cuda = launch.local_gpus() > 0
     world = nproc or launch.default_nproc()
     warning = launch.oversubscription(world)
@@ -140,24 +142,8 @@ def sweep(
     raise typer.Exit(code)
 
 
-def _sweep_pieces(path: Path, output: Path | None, tp: int | None) -> None:
-    """`sweep --pieces`: one process on one GPU times the shard layer's pieces."""
-    from overlapbench import launch, launch_log
-    from overlapbench import spec as spec_mod
-
-    if launch.local_gpus() == 0:
-        raise UserError("--pieces: times one rank's compute on a GPU, and this machine has none; run it on one GPU")
-    loaded = spec_mod.load(path, cuda=True)
-    tp = tp or (loaded.tp if isinstance(loaded.tp, int) else None)
-    if tp is None or tp < 1:
-        raise UserError("--tp: give the TP degree whose shard to time (the spec says tp: auto)")
-    loaded.shape.check_tp(tp)
-    out = output or Path("results") / f"{loaded.name}-pieces-tp{tp}.jsonl"
-    log = launch_log.path_for(out)
-    code = launch.relaunch(["sweep", str(path), "--pieces", "--tp", str(tp), "--output", str(out)], 1, log)
-    if code:
-        raise typer.Exit(code)
-    log.unlink(missing_ok=True)
+def _say(text: str) -> None:
+    err_console.print(text, soft_wrap=True)
 
 
 def _warn(text: str) -> None:
@@ -228,20 +214,10 @@ def predict(
 ) -> None:
     """Predict a study at TP=K from one GPU's compute pieces and a table of collectives: rows in
     the sweep's schema (timing "predicted"), which `tune` and `report` read as they are."""
-    from overlapbench import spec as spec_mod
     from overlapbench.predict import command as predict_mod
 
-    if transfer_beside not in ("alone", "measured"):
-        raise UserError(f"--transfer-beside: one of alone, measured, got {transfer_beside!r}")
-    if tp < 1:
-        raise UserError(f"--tp: must be at least 1, got {tp}")
-    loaded = spec_mod.load(spec, cuda=True)
-    loaded.shape.check_tp(tp)
-    compute = compute or [Path("results") / f"{loaded.name}-pieces-tp{tp}.jsonl"]
-    out = output or Path("results") / f"{loaded.name}-predicted-tp{tp}.jsonl"
-    inputs = predict_mod.load_inputs(comm, compute, transfer_beside, tp, busbw)
-    written = predict_mod.predict(loaded, tp, inputs, out, predict_mod.ERROR if error is None else error)
-    console.print(f"wrote {written} predicted rows to {out}", soft_wrap=True)
+    out = predict_mod.main(spec, tp, comm, compute, output, busbw, transfer_beside, error)
+    console.print(f"wrote predicted rows to {out}", soft_wrap=True)
 
 
 @app.command()
@@ -260,7 +236,7 @@ def tune(
     from overlapbench import tune as tune_mod
     from overlapbench.spec import WORKLOADS
 
-    paths = [_file_of(p, results_mod, WORKLOADS) for p in results] if results else [_newest_results(results_mod, WORKLOADS)]
+    paths = [results_mod.given_or_newest(p, WORKLOADS, _say) for p in results or [None]]
     for path in paths:
         kinds = results_mod.workloads_in(path)
         if kinds and not kinds & set(WORKLOADS):
@@ -309,10 +285,10 @@ def report(
     from overlapbench import results as results_mod
     from overlapbench.spec import WORKLOADS
 
-    def file_of(path: Path) -> Path:
-        return _file_of(path, results_mod, WORKLOADS, fallback=True)
+    def file_of(path: Path | None) -> Path:
+        return results_mod.given_or_newest(path, WORKLOADS, _say, fallback=True)
 
-    paths = [file_of(p) for p in results] if results else ([] if compare else [_newest_results(results_mod, WORKLOADS, fallback=True)])
+    paths = [file_of(p) for p in results] if results else ([] if compare else [file_of(None)])
     compare = None if compare is None else (file_of(compare[0]), file_of(compare[1]))
     code = report_mod.run(paths, fmt, console, sensitivity=sensitivity, tokens=tokens, plot_path=plot,
                           plot_metric=plot_metric, compare_paths=compare, fail_above=fail_above, profile_dir=profile,
@@ -321,51 +297,13 @@ def report(
         raise typer.Exit(code)
 
 
-def _newest_results(results_mod, workloads: tuple[str, ...], fallback: bool = False,
-                    folder: Path = Path("results")) -> Path:
-    """The newest results file in `folder` holding rows of `workloads` (with `fallback`, else the
-    newest of any kind), said on stderr: a command given no file tells which it read."""
-    kind = "results file with a sweep's rows"
-    try:
-        path = results_mod.latest(folder, workloads=workloads)
-    except UserError:
-        if not fallback:
-            raise
-        path, kind = results_mod.latest(folder), "results file"
-    err_console.print(f"reading {path} (the newest {kind} in {folder}/; name one to choose)", soft_wrap=True)
-    return path
-
-
-def _file_of(path: Path, results_mod, workloads: tuple[str, ...], fallback: bool = False) -> Path:
-    """A results file as given, or for a folder the newest results file in it (as `_newest_results`)."""
-    return _newest_results(results_mod, workloads, fallback, folder=path) if path.is_dir() else path
-
-
 @app.command("strategies")
 @user_errors
 def list_strategies() -> None:
     """List the strategies, where they run, and their knobs with domains and help."""
-    from overlapbench.knobs import show_value
-    from overlapbench.strategies import all_strategies, load_plugins
+    from overlapbench import catalog
 
-    load_plugins()
-    for cls in all_strategies():
-        needs = cls.needs
-        where = "CUDA" if needs.cuda else "CPU (gloo) and CUDA"
-        if needs.symmetric_memory:
-            where += ", symmetric memory"
-        if needs.min_world_size > 1:
-            where += f", >= {needs.min_world_size} ranks"
-        # prose: wrapped at words to the width (a pipe: 80 columns)
-        console.print(printing.styled((cls.name, "bold"), f": {cls.summary}"), soft_wrap=False)
-        console.print(printing.styled((f"runs on {where}; workloads: {', '.join(needs.workloads)}", "dim")), soft_wrap=False)
-        table = printing.table("knob", "domain", "default", "what it does", keep=("knob",), show_edge=False)
-        for knob in cls.knobs:
-            table.add_row(knob.name, knob.domain(), show_value(knob.default), knob.help)
-        if not cls.knobs:
-            table.add_row("-", "-", "-", "no knobs")
-        console.print(table)  # long help wraps at the width (a pipe: 80 columns), never cut
-        console.print()
+    catalog.show_strategies(console)
 
 
 @app.command()
@@ -375,43 +313,12 @@ def models(
 ) -> None:
     """List the model presets and their shapes (the attention details and MoE fields beside
     the sizes); with --config, the shape of one Hugging Face config.json."""
-    from overlapbench.models import PRESETS
+    from overlapbench import catalog
 
-    if config is not None:
-        return _show_config(config)
-    columns = ("hidden", "ffn", "heads", "kv_heads", "head_dim", "eps", "rope_theta")
-    table = printing.table("preset", *columns, keep=("preset",), **printing.COMPACT)
-    notes = []
-    for name, s in PRESETS.items():
-        table.add_row(name, *(_plain_number(getattr(s, c)) for c in columns))
-        extras = [text for on, text in ((s.qkv_bias, "qkv_bias"), (s.qk_norm, "qk_norm")) if on]
-        if s.moe:
-            extras.append(f"experts {s.experts}, top_k {s.top_k}, expert_ffn {s.expert_ffn}")
-        if extras:
-            notes.append(f"  {name}: {'; '.join(extras)}")
-    printing.print_table(console, table)
-    if notes:  # beside the table they would take it past 80 columns
-        console.print(printing.styled(("attention details and experts (the others: none):", "dim")))
-        for note in notes:
-            console.print(note, soft_wrap=False)
-
-
-def _plain_number(x: float) -> str:
-    """500000.0 as 500000 (as a spec would say it), 1e-05 as itself."""
-    return str(int(x)) if float(x).is_integer() else f"{x:g}"
-
-
-def _show_config(path: Path) -> None:
-    from overlapbench import hf_config
-
-    read = hf_config.read(path)
-    console.print(printing.styled((read.name, "bold"), f" (model name in rows; from {path})"), soft_wrap=True)
-    table = printing.table("field", "value", "read from", keep=("field",))
-    for name, value in read.shape.as_dict().items():
-        table.add_row(name, str(value), read.sources.get(name, "default"))
-    printing.print_table(console, table)
-    for note in read.notes:
-        console.print(printing.styled(("note:", "yellow"), f" {note}"), soft_wrap=True)
+    if config is None:
+        catalog.show_models(console)
+    else:
+        catalog.show_config(console, config)
 
 
 @app.command()

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from overlapbench.errors import UserError
 from overlapbench.flops import layer_flops
-from overlapbench.spec import Point, SweepSpec
+from overlapbench.points import Point
+from overlapbench.spec import SweepSpec
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 FP32 = 4

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from overlapbench import interleave, measure
 from overlapbench.interleave import Plan, Timed
 from overlapbench.phases import PointFailed, out_of_memory, phase
-from overlapbench.spec import Point
+from overlapbench.points import Point
 
 WARMUP_ITERS = 2  # per candidate, to estimate its iteration time; whole rounds warm the clocks after
 

@@ -59,3 +59,8 @@ def print_table(console: Console, table) -> None:
         console.print(table)
     finally:
         console.width = width
+
+
+def plain_number(x: float) -> str:
+    """500000.0 as 500000 (as a spec would say it), 1e-05 as itself."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"

@@ -114,6 +114,24 @@ def latest(results_dir: str | Path = "results", workloads: tuple[str, ...] = ())
                     f"{newest} rows); run `overlapbench sweep` first, or name a file")
 
 
+def given_or_newest(path: Path | None, workloads: tuple[str, ...], say: Callable[[str], None],
+                    fallback: bool = False) -> Path:
+    """A results file as given; for a folder (None: results/) the newest one in it holding rows
+    of `workloads` (with `fallback`, else the newest of any kind), told through `say`: a command
+    given no file says which it read."""
+    if path is not None and not path.is_dir():
+        return path
+    folder, kind = path or Path("results"), "results file with a sweep's rows"
+    try:
+        found = latest(folder, workloads=workloads)
+    except UserError:
+        if not fallback:
+            raise
+        found, kind = latest(folder), "results file"
+    say(f"reading {found} (the newest {kind} in {folder}/; name one to choose)")
+    return found
+
+
 def workloads_in(path: str | Path) -> set[str]:
     """The workloads of a store's rows (`layer`, `gemm_ag`, `gemm_rs`, `comm`), read leniently:
     lines that are not rows are passed over (read_rows says what is wrong with them)."""

@@ -30,8 +30,9 @@ from overlapbench import (
 )
 from overlapbench.phases import PointFailed, out_of_memory
 from overlapbench.phases import phase as _phase
+from overlapbench.points import Point
 from overlapbench.results import SCHEMA
-from overlapbench.spec import Point, SweepSpec
+from overlapbench.spec import SweepSpec
 from overlapbench.watchdog import Watchdog, interrupt_on_sigterm
 from overlapbench.workload import Workload, build_workload, reference_setting
 

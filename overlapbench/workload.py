@@ -18,8 +18,8 @@ from overlapbench import analysis, attention_kernels, measure, runtime, strategi
 from overlapbench.chunks import build_decode_cache, rope_positions
 from overlapbench.phases import PointFailed
 from overlapbench.phases import phase as _phase
+from overlapbench.points import Point
 from overlapbench.rope import RopeTable
-from overlapbench.spec import Point
 from overlapbench.weights import Stack, build_stack, cast, random_input
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

@@ -1,6 +1,6 @@
 """Synthetic result rows for the tune/tuned/report tests.
 
-Rows go through the real `sweep.make_row` with a real `spec.Point`, so these fixtures follow the
+Rows go through the real `sweep.make_row` with a real `points.Point`, so these fixtures follow the
 row schema as it changes. Timings are fresh random samples (never zeros) from a seeded RNG:
 random enough to exercise the statistics, reproducible enough never to flake.
 """
@@ -15,7 +15,8 @@ from pathlib import Path
 
 from overlapbench import measure
 from overlapbench.models import PRESETS
-from overlapbench.spec import Decode, Gemm, Point, SweepSpec
+from overlapbench.points import Decode, Gemm, Point
+from overlapbench.spec import SweepSpec
 from overlapbench.sweep import make_row
 
 DEVICE = "NVIDIA H200"

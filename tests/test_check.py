@@ -8,7 +8,7 @@ import torch
 
 from overlapbench.errors import UserError
 from overlapbench.results import read_rows
-from overlapbench.spec import Measure
+from overlapbench.spec_sections import Measure
 from overlapbench.workload import FLOOR_FACTOR, Workload
 from tests import distributed
 

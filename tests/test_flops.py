@@ -15,8 +15,8 @@ from overlapbench.chunks import build_decode_cache, token_range, whole_batch  # 
 from overlapbench.layer import LocalReducer, forward_stack  # noqa: E402
 from overlapbench.models import PRESETS, ModelShape  # noqa: E402
 from overlapbench.peak import Peak  # noqa: E402
+from overlapbench.points import Decode  # noqa: E402
 from overlapbench.rope import RopeTable  # noqa: E402
-from overlapbench.spec import Decode  # noqa: E402
 from overlapbench.weights import build_stack, random_input  # noqa: E402
 
 CPU = torch.device("cpu")

@@ -12,6 +12,7 @@ import torch
 from overlapbench import micro, spec
 from overlapbench.errors import UserError
 from overlapbench.overlap.sp_schedule import ShardLayout
+from overlapbench.points import Gemm, Point
 from tests import distributed
 
 SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
@@ -33,7 +34,7 @@ def test_micro_points_carry_the_workload_and_the_gemm():
     points = spec.from_dict(_spec(layers=4), "m", cuda=False).points(2, cuda=False)
     assert len(points) == 2 * 3
     for p in points:
-        assert p.workload == "gemm_ag" and p.gemm == spec.Gemm(n=96, k=64)
+        assert p.workload == "gemm_ag" and p.gemm == Gemm(n=96, k=64)
         assert p.layers == 1  # one GEMM per point: time per "layer" is time per GEMM
         assert json.loads(p.key())["gemm"] == {"n": 96, "k": 64}
     other = spec.from_dict(_spec(gemm={"n": 96, "k": 32}), "m", cuda=False).points(2, cuda=False)
@@ -48,8 +49,8 @@ def test_layer_points_keep_their_keys():
 
 def test_the_cpu_section_overrides_the_gemm():
     data = _spec(gemm={"n": 28672, "k": 8192}, cpu={"gemm": {"n": 32, "k": 16}})
-    assert spec.from_dict(data, "m", cuda=False).gemm == spec.Gemm(32, 16)
-    assert spec.from_dict(data, "m", cuda=True).gemm == spec.Gemm(28672, 8192)
+    assert spec.from_dict(data, "m", cuda=False).gemm == Gemm(32, 16)
+    assert spec.from_dict(data, "m", cuda=True).gemm == Gemm(28672, 8192)
 
 
 @pytest.mark.parametrize(
@@ -141,7 +142,7 @@ def _rank_micro(rank: int, world: int, cases: list):
     rt = runtime.init(timeout_s=60)
     outs = []
     for workload, m, strategy, knobs in cases:
-        point = spec.Point("m", "tiny", None, world, "fp32", 1, 0, (m,), strategy, knobs, workload, spec.Gemm(N, K))
+        point = Point("m", "tiny", None, world, "fp32", 1, 0, (m,), strategy, knobs, workload, Gemm(N, K))
         ctx, x = micro.build(rt, point, torch.float32, max_tokens=64)
         cls = strategies.get(strategy)
         step = cls.build(ctx, cls.check_knobs(knobs, strategy))

@@ -17,7 +17,7 @@ from overlapbench.comm import buffers, output, paths
 from overlapbench.comm import run as comm_run
 from overlapbench.comm.cases import Case
 from overlapbench.knobs import DEFAULT
-from overlapbench.spec import CommSpec
+from overlapbench.spec_sections import CommSpec
 from tests import distributed
 
 K, M = 2**10, 2**20

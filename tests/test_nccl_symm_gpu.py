@@ -20,8 +20,8 @@ torch = pytest.importorskip("torch")
 
 from overlapbench.knobs import DEFAULT  # noqa: E402
 from overlapbench.models import ModelShape  # noqa: E402
+from overlapbench.points import Gemm, Point  # noqa: E402
 from overlapbench.runtime import apply_safe_env  # noqa: E402
-from overlapbench.spec import Gemm, Point  # noqa: E402
 from tests import distributed  # noqa: E402
 
 pytestmark = distributed.two_gpus()

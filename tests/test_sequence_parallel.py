@@ -269,8 +269,9 @@ def _rank_async_tp_reference(rank: int, world: int, seq_lens: tuple, micro_cases
     import torch.distributed as dist
     from torch.distributed import _symmetric_memory as symm_mem
 
-    from overlapbench import micro, runtime, spec
+    from overlapbench import micro, runtime
     from overlapbench.overlap.sequence_parallel import FusedExchange, sp_layout, sp_step
+    from overlapbench.points import Gemm, Point
     from overlapbench.rope import RopeTable
     from overlapbench.weights import build_stack, random_input
 
@@ -285,7 +286,7 @@ def _rank_async_tp_reference(rank: int, world: int, seq_lens: tuple, micro_cases
     step = sp_step(ctx, FusedExchange(sp_layout(ctx), name, ops))
     outs = [step.to_full(step.forward(random_input(sum(seq_lens), TINY.hidden, 0, torch.float32, rt.device)))]
     for workload, m in micro_cases:
-        point = spec.Point("m", "tiny", None, world, "fp32", 1, 0, (m,), "async_tp", {}, workload, spec.Gemm(40, 24))
+        point = Point("m", "tiny", None, world, "fp32", 1, 0, (m,), "async_tp", {}, workload, Gemm(40, 24))
         mctx, x = micro.build(rt, point, torch.float32, 64)
         mstep = sp_step(mctx, FusedExchange(sp_layout(mctx), name, ops))
         outs.append(mstep.to_full(mstep.forward(x)))

@@ -14,8 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from overlapbench.models import PRESETS, ModelShape  # noqa: E402
+from overlapbench.points import Gemm, Point  # noqa: E402
 from overlapbench.runtime import apply_safe_env  # noqa: E402
-from overlapbench.spec import Gemm, Point  # noqa: E402
 from tests import distributed  # noqa: E402
 
 pytestmark = distributed.two_gpus()

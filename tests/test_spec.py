@@ -9,6 +9,7 @@ import pytest
 
 from overlapbench import spec
 from overlapbench.errors import UserError
+from overlapbench.points import Decode
 
 GOOD = {
     "name": "t",
@@ -174,7 +175,7 @@ def test_a_strategy_may_list_several_grids():
 
 
 def test_interleaving_is_the_default_on_gpus_only():
-    from overlapbench.spec import Measure
+    from overlapbench.spec_sections import Measure
 
     assert Measure().interleaved(cuda=True) and not Measure().interleaved(cuda=False)
     assert Measure(interleave=True).interleaved(cuda=False) and not Measure(interleave=False).interleaved(cuda=True)
@@ -206,10 +207,10 @@ def test_bad_mixed_batches_name_the_field(batch, field):
 
 def test_mixed_batches_expand_to_points_with_their_decode_tokens():
     s = parse({"batches": [[24], MIXED, {"decode": 8, "context": 40}]}, ("tokens",))
-    assert s.compositions() == [((24,), None), ((24,), spec.Decode(8, 40)), ((), spec.Decode(8, 40))]
+    assert s.compositions() == [((24,), None), ((24,), Decode(8, 40)), ((), Decode(8, 40))]
     points = [p for p in s.points(2, cuda=False) if p.strategy == "no_comm"]
     assert [p.tokens for p in points] == [24, 32, 8]
-    assert [p.decode for p in points] == [None, spec.Decode(8, 40), spec.Decode(8, 40)]
+    assert [p.decode for p in points] == [None, Decode(8, 40), Decode(8, 40)]
     keys = [p.key() for p in points]
     assert len(set(keys)) == 3 and '"decode"' not in keys[0] and '"context": 40' in keys[1]
     assert len({p.workload_key for p in points}) == 3

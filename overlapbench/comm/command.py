@@ -13,7 +13,8 @@ from overlapbench.comm.run import RunInfo, run_cases
 from overlapbench.comm.sizes import CPU_SIZES, GPU_SIZES, parse_size, size_ladder
 from overlapbench.errors import UserError, shown
 from overlapbench.printing import styled
-from overlapbench.spec import DTYPES, CommSpec
+from overlapbench.spec import DTYPES
+from overlapbench.spec_sections import CommSpec
 
 if TYPE_CHECKING:
     from rich.console import Console

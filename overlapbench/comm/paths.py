@@ -26,7 +26,7 @@ class CommPath:
     name: str
     ops: tuple[str, ...]  # the collectives it runs
     build: Callable  # (Runtime, Case, Buffers) -> benches.Bench
-    ctas: Callable[[Any, str], tuple]  # (spec.CommSpec, backend) -> its CTA settings; (None,): no budget
+    ctas: Callable[[Any, str], tuple]  # (spec_sections.CommSpec, backend) -> its CTA settings; (None,): no budget
     buffer: str | None = None  # the run's symmetric allocation it takes turns on; None: none
     rows: bool = False  # counts are whole rows of `hidden` (a norm works per row)
     world: tuple[int, int] | None = None  # the world sizes it supports
@@ -109,7 +109,7 @@ PATHS_BY_OP = {op: tuple(p.name for p in PATHS_BY_NAME.values() if op in p.ops) 
 
 def make_cases(bench: Any, world: int, backend: str, dtype: str, hidden: int, hosts: int = 1,
                beside_gemm: bool = False, ce_chunks: tuple = (None,), windows: str | None = None) -> list[Case]:
-    """Every (op, path, CTA budget, size) of `bench` (a spec.CommSpec, which imports this
+    """Every (op, path, CTA budget, size) of `bench` (a spec_sections.CommSpec, which imports this
     module: hence untyped here), in nccl-tests' order: one block of
     ascending sizes per op, path and budget. Sizes are rounded down to whole units of the
     path (16-byte vectors per rank, or rows for the fused kernel). `beside_gemm`: every case is

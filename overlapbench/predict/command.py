@@ -28,6 +28,47 @@ from overlapbench.workload import reference_setting
 ERROR = 0.03
 
 
+def main(spec_path: Path, tp: int, comm: list[Path], compute: list[Path] | None, output: Path | None,
+         busbw: float | None, transfer_beside: str, error: float | None) -> Path:
+    """`overlapbench predict`: the options checked, the inputs read, the rows written; their path."""
+    from overlapbench import spec as spec_mod
+
+    if transfer_beside not in ("alone", "measured"):
+        raise UserError(f"--transfer-beside: one of alone, measured, got {transfer_beside!r}")
+    if tp < 1:
+        raise UserError(f"--tp: must be at least 1, got {tp}")
+    if error is not None and not 0 <= error < 1:
+        raise UserError(f"--error: an absolute error of the speedup in [0, 1), such as 0.03, got {error}")
+    loaded = spec_mod.load(spec_path, cuda=True)
+    loaded.shape.check_tp(tp)
+    compute = compute or [Path("results") / f"{loaded.name}-pieces-tp{tp}.jsonl"]
+    out = output or Path("results") / f"{loaded.name}-predicted-tp{tp}.jsonl"
+    predict(loaded, tp, load_inputs(comm, compute, transfer_beside, tp, busbw), out, ERROR if error is None else error)
+    return out
+
+
+def launch_pieces(path: Path, output: Path | None, tp: int | None) -> None:
+    """`sweep --pieces`: one process on one GPU times the shard layer's pieces (pieces.py)."""
+    import typer
+
+    from overlapbench import launch, launch_log
+    from overlapbench import spec as spec_mod
+
+    if launch.local_gpus() == 0:
+        raise UserError("--pieces: times one rank's compute on a GPU, and this machine has none; run it on one GPU")
+    loaded = spec_mod.load(path, cuda=True)
+    tp = tp or (loaded.tp if isinstance(loaded.tp, int) else None)
+    if tp is None or tp < 1:
+        raise UserError("--tp: give the TP degree whose shard to time (the spec says tp: auto)")
+    loaded.shape.check_tp(tp)
+    out = output or Path("results") / f"{loaded.name}-pieces-tp{tp}.jsonl"
+    log = launch_log.path_for(out)
+    code = launch.relaunch(["sweep", str(path), "--pieces", "--tp", str(tp), "--output", str(out)], 1, log)
+    if code:
+        raise typer.Exit(code)
+    log.unlink(missing_ok=True)
+
+
 def load_inputs(comm: list[Path], compute: list[Path], stretch: str, tp: int, busbw: float | None = None) -> Inputs:
     """The prediction's inputs: `comm` files are `overlapbench comm` stores (their beside-GEMM
     rows give the contention) or nccl-tests text output; `busbw` rescales the table to TP=tp."""

@@ -35,8 +35,8 @@ from overlapbench.knobs import DEFAULT
 from overlapbench.layer import reference_forward
 from overlapbench.measure import capture, rel_err
 from overlapbench.models import ModelShape
+from overlapbench.points import Gemm, Point
 from overlapbench.rope import RopeTable
-from overlapbench.spec import Gemm, Point
 from overlapbench.weights import build_stack, random_input
 
 SHAPE = ModelShape(hidden=512, ffn=1024, heads=8, kv_heads=4, head_dim=64)
