@@ -94,7 +94,7 @@ def fused_add_rmsnorm(
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """``out = rmsnorm(x) * weight`` ([tokens, hidden], computed in fp32, rounded once to out's dtype).
 
-    One Triton kernel, on CUDA or under TRITON_INTERPRET=1 (overlapbench.norms.rms_norm is the
+    One Triton kernel, on CUDA or under TRITON_INTERPRET=1 (overlapbench.model.norms.rms_norm is the
     torch version, its oracle, and picks between them).
     """
     if out is None:

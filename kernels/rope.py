@@ -10,7 +10,7 @@ v is written only where asked (its bias added in place, or a copy into a KV buff
 where the GEMM put it.
 
 Bytes: q and k read and written once, cos/sin rows read once per group of heads (from L2).
-overlapbench/rope.py holds the torch version (the oracle, and the CPU and float32 path) and
+overlapbench/model/rope.py holds the torch version (the oracle, and the CPU and float32 path) and
 picks between them.
 """
 
@@ -116,7 +116,7 @@ def rope_qkv(
     or neither) and rotated, and v [rows, kv_heads, head_dim], from qkv [rows, (heads + 2
     kv_heads) * head_dim] (+ bias, added to all three); one kernel launch.
 
-    cos/sin: [positions, head_dim / 2] float32 (overlapbench.rope.RopeTable). v is `v_out` if
+    cos/sin: [positions, head_dim / 2] float32 (overlapbench.model.rope.RopeTable). v is `v_out` if
     given (written), else the view of qkv's v columns (written in place only to add the bias).
     """
     rows, half = qkv.shape[0], head_dim // 2

@@ -3,7 +3,7 @@
 The projection's row is [gate | up] (the MLP's fused GEMM, and each expert's); the kernel reads
 each half once and writes the product once, in fp32 inside, rounded once to the output's dtype:
 where `F.silu(gate) * up` runs two kernels and a temporary as wide as the output.
-overlapbench/activation.py holds the torch version (the oracle, and the CPU and float32 path)
+overlapbench/model/activation.py holds the torch version (the oracle, and the CPU and float32 path)
 and picks between them.
 """
 

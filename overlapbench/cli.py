@@ -37,7 +37,7 @@ def user_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from overlapbench import launch, launch_log
+        from overlapbench.run import launch, launch_log
 
         try:
             return fn(*args, **kwargs)
@@ -72,15 +72,15 @@ def sweep(
     the machine (memory, and on CPU its size: see --force). Every point is checked against
     baseline's output before it is timed.
     """
-    from overlapbench import footprint, launch, launch_log
-    from overlapbench import spec as spec_mod
-    from overlapbench.results import check_writable, kept
+    from overlapbench.run import footprint, launch, launch_log
+    from overlapbench.specs import spec as spec_mod
+    from overlapbench.tuning.results import check_writable, kept
 
     path = spec or QUICK_SPEC
     if profile is not None and launch.local_gpus() == 0:
         raise UserError("--profile: profiles GPU kernels and needs CUDA GPUs; drop --profile on this machine")
     if launch.under_torchrun():
-        from overlapbench import sweep as sweep_mod
+        from overlapbench.run import sweep as sweep_mod
 
         launch.as_worker()
         loaded = spec_mod.load(path, cuda=launch.local_gpus() > 0)
@@ -151,7 +151,7 @@ def _warn(text: str) -> None:
 
 
 def _interrupted(spec: Path | None, out: Path) -> str:
-    from overlapbench.results import kept
+    from overlapbench.tuning.results import kept
 
     return f"interrupted; {kept(out, f'continue with: overlapbench sweep{_named(spec)} --output {out} --resume')}"
 
@@ -232,9 +232,9 @@ def tune(
     strategy replaces a simpler one only if it is faster by --min-gain beyond the noise (95%
     interval of the speedup above 1 + min-gain; too few samples never replace); ties go to the
     simpler strategy. Each pick is also said against the fastest baseline setting (vs best)."""
-    from overlapbench import results as results_mod
-    from overlapbench import tune as tune_mod
-    from overlapbench.spec import WORKLOADS
+    from overlapbench.specs.spec import WORKLOADS
+    from overlapbench.tuning import results as results_mod
+    from overlapbench.tuning import tune as tune_mod
 
     paths = [results_mod.given_or_newest(p, WORKLOADS, _say) for p in results or [None]]
     for path in paths:
@@ -282,8 +282,8 @@ def report(
     GEMM): ms per layer (per GEMM), speedup over the reference (baseline; micro: sp_baseline),
     share of the exposed communication hidden; the winner marked, noisy cells flagged."""
     from overlapbench import report as report_mod
-    from overlapbench import results as results_mod
-    from overlapbench.spec import WORKLOADS
+    from overlapbench.specs.spec import WORKLOADS
+    from overlapbench.tuning import results as results_mod
 
     def file_of(path: Path | None) -> Path:
         return results_mod.given_or_newest(path, WORKLOADS, _say, fallback=True)
@@ -301,7 +301,7 @@ def report(
 @user_errors
 def list_strategies() -> None:
     """List the strategies, where they run, and their knobs with domains and help."""
-    from overlapbench import catalog
+    from overlapbench.specs import catalog
 
     catalog.show_strategies(console)
 
@@ -313,7 +313,7 @@ def models(
 ) -> None:
     """List the model presets and their shapes (the attention details and MoE fields beside
     the sizes); with --config, the shape of one Hugging Face config.json."""
-    from overlapbench import catalog
+    from overlapbench.specs import catalog
 
     if config is None:
         catalog.show_models(console)
@@ -325,7 +325,7 @@ def models(
 def env(as_json: bool = typer.Option(False, "--json", help="Print the facts as JSON.")) -> None:
     """What the tool sees: devices and their links, versions, symmetric memory, multicast
     settings, world size. The same facts go into every result row."""
-    from overlapbench import environment
+    from overlapbench.run import environment
 
     facts = environment.local_devices() | {
         "versions": environment.versions(),

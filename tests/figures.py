@@ -13,7 +13,7 @@ import json
 import re
 from pathlib import Path
 
-from overlapbench import analysis, batches, results, tune
+from overlapbench.tuning import analysis, batches, results, tune
 
 ROOT = Path(__file__).resolve().parents[1]
 

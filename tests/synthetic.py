@@ -13,11 +13,11 @@ import json
 import random
 from pathlib import Path
 
-from overlapbench import measure
-from overlapbench.models import PRESETS
-from overlapbench.points import Decode, Gemm, Point
-from overlapbench.spec import SweepSpec
-from overlapbench.sweep import make_row
+from overlapbench.model.models import PRESETS
+from overlapbench.run.sweep import make_row
+from overlapbench.specs.points import Decode, Gemm, Point
+from overlapbench.specs.spec import SweepSpec
+from overlapbench.timing import measure
 
 DEVICE = "NVIDIA H200"
 DEFAULT_KNOBS = {"baseline": {"nccl_max_ctas": "default"}, "sp_baseline": {"nccl_max_ctas": "default"}}

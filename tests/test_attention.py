@@ -1,4 +1,4 @@
-"""Attention of chunks (overlapbench/attention.py) against a plain masked softmax, on CPU.
+"""Attention of chunks (overlapbench/model/attention.py) against a plain masked softmax, on CPU.
 
 Every split the strategies make is replayed here: the batch's q, k, v are drawn once in the
 natural layout; chunks attend in order, storing their keys and values where later chunks read
@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from overlapbench import attention, attention_kernels
-from overlapbench.chunks import KVBuffer, sequence_starts, token_range
+from overlapbench.model import attention, attention_kernels
+from overlapbench.model.chunks import KVBuffer, sequence_starts, token_range
 from overlapbench.strategies import iso
 
 HQ, HKV, D = 6, 2, 16

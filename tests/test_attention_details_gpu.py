@@ -11,8 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from overlapbench.models import ModelShape  # noqa: E402
-from overlapbench.runtime import apply_safe_env  # noqa: E402
+from overlapbench.model.models import ModelShape  # noqa: E402
+from overlapbench.run.runtime import apply_safe_env  # noqa: E402
 from tests import distributed  # noqa: E402
 
 pytestmark = distributed.two_gpus()
@@ -45,7 +45,7 @@ CASES += [(f"graph {s} {k} {lens}", s, k, lens) for s, k in _settings() for lens
 
 def _graph_forward(step, x):
     """The step's output from a CUDA-graph replay (eager where the step is not graphable)."""
-    from overlapbench.measure import capture
+    from overlapbench.timing.measure import capture
 
     if not step.graphable:
         return step.forward(x)
@@ -61,10 +61,11 @@ def _graph_forward(step, x):
 
 
 def _run(rank: int, world: int) -> dict:
-    from overlapbench import runtime, strategies
-    from overlapbench.layer import reference_forward
-    from overlapbench.rope import RopeTable
-    from overlapbench.weights import build_stack, random_input
+    from overlapbench import strategies
+    from overlapbench.model.layer import reference_forward
+    from overlapbench.model.rope import RopeTable
+    from overlapbench.model.weights import build_stack, random_input
+    from overlapbench.run import runtime
 
     rt = runtime.init(timeout_s=120)
     stack = build_stack(SHAPE, LAYERS, world, rank, torch.bfloat16, rt.device, seed=0)

@@ -1,4 +1,4 @@
-"""overlapbench/attention.py on the GPU (bf16): the cuDNN op's log-sum-exp (shape, base), split
+"""overlapbench/model/attention.py on the GPU (bf16): the cuDNN op's log-sum-exp (shape, base), split
 chunks against a masked softmax in float32 (eager and from a CUDA graph), and token_split / iso
 against baseline on 2 GPUs.
 
@@ -13,9 +13,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from overlapbench import attention, attention_kernels, measure  # noqa: E402
-from overlapbench.models import PRESETS  # noqa: E402
-from overlapbench.runtime import apply_safe_env  # noqa: E402
+from overlapbench.model import attention, attention_kernels  # noqa: E402
+from overlapbench.model.models import PRESETS  # noqa: E402
+from overlapbench.run.runtime import apply_safe_env  # noqa: E402
+from overlapbench.timing import measure  # noqa: E402
 from tests import distributed  # noqa: E402
 from tests.test_attention import iso_split, reference, token_split  # noqa: E402
 
@@ -70,7 +71,7 @@ SPLITS = {  # name: (sequence lengths, chunks and layout order on the GPU)
 @pytest.mark.parametrize("split", SPLITS)
 @pytest.mark.parametrize("graph", [False, True])
 def test_split_chunks_match_masked_softmax(model, split, graph):
-    from overlapbench.chunks import KVBuffer
+    from overlapbench.model.chunks import KVBuffer
 
     hq, hkv = HEADS[model]
     seq_lens, make = SPLITS[split]
@@ -115,9 +116,10 @@ def _label(strategy, knobs, lens) -> str:
 
 
 def _run_strategies(rank: int, world: int) -> dict:
-    from overlapbench import runtime, strategies
-    from overlapbench.rope import RopeTable
-    from overlapbench.weights import build_stack, random_input
+    from overlapbench import strategies
+    from overlapbench.model.rope import RopeTable
+    from overlapbench.model.weights import build_stack, random_input
+    from overlapbench.run import runtime
 
     rt = runtime.init(timeout_s=120)
     shape = PRESETS["llama3-8b"]

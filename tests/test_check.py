@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from overlapbench.errors import UserError
-from overlapbench.results import read_rows
-from overlapbench.spec_sections import Measure
-from overlapbench.workload import FLOOR_FACTOR, Workload
+from overlapbench.run.workload import FLOOR_FACTOR, Workload
+from overlapbench.specs.spec_sections import Measure
+from overlapbench.tuning.results import read_rows
 from tests import distributed
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from overlapbench.results import read_rows
+from overlapbench.tuning.results import read_rows
 from tests import distributed
 
 pytestmark = distributed.two_gpus()

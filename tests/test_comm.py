@@ -14,14 +14,14 @@ import torch
 from rich.console import Console
 from typer.testing import CliRunner
 
-from overlapbench import spec
 from overlapbench.cli import app
 from overlapbench.comm import buffers, command, output, paths, patterns, sizes
 from overlapbench.comm import run as comm_run
 from overlapbench.comm.cases import Case
 from overlapbench.errors import UserError
-from overlapbench.results import SCHEMA, read_rows
-from overlapbench.spec_sections import CommSpec
+from overlapbench.specs import spec
+from overlapbench.specs.spec_sections import CommSpec
+from overlapbench.tuning.results import SCHEMA, read_rows
 from tests import distributed
 
 SYMMETRIC_PATHS = tuple(p.name for p in paths.PATHS_BY_NAME.values() if p.buffer is not None)
@@ -203,7 +203,7 @@ def test_count_wrong_counts_nan_and_size_mismatch():
 def _rank_check(rank: int, world: int, op: str, corrupt: str | None) -> int:
     from dataclasses import replace
 
-    from overlapbench import runtime
+    from overlapbench.run import runtime
 
     rt = runtime.init(timeout_s=60)
     case = Case(op, "nccl", "gloo", None, 4 * K, 1024, "fp32", seed=7)
@@ -256,7 +256,7 @@ def rows() -> list[dict]:
 
 
 def test_rows_have_the_store_schema():
-    from overlapbench.results import COLUMNS
+    from overlapbench.tuning.results import COLUMNS
 
     ok, fused, skipped = rows()
     for row in (ok, fused, skipped):
@@ -493,7 +493,7 @@ def test_fused_paths_take_their_kernels(monkeypatch, fused_kernel):
     from types import SimpleNamespace
 
     from kernels.allreduce_norm_pull import FUSED_KERNELS
-    from overlapbench import knobs
+    from overlapbench.specs import knobs
 
     for kernel, kind in list(FUSED_KERNELS.items()):
         monkeypatch.setitem(FUSED_KERNELS, kernel,

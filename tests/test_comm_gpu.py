@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from overlapbench.comm import paths
-from overlapbench.results import read_rows
+from overlapbench.tuning.results import read_rows
 
 pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parent.parent

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from overlapbench import analysis, report
+from overlapbench import report
 from overlapbench.report import compare
+from overlapbench.tuning import analysis
 from tests import synthetic
 
 CPU_RUNS = sorted((Path(__file__).parent / "data" / "cpu-demo").glob("run-*.jsonl"))

@@ -11,11 +11,12 @@ import random
 import pytest
 from typer.testing import CliRunner
 
-from overlapbench import analysis, tuned
+from overlapbench import tuned
 from overlapbench.cli import app
 from overlapbench.errors import UserError
 from overlapbench.export import defaults, sglang, tokenweave, tokenweave_facts, trtllm, vllm, vllm_facts
 from overlapbench.export.picks import MIB
+from overlapbench.tuning import analysis
 from tests import synthetic
 
 SHAPE_8B = {"hidden": 4096, "ffn": 14336, "heads": 32, "kv_heads": 8, "head_dim": 128}

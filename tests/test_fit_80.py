@@ -12,9 +12,10 @@ import re
 import pytest
 from rich.console import Console
 
-from overlapbench import report, spec
+from overlapbench import report
 from overlapbench.errors import UserError, shown
-from overlapbench.models import PRESETS
+from overlapbench.model.models import PRESETS
+from overlapbench.specs import spec
 from overlapbench.strategies import all_strategies
 from tests import synthetic
 from tests.distributed import overlapbench

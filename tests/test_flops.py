@@ -1,4 +1,4 @@
-"""The FLOP count of a layer row (overlapbench/flops.py) against counts made another way: torch's
+"""The FLOP count of a layer row (overlapbench/model/flops.py) against counts made another way: torch's
 FLOP counter over the real layer's GEMMs, a brute-force count of the causal mask, a figure
 derived by hand, and the chunks of a split adding up to the whole."""
 
@@ -10,14 +10,14 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from overlapbench import flops  # noqa: E402
-from overlapbench.chunks import build_decode_cache, token_range, whole_batch  # noqa: E402
-from overlapbench.layer import LocalReducer, forward_stack  # noqa: E402
-from overlapbench.models import PRESETS, ModelShape  # noqa: E402
-from overlapbench.peak import Peak  # noqa: E402
-from overlapbench.points import Decode  # noqa: E402
-from overlapbench.rope import RopeTable  # noqa: E402
-from overlapbench.weights import build_stack, random_input  # noqa: E402
+from overlapbench.model import flops  # noqa: E402
+from overlapbench.model.chunks import build_decode_cache, token_range, whole_batch  # noqa: E402
+from overlapbench.model.layer import LocalReducer, forward_stack  # noqa: E402
+from overlapbench.model.models import PRESETS, ModelShape  # noqa: E402
+from overlapbench.model.rope import RopeTable  # noqa: E402
+from overlapbench.model.weights import build_stack, random_input  # noqa: E402
+from overlapbench.specs.points import Decode  # noqa: E402
+from overlapbench.timing.peak import Peak  # noqa: E402
 
 CPU = torch.device("cpu")
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from overlapbench import hf_config
-from overlapbench import spec as spec_mod
 from overlapbench.errors import UserError
-from overlapbench.layer import reference_forward
-from overlapbench.models import PRESETS, ModelShape
-from overlapbench.weights import build_stack
+from overlapbench.model import hf_config
+from overlapbench.model.layer import reference_forward
+from overlapbench.model.models import PRESETS, ModelShape
+from overlapbench.model.weights import build_stack
+from overlapbench.specs import spec as spec_mod
 from tests import distributed
 from tests.test_registry import _runs_on_cpu
 
@@ -200,9 +200,10 @@ def test_the_bias_is_sharded_like_wqkv_and_the_norms_replicated():
 
 
 def _rank_all(rank: int, world: int, shapes: dict[str, ModelShape], names: list[str]) -> dict:
-    from overlapbench import runtime, strategies
-    from overlapbench.rope import RopeTable
-    from overlapbench.weights import random_input
+    from overlapbench import strategies
+    from overlapbench.model.rope import RopeTable
+    from overlapbench.model.weights import random_input
+    from overlapbench.run import runtime
 
     rt = runtime.init(timeout_s=60)
     outputs = {}
@@ -254,7 +255,7 @@ def test_a_sweep_of_a_config_writes_its_name_and_shape(tmp_path):
     out = tmp_path / "r.jsonl"
     result = distributed.overlapbench("sweep", str(spec_path), "--output", str(out))
     assert result.returncode == 0, result.stderr
-    from overlapbench.results import read_rows
+    from overlapbench.tuning.results import read_rows
 
     rows = read_rows(out)
     assert {r["status"] for r in rows} == {"ok"} and len(rows) == 3
@@ -290,9 +291,9 @@ def _as_written_before(row: dict) -> dict:
 def test_old_rows_read_as_rows_of_the_same_shape(tmp_path):
     import random
 
-    from overlapbench import analysis, tune
     from overlapbench.report.compare import compare_pairs
-    from overlapbench.results import ResultStore
+    from overlapbench.tuning import analysis, tune
+    from overlapbench.tuning.results import ResultStore
     from tests import synthetic
 
     rng = random.Random(7)

@@ -12,7 +12,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from overlapbench import analysis, intervals, tune
+from overlapbench.tuning import analysis, intervals, tune
 from tests import synthetic
 
 TRIALS = 2000

@@ -23,7 +23,7 @@ import triton.language as tl  # noqa: E402
 
 from kernels import allreduce_norm as arn  # noqa: E402
 from kernels.rmsnorm import add_rmsnorm_reference, fused_add_rmsnorm  # noqa: E402
-from overlapbench.models import ModelShape  # noqa: E402
+from overlapbench.model.models import ModelShape  # noqa: E402
 
 EPS = 1e-6
 
@@ -365,10 +365,10 @@ def _rank_strategies_v2(rank, variant, world, bufs, flags, max_tokens, settings,
     """One emulated rank running the strategies with comm: fused on kernel v2 (`variant`) in the
     interpreter."""
     from overlapbench import strategies
+    from overlapbench.model.rope import RopeTable
+    from overlapbench.model.weights import build_stack, random_input
     from overlapbench.overlap import reducers
-    from overlapbench.rope import RopeTable
-    from overlapbench.runtime import BuildContext, Runtime
-    from overlapbench.weights import build_stack, random_input
+    from overlapbench.run.runtime import BuildContext, Runtime
 
     torch.set_num_threads(1)
     engine = _v2_engine(variant).__new__(_v2_engine(variant))  # buffers in shared memory, not symmetric memory
@@ -397,7 +397,7 @@ def test_emulated_strategies_with_kernel_v2_match_the_reference(variant: str) ->
     """fused_norm takes the output region's view (out=None), token_split and iso pass `out`:
     both ways, with the residual token-sharded, the layers equal the reference."""
     from kernels import allreduce_norm_v2 as v2
-    from overlapbench.layer import reference_forward
+    from overlapbench.model.layer import reference_forward
 
     rows = _v2_engine(variant)._buffer_rows
     world, tokens = 2, sum(_V2_SEQS)

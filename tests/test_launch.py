@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from overlapbench import footprint, launch_log, spec
 from overlapbench.errors import UserError
-from overlapbench.results import SCHEMA, ResultStore, kept, read_rows
+from overlapbench.run import footprint, launch_log
+from overlapbench.specs import spec
+from overlapbench.tuning.results import SCHEMA, ResultStore, kept, read_rows
 from tests import synthetic
 from tests.distributed import REPO, overlapbench
 
@@ -194,7 +195,7 @@ def test_interrupted_with_no_rows_promises_nothing():
 
 
 def test_a_gpu_sized_spec_is_refused_on_cpu_with_its_size():
-    from overlapbench import spec
+    from overlapbench.specs import spec
 
     points = len(spec.load("sweeps/llama3-8b-tp2.yaml", cuda=False).points(2, cuda=False))  # the study as a CPU would run it
     line = one_line_error(overlapbench("sweep", "sweeps/llama3-8b-tp2.yaml", "-o", "/nonexistent/x.jsonl"))
@@ -226,7 +227,7 @@ def test_the_size_check_refuses_memory_and_gpu_sized_arithmetic(monkeypatch):
 def test_the_weights_estimate_is_the_stack_a_rank_builds():
     import torch
 
-    from overlapbench.weights import build_stack
+    from overlapbench.model.weights import build_stack
 
     for text in ("model: tiny\nlayers: 3\ntokens: [8]\nstrategies: [baseline]\n",
                  "model: tiny-moe\nlayers: 2\ntokens: [8]\nstrategies: [baseline]\n"):

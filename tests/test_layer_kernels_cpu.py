@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 from kernels import rmsnorm as rmsnorm_kernel  # noqa: E402
 from kernels import rope as rope_kernel  # noqa: E402
 from kernels import swiglu as swiglu_kernel  # noqa: E402
-from overlapbench import activation, norms, rope  # noqa: E402
-from overlapbench.models import ModelShape  # noqa: E402
+from overlapbench.model import activation, norms, rope  # noqa: E402
+from overlapbench.model.models import ModelShape  # noqa: E402
 
 EPS = 1e-6
 

@@ -14,14 +14,15 @@ torch = pytest.importorskip("torch")
 from kernels import rmsnorm as rmsnorm_kernel  # noqa: E402
 from kernels import rope as rope_kernel  # noqa: E402
 from kernels import swiglu as swiglu_kernel  # noqa: E402
-from overlapbench import activation, measure, norms, rope  # noqa: E402
-from overlapbench.chunks import build_decode_cache, rope_positions, token_range, whole_batch  # noqa: E402
-from overlapbench.layer import LocalReducer, forward_stack  # noqa: E402
-from overlapbench.models import PRESETS, ModelShape  # noqa: E402
+from overlapbench.model import activation, norms, rope  # noqa: E402
+from overlapbench.model.chunks import build_decode_cache, rope_positions, token_range, whole_batch  # noqa: E402
+from overlapbench.model.layer import LocalReducer, forward_stack  # noqa: E402
+from overlapbench.model.models import PRESETS, ModelShape  # noqa: E402
+from overlapbench.model.rope import RopeTable  # noqa: E402
+from overlapbench.model.weights import build_stack, cast, random_input  # noqa: E402
 from overlapbench.overlap.split import SplitForward, SplitPlan  # noqa: E402
-from overlapbench.rope import RopeTable  # noqa: E402
-from overlapbench.runtime import BuildContext, Runtime  # noqa: E402
-from overlapbench.weights import build_stack, cast, random_input  # noqa: E402
+from overlapbench.run.runtime import BuildContext, Runtime  # noqa: E402
+from overlapbench.timing import measure  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.one_gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -81,7 +82,7 @@ def test_rope_kernel_in_float32_is_the_oracle(rows):
 def test_the_layer_takes_the_kernel_for_bf16_and_torch_for_float32():
     qkv, positions, table, *_ = _rope_case(9, 4, 2, 64, 5, False, False)
     assert rope.rope_qkv(qkv.bfloat16(), positions, table, 4, 2, 64, EPS)[0].is_contiguous()
-    from overlapbench.dispatch import uses_kernels
+    from overlapbench.model.dispatch import uses_kernels
 
     assert uses_kernels(qkv.bfloat16()) and not uses_kernels(qkv) and not uses_kernels(qkv.cpu().bfloat16())
 

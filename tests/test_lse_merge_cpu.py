@@ -13,7 +13,7 @@ triton = use_interpreter()  # before anything imports triton
 torch = pytest.importorskip("torch")
 
 from kernels.lse_merge import lse_merge, lse_merge_reference  # noqa: E402
-from overlapbench.attention_kernels import softmax_attention  # noqa: E402
+from overlapbench.model.attention_kernels import softmax_attention  # noqa: E402
 
 
 def parts(rows: int, heads: int, dim: int, seed: int):

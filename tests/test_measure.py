@@ -8,7 +8,7 @@ from tests import distributed
 
 
 def _warm_up_counts(rank: int, world: int) -> int:
-    from overlapbench import measure
+    from overlapbench.timing import measure
 
     calls = 0
 
@@ -28,7 +28,7 @@ def test_ranks_warm_up_for_the_same_count():
 
 
 def _iteration_counts(rank: int, world: int, per_iter_s: float) -> int:
-    from overlapbench import measure
+    from overlapbench.timing import measure
 
     return measure._iterations(5, min_time_s=0.1, per_iter_s=per_iter_s * (1 + rank))
 

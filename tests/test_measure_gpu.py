@@ -10,9 +10,9 @@ import statistics
 
 import pytest
 
-from overlapbench import interleave, measure
-from overlapbench.interleave import Plan
-from overlapbench.spec_sections import Measure
+from overlapbench.specs.spec_sections import Measure
+from overlapbench.timing import interleave, measure
+from overlapbench.timing.interleave import Plan
 
 pytestmark = pytest.mark.gpu
 

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from overlapbench import micro, spec
 from overlapbench.errors import UserError
 from overlapbench.overlap.sp_schedule import ShardLayout
-from overlapbench.points import Gemm, Point
+from overlapbench.run import micro
+from overlapbench.specs import spec
+from overlapbench.specs.points import Gemm, Point
 from tests import distributed
 
 SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
@@ -136,8 +137,9 @@ CASES = [
 
 
 def _rank_micro(rank: int, world: int, cases: list):
-    from overlapbench import runtime, strategies, sweep
-    from overlapbench.workload import build_workload
+    from overlapbench import strategies
+    from overlapbench.run import runtime, sweep
+    from overlapbench.run.workload import build_workload
 
     rt = runtime.init(timeout_s=60)
     outs = []
@@ -178,7 +180,7 @@ def test_sp_strategies_compute_the_micro_reference():
 def test_a_micro_sweep_writes_its_gemm_and_reports_over_sp_baseline(tmp_path: Path):
     import yaml
 
-    from overlapbench.results import read_rows
+    from overlapbench.tuning.results import read_rows
 
     path, out = tmp_path / "m.yaml", tmp_path / "m.jsonl"
     path.write_text(yaml.safe_dump(_spec(workload="gemm_rs", tokens=[37], measure={"warmup": 1, "iters": 3})))

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from overlapbench import attention, attention_kernels
-from overlapbench.chunks import build_decode_cache, token_range, whole_batch
-from overlapbench.layer import reference_forward
-from overlapbench.models import PRESETS, ModelShape
-from overlapbench.rope import RopeTable
-from overlapbench.weights import build_stack, random_input
+from overlapbench.model import attention, attention_kernels
+from overlapbench.model.chunks import build_decode_cache, token_range, whole_batch
+from overlapbench.model.layer import reference_forward
+from overlapbench.model.models import PRESETS, ModelShape
+from overlapbench.model.rope import RopeTable
+from overlapbench.model.weights import build_stack, random_input
 from tests import distributed
 
 SHAPE = PRESETS["tiny"]
@@ -21,8 +21,9 @@ LAYERS = 2
 
 
 def _rank_forward(rank, world, strategy, knobs, seq_lens, decode, shape, seed):
-    from overlapbench import runtime, strategies
-    from overlapbench.chunks import rope_positions
+    from overlapbench import strategies
+    from overlapbench.model.chunks import rope_positions
+    from overlapbench.run import runtime
 
     rt = runtime.init(timeout_s=60)
     stack = build_stack(shape, LAYERS, world, rank, torch.float32, rt.device, seed)
@@ -117,7 +118,7 @@ def test_the_cache_changes_the_result():
     x = random_input(30, SHAPE.hidden, 0, torch.float32, "cpu")
     outs = []
     for seed in (0, 1):
-        from overlapbench.layer import LocalReducer, forward_stack
+        from overlapbench.model.layer import LocalReducer, forward_stack
 
         cache = build_decode_cache(SHAPE, LAYERS, 1, None, 10, 30, torch.float32, torch.device("cpu"), seed)
         outs.append(forward_stack(stack, x, whole_batch((20,), "cpu", cache), rope, LocalReducer(SHAPE.eps)))

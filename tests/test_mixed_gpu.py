@@ -13,10 +13,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from overlapbench import attention, attention_kernels, measure  # noqa: E402
-from overlapbench.chunks import build_decode_cache, whole_batch  # noqa: E402
-from overlapbench.models import PRESETS  # noqa: E402
-from overlapbench.runtime import apply_safe_env  # noqa: E402
+from overlapbench.model import attention, attention_kernels  # noqa: E402
+from overlapbench.model.chunks import build_decode_cache, whole_batch  # noqa: E402
+from overlapbench.model.models import PRESETS  # noqa: E402
+from overlapbench.run.runtime import apply_safe_env  # noqa: E402
+from overlapbench.timing import measure  # noqa: E402
 from tests import distributed  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.one_gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -79,10 +80,11 @@ BATCH, DECODE = (2048,), (256, 4096)
 
 
 def _run(rank: int, world: int) -> dict:
-    from overlapbench import runtime, strategies
-    from overlapbench.chunks import rope_positions
-    from overlapbench.rope import RopeTable
-    from overlapbench.weights import build_stack, random_input
+    from overlapbench import strategies
+    from overlapbench.model.chunks import rope_positions
+    from overlapbench.model.rope import RopeTable
+    from overlapbench.model.weights import build_stack, random_input
+    from overlapbench.run import runtime
 
     rt = runtime.init(timeout_s=120)
     shape = PRESETS["llama3-8b"]

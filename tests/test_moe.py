@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from overlapbench.errors import UserError
-from overlapbench.layer import reference_forward
-from overlapbench.models import PRESETS, ModelShape
-from overlapbench.moe import moe_partial, reference_moe, route
-from overlapbench.weights import build_stack
+from overlapbench.model.layer import reference_forward
+from overlapbench.model.models import PRESETS, ModelShape
+from overlapbench.model.moe import moe_partial, reference_moe, route
+from overlapbench.model.weights import build_stack
 from tests import distributed
 from tests.test_sequence_parallel import _rank_forwards
 
@@ -145,10 +145,10 @@ def _rank_async_tp(rank: int, world: int, seq_lens: tuple):
     import torch.distributed as dist
     from torch.distributed import _symmetric_memory as symm_mem
 
-    from overlapbench import runtime
+    from overlapbench.model.rope import RopeTable
+    from overlapbench.model.weights import random_input
     from overlapbench.overlap.sequence_parallel import FusedExchange, sp_layout, sp_step
-    from overlapbench.rope import RopeTable
-    from overlapbench.weights import random_input
+    from overlapbench.run import runtime
 
     rt = runtime.init(timeout_s=60)
     ops = SimpleNamespace(

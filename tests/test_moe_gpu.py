@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from overlapbench import measure
-from overlapbench.models import ModelShape
-from overlapbench.moe import moe_partial, reference_moe
-from overlapbench.weights import build_stack
+from overlapbench.model.models import ModelShape
+from overlapbench.model.moe import moe_partial, reference_moe
+from overlapbench.model.weights import build_stack
+from overlapbench.timing import measure
 
 pytestmark = [pytest.mark.gpu, pytest.mark.one_gpu]
 

@@ -18,10 +18,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from overlapbench.knobs import DEFAULT  # noqa: E402
-from overlapbench.models import ModelShape  # noqa: E402
-from overlapbench.points import Gemm, Point  # noqa: E402
-from overlapbench.runtime import apply_safe_env  # noqa: E402
+from overlapbench.model.models import ModelShape  # noqa: E402
+from overlapbench.run.runtime import apply_safe_env  # noqa: E402
+from overlapbench.specs.knobs import DEFAULT  # noqa: E402
+from overlapbench.specs.points import Gemm, Point  # noqa: E402
 from tests import distributed  # noqa: E402
 
 pytestmark = distributed.two_gpus()
@@ -54,7 +54,7 @@ COLLECTIVE_CASES = [(f"{op} {ctas}", op, ctas) for op in ("all_reduce", "all_gat
 
 def _graph_forward(step, x):
     """The step's output from a CUDA-graph replay (measure.capture: warmed up on a side stream)."""
-    from overlapbench.measure import capture
+    from overlapbench.timing.measure import capture
 
     out = {}
     graph = capture(lambda: out.update(y=step.forward(x)))
@@ -80,14 +80,15 @@ def _launches(log, mark: int, budget: int | None) -> str | None:
 
 
 def _run_cases(rank: int, world: int, log_dir: str) -> dict:
-    from overlapbench import micro, runtime, strategies
+    from overlapbench import strategies
     from overlapbench.comm import buffers, paths
     from overlapbench.comm import run as comm_run
     from overlapbench.comm.cases import Case
-    from overlapbench.layer import reference_forward
-    from overlapbench.nccl_log import TuningLog
-    from overlapbench.rope import RopeTable
-    from overlapbench.weights import build_stack, random_input
+    from overlapbench.model.layer import reference_forward
+    from overlapbench.model.rope import RopeTable
+    from overlapbench.model.weights import build_stack, random_input
+    from overlapbench.run import micro, runtime
+    from overlapbench.run.nccl_log import TuningLog
 
     rt = runtime.init(timeout_s=120)
     log = TuningLog(Path(log_dir) / f"nccl-{os.getpid()}.log")

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from overlapbench import strategies
-from overlapbench.knobs import DEFAULT
-from overlapbench.layer import reference_forward
-from overlapbench.models import PRESETS, ModelShape
+from overlapbench.model.layer import reference_forward
+from overlapbench.model.models import PRESETS, ModelShape
+from overlapbench.specs.knobs import DEFAULT
 from tests import distributed
 
 SHAPE = PRESETS["tiny"]
@@ -55,10 +55,10 @@ def test_windows_need_nccl_on_gpus(strategy, knobs):
 
 
 def _rank_forward(rank: int, world: int, strategy: str, knobs: dict, seq_lens: tuple, shape: ModelShape):
-    from overlapbench import nccl_windows, runtime
+    from overlapbench.model.rope import RopeTable
+    from overlapbench.model.weights import build_stack, random_input
     from overlapbench.overlap import sequence_parallel
-    from overlapbench.rope import RopeTable
-    from overlapbench.weights import build_stack, random_input
+    from overlapbench.run import nccl_windows, runtime
 
     rt = runtime.init(timeout_s=60)
     windows, calls = [], []

@@ -18,7 +18,7 @@ import pytest
 
 from overlapbench import strategies, tuned
 from overlapbench.errors import UserError
-from overlapbench.results import read_rows
+from overlapbench.tuning.results import read_rows
 from tests import synthetic
 from tests.distributed import REPO, overlapbench
 
@@ -129,7 +129,7 @@ def test_the_report_never_cuts_knob_values(tmp_path, terminal):
 
 @pytest.mark.parametrize("terminal", [False, True], ids=["piped", "terminal-80"])
 def test_models_shows_every_preset_name_whole(terminal):
-    from overlapbench.models import PRESETS
+    from overlapbench.model.models import PRESETS
 
     result = overlapbench("models", env={"COLUMNS": "60", **({"FORCE_COLOR": "1"} if terminal else {})})
     text = ANSI.sub("", result.stdout)
@@ -146,7 +146,7 @@ def test_the_packaged_default_spec_is_sweeps_quick():
 
 
 def test_the_demo_shows_every_family_within_a_minute_of_points():
-    from overlapbench import spec as spec_mod
+    from overlapbench.specs import spec as spec_mod
 
     loaded = spec_mod.load(REPO / "sweeps" / "quick.yaml", cuda=True)
     points = loaded.points(2, cuda=True)

@@ -16,7 +16,7 @@ from overlapbench.comm.sizes import busbw
 from overlapbench.errors import UserError
 from overlapbench.predict.comm_table import CommTable
 from overlapbench.predict.contention import Contention
-from overlapbench.results import SCHEMA, ResultStore
+from overlapbench.tuning.results import SCHEMA, ResultStore
 
 SIZES = [2**20 * 2**i for i in range(8)]  # 1 MiB .. 128 MiB
 BUDGETS = {"nccl": ["default", 8, 16], "nccl_symm": [8, 16, 32], "symm_one_shot": [None], "fused_norm": [16]}

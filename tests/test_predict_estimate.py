@@ -9,11 +9,11 @@ import random
 import pytest
 from rich.console import Console
 
-from overlapbench import spec as spec_mod
 from overlapbench import strategies
 from overlapbench.predict import piece_keys
 from overlapbench.predict.comm_table import CommTable
 from overlapbench.predict.estimate import ComputePieces, Inputs, estimate
+from overlapbench.specs import spec as spec_mod
 
 SPEC = {
     "name": "predicted", "shape": {"hidden": 64, "ffn": 128, "heads": 4, "kv_heads": 2, "head_dim": 16},
@@ -78,10 +78,10 @@ def test_a_split_hides_its_transfers_under_long_compute():
 
 
 def test_predicted_rows_feed_tune_and_report(tmp_path):
-    from overlapbench import tune
     from overlapbench.predict.command import predict
     from overlapbench.report.command import run as report
-    from overlapbench.results import read_rows
+    from overlapbench.tuning import tune
+    from overlapbench.tuning.results import read_rows
 
     out = tmp_path / "predicted.jsonl"
     written = predict(spec_mod.from_dict(SPEC, "predicted", cuda=True), 2, _inputs(4), out, error=0.02)

@@ -7,9 +7,9 @@ import json
 
 import torch
 
-from overlapbench import spec as spec_mod
 from overlapbench.predict.piece_keys import wanted_pieces
 from overlapbench.predict.pieces import BatchPieces
+from overlapbench.specs import spec as spec_mod
 
 SPEC = {
     "name": "pieces", "shape": {"hidden": 64, "ffn": 128, "heads": 4, "kv_heads": 2, "head_dim": 16},
@@ -35,11 +35,11 @@ def test_each_piece_is_wanted_once_per_batch():
 
 
 def test_a_piece_computes_the_layers_rows():
-    from overlapbench.layer import attention_partial
+    from overlapbench.model.layer import attention_partial
     from overlapbench.predict.pieces import _chunk
 
     point = _points()[0]
-    from overlapbench.runtime import Runtime
+    from overlapbench.run.runtime import Runtime
 
     pieces = BatchPieces(point, Runtime(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo"))
     wanted = wanted_pieces(_points())
@@ -57,7 +57,7 @@ def test_a_piece_computes_the_layers_rows():
 def test_a_chain_runs_the_plan_with_its_communication_removed():
     """Each plan's chain is the real executor over the shard's stack: the pipelined chains (the
     split's and iso's lanes, norms only) compute what the serial one does."""
-    from overlapbench.runtime import Runtime
+    from overlapbench.run.runtime import Runtime
 
     points = _points()
     rt = Runtime(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")

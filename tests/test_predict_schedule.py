@@ -1,4 +1,4 @@
-"""The schedules as data (overlap/schedule.py) and their simulation (predict/timeline.py): the
+"""The schedules as data (model/schedule.py) and their simulation (predict/timeline.py): the
 real run executes the very tasks predict plays, and the timeline's arithmetic holds on random
 durations."""
 
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from overlapbench.overlap.schedule import MAIN, SIDE, previous_of_chunk, serial, split
+from overlapbench.model.schedule import MAIN, SIDE, previous_of_chunk, serial, split
 from overlapbench.predict.timeline import COMPUTE, NORM, TRANSFER, Phase, play
 
 
@@ -73,14 +73,14 @@ def test_the_real_split_runs_the_tasks_predict_plays(monkeypatch):
     """SplitForward's compute and reduce calls, recorded on CPU, are the plan's tasks in order."""
     import torch
 
-    from overlapbench import runtime
-    from overlapbench.chunks import rope_positions
-    from overlapbench.models import ModelShape
+    from overlapbench.model.chunks import rope_positions
+    from overlapbench.model.models import ModelShape
+    from overlapbench.model.rope import RopeTable
+    from overlapbench.model.schedule import Batch
+    from overlapbench.model.weights import build_stack, random_input
     from overlapbench.overlap import split as split_mod
-    from overlapbench.overlap.schedule import Batch
-    from overlapbench.rope import RopeTable
+    from overlapbench.run import runtime
     from overlapbench.strategies import get
-    from overlapbench.weights import build_stack, random_input
 
     shape = ModelShape(hidden=64, ffn=128, heads=4, kv_heads=2, head_dim=16)
     seen = []

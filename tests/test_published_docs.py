@@ -52,7 +52,7 @@ def _best_range(stores, strategy, from_tokens: int) -> dict:
 
 def _best_hidden(stores) -> dict[int, float]:
     """Token count -> the share of the exposed communication token_split's best setting hides (%)."""
-    from overlapbench import analysis
+    from overlapbench.tuning import analysis
 
     out = {}
     for _, composition, rows in f.batches_of(*stores):

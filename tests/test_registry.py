@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from overlapbench import strategies
-from overlapbench.layer import reference_forward
-from overlapbench.models import ModelShape
+from overlapbench.model.layer import reference_forward
+from overlapbench.model.models import ModelShape
 from tests import distributed
 
 SHAPE = ModelShape(hidden=64, ffn=128, heads=8, kv_heads=4, head_dim=8)  # divisible by tp=4
@@ -38,9 +38,9 @@ def _runs_on_cpu(cls, knobs: dict, world: int) -> str | None:
 
 
 def _rank_all(rank: int, world: int, names: list[str], shape: ModelShape) -> dict:
-    from overlapbench import runtime
-    from overlapbench.rope import RopeTable
-    from overlapbench.weights import build_stack, random_input
+    from overlapbench.model.rope import RopeTable
+    from overlapbench.model.weights import build_stack, random_input
+    from overlapbench.run import runtime
 
     rt = runtime.init(timeout_s=60)
     stack = build_stack(shape, LAYERS, world, rank, torch.float32, rt.device, 0)

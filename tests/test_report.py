@@ -14,9 +14,10 @@ import yaml
 from rich.console import Console
 from typer.testing import CliRunner
 
-from overlapbench import analysis, report, tune, tuned
+from overlapbench import report, tuned
 from overlapbench.cli import app
 from overlapbench.errors import UserError
+from overlapbench.tuning import analysis, tune
 from tests import synthetic
 
 TOKENS = (512, 2048, 8192)

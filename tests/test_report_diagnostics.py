@@ -16,7 +16,7 @@ from rich.console import Console
 from overlapbench import report
 from overlapbench.errors import UserError
 from overlapbench.report.profile import KIND_NAMES, kind_of
-from overlapbench.results import profile_name
+from overlapbench.tuning.results import profile_name
 from tests import synthetic
 
 KERNELS = {  # kernel name in a torch.profiler table -> its kind

@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from overlapbench import spec
 from overlapbench.cli import app
 from overlapbench.errors import UserError
-from overlapbench.results import read_rows
+from overlapbench.specs import spec
+from overlapbench.tuning.results import read_rows
 from tests import distributed
 
 PLUGINS = {"OVERLAPBENCH_PLUGINS": "tests.fault_plugin"}
@@ -129,7 +129,7 @@ def test_bad_results_files_are_one_line_errors(tmp_path: Path, content, message:
 
 
 def test_resume_refuses_a_file_that_is_not_ours(tmp_path: Path):
-    from overlapbench.results import ResultStore
+    from overlapbench.tuning.results import ResultStore
 
     path = tmp_path / "r.jsonl"
     path.write_text("this is a csv,not ours\n")
@@ -220,7 +220,7 @@ def test_interleaved_candidates_that_do_not_fit_together_are_timed_in_groups_wit
 
 
 def test_a_scripts_run_log_appends_stamped_rows_and_keeps_what_was_there(tmp_path: Path):
-    from overlapbench.results import RunLog
+    from overlapbench.tuning.results import RunLog
 
     path = tmp_path / "deeper" / "bench.jsonl"
     first, second = RunLog(path, "abc123"), RunLog(path, None)

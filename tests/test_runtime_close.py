@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from overlapbench import nccl_windows, runtime
-from overlapbench.nccl_windows import NcclWindow
+from overlapbench.run import nccl_windows, runtime
+from overlapbench.run.nccl_windows import NcclWindow
 from tests import distributed
 
 

@@ -11,8 +11,8 @@ import torch
 
 from overlapbench import strategies
 from overlapbench.errors import UserError
-from overlapbench.layer import reference_forward
-from overlapbench.models import PRESETS, ModelShape
+from overlapbench.model.layer import reference_forward
+from overlapbench.model.models import PRESETS, ModelShape
 from overlapbench.overlap.sp_schedule import ORDERS, Plan, ShardLayout, owner_order, pieces, schedule, transfers
 from tests import distributed
 
@@ -178,9 +178,9 @@ CASES_TP4 = [  # four ranks: peers at different ring distances, two ranks of pad
 
 
 def _rank_forwards(rank: int, world: int, shape: ModelShape, cases: list):
-    from overlapbench import runtime
-    from overlapbench.rope import RopeTable
-    from overlapbench.weights import build_stack, random_input
+    from overlapbench.model.rope import RopeTable
+    from overlapbench.model.weights import build_stack, random_input
+    from overlapbench.run import runtime
 
     rt = runtime.init(timeout_s=60)
     stack = build_stack(shape, LAYERS, world, rank, torch.float32, rt.device, seed=0)
@@ -218,10 +218,10 @@ def _check_all(shape: ModelShape, world: int, cases: list) -> None:
 
 def _attention_calls(rank: int, world: int, attention: str) -> list[int]:
     """Query rows of every attention call of one forward."""
-    from overlapbench import runtime
+    from overlapbench.model.rope import RopeTable
+    from overlapbench.model.weights import build_stack, random_input
     from overlapbench.overlap import sequence_parallel
-    from overlapbench.rope import RopeTable
-    from overlapbench.weights import build_stack, random_input
+    from overlapbench.run import runtime
 
     rt = runtime.init(timeout_s=60)
     stack = build_stack(TINY, LAYERS, world, rank, torch.float32, rt.device, seed=0)
@@ -269,11 +269,11 @@ def _rank_async_tp_reference(rank: int, world: int, seq_lens: tuple, micro_cases
     import torch.distributed as dist
     from torch.distributed import _symmetric_memory as symm_mem
 
-    from overlapbench import micro, runtime
+    from overlapbench.model.rope import RopeTable
+    from overlapbench.model.weights import build_stack, random_input
     from overlapbench.overlap.sequence_parallel import FusedExchange, sp_layout, sp_step
-    from overlapbench.points import Gemm, Point
-    from overlapbench.rope import RopeTable
-    from overlapbench.weights import build_stack, random_input
+    from overlapbench.run import micro, runtime
+    from overlapbench.specs.points import Gemm, Point
 
     rt = runtime.init(timeout_s=60)
     ops = SimpleNamespace(
@@ -297,7 +297,7 @@ def _rank_async_tp_reference(rank: int, world: int, seq_lens: tuple, micro_cases
 def test_async_tp_exchange_computes_the_reference():
     from torch.distributed import _symmetric_memory as symm_mem
 
-    from overlapbench import micro
+    from overlapbench.run import micro
 
     if not hasattr(symm_mem, "_fused_all_gather_matmul_fallback"):
         pytest.skip("this torch has no reference versions of the fused symm_mem ops")
@@ -350,7 +350,7 @@ def test_symmetric_transport_gathers_and_scatters(monkeypatch, world, tokens, or
     import threading
 
     from overlapbench.overlap import flash_overlap as fo
-    from overlapbench.runtime import SymmetricBuffer
+    from overlapbench.run.runtime import SymmetricBuffer
 
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: _NoStream())
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())

@@ -13,9 +13,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from overlapbench.models import PRESETS, ModelShape  # noqa: E402
-from overlapbench.points import Gemm, Point  # noqa: E402
-from overlapbench.runtime import apply_safe_env  # noqa: E402
+from overlapbench.model.models import PRESETS, ModelShape  # noqa: E402
+from overlapbench.run.runtime import apply_safe_env  # noqa: E402
+from overlapbench.specs.points import Gemm, Point  # noqa: E402
 from tests import distributed  # noqa: E402
 
 pytestmark = distributed.two_gpus()
@@ -77,10 +77,11 @@ def _graph_forward(step, x):
 
 
 def _run_cases(rank: int, world: int) -> dict:
-    from overlapbench import micro, runtime, strategies
-    from overlapbench.layer import reference_forward
-    from overlapbench.rope import RopeTable
-    from overlapbench.weights import build_stack, random_input
+    from overlapbench import strategies
+    from overlapbench.model.layer import reference_forward
+    from overlapbench.model.rope import RopeTable
+    from overlapbench.model.weights import build_stack, random_input
+    from overlapbench.run import micro, runtime
 
     rt = runtime.init(timeout_s=120)
     errors: dict = {}

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from overlapbench import spec
 from overlapbench.errors import UserError
-from overlapbench.points import Decode
+from overlapbench.specs import spec
+from overlapbench.specs.points import Decode
 
 GOOD = {
     "name": "t",
@@ -175,7 +175,7 @@ def test_a_strategy_may_list_several_grids():
 
 
 def test_interleaving_is_the_default_on_gpus_only():
-    from overlapbench.spec_sections import Measure
+    from overlapbench.specs.spec_sections import Measure
 
     assert Measure().interleaved(cuda=True) and not Measure().interleaved(cuda=False)
     assert Measure(interleave=True).interleaved(cuda=False) and not Measure(interleave=False).interleaved(cuda=True)

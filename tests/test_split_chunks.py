@@ -11,11 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from overlapbench import flops, strategies
-from overlapbench.chunks import build_decode_cache, rope_positions, token_range
+from overlapbench import strategies
 from overlapbench.errors import UserError
-from overlapbench.layer import reference_forward
-from overlapbench.models import PRESETS, ModelShape, preset
+from overlapbench.model import flops
+from overlapbench.model.chunks import build_decode_cache, rope_positions, token_range
+from overlapbench.model.layer import reference_forward
+from overlapbench.model.models import PRESETS, ModelShape, preset
 from overlapbench.overlap.balance import balanced_ratio, balanced_rows, layer_flops, leading_flops
 from overlapbench.strategies.token_split import aligned_cuts, split_point
 from tests import distributed
@@ -92,7 +93,7 @@ def test_too_few_tokens_for_the_chunks_is_a_user_error():
 
 def _cuts(knobs: dict, seq_lens, decode=None, shape=SHAPE) -> list[int]:
     """The cuts of the strategy's own plan (what build runs and predict simulates)."""
-    from overlapbench.overlap.schedule import Batch
+    from overlapbench.model.schedule import Batch
 
     mixed = (0, 0) if decode is None else (decode.tokens, decode.context)
     plan = TOKEN_SPLIT.plan(TOKEN_SPLIT.check_knobs(knobs, "token_split"), Batch(tuple(seq_lens), mixed, shape, 2))
@@ -160,10 +161,10 @@ def test_a_plan_with_a_gap_or_one_chunk_is_refused():
 
 
 def _rank_forward(rank, world, knobs, seq_lens, decode, shape, drop_chunk):
-    from overlapbench import runtime
+    from overlapbench.model.rope import RopeTable
+    from overlapbench.model.weights import build_stack, random_input
     from overlapbench.overlap.split import SplitForward
-    from overlapbench.rope import RopeTable
-    from overlapbench.weights import build_stack, random_input
+    from overlapbench.run import runtime
 
     if drop_chunk is not None:  # a wrong schedule: one chunk's reductions never run
         reduce = SplitForward._reduce

@@ -10,8 +10,8 @@ import random
 import pytest
 from typer.testing import CliRunner
 
-from overlapbench import row_schema
 from overlapbench.cli import app
+from overlapbench.tuning import row_schema
 from tests import synthetic
 
 

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from overlapbench.cli import app
-from overlapbench.results import SCHEMA, ResultStore, read_rows
+from overlapbench.tuning.results import SCHEMA, ResultStore, read_rows
 from tests import distributed
 from tests.distributed import REPO, free_port
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from overlapbench.layer import reference_forward
-from overlapbench.models import PRESETS, ModelShape
+from overlapbench.model.layer import reference_forward
+from overlapbench.model.models import PRESETS, ModelShape
 from tests import distributed
 
 SHAPE = PRESETS["tiny"]
@@ -15,9 +15,10 @@ LAYERS = 2
 
 
 def _rank_forward(rank: int, world: int, strategy: str, knobs: dict, seq_lens: tuple, shape: ModelShape, seed: int):
-    from overlapbench import runtime, strategies
-    from overlapbench.rope import RopeTable
-    from overlapbench.weights import build_stack, random_input
+    from overlapbench import strategies
+    from overlapbench.model.rope import RopeTable
+    from overlapbench.model.weights import build_stack, random_input
+    from overlapbench.run import runtime
 
     rt = runtime.init(timeout_s=60)
     stack = build_stack(shape, LAYERS, world, rank, torch.float32, rt.device, seed)

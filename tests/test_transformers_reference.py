@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from overlapbench import transformers_layer
 from overlapbench.errors import UserError
-from overlapbench.layer import reference_forward
-from overlapbench.models import PRESETS, ModelShape
-from overlapbench.norms import rms_norm
-from overlapbench.weights import build_stack, random_input
+from overlapbench.model import transformers_layer
+from overlapbench.model.layer import reference_forward
+from overlapbench.model.models import PRESETS, ModelShape
+from overlapbench.model.norms import rms_norm
+from overlapbench.model.weights import build_stack, random_input
 
 transformers = pytest.importorskip("transformers")
 

@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from overlapbench import analysis, batches, tune, tuned
-from overlapbench.analysis import Measured
+from overlapbench import tuned
 from overlapbench.errors import UserError
+from overlapbench.tuning import analysis, batches, tune
+from overlapbench.tuning.analysis import Measured
 from tests import synthetic
 
 

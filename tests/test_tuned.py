@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from overlapbench import tune, tuned
+from overlapbench import tuned
 from overlapbench.errors import UserError
+from overlapbench.tuning import tune
 from tests import synthetic
 
 REPO = Path(__file__).resolve().parent.parent
@@ -148,7 +149,7 @@ def test_a_missing_file_is_a_user_error(tmp_path):
 def test_the_analysis_modules_import_neither_torch_nor_pandas():
     code = (
         "import sys, overlapbench.tuned; assert set(sys.modules) & {'torch', 'pandas', 'numpy'} == set(), 'tuned'\n"
-        "import overlapbench.tune, overlapbench.report\n"
+        "import overlapbench.tuning.tune, overlapbench.report\n"
         "assert set(sys.modules) & {'torch', 'pandas', 'matplotlib'} == set(), sorted(set(sys.modules) & {'torch', 'pandas'})\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)

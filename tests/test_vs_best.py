@@ -12,7 +12,8 @@ import pytest
 import yaml
 from rich.console import Console
 
-from overlapbench import analysis, report, tune
+from overlapbench import report
+from overlapbench.tuning import analysis, tune
 from tests import synthetic
 
 BEST = {"nccl_max_ctas": "default", "allreduce": "one_shot"}  # PyTorch's symmetric-memory all-reduce

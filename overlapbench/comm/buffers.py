@@ -10,7 +10,7 @@ from overlapbench.comm.cases import Case
 from overlapbench.comm.sizes import TORCH_DTYPES
 
 if TYPE_CHECKING:
-    from overlapbench.runtime import Runtime, SymmetricBuffer
+    from overlapbench.run.runtime import Runtime, SymmetricBuffer
 
 
 class Buffers:
@@ -42,7 +42,7 @@ class Buffers:
 
     def window(self, case: Case):
         """The registered NCCL window of the case's budget, sized for the largest case on it."""
-        from overlapbench.knobs import DEFAULT
+        from overlapbench.specs.knobs import DEFAULT
 
         ctas = DEFAULT if case.ctas is None else case.ctas
         return self.rt.window(self._largest[self._window_key(case)], self._dtype(case), ctas, case.beside_gemm)
@@ -53,7 +53,7 @@ class Buffers:
         return getattr(torch, TORCH_DTYPES[case.dtype])
 
     def symmetric(self, case: Case) -> SymmetricBuffer:
-        from overlapbench.runtime import symmetric_buffer
+        from overlapbench.run.runtime import symmetric_buffer
 
         key = self._key(case)
         if key not in self._made:
@@ -66,8 +66,8 @@ class Buffers:
         import torch.distributed as dist
 
         from kernels.allreduce_norm_pull import FUSED_KERNELS
-        from overlapbench.knobs import FUSED_KERNEL
-        from overlapbench.runtime import symmetric_buffer
+        from overlapbench.run.runtime import symmetric_buffer
+        from overlapbench.specs.knobs import FUSED_KERNEL
 
         key = self._key(case)
         if key not in self._made:
@@ -81,7 +81,7 @@ class Buffers:
 
     def copy_engine_norm(self, case: Case):
         from kernels.copy_engine_norm import CopyEngineNorm
-        from overlapbench.runtime import symmetric_buffer
+        from overlapbench.run.runtime import symmetric_buffer
 
         key = self._key(case)
         if key not in self._made:

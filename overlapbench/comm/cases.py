@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 
 from overlapbench.comm.sizes import DTYPE_BYTES
-from overlapbench.nccl_windows import layout
+from overlapbench.run.nccl_windows import layout
 
 
 @dataclass(frozen=True)

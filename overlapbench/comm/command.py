@@ -13,13 +13,13 @@ from overlapbench.comm.run import RunInfo, run_cases
 from overlapbench.comm.sizes import CPU_SIZES, GPU_SIZES, parse_size, size_ladder
 from overlapbench.errors import UserError, shown
 from overlapbench.printing import styled
-from overlapbench.spec import DTYPES
-from overlapbench.spec_sections import CommSpec
+from overlapbench.specs.spec import DTYPES
+from overlapbench.specs.spec_sections import CommSpec
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from overlapbench.runtime import Runtime
+    from overlapbench.run.runtime import Runtime
 
 TIMEOUT_S = 600
 STUDY = "comm"  # the `spec` of this command's rows: a results file holds one study (results.ResultStore)
@@ -138,8 +138,8 @@ def _local_device_name() -> str:
 
 def main(opts: Options, console: Console, err_console: Console) -> int:
     """Started plainly: check the store, re-launch under torchrun; under torchrun: measure."""
-    from overlapbench import launch, launch_log
-    from overlapbench.results import check_writable, kept
+    from overlapbench.run import launch, launch_log
+    from overlapbench.tuning.results import check_writable, kept
 
     if launch.under_torchrun():
         launch.as_worker()
@@ -185,7 +185,7 @@ def _refuse_if_nothing_runs(opts: Options, world: int) -> None:
 def run_ranks(opts: Options, console: Console) -> int:
     """The measurement on this rank: cases, the store, the rows; rank 0 prints them. The
     runtime is closed however it ends (runtime.session): NCCL windows go before their groups."""
-    from overlapbench import runtime
+    from overlapbench.run import runtime
 
     with runtime.session(TIMEOUT_S, nccl_tuning_log=True) as rt:  # rows of NCCL paths record its kernel and channels
         _measure(opts, console, rt)
@@ -193,7 +193,9 @@ def run_ranks(opts: Options, console: Console) -> int:
 
 
 def _measure(opts: Options, console: Console, rt: Runtime) -> None:
-    from overlapbench import environment, printing, results
+    from overlapbench import printing
+    from overlapbench.run import environment
+    from overlapbench.tuning import results
 
     progress = printing.console(stderr=True, quiet=rt.rank != 0)
     env = environment.run_environment(rt)

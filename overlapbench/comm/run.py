@@ -18,9 +18,9 @@ from overlapbench.errors import one_line
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from overlapbench.results import ResultStore
-    from overlapbench.runtime import Runtime
-    from overlapbench.spec import SweepSpec
+    from overlapbench.run.runtime import Runtime
+    from overlapbench.specs.spec import SweepSpec
+    from overlapbench.tuning.results import ResultStore
 
 
 def check(bench: Bench, seed: int, rt: Runtime) -> int:
@@ -55,8 +55,8 @@ class RunInfo:
 def measure_case(rt: Runtime, case: Case, buffers: Buffers, info: RunInfo, gemms=None) -> dict:
     """Check, then time one case on every rank (and beside `gemms`, a contention.GemmStream,
     if the case asks); the result fields of its row."""
-    from overlapbench import measure
-    from overlapbench.step import Step
+    from overlapbench.timing import measure
+    from overlapbench.timing.step import Step
 
     if case.skip:
         return {"status": "skipped", "error": case.skip}
@@ -102,7 +102,7 @@ def _nccl_kernel(rt: Runtime, case: Case, log, mark: int) -> dict:
     """What NCCL's tuning log says the case's collectives ran on (rank 0 of a communicator logs
     them; other ranks and runs without the log record nothing). A case on registered windows
     that ran anything but a symmetric kernel fails: its row would claim what did not run."""
-    from overlapbench.nccl_log import matching, summarize
+    from overlapbench.run.nccl_log import matching, summarize
 
     if log is None:
         return {}
@@ -159,7 +159,7 @@ def _quiesce(rt: Runtime) -> None:
 
 def make_row(case: Case, result: dict, info: RunInfo) -> dict:
     """A store row: the stable columns of `sweep` rows (schema result-v1), workload `comm`."""
-    from overlapbench.results import SCHEMA
+    from overlapbench.tuning.results import SCHEMA
 
     env = info.env
     row = {

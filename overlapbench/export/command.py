@@ -13,11 +13,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from overlapbench import analysis, tune, tuned
-from overlapbench.analysis import Measured
+from overlapbench import tuned
 from overlapbench.errors import UserError
 from overlapbench.export import defaults, sglang, tokenweave, trtllm, vllm
 from overlapbench.export.picks import write
+from overlapbench.tuning import analysis, tune
+from overlapbench.tuning.analysis import Measured
 
 EXPORTERS = {"tokenweave": tokenweave.export, "vllm": vllm.export, "sglang": sglang.export, "trtllm": trtllm.export}
 ENGINES = tuple(EXPORTERS)

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from overlapbench import analysis, batches, tune
-from overlapbench.analysis import Measured
 from overlapbench.errors import UserError
 from overlapbench.export import sglang_facts, tokenweave_facts, trtllm_facts, vllm_facts
 from overlapbench.export.picks import MIB, capability, dtype_bytes, hidden
 from overlapbench.export.tokenweave import family_of
 from overlapbench.tuned import TunedConfig
+from overlapbench.tuning import analysis, batches, tune
+from overlapbench.tuning.analysis import Measured
 
 SYMM = ("one_shot", "two_shot")
 

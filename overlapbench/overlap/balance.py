@@ -1,5 +1,5 @@
 """Where to cut a batch so that its chunks cost the same FLOPs: the cost model behind
-`split_ratio: balanced` of `iso` and `token_split`, counted as overlapbench/flops.py counts.
+`split_ratio: balanced` of `iso` and `token_split`, counted as overlapbench/model/flops.py counts.
 
 One rank's layer costs g per row (its GEMMs) plus a per (query, key) pair: a prefill row at
 position p attends p + 1 keys, a decode row context + 1. Causal attention makes later rows of a
@@ -9,8 +9,8 @@ tokens of llama3-70b (TP=2) the second half's attention is 3x the first's. Impor
 
 from __future__ import annotations
 
-from overlapbench import flops
-from overlapbench.models import ModelShape
+from overlapbench.model import flops
+from overlapbench.model.models import ModelShape
 
 
 def layer_flops(shape: ModelShape, tp: int) -> tuple[int, int]:

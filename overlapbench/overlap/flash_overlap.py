@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from overlapbench.overlap.sequence_parallel import RowSource
 from overlapbench.overlap.sp_schedule import Piece, Plan
-from overlapbench.runtime import SymmetricBuffer, symmetric_buffer
+from overlapbench.run.runtime import SymmetricBuffer, symmetric_buffer
 
 Copy = Callable[[torch.Tensor, torch.Tensor], object]  # (dst, src): one transfer, on the current stream
 

@@ -25,13 +25,13 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from overlapbench.chunks import Chunk
 from overlapbench.errors import UserError
-from overlapbench.knobs import DEFAULT, FUSED_KERNEL, SYMMETRIC_COMM
-from overlapbench.layer import LocalReducer
-from overlapbench.nccl_windows import NcclWindow
-from overlapbench.norms import add_rms_norm
-from overlapbench.runtime import BuildContext, SymmetricBuffer, symmetric_buffer
+from overlapbench.model.chunks import Chunk
+from overlapbench.model.layer import LocalReducer
+from overlapbench.model.norms import add_rms_norm
+from overlapbench.run.nccl_windows import NcclWindow
+from overlapbench.run.runtime import BuildContext, SymmetricBuffer, symmetric_buffer
+from overlapbench.specs.knobs import DEFAULT, FUSED_KERNEL, SYMMETRIC_COMM
 
 
 def collective(ctx: BuildContext, nccl_max_ctas=DEFAULT, high_priority: bool = False, symm: bool = False) -> LocalReducer:

@@ -26,16 +26,16 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from overlapbench import nccl_windows
-from overlapbench.activation import swiglu
-from overlapbench.chunks import KVBuffer, token_range, whole_batch
-from overlapbench.layer import attend, rope_qkv
-from overlapbench.moe import moe_partial
-from overlapbench.nccl_windows import NcclWindow
-from overlapbench.norms import add_rms_norm, rms_norm
+from overlapbench.model.activation import swiglu
+from overlapbench.model.chunks import KVBuffer, token_range, whole_batch
+from overlapbench.model.layer import attend, rope_qkv
+from overlapbench.model.moe import moe_partial
+from overlapbench.model.norms import add_rms_norm, rms_norm
 from overlapbench.overlap.sp_schedule import ATTENTION_MODES, ShardLayout
-from overlapbench.runtime import BuildContext
-from overlapbench.step import Step
+from overlapbench.run import nccl_windows
+from overlapbench.run.nccl_windows import NcclWindow
+from overlapbench.run.runtime import BuildContext
+from overlapbench.timing.step import Step
 
 ATTENTION, MLP = 0, 1  # the two blocks of a layer; an Exchange may keep separate buffers for each
 
@@ -95,7 +95,7 @@ class SequenceParallelForward:
     output; `per_piece` attends the query rows of each O-proj piece just before that piece's
     GEMM, so the attention of later pieces overlaps the earlier pieces' transfers. Pieces after
     the first start mid-sequence, so their causal mask is aligned lower-right: two calls of the
-    whole-sequence kernel merged by their log-sum-exps (overlapbench/attention.py), one more
+    whole-sequence kernel merged by their log-sum-exps (overlapbench/model/attention.py), one more
     call and a merge per piece; `whole` is the default (measured before that change).
     """
 

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 
 import torch
 
-from overlapbench.chunks import Chunk, KVBuffer
-from overlapbench.layer import Reducer, compute_block, norm_weight
-from overlapbench.norms import rms_norm
-from overlapbench.overlap.schedule import ATTENTION, COMPUTE, SIDE, Task, previous_of_chunk, split
-from overlapbench.runtime import BuildContext
-from overlapbench.step import Step
+from overlapbench.model.chunks import Chunk, KVBuffer
+from overlapbench.model.layer import Reducer, compute_block, norm_weight
+from overlapbench.model.norms import rms_norm
+from overlapbench.model.schedule import ATTENTION, COMPUTE, SIDE, Task, previous_of_chunk, split
+from overlapbench.run.runtime import BuildContext
+from overlapbench.timing.step import Step
 
 
 @dataclass
@@ -51,7 +51,7 @@ class SplitPlan:
 
 
 class Lanes:
-    """Runs a schedule's tasks (overlap/schedule.py) on two streams: the main lane on the current
+    """Runs a schedule's tasks (model/schedule.py) on two streams: the main lane on the current
     stream, the side lane on the runtime's high-priority side stream; a task whose chunk's
     previous task ran on the other lane waits for that task's event (schedule.previous_of_chunk).
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from overlapbench.comm.sizes import bus_factor, format_bytes
 from overlapbench.errors import UserError, shown, unreadable
-from overlapbench.results import read_rows
+from overlapbench.tuning.results import read_rows
 
 Ctas = str | int | None  # "default" (NCCL's own choice), a number of CTAs, or None (a path without a budget)
 Key = tuple[str, Ctas, int | None]  # (path, ctas, hidden); hidden only for per-row paths (fused_norm, ...)

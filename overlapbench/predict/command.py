@@ -16,12 +16,14 @@ import dataclasses
 import itertools
 from pathlib import Path
 
-from overlapbench import environment, results, strategies
+from overlapbench import strategies
 from overlapbench.errors import UserError
 from overlapbench.predict.estimate import ComputePieces, Inputs, estimate
 from overlapbench.predict.piece_keys import batch_of
-from overlapbench.spec import SweepSpec
-from overlapbench.workload import reference_setting
+from overlapbench.run import environment
+from overlapbench.run.workload import reference_setting
+from overlapbench.specs.spec import SweepSpec
+from overlapbench.tuning import results
 
 # The absolute error in speedup that the TP=2 validation supports (results/h100x2/predict/:
 # the 90th percentile of |predicted - measured| over both models' points): `--error`'s default.
@@ -31,7 +33,7 @@ ERROR = 0.03
 def main(spec_path: Path, tp: int, comm: list[Path], compute: list[Path] | None, output: Path | None,
          busbw: float | None, transfer_beside: str, error: float | None) -> Path:
     """`overlapbench predict`: the options checked, the inputs read, the rows written; their path."""
-    from overlapbench import spec as spec_mod
+    from overlapbench.specs import spec as spec_mod
 
     if transfer_beside not in ("alone", "measured"):
         raise UserError(f"--transfer-beside: one of alone, measured, got {transfer_beside!r}")
@@ -51,8 +53,8 @@ def launch_pieces(path: Path, output: Path | None, tp: int | None) -> None:
     """`sweep --pieces`: one process on one GPU times the shard layer's pieces (pieces.py)."""
     import typer
 
-    from overlapbench import launch, launch_log
-    from overlapbench import spec as spec_mod
+    from overlapbench.run import launch, launch_log
+    from overlapbench.specs import spec as spec_mod
 
     if launch.local_gpus() == 0:
         raise UserError("--pieces: times one rank's compute on a GPU, and this machine has none; run it on one GPU")
@@ -113,7 +115,7 @@ def predict(spec: SweepSpec, tp: int, inputs: Inputs, output: Path, error: float
 
 
 def _row(point, found, ref, inputs: Inputs, run_id: str, error: float) -> dict:
-    from overlapbench.sweep import make_row
+    from overlapbench.run.sweep import make_row
 
     cls = strategies.get(point.strategy)
     if found is None:

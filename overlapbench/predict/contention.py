@@ -19,7 +19,7 @@ from pathlib import Path
 
 from overlapbench.errors import UserError
 from overlapbench.predict.comm_table import Ctas, is_beside, nearest_budget, point_key
-from overlapbench.results import read_rows
+from overlapbench.tuning.results import read_rows
 
 BudgetKey = tuple[str, Ctas]  # (path, ctas)
 

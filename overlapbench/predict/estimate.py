@@ -1,4 +1,4 @@
-"""A point's predicted time per layer: its strategy's plan (overlap/schedule.py), each task's
+"""A point's predicted time per layer: its strategy's plan (model/schedule.py), each task's
 phases priced from the one-GPU pieces and the comm table, played out with contention
 (timeline.py)."""
 
@@ -10,11 +10,11 @@ from pathlib import Path
 
 from overlapbench import strategies
 from overlapbench.errors import UserError
-from overlapbench.overlap.schedule import COMPUTE, Batch, LayerPlan
+from overlapbench.model.schedule import COMPUTE, Batch, LayerPlan
 from overlapbench.predict import piece_keys
 from overlapbench.predict.timeline import COMPUTE as COMPUTE_PHASE
 from overlapbench.predict.timeline import NORM, TRANSFER, Phase, Played, play
-from overlapbench.results import read_rows
+from overlapbench.tuning.results import read_rows
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from overlapbench import strategies
-from overlapbench.overlap.schedule import Batch, LayerPlan, Rows, SequenceParts
+from overlapbench.model.schedule import Batch, LayerPlan, Rows, SequenceParts
 
 WORKLOAD = "piece"
 

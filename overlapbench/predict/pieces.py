@@ -3,7 +3,7 @@
 One rank of a TP=K layer computes what one GPU computes on the shard's shapes (heads, KV heads
 and FFN divided by K; measured within about 1% of `no_comm` on two GPUs: shared/device-facts.md),
 so one GPU times what `predict` needs of compute. The pieces are those the schedules
-(overlap/schedule.py) are made of, for every chunk any point of the spec cuts:
+(model/schedule.py) are made of, for every chunk any point of the spec cuts:
 
 - `attention` of a chunk: QKV GEMM, RoPE, causal attention (over the earlier chunks' keys too),
   O-projection (layer.attention_partial); with the split's KV buffer where the plan pipelines;
@@ -26,18 +26,21 @@ from pathlib import Path
 
 import torch
 
-from overlapbench import environment, measure, printing, results, runtime
-from overlapbench.chunks import KVBuffer, build_decode_cache, rope_positions, token_range
+from overlapbench import printing
 from overlapbench.errors import UserError
-from overlapbench.layer import LocalReducer, attention_partial, forward_stack, mlp_partial
-from overlapbench.norms import add_rms_norm, rms_norm
-from overlapbench.overlap.schedule import Rows, SequenceParts
+from overlapbench.model.chunks import KVBuffer, build_decode_cache, rope_positions, token_range
+from overlapbench.model.layer import LocalReducer, attention_partial, forward_stack, mlp_partial
+from overlapbench.model.norms import add_rms_norm, rms_norm
+from overlapbench.model.rope import RopeTable
+from overlapbench.model.schedule import Rows, SequenceParts
+from overlapbench.model.weights import build_stack, random_input
 from overlapbench.overlap.split import SplitForward, SplitPlan
 from overlapbench.predict.piece_keys import WORKLOAD, wanted_pieces
-from overlapbench.rope import RopeTable
-from overlapbench.spec import SweepSpec
-from overlapbench.step import Step
-from overlapbench.weights import build_stack, random_input
+from overlapbench.run import environment, runtime
+from overlapbench.specs.spec import SweepSpec
+from overlapbench.timing import measure
+from overlapbench.timing.step import Step
+from overlapbench.tuning import results
 
 TARGET_MS = 1.0  # one timed sample lasts about this long (repetitions of the piece in one graph)
 # A batch's pieces are timed interleaved, as the sweep times a batch's points (interleave.py): after

@@ -1,4 +1,4 @@
-"""A schedule's tasks (overlap/schedule.py) played out on two lanes, with contention.
+"""A schedule's tasks (model/schedule.py) played out on two lanes, with contention.
 
 Each task is a list of phases. A compute task is one compute phase; a reduction is a transfer
 phase (the all-reduce, or the fused kernel that also adds and normalizes), then, where its
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from overlapbench.overlap.schedule import Task, previous_of_chunk
+from overlapbench.model.schedule import Task, previous_of_chunk
 
 COMPUTE, TRANSFER, NORM = "compute", "transfer", "norm"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from overlapbench import analysis
-from overlapbench.analysis import Group, Measured
+from overlapbench.tuning import analysis
+from overlapbench.tuning.analysis import Group, Measured
 
 STAR, NOISY, SLOWER = "★", "~", "▲"
 NOISY_TEXT = f"{NOISY} noisy (cv > {analysis.NOISY_CV:.0%})"

@@ -8,8 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from overlapbench import analysis, printing
-from overlapbench.analysis import Store
+from overlapbench import printing
 from overlapbench.errors import UserError, did_you_mean
 from overlapbench.report.cells import legend
 from overlapbench.report.compare import compare
@@ -19,6 +18,8 @@ from overlapbench.report.profile import profile_view
 from overlapbench.report.render import emit, stderr_console
 from overlapbench.report.rounds import rounds_view
 from overlapbench.report.sensitivity import sensitivity_view
+from overlapbench.tuning import analysis
+from overlapbench.tuning.analysis import Store
 
 FORMATS = ("table", "markdown", "csv", "json")
 PLOT_METRICS = ("ms", "speedup")

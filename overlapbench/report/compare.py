@@ -8,12 +8,12 @@ from statistics import NormalDist
 
 from rich.console import Console
 
-from overlapbench import analysis, intervals
-from overlapbench.analysis import Measured, Store
 from overlapbench.errors import UserError
 from overlapbench.report.cells import SLOWER, Grid, Shown, fmt_ms, text_cell
 from overlapbench.report.overview import column_order
 from overlapbench.report.render import emit, stderr_console
+from overlapbench.tuning import analysis, intervals
+from overlapbench.tuning.analysis import Measured, Store
 
 # -- compare: NEW against OLD, point by point ----------------------------------------------
 

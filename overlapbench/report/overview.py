@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from overlapbench import analysis, batches, tune
-from overlapbench.analysis import Group, Measured, Store
 from overlapbench.report.cells import NOISY, Cell, Grid, Shown, fmt_ms, text_cell
+from overlapbench.tuning import analysis, batches, tune
+from overlapbench.tuning.analysis import Group, Measured, Store
 
 
 def cells_at(rows: list[Measured]) -> dict[str, Cell]:

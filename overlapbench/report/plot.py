@@ -5,11 +5,12 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from overlapbench import analysis, tuned
-from overlapbench.analysis import Group
+from overlapbench import tuned
 from overlapbench.errors import UserError
 from overlapbench.report.cells import Cell
 from overlapbench.report.overview import column_order
+from overlapbench.tuning import analysis
+from overlapbench.tuning.analysis import Group
 
 # -- plot ----------------------------------------------------------------------------------
 

@@ -16,10 +16,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from overlapbench import analysis
 from overlapbench.errors import UserError
 from overlapbench.report.cells import Grid, Shown, text_cell
-from overlapbench.results import profile_name
+from overlapbench.tuning import analysis
+from overlapbench.tuning.results import profile_name
 
 KINDS = (  # a kernel's kind: the first whose keys its name contains (lower case)
     ("gemm", ("nvjet", "gemm", "cutlass", "xmma")),

@@ -12,9 +12,9 @@ import math
 import statistics
 from collections import defaultdict
 
-from overlapbench import analysis
 from overlapbench.errors import UserError
 from overlapbench.report.cells import Grid, text_cell
+from overlapbench.tuning import analysis
 
 
 def paired_batches(rows: list[dict]) -> dict[str, list[dict]]:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-from overlapbench import analysis, batches
-from overlapbench.analysis import Group, Measured, Store
 from overlapbench.errors import UserError, did_you_mean
-from overlapbench.knobs import show_value
 from overlapbench.report.cells import NOISY, Grid, Shown, fmt_ms, sensitivity_legend, text_cell
+from overlapbench.specs.knobs import show_value
+from overlapbench.tuning import analysis, batches
+from overlapbench.tuning.analysis import Group, Measured, Store
 
 # -- sensitivity: one strategy's knob grid at one token count -------------------------------
 

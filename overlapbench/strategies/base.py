@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from overlapbench.errors import UserError, did_you_mean, field_name
-from overlapbench.knobs import CTA_COMM, DEFAULT, SYMMETRIC_COMM, Knob
-from overlapbench.step import Step
+from overlapbench.specs.knobs import CTA_COMM, DEFAULT, SYMMETRIC_COMM, Knob
+from overlapbench.timing.step import Step
 
 if TYPE_CHECKING:
 
-    from overlapbench.overlap.schedule import Batch, LayerPlan
-    from overlapbench.runtime import BuildContext
+    from overlapbench.model.schedule import Batch, LayerPlan
+    from overlapbench.run.runtime import BuildContext
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class Strategy:
 
     @classmethod
     def plan(cls, knobs: dict, batch: Batch) -> LayerPlan | None:
-        """The layer's schedule at this batch (overlap/schedule.py): what `build` runs and
+        """The layer's schedule at this batch (model/schedule.py): what `build` runs and
         `predict` simulates; None where the strategy has none to give (predict skips it)."""
         return None
 

@@ -7,8 +7,8 @@ TensorRT-LLM run below their size limits), `nccl_symm` NCCL's symmetric kernels 
 
 from __future__ import annotations
 
-from overlapbench.knobs import ALLREDUCE, DEFAULT, NCCL_MAX_CTAS, NCCL_SYMM
-from overlapbench.overlap.schedule import LayerPlan, Rows, Transfer
+from overlapbench.model.schedule import LayerPlan, Rows, Transfer
+from overlapbench.specs.knobs import ALLREDUCE, DEFAULT, NCCL_MAX_CTAS, NCCL_SYMM
 from overlapbench.strategies import register
 from overlapbench.strategies.base import NcclStrategy, Step
 
@@ -44,8 +44,8 @@ class Baseline(NcclStrategy):
 
     @classmethod
     def build(cls, ctx, knobs):
-        from overlapbench.chunks import whole_batch
-        from overlapbench.layer import forward_stack
+        from overlapbench.model.chunks import whole_batch
+        from overlapbench.model.layer import forward_stack
         from overlapbench.overlap import reducers
 
         if knobs.get("allreduce", "nccl") != "nccl":

@@ -4,8 +4,8 @@ is one few-CTA symmetric-memory kernel that the row-parallel GEMMs write into di
 
 from __future__ import annotations
 
-from overlapbench.knobs import FUSED_COMM, comm_ctas
-from overlapbench.overlap.schedule import LayerPlan, Rows, comm_transfer
+from overlapbench.model.schedule import LayerPlan, Rows, comm_transfer
+from overlapbench.specs.knobs import FUSED_COMM, comm_ctas
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Needs, Step, Strategy
 
@@ -25,8 +25,8 @@ class FusedNorm(Strategy):
 
     @classmethod
     def build(cls, ctx, knobs):
-        from overlapbench.chunks import whole_batch
-        from overlapbench.layer import forward_stack
+        from overlapbench.model.chunks import whole_batch
+        from overlapbench.model.layer import forward_stack
         from overlapbench.overlap import reducers
 
         reducer = reducers.symmetric(ctx, knobs["comm_ctas"], knobs["comm"])

@@ -1,6 +1,6 @@
 """`iso` (ISO): cut every prefill sequence at the same fraction; chunk 1 holds the prefixes,
 chunk 2 the suffixes, whose attention reads the prefixes' keys and values (lower-right causal
-mask; overlapbench/attention.py). The KV buffer follows chunk 1's layout, so every suffix's
+mask; overlapbench/model/attention.py). The KV buffer follows chunk 1's layout, so every suffix's
 prefix attention is one ragged call. The overlap schedule is split.py's; only the cut lives here.
 
 A mixed batch's decode tokens are not cut: they go whole into chunk 1, at its front, where they
@@ -16,9 +16,9 @@ counts them in chunk 1.
 from __future__ import annotations
 
 from overlapbench.errors import UserError
-from overlapbench.knobs import COMM, NCCL_MAX_CTAS, comm_ctas
+from overlapbench.model.schedule import LayerPlan, SequenceParts, comm_transfer
 from overlapbench.overlap.balance import balanced_ratio
-from overlapbench.overlap.schedule import LayerPlan, SequenceParts, comm_transfer
+from overlapbench.specs.knobs import COMM, NCCL_MAX_CTAS, comm_ctas
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Knob, SplitStrategy
 
@@ -56,7 +56,7 @@ def chunks(seq_lens: tuple[int, ...], prefix: list[int], device, decode=None):
     """
     import torch
 
-    from overlapbench.chunks import decode_tokens, make_chunk, sequence_starts
+    from overlapbench.model.chunks import decode_tokens, make_chunk, sequence_starts
 
     d = decode_tokens(decode)
     kv_rows = sequence_starts(tuple(prefix))

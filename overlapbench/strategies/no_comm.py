@@ -4,7 +4,7 @@ and never a tuned choice."""
 
 from __future__ import annotations
 
-from overlapbench.overlap.schedule import LayerPlan, Rows, Transfer
+from overlapbench.model.schedule import LayerPlan, Rows, Transfer
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Step, Strategy
 
@@ -21,8 +21,8 @@ class NoComm(Strategy):
 
     @classmethod
     def build(cls, ctx, knobs):
-        from overlapbench.chunks import whole_batch
-        from overlapbench.layer import LocalReducer, forward_stack
+        from overlapbench.model.chunks import whole_batch
+        from overlapbench.model.layer import LocalReducer, forward_stack
 
         reducer = LocalReducer(ctx.eps)
         chunk = whole_batch(ctx.seq_lens, ctx.runtime.device, ctx.decode)

@@ -4,7 +4,7 @@ and the one that computes the micro workloads' reference."""
 
 from __future__ import annotations
 
-from overlapbench.knobs import NCCL_MAX_CTAS, NCCL_SYMM
+from overlapbench.specs.knobs import NCCL_MAX_CTAS, NCCL_SYMM
 from overlapbench.strategies import register
 from overlapbench.strategies.base import NcclStrategy, Needs
 

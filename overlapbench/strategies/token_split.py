@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 
 from overlapbench.errors import UserError
-from overlapbench.knobs import ALIGN, CHUNKS, COMM, NCCL_MAX_CTAS, comm_ctas
+from overlapbench.model.schedule import Batch, LayerPlan, Rows, comm_transfer
 from overlapbench.overlap.balance import balanced_rows
-from overlapbench.overlap.schedule import Batch, LayerPlan, Rows, comm_transfer
+from overlapbench.specs.knobs import ALIGN, CHUNKS, COMM, NCCL_MAX_CTAS, comm_ctas
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Knob, SplitStrategy
 
@@ -113,7 +113,7 @@ class TokenSplit(SplitStrategy):
 
     @classmethod
     def build(cls, ctx, knobs):
-        from overlapbench.chunks import token_range
+        from overlapbench.model.chunks import token_range
         from overlapbench.overlap import reducers
         from overlapbench.overlap.split import SplitPlan, split_step
 

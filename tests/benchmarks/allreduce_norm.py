@@ -22,7 +22,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapbench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from overlapbench.runtime import SAFE_ENV
+from overlapbench.run.runtime import SAFE_ENV
 
 os.environ.update(SAFE_ENV)  # before NCCL or symmetric memory start: no NVLink multicast, ever
 
@@ -34,10 +34,10 @@ from kernels.allreduce_norm import STEP_BYTES
 from kernels.allreduce_norm_pull import FUSED_KERNELS
 from kernels.copy_engine_norm import CopyEngineNorm
 from kernels.rmsnorm import fused_add_rmsnorm
-from overlapbench import runtime
 from overlapbench.comm.sizes import busbw
-from overlapbench.environment import git_commit
-from overlapbench.results import RunLog
+from overlapbench.run import runtime
+from overlapbench.run.environment import git_commit
+from overlapbench.tuning.results import RunLog
 
 EPS = 1e-5
 ENGINES = FUSED_KERNELS | {"ce": CopyEngineNorm.allocate}

@@ -1,5 +1,5 @@
 """Attention of a split against whole-sequence attention, on one GPU, through overlapbench's own
-attention path (overlapbench/attention.py).
+attention path (overlapbench/model/attention.py).
 
     python tests/benchmarks/attention_split.py --out bench-attention.jsonl
 
@@ -25,14 +25,15 @@ if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapben
 
 import torch
 
-from overlapbench import attention, attention_kernels, measure
-from overlapbench.chunks import KVBuffer, token_range, whole_batch
-from overlapbench.environment import git_commit
-from overlapbench.models import preset
+from overlapbench.model import attention, attention_kernels
+from overlapbench.model.chunks import KVBuffer, token_range, whole_batch
+from overlapbench.model.models import preset
 from overlapbench.overlap.balance import balanced_ratio
-from overlapbench.results import RunLog
+from overlapbench.run.environment import git_commit
 from overlapbench.strategies import iso
 from overlapbench.strategies.token_split import split_point
+from overlapbench.timing import measure
+from overlapbench.tuning.results import RunLog
 
 TP = 2
 

@@ -20,10 +20,11 @@ if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapben
 
 import torch
 
-from overlapbench import attention_kernels, measure
-from overlapbench.environment import git_commit
-from overlapbench.models import preset
-from overlapbench.results import RunLog
+from overlapbench.model import attention_kernels
+from overlapbench.model.models import preset
+from overlapbench.run.environment import git_commit
+from overlapbench.timing import measure
+from overlapbench.tuning.results import RunLog
 
 TP = 2
 

@@ -9,7 +9,7 @@ tiles), RMSNorm, residual add + RMSNorm. Each is timed from a CUDA graph (median
 GB/s counts the fewest bytes the piece must move (each input read once, each output written
 once), against which HBM's ~4.3-4.8 TB/s is the ceiling. With --gemms, also the layer's GEMMs
 one by one, ours (QKV, O, gate|up, down) and transformers' (q, k, v, o, gate, up, down), in
-TFLOP/s, and the 8192^3 GEMM's burst and sustained rates (overlapbench/peak.py).
+TFLOP/s, and the 8192^3 GEMM's burst and sustained rates (overlapbench/timing/peak.py).
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ import torch
 from kernels.rmsnorm import add_rmsnorm_reference, fused_add_rmsnorm, rmsnorm
 from kernels.rope import rope_qkv as rope_kernel
 from kernels.swiglu import swiglu as swiglu_kernel
-from overlapbench import environment, measure
-from overlapbench.activation import torch_swiglu
-from overlapbench.models import preset
-from overlapbench.norms import torch_rms_norm
-from overlapbench.results import RunLog
-from overlapbench.rope import RopeTable, torch_rope_qkv
+from overlapbench.model.activation import torch_swiglu
+from overlapbench.model.models import preset
+from overlapbench.model.norms import torch_rms_norm
+from overlapbench.model.rope import RopeTable, torch_rope_qkv
+from overlapbench.run import environment
+from overlapbench.timing import measure
+from overlapbench.tuning.results import RunLog
 
 CUDA = torch.device("cuda")
 
@@ -134,7 +135,7 @@ def main() -> None:
     common = {"device": torch.cuda.get_device_name(), "versions": environment.versions()} | log.stamp
     lines = []
     if args.gemms:
-        from overlapbench.peak import dense_peak
+        from overlapbench.timing.peak import dense_peak
 
         device_peak = dense_peak(CUDA)
         lines.append(f"8192^3 GEMM: {device_peak.burst_tflops} TFLOP/s burst, {device_peak.sustained_tflops} sustained")

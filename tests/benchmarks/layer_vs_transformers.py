@@ -38,15 +38,17 @@ if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapben
 
 import torch
 
-from overlapbench import attention, environment, flops, interleave, measure, peak, transformers_layer
-from overlapbench.chunks import whole_batch
 from overlapbench.errors import UserError, one_line
-from overlapbench.layer import LocalReducer, forward_stack
-from overlapbench.models import preset
-from overlapbench.norms import rms_norm
-from overlapbench.results import RunLog
-from overlapbench.rope import RopeTable
-from overlapbench.weights import build_stack, cast, random_input
+from overlapbench.model import attention, flops, transformers_layer
+from overlapbench.model.chunks import whole_batch
+from overlapbench.model.layer import LocalReducer, forward_stack
+from overlapbench.model.models import preset
+from overlapbench.model.norms import rms_norm
+from overlapbench.model.rope import RopeTable
+from overlapbench.model.weights import build_stack, cast, random_input
+from overlapbench.run import environment
+from overlapbench.timing import interleave, measure, peak
+from overlapbench.tuning.results import RunLog
 
 IMPLS = ("overlapbench", "hf_eager", "hf_compiled")
 REFERENCE = "hf_compiled"  # what rows' vs_compiled is against

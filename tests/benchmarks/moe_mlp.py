@@ -1,4 +1,4 @@
-"""The MoE MLP of one TP rank (overlapbench/moe.py) against a dense FFN of the same active FLOPs,
+"""The MoE MLP of one TP rank (overlapbench/model/moe.py) against a dense FFN of the same active FLOPs,
 on one GPU: what routing, sorting and the grouped GEMMs cost beyond the arithmetic.
 
     python tests/benchmarks/moe_mlp.py --out $OUT/bench-moe.jsonl
@@ -22,12 +22,13 @@ if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapben
 
 import torch
 
-from overlapbench import measure, moe
-from overlapbench.activation import swiglu
-from overlapbench.environment import git_commit
-from overlapbench.models import preset
-from overlapbench.results import RunLog
-from overlapbench.weights import build_stack
+from overlapbench.model import moe
+from overlapbench.model.activation import swiglu
+from overlapbench.model.models import preset
+from overlapbench.model.weights import build_stack
+from overlapbench.run.environment import git_commit
+from overlapbench.timing import measure
+from overlapbench.tuning.results import RunLog
 
 
 def parse_args() -> argparse.Namespace:

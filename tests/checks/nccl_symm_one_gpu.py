@@ -27,17 +27,18 @@ from pathlib import Path
 
 import torch
 
-from overlapbench import environment, micro, runtime, strategies
+from overlapbench import strategies
 from overlapbench.comm import buffers, paths
 from overlapbench.comm import run as comm_run
 from overlapbench.comm.cases import Case
-from overlapbench.knobs import DEFAULT
-from overlapbench.layer import reference_forward
-from overlapbench.measure import capture, rel_err
-from overlapbench.models import ModelShape
-from overlapbench.points import Gemm, Point
-from overlapbench.rope import RopeTable
-from overlapbench.weights import build_stack, random_input
+from overlapbench.model.layer import reference_forward
+from overlapbench.model.models import ModelShape
+from overlapbench.model.rope import RopeTable
+from overlapbench.model.weights import build_stack, random_input
+from overlapbench.run import environment, micro, runtime
+from overlapbench.specs.knobs import DEFAULT
+from overlapbench.specs.points import Gemm, Point
+from overlapbench.timing.measure import capture, rel_err
 
 SHAPE = ModelShape(hidden=512, ffn=1024, heads=8, kv_heads=4, head_dim=64)
 BYTES = 64 * 2**20

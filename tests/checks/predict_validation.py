@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from overlapbench.results import read_rows  # noqa: E402
+from overlapbench.tuning.results import read_rows
 
 
 def _key(row: dict) -> tuple:
@@ -62,7 +62,8 @@ def markdown(name: str, result: dict) -> str:
            f"90th percentile {result['p90_abs_error']:.4f}, worst {result['max_abs_error']:.4f}. "
            f"Picks: the same at {result['picks_same']} of {result['token_counts']} token counts, within the measured "
            f"noise at {result['picks_agree']}.", "",
-           "| tokens | measured pick | speedup | predicted pick | its measured speedup | agrees |", "|---:|---|---:|---|---:|---|"]
+           "| tokens | measured pick | speedup | predicted pick | its measured speedup | agrees |",
+           "|---:|---|---:|---|---:|---|"]
     for p in result["picks"]:
         agree = "same" if p["same"] else ("within noise" if p["within_noise"] else "no")
         out.append(f"| {p['tokens']} | {p['measured_pick']} | {p['measured_speedup']:.3f} | {p['predicted_pick']} | "

@@ -22,7 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from overlapbench.report.rounds import paired_batches
-from overlapbench.results import read_rows
+from overlapbench.tuning.results import read_rows
 
 
 def predecessor_effects(members: list[dict], warm: int, queued_dropped: bool) -> tuple[dict[int, float], float, float]:

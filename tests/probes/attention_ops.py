@@ -2,7 +2,7 @@
 
     python tests/probes/attention_ops.py --out $OUT
 
-Establishes what overlapbench/attention.py relies on, printing what failed with the exception
+Establishes what overlapbench/model/attention.py relies on, printing what failed with the exception
 text instead of stopping:
   1. environment: torch / cuDNN versions, flash-attention impls, the varlen module;
   2. which SDPA backend runs (forced one by one, and the kernels the default picks) for a causal
@@ -12,7 +12,7 @@ text instead of stopping:
      varlen, varlen_attn, nested-jagged SDPA): whether K/V with fewer heads go in as they are,
      the mask alignment of is_causal with q_len != kv_len, and the shape, strides, dtype and base
      of the log-sum-exp they return, each checked against a float32 reference;
-  3b. what overlapbench/attention.py picks here, and its token_split / iso chunks (batches of
+  3b. what overlapbench/model/attention.py picks here, and its token_split / iso chunks (batches of
      unequal sequences: the ragged calls) against the reference, eager and from a CUDA graph;
   4. timings (CUDA events, median of 20 after warm-up) at 4K..32K tokens, llama3-70b and
      llama3-8b TP=2 heads: whole causal attention, today's chunk-2 path, the two cuDNN calls
@@ -39,8 +39,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-from overlapbench.environment import git_commit
-from overlapbench.results import RunLog
+from overlapbench.run.environment import git_commit
+from overlapbench.tuning.results import RunLog
 
 D = 128
 HEADS = {"llama3-70b": (32, 4), "llama3-8b": (16, 4)}  # (q heads, kv heads) per rank at TP=2
@@ -358,8 +358,8 @@ def ragged(model: str, hq: int, hkv: int, scale: float) -> None:
 
 
 def overlapbench_path_for(model: str, hq: int, hkv: int) -> None:
-    from overlapbench import attention, attention_kernels
-    from overlapbench.chunks import KVBuffer, sequence_starts, token_range
+    from overlapbench.model import attention, attention_kernels
+    from overlapbench.model.chunks import KVBuffer, sequence_starts, token_range
     from overlapbench.strategies import iso
 
     attempt("ours", f"{model} select", lambda hq=hq, hkv=hkv: {
@@ -415,7 +415,7 @@ def overlapbench_path_for(model: str, hq: int, hkv: int) -> None:
 
 
 def overlapbench_path() -> None:
-    """What overlapbench.attention picks here, and its split chunks against the reference, eager
+    """What overlapbench.model.attention picks here, and its split chunks against the reference, eager
     and replayed from a CUDA graph (iso's batch: the ragged calls)."""
 
     for model, (hq, hkv) in HEADS.items():

@@ -32,9 +32,9 @@ import torch
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from overlapbench.environment import git_commit
-from overlapbench.measure import capture
-from overlapbench.results import new_run_id
+from overlapbench.run.environment import git_commit
+from overlapbench.timing.measure import capture
+from overlapbench.tuning.results import new_run_id
 
 
 def parse_args() -> argparse.Namespace:

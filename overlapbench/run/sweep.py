@@ -1,0 +1,307 @@
+"""The point loop, on every rank: build the workload, check each strategy, time it, store a row."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import gc
+import itertools
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Column
+
+from overlapbench import printing, strategies
+from overlapbench.model import attention, flops
+from overlapbench.run import environment, runtime
+from overlapbench.run.watchdog import Watchdog, interrupt_on_sigterm
+from overlapbench.run.workload import Workload, build_workload, reference_setting
+from overlapbench.specs.points import Point
+from overlapbench.specs.spec import SweepSpec
+from overlapbench.timing import interleave, measure, paired, peak
+from overlapbench.timing.phases import PointFailed, out_of_memory
+from overlapbench.timing.phases import phase as _phase
+from overlapbench.tuning import analysis, results
+from overlapbench.tuning.results import SCHEMA
+
+
+def _skip_reason(cls: type[strategies.Strategy], rt: runtime.Runtime, point: Point) -> str | None:
+    if point.workload not in cls.needs.workloads:
+        return f"{cls.name} does not run the {point.workload} workload"
+    if cls.needs.cuda and not rt.is_cuda:
+        return f"{cls.name} needs CUDA GPUs"
+    if cls.needs.min_world_size > rt.world_size:
+        return f"{cls.name} needs at least {cls.needs.min_world_size} ranks"
+    reason = cls.skip_reason(point.knobs, rt.is_cuda)
+    if reason is None and cls.uses_nccl_windows(point.knobs):
+        reason = rt.nccl_windows_unavailable()  # collective the first time: every rank builds the same points
+    return reason
+
+
+def prepare_point(rt: runtime.Runtime, point: Point, work: Workload, spec: SweepSpec, capture: bool = False,
+                  crowded: bool = False, status: Callable[[str], None] = lambda phase: None) -> paired.Prepared | dict:
+    """Build the point's step and check its output against the reference; with `capture`, also
+    capture what a timed iteration runs (`crowded`: a capture that runs out of memory fails the
+    point rather than fall back to eager, see paired.Prepare). A Prepared, or the point's final
+    result (skipped, failed). `status` hears each phase's name as it starts (the progress line)."""
+    cls = strategies.get(point.strategy)
+    reason = _skip_reason(cls, rt, point)
+    if reason:
+        return {"status": "skipped", "error": reason}
+    if work.reference is None:
+        return {"status": "failed", "error": work.reference_error}
+    is_reference = (point.strategy, point.knobs) == reference_setting(point.workload)
+    checked = cls.is_checked(point.knobs)
+    tolerance = spec.tolerance(point.dtype)
+    fields = {"rel_err": None, "tolerance": tolerance, "checked": checked, "attention": None,
+              "check": "baseline" if work.truth is None else "fp32"}
+    try:
+        with attention.recording() as ran:  # which attention kernels this strategy's forward runs
+            status("building")
+            step = _phase(rt, lambda: cls.build(work.ctx, point.knobs))
+            status("checking")
+            out = _phase(rt, lambda: step.to_full(step.forward(work.x)))
+        fields["attention"] = attention.describe(ran)
+        if checked and (not is_reference or work.truth is not None):
+            fields["rel_err"], fields["tolerance"] = work.check(out, rt, tolerance)
+        del out
+        tolerance = fields["tolerance"]
+        if fields["rel_err"] is not None and not fields["rel_err"] <= tolerance:
+            error = f"wrong result: rel_err {fields['rel_err']:.3g} > tolerance {tolerance:g}"
+            return fields | {"status": "failed", "error": error}
+        run = lambda: step.forward(work.x)
+        if capture:
+            run, graphs, graph_error = _phase(rt, lambda: measure.runner(step, work.x, spec.measure.graphs))
+            if crowded:
+                _phase(rt, lambda: _raise_out_of_memory(graph_error))  # every rank learns it was memory
+            fields |= {"graphs": graphs, "graph_error": graph_error}
+    except PointFailed as failure:
+        return fields | failure.result
+    return paired.Prepared(point, run, fields, step)
+
+
+def _raise_out_of_memory(capture_error: str | None) -> None:
+    if capture_error is not None and out_of_memory({"status": "failed", "error": capture_error}):
+        raise torch.OutOfMemoryError(f"capture: {capture_error}")
+
+
+def measure_point(rt: runtime.Runtime, point: Point, work: Workload, spec: SweepSpec, profile_dir: Path | None = None,
+                  status: Callable[[str], None] = lambda phase: None) -> dict:
+    """Build, check, then time one point on its own; the result fields of its row (the same on every rank)."""
+    prepared = prepare_point(rt, point, work, spec, status=status)
+    if isinstance(prepared, dict):
+        return prepared
+    step, fields = prepared.step, prepared.fields
+    del prepared
+    try:
+        m = spec.measure
+        status("timing")
+        timing = _phase(rt, lambda: measure.time_step(step, work.x, m.warmup, m.iters, m.graphs, m.warmup_s, m.min_time_s))
+        failure = _profile(rt, point, step, work, profile_dir)
+        if failure is not None:
+            return fields | failure
+    except PointFailed as failure:
+        return fields | failure.result
+    per_layer = [s / point.layers for s in timing.samples_ms]
+    return fields | measure.summarize(per_layer) | {
+        "status": "ok",
+        "error": None,
+        "samples_ms": [round(s, 6) for s in per_layer],
+        "graphs": timing.graphs,
+        "graph_error": timing.graph_error,
+        "timing": "sequential",
+    }
+
+
+def _profile(rt: runtime.Runtime, point: Point, step, work: Workload, profile_dir: Path | None) -> dict | None:
+    """With --profile on GPUs, a kernel table of the point; a failure as a result, else None."""
+    if profile_dir is None or not rt.is_cuda:
+        return None
+    name = results.profile_name(point.strategy, point.tokens, point.knobs, point.decode.as_dict() if point.decode else None)
+    path = profile_dir / f"{name}.txt" if rt.rank == 0 else None
+    try:
+        _phase(rt, lambda: measure.profile_step(step, work.x, path))
+    except PointFailed as failure:
+        return failure.result
+    return None
+
+
+def measure_batch(rt: runtime.Runtime, todo: list[Point], work: Workload, spec: SweepSpec, pairing: str,
+                  watchdog: Watchdog, profile_dir: Path | None = None):
+    """The batch's points timed interleaved (paired.py): (point, result) as groups finish."""
+    if work.reference is None:  # the batch could not be built: each point says why (or why it is skipped)
+        return ((point, prepare_point(rt, point, work, spec)) for point in todo)
+    name, knobs = reference_setting(todo[0].workload)
+    reference = dataclasses.replace(todo[0], strategy=name, knobs=knobs)
+    m = spec.measure
+    plan = interleave.Plan(m.span_ms, m.rounds, m.ci_target, m.warmup_s, seed=todo[0].seed,
+                           iters=m.iters, min_time_s=m.min_time_s, budget_factor=m.time_factor)
+
+    def prepare(point: Point, crowded: bool):
+        return prepare_point(rt, point, work, spec, capture=True, crowded=crowded)
+
+    def profile(c: paired.Prepared) -> dict | None:
+        return _profile(rt, c.point, c.step, work, profile_dir)
+
+    return paired.measure_batch(rt, todo, reference, prepare, plan, pairing, watchdog.guard, profile)
+
+
+def make_row(point: Point, result: dict, run_id: str, env: dict, spec: SweepSpec) -> dict:
+    row = {
+        "schema": SCHEMA,
+        "run_id": run_id,
+        "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "spec": point.spec,
+        "key": point.key(),
+        "status": result["status"],
+        "error": result.get("error"),
+        "workload": point.workload,
+        "gemm": asdict(point.gemm) if point.gemm else None,  # a micro workload's N, K
+        "strategy": point.strategy,
+        "knobs": point.knobs,
+        "model": point.model,
+        "shape": point.shape.as_dict(),
+        "layers": point.layers,
+        "dtype": point.dtype,
+        "batch": list(point.batch),  # the prefill sequences
+        "decode": point.decode.as_dict() if point.decode else None,  # a mixed batch's decode tokens
+        "tokens": point.tokens,  # prefill plus decode tokens
+        "tp": point.tp,
+        "seed": point.seed,
+        "world_size": env["world_size"],
+        "device": env["device"],
+        "backend": env["backend"],
+        "hosts": env["hosts"],
+        "nodes": env["nodes"],
+        "ranks": env["ranks"],
+        "gpus_per_host": env["gpus_per_host"],
+        "versions": env["versions"],
+        "git": env["git"],
+        "multicast_env": env["multicast_env"],
+        "warmup": spec.measure.warmup,
+        "warmup_s": spec.measure.warmup_s,
+        "min_time_s": spec.measure.min_time_s,
+        "iters": result.get("iters") or (len(result["samples_ms"]) if result.get("samples_ms") else spec.measure.iters),
+        "span_ms": spec.measure.span_ms if result.get("timing") == "interleaved" else None,
+    }
+    # checked: the output equals baseline's within tolerance (baseline itself: the reference);
+    # check: what rel_err is measured against, "baseline" or "fp32" (measure.check; the truth);
+    # False for bounds that are not correct results (no_comm, comm=none): never a tuned choice.
+    # Interleaved timing (results.py): samples_ms per round, round_ids, pairing, speedup, speedup_ci.
+    # attention: the attention kernels the forward ran ("cudnn", "cudnn+lse_merge", "sdpa", "math", ...),
+    # so a slow strategy can be told from a slow kernel without a profile; None without attention.
+    for key in ("ms", "p10_ms", "p90_ms", "iqr_ms", "cv", "graphs", "graph_error", "rel_err", "tolerance", "check", "checked",
+                "attention", "timing", "speedup", "speedup_ci", "pairing", "round_ids", "samples_ms"):
+        row[key] = result.get(key)
+    if point.workload == analysis.LAYER:  # flops, tflops, peak_frac and the device's peak (overlapbench/model/flops.py)
+        row |= flops.row_fields(point.shape, point.tp, point.batch, point.decode, row["ms"], env.get("peak"))
+    return row
+
+
+def _describe(point: Point) -> str:
+    """`strategy tokens=N knob=value ...`; knobs left unset (null) are not shown."""
+    knobs = " ".join(f"{k}={v}" for k, v in point.knobs.items() if v is not None)
+    decode = f" decode={point.decode.tokens}@{point.decode.context}" if point.decode else ""
+    return f"{point.strategy} tokens={point.tokens}{decode} {knobs}".strip()
+
+
+def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = None) -> int:
+    """The sweep on this rank; returns the number of rows written. The runtime is closed however
+    the sweep ends (runtime.session), so NCCL windows never outlive their communicators."""
+    with runtime.session(spec.measure.timeout_s, nccl_tuning_log=spec.comm is not None) as rt:  # comm rows: NCCL's kernel
+        return _run(rt, spec, output, resume, profile_dir)
+
+
+def _run(rt: runtime.Runtime, spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None) -> int:
+    interrupt_on_sigterm()
+    watchdog = Watchdog(spec.measure.timeout_s, rt.rank)
+    console = printing.console(quiet=rt.rank != 0)
+    env = environment.run_environment(rt) | {"peak": peak.dense_peak(rt.device)}  # rows' peak_frac: against it
+    points = spec.points(rt.world_size, rt.is_cuda)
+
+    store, done, run_id = results.open_on_ranks(output, resume, rt.rank, spec.name)
+    todo = [p for p in points if p.key() not in done]
+    if done:
+        console.print(f"resuming {output}: {len(points) - len(todo)} of {len(points)} points already done")
+    console.print(_header(spec, len(todo), rt, output))
+    max_tokens = max(p.tokens for p in points)
+
+    written = 0
+    # The status line stays 2 columns short of the terminal: the ^C a terminal echoes then never
+    # wraps it onto a second line, which the display would not know to clear when it stops.
+    status_console = printing.console(quiet=rt.rank != 0, width=max(40, console.width - 2))
+    description = Column(no_wrap=True, overflow="ellipsis")  # the phase first, then the point, cut at the end
+    columns = (TextColumn("{task.description}", markup=False, table_column=description), BarColumn(bar_width=20),
+               MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("eta"), TimeRemainingColumn())
+    try:
+        with Progress(*columns, console=status_console, transient=True) as progress:
+            task = progress.add_task("sweep", total=len(todo))
+            stacks: dict = {}  # the current shape's layer stack (workload.weights)
+            for batch, (_, group) in enumerate(itertools.groupby(todo, key=lambda p: p.workload_key)):
+                group = list(group)
+                first = group[0]
+                progress.update(task, description=f"building the workload: {first.tokens} tokens", refresh=True)
+                with watchdog.guard(f"building the workload of {_describe(first)}"):
+                    truth = spec.measure.checks_against_fp32(first.tp, first.shape.moe, first.dtype)
+                    work = build_workload(rt, first, stacks, max_tokens, truth)
+                if spec.measure.interleaved(rt.is_cuda):
+                    progress.update(task, description=f"{first.tokens} tokens: {len(group)} points interleaved", refresh=True)
+                    measured = measure_batch(rt, group, work, spec, f"{run_id}/{batch}", watchdog, profile_dir)
+                else:
+                    measured = _one_by_one(rt, group, work, spec, watchdog, profile_dir, progress, task)
+                for point, result in measured:
+                    if store is not None:
+                        store.append(make_row(point, result, run_id, env, spec))
+                        written += 1
+                    progress.advance(task)
+                    progress.console.print(_summary_line(point, result, progress.tasks[0]))
+                    _release(rt)
+                del work, measured
+                _release(rt)
+        if spec.comm is not None:  # the study's collective microbenchmarks, into the same store
+            from overlapbench.comm.run import run_in_sweep
+
+            written += run_in_sweep(rt, spec, store, done, run_id, env, console)
+    finally:
+        if store is not None:
+            store.close()
+    console.print(printing.styled((f"wrote {written} rows to {output}", "bold"), f" (run {run_id})"))
+    return written
+
+
+def _one_by_one(rt, group, work, spec, watchdog, profile_dir, progress, task):
+    """The sequential mode: each point built, checked and timed on its own."""
+    for point in group:
+        def status(phase: str, point: Point = point) -> None:  # what runs within a long point
+            progress.update(task, description=f"{phase}: {_describe(point)}", refresh=True)
+
+        with watchdog.guard(f"point '{_describe(point)}'"):
+            result = measure_point(rt, point, work, spec, profile_dir, status)
+        yield point, result
+
+
+def _release(rt: runtime.Runtime) -> None:
+    gc.collect()
+    if rt.is_cuda:
+        torch.cuda.empty_cache()
+
+
+def _header(spec: SweepSpec, count: int, rt: runtime.Runtime, out: Path):
+    """What is about to run: points, processes, where the rows go."""
+    where = "GPUs" if rt.is_cuda else "CPU processes"
+    return printing.styled((spec.name, "bold"), f": {count} points on {rt.world_size} {where} ({rt.backend}); rows go to {out}")
+
+
+def _summary_line(point: Point, result: dict, task=None):
+    """One finished point: `  [k/N]      ok strategy tokens=... knobs: 0.1234 ms/layer ...`."""
+    total = int(task.total) if task is not None else 0
+    count = f"  [{int(task.completed):>{len(str(total))}}/{total}]" if task is not None else " "
+    if result["status"] != "ok":
+        return printing.styled(count, (f" {result['status']:>7}", "yellow"), f" {_describe(point)}: {result['error']}")
+    err = "" if result.get("rel_err") is None else f" err {result['rel_err']:.1e}"
+    timing = f" {_describe(point)}: {result['ms']:.4f} ms/layer cv {result['cv']:.1%}{err}"
+    return printing.styled(count, (f" {'ok':>7}", "green"), timing)

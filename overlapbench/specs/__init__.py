@@ -1,0 +1,1 @@
+"""Sweep specs: YAML -> validated sections, knobs and points (quick.yaml: the built-in demo)."""

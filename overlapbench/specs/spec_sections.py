@@ -1,0 +1,247 @@
+"""The sections of a sweep spec that stand alone: `measure` (how points are timed and checked),
+`strategies` (each strategy's knob grid) and `comm` (the collective microbenchmarks after the
+layer points), each validated beside its dataclass so a field's rule is found next to the field;
+and the field checks the other spec modules share. No torch at import."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+from overlapbench import strategies
+from overlapbench.comm.paths import DEFAULT_PATHS as COMM_DEFAULT_PATHS
+from overlapbench.comm.paths import OPS as COMM_OPS
+from overlapbench.comm.paths import PATHS as COMM_PATHS
+from overlapbench.comm.paths import PATHS_BY_OP
+from overlapbench.comm.sizes import comm_sizes
+from overlapbench.errors import UserError, did_you_mean, field_name, reject_unknown_keys, shown
+
+CHECKS = ("auto", "baseline", "fp32")  # measure.check
+
+
+def positive_int(value: Any, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise UserError(f"{where}: must be a positive integer, got {shown(value)}")
+    return value
+
+
+def listed(value: Any, where: str) -> tuple:
+    """A YAML list, a scalar, or a comma-separated string, as a tuple without duplicates."""
+    if isinstance(value, str):
+        value = [int(s) if s.strip().isdigit() else s.strip() for s in value.split(",") if s.strip()]
+    items = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+    if not items:
+        raise UserError(f"{where}: empty; give at least one value")
+    repeated = [v for i, v in enumerate(items) if v in items[:i]]
+    if repeated:
+        raise UserError(f"{where}: {shown(repeated[0])} is listed twice; remove the duplicate")
+    return items
+
+
+def named(value: Any, allowed: tuple[str, ...], where: str) -> tuple[str, ...]:
+    items = listed(value, where)
+    for item in items:
+        if item not in allowed:
+            raise UserError(f"{where}: unknown {shown(item)}{did_you_mean(item, allowed)}; known: {', '.join(allowed)}")
+    return items
+
+
+@dataclass(frozen=True)
+class Measure:
+    """How each point is timed and checked."""
+
+    warmup: int = 10
+    iters: int = 50
+    warmup_s: float = 0.5  # and at least this long: GPU clocks settle before timing
+    min_time_s: float = 1.0  # timed iterations run at least this long (more iterations for small points)
+    graphs: bool = True
+    tolerance: float | None = None  # None: by dtype (spec.DEFAULT_TOLERANCE)
+    timeout_s: int = 300  # per point, and the process-group timeout: a hung point stops the sweep by then
+    # Interleaved timing (interleave.py): a batch's candidates in rounds, each for `span_ms` per
+    # round, until each speedup's 95% interval is within +-`ci_target` (at most `rounds` rounds,
+    # and at most `time_factor` x the time the sequential mode would time them: iters, min_time_s).
+    interleave: bool | str = "auto"  # auto: on GPUs; on CPU the sequential mode (fast tests)
+    # On an H200 the paired ratio at spans of 10-25 ms matched 1 s runs within 0.1%, longer spans
+    # strayed by up to 0.8% (results/h200x2/probes/probe_clock.log): with no idle gap the clock
+    # stays in its sustained regime, and short spans pair candidates closer in time.
+    span_ms: float = 20.0
+    # On 2x H200, rounds' log ratios to the reference spread by 2.4-3.4% at 1-8K tokens (0.8-1.3%
+    # above) while the ranks' lag from the candidate before counted in; with it kept out
+    # (interleave.py), 1.8-2.7%, and 5x the sequential time, 400 rounds at most, brought every
+    # interval at >= 4K tokens within +-0.5%, at 1.55x the sequential wall time
+    # (results/h200x2/3b4da9f/check-paired.txt, round-spread.txt).
+    rounds: int = 400
+    ci_target: float = 0.005
+    time_factor: float = 5.0
+    # What a point's output is checked against: `baseline`'s output within `tolerance`, or
+    # (fp32) the truth, baseline's arithmetic in fp32 on the same rounded weights and input, within
+    # max(tolerance, 2 x baseline's own distance from it). Two correct bf16 schedules differ by
+    # their rounding, which grows with the ranks summed (7.5e-3 at TP=4 against 1e-2) and jumps
+    # where a token's top-k experts flip; the truth measures each against what it approximates.
+    # auto: fp32 at tp >= 8 and for MoE shapes in bf16/fp16, else baseline.
+    check: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) or self.warmup < 0:
+            raise UserError(f"measure.warmup: must be an integer >= 0, got {shown(self.warmup)}")
+        positive_int(self.iters, "measure.iters")
+        for name in ("warmup_s", "min_time_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 600:
+                raise UserError(f"measure.{name}: must be a number of seconds in [0, 600], got {shown(value)}")
+        positive_int(self.timeout_s, "measure.timeout_s")
+        if not isinstance(self.graphs, bool):
+            raise UserError(f"measure.graphs: must be true or false, got {shown(self.graphs)}")
+        if self.tolerance is not None and (
+            not isinstance(self.tolerance, (int, float))
+            or isinstance(self.tolerance, bool)
+            or not self.tolerance > 0
+        ):
+            raise UserError(f"measure.tolerance: must be a positive number, got {shown(self.tolerance)}")
+        if self.check not in CHECKS:
+            raise UserError(f"measure.check: must be one of {', '.join(CHECKS)}, got {shown(self.check)}")
+        if self.interleave not in (True, False, "auto"):
+            raise UserError(f"measure.interleave: must be true, false or auto, got {shown(self.interleave)}")
+        positive_int(self.rounds, "measure.rounds")
+        for name, top in (("span_ms", 60_000), ("ci_target", 1), ("time_factor", 100)):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= top:
+                raise UserError(f"measure.{name}: must be a number in (0, {top}], got {shown(value)}")
+
+    def checks_against_fp32(self, tp: int, moe: bool, dtype: str) -> bool:
+        """Whether points are checked against the fp32 truth (see `check`), not baseline's output."""
+        if self.check == "auto":
+            return dtype != "fp32" and (tp >= 8 or moe)
+        return self.check == "fp32"
+
+    def interleaved(self, cuda: bool) -> bool:
+        """Whether a batch's candidates are timed interleaved (else one after the other)."""
+        return cuda if self.interleave == "auto" else bool(self.interleave)
+
+    @classmethod
+    def from_yaml(cls, data: Any) -> Measure:
+        if data is None:
+            return cls()
+        if not isinstance(data, dict):
+            raise UserError(f"measure: must be a mapping of settings, got {type(data).__name__}")
+        reject_unknown_keys(data, [f.name for f in fields(cls)], "measure")
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class StrategyGrid:
+    """One strategy with a grid of knob settings (lists expand as a Cartesian product)."""
+
+    name: str
+    grid: dict[str, tuple]
+    where: str  # the spec field it came from, for error messages
+
+    def settings(self) -> list[dict]:
+        """Every knob combination, validated and with defaults filled in."""
+        cls = strategies.get(self.name)
+        where = self.where
+        names = list(self.grid)
+        combos = itertools.product(*(self.grid[n] for n in names)) if names else [()]
+        out, seen = [], set()
+        for combo in combos:
+            knobs = cls.check_knobs(dict(zip(names, combo)), where)
+            key = json.dumps(knobs, sort_keys=True)
+            if key not in seen:  # knobs that do not apply to a setting are reset: one point
+                seen.add(key)
+                out.append(knobs)
+        return out
+
+
+def _grid(name: str, knobs: Any, where: str) -> StrategyGrid:
+    if not isinstance(knobs, dict):
+        raise UserError(f"{where}: must map knob names to values or lists of values")
+    grid = {}
+    for knob, values in knobs.items():
+        values = tuple(values) if isinstance(values, list) else (values,)
+        if not values:
+            raise UserError(f"{where}.{knob}: empty list; give at least one value")
+        repeated = [v for i, v in enumerate(values) if v in values[:i]]
+        if repeated:
+            raise UserError(f"{where}.{knob}: {shown(repeated[0])} is listed twice; remove the duplicate")
+        grid[knob] = values
+    return StrategyGrid(name, grid, where)
+
+
+def strategy_grids(data: Any) -> tuple[StrategyGrid, ...]:
+    """{strategy: grid} or {strategy: [grid, grid, ...]} (grids expand separately), or names."""
+    if isinstance(data, list):
+        if not all(isinstance(name, str) for name in data):
+            raise UserError("strategies: a list of strategies must hold names, e.g. [baseline, no_comm]")
+        data = {name: {} for name in data}
+    if not isinstance(data, dict) or not data:
+        raise UserError(
+            "strategies: must be a non-empty mapping {strategy: {knob: value or [values]}} "
+            "or a list of strategy names"
+        )
+    grids = []
+    for name, knobs in data.items():
+        where = f"strategies.{field_name(name)}"
+        if not isinstance(name, str):
+            raise UserError(f"{where}: a strategy name must be a string")
+        strategies.get(name, where)
+        if isinstance(knobs, list):
+            if not knobs:
+                raise UserError(f"{where}: empty list of grids; give at least one {{knob: values}}")
+            grids += [_grid(name, k or {}, f"{where}[{i}]") for i, k in enumerate(knobs)]
+        else:
+            grids.append(_grid(name, knobs or {}, where))
+    return tuple(grids)
+
+
+@dataclass(frozen=True)
+class CommSpec:
+    """Collective microbenchmarks (`overlapbench comm`, overlapbench/comm.py) that a study runs
+    after its layer points, into the same results file."""
+
+    ops: tuple[str, ...]
+    paths: tuple[str, ...]
+    sizes: tuple[int, ...]  # bytes
+    nccl_max_ctas: tuple  # NCCL CTA budgets: "default" or ints
+    comm_ctas: tuple[int, ...]  # the fused kernel's CTA budgets
+    hidden: int | None = None  # fused_norm measures rows x hidden; None: the study's hidden
+
+    KEYS = ("ops", "paths", "sizes", "nccl_max_ctas", "comm_ctas", "hidden")
+    DEFAULT_NCCL_MAX_CTAS = (strategies.DEFAULT, 4, 8, 16, 32)
+    DEFAULT_COMM_CTAS = (1, 2, 4, 8, 16, 32, 64)
+
+    @classmethod
+    def build(cls, *, ops: Any, paths: Any, sizes: tuple[int, ...], nccl_max_ctas: Any, comm_ctas: Any,
+              hidden: Any, name: Callable[[str], str]) -> CommSpec:
+        """Validated; `name(field)` is how an error names a field (comm.ops in a spec, --ops on
+        the command line)."""
+        from overlapbench.specs.knobs import NCCL_MAX_CTAS
+        from overlapbench.specs.knobs import comm_ctas as comm_ctas_knob
+
+        ops, paths = named(ops, COMM_OPS, name("ops")), named(paths, COMM_PATHS, name("paths"))
+        if not any(p in paths for op in ops for p in PATHS_BY_OP[op]):
+            runs = "; ".join(f"{op}: {', '.join(PATHS_BY_OP[op])}" for op in ops)
+            raise UserError(f"{name('paths')}: none of {', '.join(paths)} runs the chosen ops ({runs})")
+        budget = comm_ctas_knob("comm_ctas", "")
+        nccl = tuple(NCCL_MAX_CTAS.check(v, name("nccl_max_ctas")) for v in listed(nccl_max_ctas, name("nccl_max_ctas")))
+        fused = tuple(budget.check(v, name("comm_ctas")) for v in listed(comm_ctas, name("comm_ctas")))
+        if hidden is not None:
+            positive_int(hidden, name("hidden"))
+        return cls(ops, paths, tuple(sizes), nccl, fused, hidden)
+
+    @classmethod
+    def from_yaml(cls, data: Any, cuda: bool) -> CommSpec:
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise UserError(f"comm: must be a mapping with any of {', '.join(cls.KEYS)} ({{}} for the defaults)")
+        reject_unknown_keys(data, cls.KEYS, "comm")
+        return cls.build(
+            ops=data.get("ops", COMM_OPS), paths=data.get("paths", COMM_DEFAULT_PATHS),
+            sizes=comm_sizes(data.get("sizes"), cuda, "comm.sizes"),
+            nccl_max_ctas=data.get("nccl_max_ctas", cls.DEFAULT_NCCL_MAX_CTAS),
+            comm_ctas=data.get("comm_ctas", cls.DEFAULT_COMM_CTAS), hidden=data.get("hidden"),
+            name=lambda field: f"comm.{field}",
+        )

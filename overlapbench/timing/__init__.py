@@ -1,0 +1,1 @@
+"""Timing a step: the Step contract, CUDA graphs and events, paired and interleaved rounds, the device's peak."""

@@ -1,0 +1,223 @@
+"""Interleaved timing: a batch's candidates in rounds, so that clock drift hits them all alike.
+
+GPU clocks wander by a few percent over hundreds of milliseconds. Timed one after the other,
+two candidates meet different clocks; timed in the same round, they meet the same one, and the
+ratio of their times in that round is free of the drift. Each round replays every active
+candidate back to back for about `span_ms` (long enough for the sustained clock regime), in a
+fresh random order that every rank draws alike (one seeded RNG). Before each candidate the ranks
+meet in a device-side barrier (`align`), and its span is timed from there: a candidate that never
+syncs the ranks (no_comm) leaves them apart by a millisecond or so, and the first collective of
+the next one would otherwise count that wait into its time (on 2x H200 the candidate after
+no_comm came out 2.3-4% slow on average at 1-8K tokens: tests/checks/round_order_effects.py). The host queues round
+r+1 before it waits for round r: the device never idles between candidates or rounds, and the
+host syncs once per round.
+
+A candidate's speedup is the trimmed geometric mean over rounds of t_reference / t in the same
+round (analysis.paired_estimate), with a 95% bootstrap interval over rounds. A candidate leaves
+once that interval is within +-`ci_target` of its speedup (after `min_rounds`), and the round
+already queued when it left does not count (it would move the interval it left with); the reference
+stays to the end. Rounds stop at the plan's budget of time. Everything
+device-specific is in the `Clock` and the `agree` and `align` functions, so the scheduler runs
+on a fake clock, and fake ranks, in the tests.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from overlapbench.tuning.analysis import paired_ci, paired_estimate
+
+
+class Clock(Protocol):
+    """Marks on the device's timeline: where the work queued so far ends."""
+
+    def mark(self) -> Any: ...
+
+    def elapsed_ms(self, start: Any, end: Any) -> float: ...
+
+    def wait(self, mark: Any) -> None:
+        """Block the host until the work before `mark` is done."""
+
+
+class WallClock:
+    """CPU: work runs as it is issued, so a mark is the host's time."""
+
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def elapsed_ms(self, start: float, end: float) -> float:
+        return (end - start) * 1e3
+
+    def wait(self, mark: float) -> None:
+        pass
+
+
+class CudaClock:
+    """GPU: CUDA events on the current stream."""
+
+    def mark(self):
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def elapsed_ms(self, start, end) -> float:
+        return start.elapsed_time(end)
+
+    def wait(self, mark) -> None:
+        mark.synchronize()
+
+
+@dataclass(frozen=True)
+class Plan:
+    span_ms: float  # per candidate per round
+    max_rounds: int
+    ci_target: float  # a candidate leaves when its interval's half-width is within this share of its speedup
+    warmup_s: float = 0.0  # whole rounds, untimed, first: the clock reaches the interleaved regime
+    min_rounds: int = 10  # before a candidate may leave: percentile intervals of fewer rounds are too narrow
+    seed: int = 0
+    # The time the sequential mode would time each candidate (max(iters x its iteration,
+    # min_time_s)); rounds stop once they have taken `budget_factor` times that, summed over the
+    # candidates. The budget is of time, not of rounds: once the quiet candidates have left,
+    # rounds of the reference and the noisy ones cost less, and the time left goes to them.
+    iters: int = 0
+    min_time_s: float = 0.0
+    budget_factor: float = 3.0
+
+    def budget_ms(self, per_iter_ms: Sequence[float]) -> float:
+        """The timed milliseconds the rounds may take (inf where the plan sets no budget)."""
+        budget = self.budget_factor * sum(max(self.iters * p, self.min_time_s * 1e3) for p in per_iter_ms)
+        return budget if budget > 0 else math.inf
+
+
+@dataclass
+class Timed:
+    """One candidate's rounds: ms per iteration in each (max over ranks), and its speedup."""
+
+    samples_ms: list[float]
+    round_ids: list[int]
+    iters: int  # iterations timed in all
+    speedup: float | None = None  # analysis.paired_estimate of t_reference / t over rounds
+    speedup_ci: tuple[float, float] | None = None
+
+
+def repetitions(span_ms: float, per_iter_ms: float) -> int:
+    """Iterations that fill one span (at least one)."""
+    return max(1, round(span_ms / max(per_iter_ms, 1e-6)))
+
+
+def round_ms(per_iter_ms: Sequence[float], span_ms: float) -> float:
+    """How long a round of these candidates takes."""
+    return sum(repetitions(span_ms, p) * p for p in per_iter_ms)
+
+
+def longest_s(per_iter_ms: Sequence[float], plan: Plan) -> float:
+    """The most seconds time_rounds can take (warm-up, the minimum rounds, the budget, and the
+    rounds in flight when it runs out)."""
+    full = round_ms(per_iter_ms, plan.span_ms)
+    timed = min(plan.budget_ms(per_iter_ms), plan.max_rounds * full)
+    return plan.warmup_s + (max(timed, plan.min_rounds * full) + 2 * full) / 1e3
+
+
+def time_rounds(
+    runs: Sequence[Callable[[], None]],
+    per_iter_ms: Sequence[float],
+    reference: int,
+    plan: Plan,
+    clock: Clock,
+    agree: Callable[[list[float]], list[float]] = lambda values: values,
+    first_round: int = 0,
+    align: Callable[[], None] = lambda: None,
+) -> list[Timed]:
+    """Time `runs` interleaved; one Timed per run, in order. `per_iter_ms` (one estimate per run)
+    must be the same on every rank; `agree` returns the elementwise max over the ranks (every
+    rank calls it at the same moments); `align` queues a barrier of the ranks on the device;
+    round ids count from `first_round`."""
+    reps = [repetitions(plan.span_ms, p) for p in per_iter_ms]
+    cost = [r * p for r, p in zip(reps, per_iter_ms)]  # ms a candidate adds to a round
+    warm = math.ceil(plan.warmup_s * 1e3 / sum(cost)) if plan.warmup_s > 0 else 0
+    budget_ms, spent_ms = plan.budget_ms(per_iter_ms), 0.0
+    min_rounds = min(plan.min_rounds, plan.max_rounds)
+    rng = random.Random(plan.seed)
+    timed = [Timed([], [], 0) for _ in runs]
+    active = set(range(len(runs)))
+    in_flight: deque = deque()
+    queued, next_check = 0, min_rounds
+
+    def enqueue(members: set[int]) -> tuple[list[int], list]:
+        order = sorted(members)
+        rng.shuffle(order)
+        spans = []
+        for i in order:
+            align()
+            start = clock.mark()
+            for _ in range(reps[i]):
+                runs[i]()
+            spans.append((start, clock.mark()))
+        return order, spans
+
+    def next_round_ms() -> float:  # ranks agree on `active`, so on this too
+        return sum(cost[i] for i in active)
+
+    def wanted() -> bool:
+        done = queued - warm
+        affordable = spent_ms + next_round_ms() <= budget_ms
+        return done < min_rounds or (done < plan.max_rounds and len(active) > 1 and affordable)
+
+    while wanted() or in_flight:
+        if wanted():
+            if queued >= warm:
+                spent_ms += next_round_ms()
+            in_flight.append((queued, *enqueue(active)))
+            queued += 1
+            if len(in_flight) < 2 and wanted():
+                continue  # keep one round queued behind the one the host waits for
+        number, order, spans = in_flight.popleft()
+        clock.wait(spans[-1][1])
+        local = [clock.elapsed_ms(*span) / reps[i] for span, i in zip(spans, order)]
+        ms = agree(local)
+        if number < warm:
+            continue
+        for i, t in zip(order, ms):
+            if i not in active:  # it left after this round was queued
+                continue
+            timed[i].samples_ms.append(t)
+            timed[i].round_ids.append(first_round + number - warm)
+            timed[i].iters += reps[i]
+        done = number - warm + 1
+        if done >= next_check:  # on a geometric schedule: the bootstrap is not free
+            next_check = max(done + 1, math.ceil(done * 1.2))
+            _score(timed, reference, active)
+            needed = [0.0 if i == reference or i not in active or _narrow(timed[i], plan.ci_target, min_rounds) else 1.0
+                      for i in range(len(runs))]
+            needed = agree(needed)  # every rank drops the same candidates
+            active = {reference} | {i for i in active if needed[i] > 0}
+    _score(timed, reference, range(len(runs)))
+    return timed
+
+
+def _score(timed: list[Timed], reference: int, which) -> None:
+    """Speedups over the reference of the candidates `which`, in the rounds both took part in."""
+    ref = dict(zip(timed[reference].round_ids, timed[reference].samples_ms))
+    for i in which:
+        t = timed[i]
+        if i == reference:
+            t.speedup, t.speedup_ci = 1.0, (1.0, 1.0)
+            continue
+        ratios = [ref[r] / ms for r, ms in zip(t.round_ids, t.samples_ms) if r in ref and ms > 0]
+        if ratios:
+            t.speedup, t.speedup_ci = paired_estimate(ratios), paired_ci(ratios)
+
+
+def _narrow(t: Timed, target: float, min_rounds: int) -> bool:
+    if len(t.samples_ms) < min_rounds or t.speedup_ci is None:
+        return False
+    lo, hi = t.speedup_ci
+    return (hi - lo) / 2 <= target * t.speedup

@@ -1,0 +1,186 @@
+"""Timing and statistics: CUDA events over graph replays on GPU, wall clocks on CPU.
+
+A layer is as slow as its slowest rank, so each iteration's time is the max over ranks.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from overlapbench.errors import one_line
+from overlapbench.timing.step import Step
+from overlapbench.tuning.analysis import NOISY_CV  # noqa: F401 -- one definition, re-exported
+
+
+@dataclass
+class Timing:
+    samples_ms: list[float]  # per iteration: the stack's time, max over ranks
+    graphs: bool  # whether CUDA-graph replay was timed
+    graph_error: str | None = None  # why capture failed, when it fell back to eager
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative Frobenius error ||out - ref|| / ||ref||, in fp32; inf for NaN/inf output."""
+    out, ref = out.float(), ref.float()
+    err = torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref)
+    return float(err) if torch.isfinite(err) else float("inf")
+
+
+def capture(fn: Callable[[], object], warmup: int = 2) -> torch.cuda.CUDAGraph:
+    """`fn` captured in a CUDA graph, after `warmup` calls on a side stream (as capture requires).
+    The caller keeps the graph (and what `fn` reads and writes) alive while it replays it."""
+    warm = torch.cuda.Stream()
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(warm)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+    return graph
+
+
+def _capture(step: Step, x: torch.Tensor):
+    """A replay function for the step's CUDA graph."""
+    return capture(lambda: step.forward(x)).replay
+
+
+def runner(step: Step, x: torch.Tensor, graphs: bool) -> tuple[Callable[[], object], bool, str | None]:
+    """What one timed iteration runs: the step's CUDA-graph replay where `graphs` and every rank
+    captured it, else its eager forward; whether it is the graph, and why not where capture failed."""
+    run, used_graphs, error = (lambda: step.forward(x)), False, None
+    if x.device.type != "cuda" or not (graphs and step.graphable):
+        return run, used_graphs, error
+    try:
+        replay = _capture(step, x)
+        ok = True
+    except Exception as e:
+        error, ok = one_line(e, limit=300), False
+    if _agreed_count(0 if ok else 1) == 0:  # every rank captured
+        run, used_graphs = replay, True
+    elif error is None:
+        error = "capture failed on another rank"
+    return run, used_graphs, error
+
+
+MAX_ITERS = 2000
+
+
+def time_step(
+    step: Step, x: torch.Tensor, warmup: int, iters: int, graphs: bool,
+    warmup_s: float = 0.0, min_time_s: float = 0.0,
+) -> Timing:
+    """Per-iteration times of `step`, max over ranks.
+
+    Warm-up runs at least `warmup` iterations and `warmup_s` seconds, so clocks settle into
+    the steady state the timed loop sees; the timed loop runs at least `iters` iterations and
+    `min_time_s` seconds (at most MAX_ITERS), the same count on every rank.
+    """
+    if x.device.type != "cuda":
+        return _time_wall(step, x, warmup, iters)
+    run, used_graphs, error = runner(step, x, graphs)
+    per_iter_s = _warm_up(run, warmup, warmup_s)
+    iters = _iterations(iters, min_time_s, per_iter_s)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    dist.barrier()
+    for start, end in zip(starts, ends):
+        start.record()
+        run()
+        end.record()
+    torch.cuda.synchronize()
+    local = torch.tensor([s.elapsed_time(e) for s, e in zip(starts, ends)], device=x.device)
+    return Timing(_max_over_ranks(local), used_graphs, error)
+
+
+def _warm_up(run, warmup: int, warmup_s: float, synchronize=torch.cuda.synchronize) -> float:
+    """Run `warmup` iterations, then as many more as fill `warmup_s`; returns the seconds one
+    iteration took. Every count is agreed over the ranks first: an iteration holds collectives
+    and barriers, so a rank that ran one more than its peers would wait for them forever."""
+    synchronize()
+    t0 = time.perf_counter()
+    first = max(warmup, 1)
+    for _ in range(first):
+        run()
+    synchronize()
+    per_iter_s = (time.perf_counter() - t0) / first
+    more = _agreed_count(math.ceil(max(0.0, warmup_s - first * per_iter_s) / max(per_iter_s, 1e-6)))
+    for done in range(1, more + 1):
+        run()
+        if done % 4 == 0:
+            synchronize()  # the CPU stays close to the GPU: clocks see a steady load
+    synchronize()
+    return (time.perf_counter() - t0) / (first + more)
+
+
+def _iterations(iters: int, min_time_s: float, per_iter_s: float) -> int:
+    return _agreed_count(max(iters, min(MAX_ITERS, int(min_time_s / max(per_iter_s, 1e-6)) + 1)))
+
+
+def _agreed_count(wanted: int) -> int:
+    """The largest of the ranks' counts: each rank runs it, so all issue the same collectives."""
+    count = torch.tensor([wanted], device=_collective_device())
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    return int(count.item())
+
+
+def _collective_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def _time_wall(step: Step, x: torch.Tensor, warmup: int, iters: int) -> Timing:
+    for _ in range(warmup):
+        step.forward(x)
+    samples = []
+    for _ in range(iters):
+        dist.barrier()
+        t0 = time.perf_counter()
+        step.forward(x)
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return Timing(_max_over_ranks(torch.tensor(samples)), graphs=False)
+
+
+def _max_over_ranks(local: torch.Tensor) -> list[float]:
+    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, local)
+    return torch.stack(gathered).max(dim=0).values.tolist()
+
+
+def summarize(samples_ms: list[float], per: int = 1) -> dict:
+    """Median, p10, p90, IQR (ms, divided by `per`, e.g. the layer count) and CV of samples."""
+    xs = sorted(s / per for s in samples_ms)
+    if len(xs) == 1:
+        return {"ms": xs[0], "p10_ms": xs[0], "p90_ms": xs[0], "iqr_ms": 0.0, "cv": 0.0}
+    q = statistics.quantiles(xs, n=20, method="inclusive")  # 5% steps
+    quartiles = statistics.quantiles(xs, n=4, method="inclusive")
+    mean = statistics.fmean(xs)
+    return {
+        "ms": statistics.median(xs),
+        "p10_ms": q[1],
+        "p90_ms": q[17],
+        "iqr_ms": quartiles[2] - quartiles[0],
+        "cv": statistics.stdev(xs) / mean if mean > 0 else 0.0,
+    }
+
+
+def profile_step(step: Step, x: torch.Tensor, path, iterations: int = 3) -> None:
+    """A few eager forwards under torch.profiler; the kernel table (by device time) to `path`
+    (None: profile, but write nothing: the other ranks join the collectives)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(iterations):
+            step.forward(x)
+        torch.cuda.synchronize()
+    if path is not None:
+        table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=90)
+        path.write_text(f"{iterations} eager forwards\n{table}\n")

@@ -1,0 +1,165 @@
+"""A batch's candidates timed together, interleaved, in groups that fit in memory.
+
+Every candidate of a batch (each strategy x knob setting still to do, with the reference, which
+is timed even where its own row is done or not asked for) is built, checked against the
+reference output and captured once; then a group of them is timed in rounds (interleave.py).
+Candidates join the current group one by one; when one runs out of memory beside the others,
+the group is timed and released, and a new group starts with the reference and that candidate.
+A candidate that fails there too, or for any other reason, is its own failed row.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from overlapbench.specs.points import Point
+from overlapbench.timing import interleave, measure
+from overlapbench.timing.interleave import Plan, Timed
+from overlapbench.timing.phases import PointFailed, out_of_memory, phase
+
+WARMUP_ITERS = 2  # per candidate, to estimate its iteration time; whole rounds warm the clocks after
+
+
+@dataclass
+class Prepared:
+    """A candidate built, checked and captured: what one timed iteration runs, and its row's
+    fields so far (rel_err, tolerance, checked, graphs, graph_error)."""
+
+    point: Point
+    run: Callable[[], object]
+    fields: dict
+    step: Any = None  # the strategy's Step: what the sequential mode times, --profile profiles
+
+
+# (point, crowded) -> a Prepared, or the point's final result (failed, skipped). `crowded`: other
+# candidates hold memory beside the reference, so running out of it (in capture too) is a failure
+# that a group of its own may cure; alone, a capture that fails falls back to eager, as ever.
+Prepare = Callable[[Point, bool], "Prepared | dict"]
+
+
+def measure_batch(
+    rt, todo: list[Point], reference: Point, prepare: Prepare, plan: Plan, pairing: str,
+    guard: Callable[..., AbstractContextManager] = lambda what, extra_s=0.0: nullcontext(),
+    profile: Callable[[Prepared], dict | None] | None = None,
+) -> Iterator[tuple[Point, dict]]:
+    """(point, result fields) for every point of `todo` (all of one batch), as groups finish."""
+    with guard(f"building the reference {_describe(reference)}"):
+        ref = prepare(reference, False)
+    if isinstance(ref, dict):
+        why = {"status": "failed", "error": f"the reference {reference.strategy} failed: {ref.get('error')}"}
+        for point in todo:
+            yield point, ref if point == reference else why
+        return
+    ref_timed, group, first_round = Timed([], [], 0), [], 0
+
+    def time_group():
+        nonlocal group, first_round
+        done = _time_group(rt, ref, group, plan, pairing, first_round, guard, profile)
+        if isinstance(done, dict):  # the timing itself failed: every member's row says so
+            results = [(c.point, c.fields | done) for c in group]
+        else:
+            timed, results = done
+            ref_timed.samples_ms.extend(timed.samples_ms)
+            ref_timed.round_ids.extend(timed.round_ids)
+            ref_timed.iters += timed.iters
+            first_round = (timed.round_ids[-1] + 1) if timed.round_ids else first_round
+        group = []
+        _release(rt)
+        return results
+
+    for point in (p for p in todo if p != reference):
+        with guard(f"building {_describe(point)}"):
+            got = prepare(point, bool(group))
+        if isinstance(got, dict) and out_of_memory(got) and group:
+            yield from time_group()  # it may fit beside the reference alone
+            with guard(f"building {_describe(point)}"):
+                got = prepare(point, False)
+        if isinstance(got, dict):
+            yield point, got
+        else:
+            group.append(got)
+    if group or reference in todo:
+        yield from time_group()
+    if reference in todo:
+        ref_timed.speedup, ref_timed.speedup_ci = 1.0, (1.0, 1.0)
+        yield reference, _fields(ref, ref_timed, pairing) if ref_timed.samples_ms else ref.fields | {
+            "status": "failed", "error": "the reference was not timed"}
+
+
+def _time_group(rt, ref: Prepared, group: list[Prepared], plan: Plan, pairing: str, first_round: int,
+                guard, profile) -> tuple[Timed, list[tuple[Point, dict]]] | dict:
+    """Time the reference and `group` interleaved: the reference's Timed and each member's
+    (point, result); or the failure of the timing as a result."""
+    members = [ref, *group]
+    what = f"{len(members)} candidates at {ref.point.tokens} tokens"
+    cuda = rt.is_cuda
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    agree = _max_over_ranks(rt)
+    align = _barrier(rt)
+    clock = interleave.CudaClock() if cuda else interleave.WallClock()
+    try:
+        with guard(f"warming up {what}"):
+            per_iter = phase(rt, lambda: agree([measure._warm_up(c.run, WARMUP_ITERS, 0.0, sync) * 1e3 for c in members]))
+        with guard(f"timing {what} interleaved", interleave.longest_s(per_iter, plan)):
+            runs = [c.run for c in members]
+            timed = phase(rt, lambda: interleave.time_rounds(runs, per_iter, 0, plan, clock, agree, first_round, align))
+    except PointFailed as failure:
+        return failure.result
+    results = []
+    for c, t in zip(group, timed[1:]):
+        fields = _fields(c, t, pairing)
+        failure = profile(c) if profile is not None else None
+        results.append((c.point, fields if failure is None else c.fields | failure))
+    return timed[0], results
+
+
+def _fields(c: Prepared, t: Timed, pairing: str) -> dict:
+    """The row's result fields: absolute statistics over rounds (ms per layer), as in the
+    sequential mode, and the speedup over the reference in the same rounds."""
+    per_layer = [s / c.point.layers for s in t.samples_ms]
+    ci = None if t.speedup_ci is None else [round(v, 6) for v in t.speedup_ci]
+    return c.fields | measure.summarize(per_layer) | {
+        "status": "ok", "error": None, "samples_ms": [round(s, 6) for s in per_layer], "iters": t.iters,
+        "timing": "interleaved", "pairing": pairing, "round_ids": list(t.round_ids),
+        "speedup": None if t.speedup is None else round(t.speedup, 6), "speedup_ci": ci,
+    }
+
+
+def _max_over_ranks(rt) -> Callable[[list[float]], list[float]]:
+    """Elementwise max over the ranks, on the CPU control group: it never waits for queued GPU
+    work, so the next round stays queued while the host reads this one."""
+
+    def agree(values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=rt.control)
+        return t.tolist()
+
+    return agree
+
+
+def _barrier(rt) -> Callable[[], None]:
+    """The ranks meet before each candidate (interleave.py says why): a one-element all-reduce,
+    queued on the device like the work around it, so the host does not wait for it (on CPUs,
+    where work runs as it is issued, it is a barrier of the host)."""
+    if rt.world_size == 1:
+        return lambda: None
+    token = torch.zeros(1, dtype=torch.int32, device=rt.device)
+    return lambda: dist.all_reduce(token, op=dist.ReduceOp.MAX)
+
+
+def _release(rt) -> None:
+    gc.collect()
+    if rt.is_cuda:
+        torch.cuda.empty_cache()
+
+
+def _describe(point: Point) -> str:
+    knobs = " ".join(f"{k}={v}" for k, v in point.knobs.items())
+    return f"{point.strategy} tokens={point.tokens} {knobs}".strip()

@@ -1,0 +1,318 @@
+"""Result rows and their JSONL store: one object per line, appended and flushed per point.
+
+A crash loses at most the point in flight; `--resume` skips the points already in the file. A
+lock file keeps two sweeps from interleaving lines in one store.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from overlapbench.errors import UserError, shown, unreadable
+from overlapbench.tuning import row_schema
+
+SCHEMA = "overlapbench/result-v1"
+STATUSES = ("ok", "failed", "skipped")
+
+# Stable columns every consumer may rely on (docs/design.md, "Result rows"); renaming one bumps SCHEMA.
+# Timing keys of layer and micro rows (not in COLUMNS: `comm` rows lack them): `timing` is
+# "interleaved" (a batch's candidates in rounds, interleave.py) or "sequential". Interleaved,
+# `samples_ms` holds one value per round (ms per layer in that round, the slowest rank's),
+# `round_ids` which rounds of the batch's timing those are, `pairing` that timing's id (rows of one
+# pairing compare round by round), `speedup` the trimmed geometric mean over rounds of t_reference / t in the same
+# round, `speedup_ci` its 95% interval over rounds [lo, hi] (intervals.paired_interval) (the reference itself: 1.0,
+# [1.0, 1.0]), `span_ms` the time per candidate per round and `iters` the iterations timed in all;
+# sequential rows hold null there.
+COLUMNS = (
+    "schema", "run_id", "time", "spec", "status", "error", "workload", "strategy", "knobs",
+    "model", "shape", "layers", "dtype", "batch", "tokens", "tp", "world_size", "device",
+    "backend", "versions", "git", "ms", "p10_ms", "p90_ms", "cv", "iters", "graphs", "rel_err",
+)
+
+
+def read_rows(path: str | Path, required: Callable[[dict], tuple[str, ...]] = lambda row: ()) -> list[dict]:
+    """Every row of a store; a one-line UserError for anything that is not one of ours, or a
+    value a reader cannot compute with (row_schema.FIELDS; `required`: the fields a row must
+    have for the caller, e.g. an ok row's timing)."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{path}: a folder; name a results file in it (.jsonl), or the folder itself to `report`/`tune`")
+    try:
+        lines = path.read_text().splitlines(keepends=True)
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such results file; run `overlapbench sweep` first") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read: {unreadable(e)}") from None
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if not line.endswith("\n"):
+            raise UserError(
+                f"{path}:{n}: the last line is truncated (a crash mid-write); "
+                f"delete that line and run `overlapbench sweep --resume` to redo its point"
+            )
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise UserError(f"{path}:{n}: not a JSON line; this is not an overlapbench results file") from None
+        if not isinstance(row, dict) or "schema" not in row:
+            raise UserError(f"{path}:{n}: no 'schema' field; this is not an overlapbench results file")
+        if row["schema"] != SCHEMA:
+            raise UserError(
+                f"{path}:{n}: schema is {shown(row['schema'])}, this overlapbench reads {shown(SCHEMA)}; "
+                f"re-run the sweep with this version"
+            )
+        wrong = row_schema.problem(row, required(row))
+        if wrong is not None:
+            raise UserError(
+                f"{path}:{n}: {wrong}; the store is damaged: correct or delete that line "
+                f"(`overlapbench sweep --resume` re-runs a deleted point)"
+            )
+        rows.append(upgraded(row))
+    return rows
+
+
+def upgraded(row: dict) -> dict:
+    """A row written before ModelShape gained a field, with that field's default filled in its
+    `shape` and in the shape inside its point `key`: old and new rows of one shape then group
+    (report, tune) and match (`--compare`, `--resume`) as one. Other rows are left as they are."""
+    from overlapbench.model.models import completed
+
+    shape = row.get("shape")
+    if isinstance(shape, dict):
+        row["shape"] = completed(shape)
+    key = row.get("key")
+    if isinstance(key, str) and '"shape"' in key:
+        try:
+            parsed = json.loads(key)
+        except json.JSONDecodeError:
+            return row
+        old = parsed.get("shape") if isinstance(parsed, dict) else None
+        if isinstance(old, dict) and completed(old) != old:
+            row["key"] = json.dumps(parsed | {"shape": completed(parsed["shape"])}, sort_keys=True)
+    return row
+
+
+def latest(results_dir: str | Path = "results", workloads: tuple[str, ...] = ()) -> Path:
+    """The most recently written store under `results_dir` (a folder given where a results file
+    is expected means this); with `workloads`, the newest holding rows of one of them (a `comm`
+    file is no input for `tune`)."""
+    stores = sorted(Path(results_dir).rglob("*.jsonl"), key=lambda p: p.stat().st_mtime, reverse=True)
+    if not stores:
+        raise UserError(f"{results_dir}/: no results yet; run `overlapbench sweep` first, or name a file")
+    for store in stores:
+        if not workloads or workloads_in(store) & set(workloads):
+            return store
+    newest = "/".join(sorted(workloads_in(stores[0]))) or "no"
+    raise UserError(f"{results_dir}/: no results file holds {'/'.join(workloads)} rows (the newest, {stores[0]}, holds "
+                    f"{newest} rows); run `overlapbench sweep` first, or name a file")
+
+
+def given_or_newest(path: Path | None, workloads: tuple[str, ...], say: Callable[[str], None],
+                    fallback: bool = False) -> Path:
+    """A results file as given; for a folder (None: results/) the newest one in it holding rows
+    of `workloads` (with `fallback`, else the newest of any kind), told through `say`: a command
+    given no file says which it read."""
+    if path is not None and not path.is_dir():
+        return path
+    folder, kind = path or Path("results"), "results file with a sweep's rows"
+    try:
+        found = latest(folder, workloads=workloads)
+    except UserError:
+        if not fallback:
+            raise
+        found, kind = latest(folder), "results file"
+    say(f"reading {found} (the newest {kind} in {folder}/; name one to choose)")
+    return found
+
+
+def workloads_in(path: str | Path) -> set[str]:
+    """The workloads of a store's rows (`layer`, `gemm_ag`, `gemm_rs`, `comm`), read leniently:
+    lines that are not rows are passed over (read_rows says what is wrong with them)."""
+    found = set()
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("workload"), str):
+            found.add(row["workload"])
+    return found
+
+
+def kept(path: str | Path, go_on: str = "") -> str:
+    """What a stopped run left, truly: `N finished rows are in PATH; GO_ON`, or `no rows were
+    written to PATH` (and no promise that a resume continues from something)."""
+    try:
+        count = sum(1 for line in Path(path).read_text(errors="replace").splitlines() if line.strip())
+    except OSError:
+        count = 0
+    if not count:
+        return f"no rows were written to {path}"
+    return f"{count} finished row{'s are' if count != 1 else ' is'} in {path}" + (f"; {go_on}" if go_on else "")
+
+
+def load(paths: Iterable[str | Path] | str | Path):
+    """Rows of one or more stores as a pandas DataFrame with the stable columns (for notebooks)."""
+    import pandas as pd
+
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    rows = [row for p in paths for row in read_rows(p)]
+    frame = pd.DataFrame(rows)
+    for column in COLUMNS:
+        if column not in frame:
+            frame[column] = None
+    return frame
+
+
+class ResultStore:
+    """The append-only JSONL file of one sweep, held under an exclusive lock while it runs.
+
+    The lock is `NAME.jsonl.lock` beside it, removed when the store is closed: a process that
+    locked the file just before its removal finds its lock no longer at that path and tries again."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.lock_path = self.path.with_name(self.path.name + ".lock")
+        self._lock = None
+
+    def open(self, resume: bool, study: str | None = None) -> set[str]:
+        """Lock the store and return the keys of points already done (when resuming). `study`:
+        the spec's name (`comm` for `overlapbench comm`); resuming a store that holds another
+        study's rows is refused (None: not checked)."""
+        if self.path.is_dir():
+            raise UserError(f"output: {self.path} is a folder; give a results file, e.g. --output {self.path / 'NAME.jsonl'}")
+        self._lock = self._acquire()
+        exists = self.path.exists() and self.path.stat().st_size > 0
+        if exists and not resume:
+            self.close()
+            raise UserError(
+                f"output: {self.path} already holds results; pass --resume to continue that sweep, "
+                f"or --output NEW.jsonl to start another"
+            )
+        if not exists:
+            return set()
+        try:
+            rows = read_rows(self.path)
+            if study is not None:
+                _same_study(self.path, rows, study)
+        except UserError:
+            self.close()
+            raise
+        return {row["key"] for row in rows if "key" in row and row["status"] in ("ok", "skipped")}
+
+    def _acquire(self):
+        while True:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                lock = open(self.lock_path, "a")  # held until close
+            except OSError as e:
+                raise UserError(f"output: cannot write to {self.path} ({e.strerror}); choose another --output") from None
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                raise UserError(
+                    f"output: another sweep is writing to {self.path}; wait for it or choose another --output"
+                ) from None
+            try:
+                if os.stat(self.lock_path).st_ino == os.fstat(lock.fileno()).st_ino:
+                    return lock
+            except FileNotFoundError:  # its holder removed it as we locked it
+                pass
+            lock.close()
+
+    def append(self, row: dict) -> None:
+        line = json.dumps(row, sort_keys=False, default=str) + "\n"
+        with open(self.path, "a") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def close(self) -> None:
+        """Release the lock and remove its file (nothing is left beside the results)."""
+        if self._lock is not None:
+            self.lock_path.unlink(missing_ok=True)
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+            self._lock.close()
+            self._lock = None
+
+
+def _same_study(path: Path, rows: list[dict], study: str) -> None:
+    """Refuse to resume into rows of another study: one file, one study."""
+    others = sorted({str(row.get("spec")) for row in rows} - {study})
+    if others:
+        raise UserError(f"--resume: {path} holds the rows of {' and '.join(map(_study, others))}, not of {_study(study)}; "
+                        f"give this run its own --output")
+
+
+def _study(name: str) -> str:
+    return "`overlapbench comm`" if name == "comm" else f"spec '{name}'"
+
+
+def check_writable(output: str | Path, resume: bool, study: str | None = None) -> set[str]:
+    """Refuse a busy or already-written store (per `resume`), or another study's (per `study`),
+    before any process is launched; the keys of the points already done."""
+    store = ResultStore(output)
+    done = store.open(resume, study)
+    store.close()
+    return done
+
+
+def open_on_ranks(output: str | Path, resume: bool, rank: int,
+                  study: str | None = None) -> tuple[ResultStore | None, set[str], str]:
+    """Rank 0 locks the store; every rank learns the keys already done and the run id (a
+    collective: all ranks call it). A refusal is the same UserError on every rank."""
+    import torch.distributed as dist
+
+    store = ResultStore(output) if rank == 0 else None
+    opened: list = [None, new_run_id()]
+    if store is not None:
+        try:
+            opened[0] = sorted(store.open(resume, study))
+        except UserError as e:
+            opened[0] = str(e)
+    dist.broadcast_object_list(opened, src=0)
+    if isinstance(opened[0], str):
+        raise UserError(opened[0])
+    return store, set(opened[0]), opened[1]
+
+
+def profile_name(strategy: str, tokens: int, knobs: dict, decode: dict | None = None) -> str:
+    """The file name (less `.txt`) of a point's kernel table in a `sweep --profile` folder; what
+    `report --profile` finds a row's table by. Knobs left unset or at default are not in it."""
+    settings = "-".join(f"{k}={v}" for k, v in knobs.items() if v not in (None, "default"))
+    at = f"-decode{decode['tokens']}x{decode['context']}" if decode else ""
+    return f"{strategy}-{tokens}{at}" + (f"-{settings}" if settings else "")
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+class RunLog:
+    """A script's rows (benchmarks, probes) as JSON lines: appended and flushed one by one, each
+    stamped with its run's id and the code's commit, as sweep rows are; nothing already in the
+    file is touched."""
+
+    def __init__(self, path: str | Path, git: str | None) -> None:
+        self.path = Path(path)
+        self.stamp = {"run_id": new_run_id(), "git": git}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, row: dict) -> dict:
+        row = row | self.stamp
+        with self.path.open("a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+        return row
