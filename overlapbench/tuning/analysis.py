@@ -374,8 +374,13 @@ def hidden(m: Measured, ref: Measured | None, free: Measured | None) -> float | 
     """Share of the exposed communication a strategy hides: (t_ref - t) / (t_ref - t_no_comm),
     in speedups (1 - 1/s) / (1 - 1/s_no_comm), so paired speedups are used where there are;
     1.0 hides all of it, above 1 beats the bound. None without both references (micro workloads
-    have no bound), or where the bound is not faster than the reference (nothing exposed to hide)."""
+    have no bound), or where the bound is not faster than the reference, or not beyond the noise
+    of their paired timing (nothing measurably exposed: on one GPU the share would divide by
+    noise and read -1300%)."""
     s, s_free = speedup(m, ref), speedup(free, ref) if free is not None else None
     if s is None or s_free is None or s_free <= 1:
+        return None
+    ratios = paired_ratios(ref, free)
+    if ratios is not None and paired_ci(ratios)[0] <= 1:
         return None
     return (1 - 1 / s) / (1 - 1 / s_free)
