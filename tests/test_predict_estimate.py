@@ -92,3 +92,32 @@ def test_predicted_rows_feed_tune_and_report(tmp_path):
     console = Console(file=io.StringIO(), width=120)
     assert tune.run([out], tmp_path / "tuned", console)
     report([out], "markdown", Console(file=io.StringIO(), width=120))
+
+
+def test_the_command_refuses_what_it_cannot_use_in_one_line(tmp_path):
+    """No pieces, a table of another world size, an output that holds rows: one line each, exit 2,
+    the output untouched."""
+    import subprocess
+    import sys
+
+    from overlapbench.predict.command import predict
+
+    spec = tmp_path / "spec.yaml"
+    import yaml
+
+    spec.write_text(yaml.safe_dump(SPEC))
+    out = tmp_path / "kept.jsonl"
+    predict(spec_mod.from_dict(SPEC, "predicted", cuda=True), 2, _inputs(6), out, error=0.02)
+    before = out.read_text()
+    comm = tmp_path / "nccl.txt"
+    comm.write_text("#  Rank  0 Group  0 Pid 1 on host device  0 [0x1] NVIDIA H100\n"
+                    "#  Rank  1 Group  0 Pid 2 on host device  1 [0x2] NVIDIA H100\n"
+                    "     1048576   262144  float  sum  -1  20.0  52.4  52.4  0  19.0  55.2  55.2  0\n")
+    cases = [(["--compute", str(tmp_path / "none.jsonl")], "--compute"),
+             (["--tp", "4"], "tp: 4"), (["--compute", str(out), "-o", str(out)], "--output")]
+    for extra, field in cases:
+        args = [sys.executable, "-m", "overlapbench", "predict", str(spec), "--tp", "2", "--comm", str(comm), *extra]
+        done = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and field in done.stderr, done.stderr
+    assert out.read_text() == before

@@ -17,7 +17,7 @@ import itertools
 from pathlib import Path
 
 from overlapbench import strategies
-from overlapbench.errors import UserError
+from overlapbench.errors import UserError, shown
 from overlapbench.predict.estimate import ComputePieces, Inputs, estimate
 from overlapbench.predict.piece_keys import batch_of
 from overlapbench.run import environment
@@ -37,7 +37,7 @@ def main(spec_path: Path, tp: int, comm: list[Path], compute: list[Path] | None,
     from overlapbench.specs import spec as spec_mod
 
     if transfer_beside not in ("alone", "measured"):
-        raise UserError(f"--transfer-beside: one of alone, measured, got {transfer_beside!r}")
+        raise UserError(f"--transfer-beside: one of alone, measured, got {shown(transfer_beside)}")
     if tp < 1:
         raise UserError(f"--tp: must be at least 1, got {tp}")
     if error is not None and not 0 <= error < 1:
@@ -46,6 +46,8 @@ def main(spec_path: Path, tp: int, comm: list[Path], compute: list[Path] | None,
     loaded.shape.check_tp(tp)
     compute = compute or [Path("results") / f"{loaded.name}-pieces-tp{tp}.jsonl"]
     out = output or Path("results") / f"{loaded.name}-predicted-tp{tp}.jsonl"
+    if out.exists() and out.stat().st_size > 0:
+        raise UserError(f"--output: {out} already holds rows; give a new file (-o NEW.jsonl) or delete that one")
     predict(loaded, tp, load_inputs(comm, compute, transfer_beside, tp, busbw), out, ERROR if error is None else error)
     return out
 

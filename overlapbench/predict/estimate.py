@@ -34,6 +34,9 @@ class ComputePieces:
     def load(cls, paths: list[Path]) -> ComputePieces:
         table, devices, tps, runs = {}, set(), set(), set()
         for path in paths:
+            if not Path(path).exists():
+                raise UserError(f"--compute: {path}: no such file; time the pieces on one GPU with "
+                                f"`overlapbench sweep SPEC --pieces --tp K -o {path}`")
             for row in read_rows(path):
                 if row.get("workload") != piece_keys.WORKLOAD or row.get("status") != "ok":
                     continue
