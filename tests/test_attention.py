@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from overlapbench.model import attention, attention_kernels
-from overlapbench.model.chunks import KVBuffer, sequence_starts, token_range
+from overlapbench.model.chunks import KVBuffer, prefix_suffix, sequence_starts, token_range
 from overlapbench.strategies import iso
 
 HQ, HKV, D = 6, 2, 16
@@ -67,7 +67,7 @@ def token_split(seq_lens, cut: int, device="cpu"):
 
 def iso_split(seq_lens, ratio: float, align: int, device="cpu"):
     """iso's chunks (as iso.py cuts them) and its layout order (natural row of each layout row)."""
-    first, second, order = iso.chunks(seq_lens, iso.cuts(seq_lens, ratio, align), device)
+    first, second, order = prefix_suffix(seq_lens, iso.cuts(seq_lens, ratio, align), device)
     return [first, second], (torch.arange(sum(seq_lens), device=device) if order is None else order)
 
 

@@ -15,6 +15,7 @@ import torch
 
 from overlapbench.model.attention import ChunkPlan, decode_attention
 from overlapbench.model.models import ModelShape
+from overlapbench.model.schedule import Rows, SequenceParts
 from overlapbench.model.weights import seeded_randn, stable_seed
 
 
@@ -196,6 +197,38 @@ def token_range(seq_lens: tuple[int, ...], begin: int, end: int, device, decode:
         if lo < hi:
             pieces.append((seq, lo - start, hi - start))
     return make_chunk(seq_lens, pieces, begin, device, decode=decode, decode_range=(begin, min(end, first)))
+
+
+def prefix_suffix(seq_lens: tuple[int, ...], prefix: list[int], device, decode: DecodeCache | None = None):
+    """iso's layout: (chunk 1: the decode tokens (of `decode`, a DecodeCache, if given) and every sequence's
+    first `prefix[i]` tokens, chunk 2: the rest, layout order).
+
+    The layout puts the decode tokens and the prefixes first, then the suffixes; `order[j]` is
+    the natural row of layout row j (None for one sequence: the layout is the natural one). The
+    KV buffer follows chunk 1's prefix rows, so the prefixes lie back to back and chunk 2's
+    prefix attention is one call.
+    """
+    d = decode_tokens(decode)
+    kv_rows = sequence_starts(tuple(prefix))
+    first = make_chunk(seq_lens, [(i, 0, c) for i, c in enumerate(prefix)], 0, device, kv_rows, decode, (0, d))
+    second = make_chunk(seq_lens, [(i, c, n) for i, (c, n) in enumerate(zip(prefix, seq_lens))], first.end, device, kv_rows)
+    order = None
+    if len(seq_lens) > 1:
+        starts = sequence_starts(seq_lens, d)
+        rows = [torch.arange(d)] + [torch.arange(s, s + c) for s, c in zip(starts, prefix)]
+        rows += [torch.arange(s + c, s + n) for s, c, n in zip(starts, prefix, seq_lens)]
+        order = torch.cat(rows).to(device)
+    return first, second, order
+
+
+def layout(chunks: tuple[Rows | SequenceParts, ...], seq_lens: tuple[int, ...], device,
+           decode: DecodeCache | None = None) -> tuple[tuple[Chunk, ...], torch.Tensor | None]:
+    """A plan's chunks (model/schedule.py) as the rows the split runs, and the layout's order (None:
+    the natural one): token_split's row ranges of the flattened batch, or iso's parts."""
+    if isinstance(chunks[0], SequenceParts):
+        first, second, order = prefix_suffix(seq_lens, list(chunks[0].prefixes), device, decode)
+        return (first, second), order
+    return tuple(token_range(seq_lens, c.begin, c.end, device, decode) for c in chunks), None
 
 
 class KVBuffer:

@@ -28,7 +28,7 @@ import torch
 
 from overlapbench import printing
 from overlapbench.errors import UserError
-from overlapbench.model.chunks import KVBuffer, build_decode_cache, rope_positions, token_range
+from overlapbench.model.chunks import KVBuffer, build_decode_cache, layout, rope_positions, token_range
 from overlapbench.model.layer import LocalReducer, attention_partial, forward_stack, mlp_partial
 from overlapbench.model.norms import add_rms_norm, rms_norm
 from overlapbench.model.rope import RopeTable
@@ -52,12 +52,9 @@ WARMUP_S, ROUNDS = 2.0, 30
 
 
 def _chunk(chunk: Rows | SequenceParts, seq_lens, device, decode):
-    """The chunk as the strategy's build makes it (token_split: a row range; iso: its parts)."""
-    if isinstance(chunk, Rows):
-        return token_range(seq_lens, chunk.begin, chunk.end, device, decode)
-    from overlapbench.strategies.iso import chunks as iso_chunks
-
-    return iso_chunks(seq_lens, list(chunk.prefixes), device, decode)[chunk.part]
+    """One chunk as the strategy's build lays it out (model/chunks.layout)."""
+    chunks, _ = layout((chunk,), seq_lens, device, decode)
+    return chunks[chunk.part] if isinstance(chunk, SequenceParts) else chunks[0]
 
 
 class BatchPieces:
@@ -106,13 +103,7 @@ class BatchPieces:
         if not pipelined:
             whole = token_range(seq_lens, 0, self.point.tokens, self.device, cache)
             return lambda: forward_stack(ctx.stack, self.x, whole, ctx.rope, LocalReducer(eps))
-        if isinstance(chunks[0], Rows):
-            plan = SplitPlan(tuple(token_range(seq_lens, c.begin, c.end, self.device, cache) for c in chunks))
-        else:
-            from overlapbench.strategies.iso import chunks as iso_chunks
-
-            first, second, order = iso_chunks(seq_lens, list(chunks[0].prefixes), self.device, cache)
-            plan = SplitPlan((first, second), order)
+        plan = SplitPlan(*layout(chunks, seq_lens, self.device, cache))
         forward = SplitForward(ctx, plan, (LocalReducer(eps), LocalReducer(eps)))
         return lambda: forward(self.x)
 

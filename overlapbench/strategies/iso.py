@@ -1,7 +1,8 @@
 """`iso` (ISO): cut every prefill sequence at the same fraction; chunk 1 holds the prefixes,
 chunk 2 the suffixes, whose attention reads the prefixes' keys and values (lower-right causal
 mask; overlapbench/model/attention.py). The KV buffer follows chunk 1's layout, so every suffix's
-prefix attention is one ragged call. The overlap schedule is split.py's; only the cut lives here.
+prefix attention is one ragged call (model/chunks.prefix_suffix). The overlap schedule is split.py's;
+only the cut lives here.
 
 A mixed batch's decode tokens are not cut: they go whole into chunk 1, at its front, where they
 are in the batch (decode tokens first), so for one prefill sequence the layout stays the batch's
@@ -45,32 +46,6 @@ def cuts(seq_lens: tuple[int, ...], ratio: float, align: int) -> list[int]:
     return out
 
 
-def chunks(seq_lens: tuple[int, ...], prefix: list[int], device, decode=None):
-    """(chunk 1: the decode tokens (of `decode`, a DecodeCache, if given) and every sequence's
-    first `prefix[i]` tokens, chunk 2: the rest, layout order).
-
-    The layout puts the decode tokens and the prefixes first, then the suffixes; `order[j]` is
-    the natural row of layout row j (None for one sequence: the layout is the natural one). The
-    KV buffer follows chunk 1's prefix rows, so the prefixes lie back to back and chunk 2's
-    prefix attention is one call.
-    """
-    import torch
-
-    from overlapbench.model.chunks import decode_tokens, make_chunk, sequence_starts
-
-    d = decode_tokens(decode)
-    kv_rows = sequence_starts(tuple(prefix))
-    first = make_chunk(seq_lens, [(i, 0, c) for i, c in enumerate(prefix)], 0, device, kv_rows, decode, (0, d))
-    second = make_chunk(seq_lens, [(i, c, n) for i, (c, n) in enumerate(zip(prefix, seq_lens))], first.end, device, kv_rows)
-    order = None
-    if len(seq_lens) > 1:
-        starts = sequence_starts(seq_lens, d)
-        rows = [torch.arange(d)] + [torch.arange(s, s + c) for s, c in zip(starts, prefix)]
-        rows += [torch.arange(s + c, s + n) for s, c, n in zip(starts, prefix, seq_lens)]
-        order = torch.cat(rows).to(device)
-    return first, second, order
-
-
 @register
 class Iso(SplitStrategy):
     name = "iso"
@@ -98,10 +73,10 @@ class Iso(SplitStrategy):
 
     @classmethod
     def build(cls, ctx, knobs):
+        from overlapbench.model.chunks import layout
         from overlapbench.overlap import reducers
         from overlapbench.overlap.split import SplitPlan, split_step
 
-        prefixes = cls.plan(knobs, ctx.batch).chunks[0].prefixes
-        first, second, order = chunks(ctx.seq_lens, list(prefixes), ctx.runtime.device, ctx.decode)
+        parts, order = layout(cls.plan(knobs, ctx.batch).chunks, ctx.seq_lens, ctx.runtime.device, ctx.decode)
         cta = {"comm_ctas_attn": knobs["comm_ctas"], "comm_ctas_mlp": knobs["comm_ctas"]}
-        return split_step(ctx, SplitPlan((first, second), order), reducers.for_split(ctx, knobs | cta))
+        return split_step(ctx, SplitPlan(parts, order), reducers.for_split(ctx, knobs | cta))

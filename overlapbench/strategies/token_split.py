@@ -113,11 +113,10 @@ class TokenSplit(SplitStrategy):
 
     @classmethod
     def build(cls, ctx, knobs):
-        from overlapbench.model.chunks import token_range
+        from overlapbench.model.chunks import layout
         from overlapbench.overlap import reducers
         from overlapbench.overlap.split import SplitPlan, split_step
 
-        seq_lens, decode, device = ctx.seq_lens, ctx.decode, ctx.runtime.device  # rows: the decode tokens, then the sequences
-        chunks = cls.plan(knobs, ctx.batch).chunks
-        plan = SplitPlan(tuple(token_range(seq_lens, c.begin, c.end, device, decode) for c in chunks))
-        return split_step(ctx, plan, reducers.for_split(ctx, knobs))
+        # rows of the flattened batch: the decode tokens, then the sequences
+        chunks, _ = layout(cls.plan(knobs, ctx.batch).chunks, ctx.seq_lens, ctx.runtime.device, ctx.decode)
+        return split_step(ctx, SplitPlan(chunks), reducers.for_split(ctx, knobs))

@@ -26,7 +26,7 @@ if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapben
 import torch
 
 from overlapbench.model import attention, attention_kernels
-from overlapbench.model.chunks import KVBuffer, token_range, whole_batch
+from overlapbench.model.chunks import KVBuffer, prefix_suffix, token_range, whole_batch
 from overlapbench.model.models import preset
 from overlapbench.overlap.balance import balanced_ratio
 from overlapbench.run.environment import git_commit
@@ -99,7 +99,7 @@ def split_of(seq_lens: tuple[int, ...], cut: str, align: int, model: str, dev):
         c = split_point(n, align)
         return token_range(seq_lens, 0, c, dev), token_range(seq_lens, c, n, dev), torch.arange(n, device=dev), c
     prefix = iso.cuts(seq_lens, balanced_ratio(preset(model), TP, seq_lens), align)
-    first, second, order = iso.chunks(seq_lens, prefix, dev)
+    first, second, order = prefix_suffix(seq_lens, prefix, dev)
     return first, second, (torch.arange(n, device=dev) if order is None else order), first.size
 
 

@@ -359,7 +359,7 @@ def ragged(model: str, hq: int, hkv: int, scale: float) -> None:
 
 def overlapbench_path_for(model: str, hq: int, hkv: int) -> None:
     from overlapbench.model import attention, attention_kernels
-    from overlapbench.model.chunks import KVBuffer, sequence_starts, token_range
+    from overlapbench.model.chunks import KVBuffer, prefix_suffix, sequence_starts, token_range
     from overlapbench.strategies import iso
 
     attempt("ours", f"{model} select", lambda hq=hq, hkv=hkv: {
@@ -374,7 +374,7 @@ def overlapbench_path_for(model: str, hq: int, hkv: int) -> None:
             if kind == "token":
                 chunks = [token_range(seq_lens, 0, where, DEV), token_range(seq_lens, where, tokens, DEV)]
             else:
-                first, second, laid = iso.chunks(seq_lens, iso.cuts(seq_lens, where, 1), DEV)
+                first, second, laid = prefix_suffix(seq_lens, iso.cuts(seq_lens, where, 1), DEV)
                 chunks, order = [first, second], (order if laid is None else laid)
             q, k, v = layer_qkv(tokens, hq, hkv, seed=tokens)
             ref = torch.cat([reference(q[s : s + n], k[s : s + n], v[s : s + n], "top_left")[0]
