@@ -14,30 +14,11 @@
 # Each step's wall time and exit code go to summary.txt.
 set -u
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-out}
-WORK=$(mktemp -d)
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+ARCHIVE=predict.tgz
+source tests/checks/steps.sh
 STEPS=",${STEPS:-table,beside},"
 COMM=(python -m overlapbench comm --ops all_reduce --iters 10 --warmup 3 --nproc 2 --format csv)
 PATHS=nccl,nccl_symm,symm_one_shot,symm_two_shot,fused_norm,copy_engine_norm
-SUMMARY=$WORK/summary.txt
-
-pack() {  # at most 8 files come back: one archive, and the summary
-  tar -czf "$OUT/predict.tgz" -C "$WORK" . && cp "$SUMMARY" "$OUT/summary.txt"
-}
-
-step() {  # step NAME TIMEOUT_S COMMAND...: run it, note its wall time and exit code, pack
-  local name=$1 limit=$2 start
-  shift 2
-  start=$(date +%s)
-  timeout "$limit" "$@"
-  echo "$name: exit $? in $(( $(date +%s) - start )) s" | tee -a "$SUMMARY"
-  pack
-}
-
-{ python -m overlapbench env; nvidia-smi -L; nvidia-smi topo -m; } > "$WORK/env.txt" 2>&1
-echo "git ${OVERLAPBENCH_GIT:-unset} on $(nvidia-smi -L | head -n 1)" | tee "$SUMMARY"
 
 if [[ $STEPS == *,table,* ]]; then
   step table "${TABLE_TIMEOUT:-150}" "${COMM[@]}" --hidden 8192 --paths $PATHS \

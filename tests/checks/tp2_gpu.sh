@@ -14,30 +14,10 @@
 # Each step's wall time and exit code go to summary.txt.
 set -u
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-out}
-WORK=$(mktemp -d)
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+ARCHIVE=tp2.tgz
+source tests/checks/steps.sh
 STEPS=",${STEPS:-comm,beside,tests},"
 COMM=(python -m overlapbench comm --iters 10 --warmup 3 --hidden 8192 --nproc 2 --format csv)
-SUMMARY=$WORK/summary.txt
-
-pack() {  # everything so far into $OUT (at most 8 files come back, so one archive): a call cut
-  # off by its time limit still brings back every step that finished
-  tar -czf "$OUT/tp2.tgz" -C "$WORK" . && cp "$SUMMARY" "$OUT/summary.txt"
-}
-
-step() {  # step NAME TIMEOUT_S COMMAND...: run it, note its wall time and exit code, pack
-  local name=$1 limit=$2 start
-  shift 2
-  start=$(date +%s)
-  timeout "$limit" "$@"
-  echo "$name: exit $? in $(( $(date +%s) - start )) s" | tee -a "$SUMMARY"
-  pack
-}
-
-{ python -m overlapbench env; nvidia-smi -L; nvidia-smi topo -m; } > "$WORK/env.txt" 2>&1
-echo "git ${OVERLAPBENCH_GIT:-unset} on $(nvidia-smi -L | head -n 1)" | tee "$SUMMARY"
 
 if [[ $STEPS == *,comm,* ]]; then
   step comm "${COMM_TIMEOUT:-200}" "${COMM[@]}" --paths nccl,nccl_symm,symm_one_shot,symm_two_shot,fused_norm,copy_engine_norm \
