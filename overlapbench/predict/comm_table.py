@@ -88,9 +88,8 @@ class CommTable:
         if not points:
             raise UserError(f"{source}: no ok all_reduce rows of `overlapbench comm` (beside-GEMM rows do not count); "
                             f"run `overlapbench comm --ops all_reduce` for a table")
-        if len(worlds) != 1 or None in worlds:
-            raise UserError(f"{source}: rows of world sizes {sorted(map(str, worlds))}; a comm table is of one world size")
-        return cls(_medians(points), worlds.pop(), " and ".join(sorted(devices - {None})) or None, source)
+        world = one_world_size(worlds, f"{source}: rows", "a comm table is of one world size")
+        return cls(_medians(points), world, " and ".join(sorted(devices - {None})) or None, source)
 
     @classmethod
     def from_nccl_tests(cls, text: str, path: str = "nccl", world_size: int | None = None,
@@ -163,6 +162,14 @@ class CommTable:
         said = (f"{source}: {self.source} ({self.world_size} ranks) scaled to {world_size} ranks at "
                 f"{busbw_at:g} GB/s bus bandwidth for {path} at {format_bytes(reference_bytes)}")
         return CommTable(entries, world_size, self.device, said, self.notes + ([now.note] if now.note else []))
+
+
+def one_world_size(worlds: set, what: str, fix: str) -> int:
+    """The one world size a table's rows were measured at; a one-line error where they mix (or
+    a row lacks it)."""
+    if len(worlds) != 1 or None in worlds:
+        raise UserError(f"{what} of world sizes {sorted(map(str, worlds))}; {fix}")
+    return next(iter(worlds))
 
 
 def point_key(row: dict) -> Key:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overlapbench.errors import UserError
-from overlapbench.predict.comm_table import Ctas, is_beside, nearest_budget, point_key
+from overlapbench.predict.comm_table import Ctas, is_beside, nearest_budget, one_world_size, point_key
 from overlapbench.tuning.results import read_rows
 
 BudgetKey = tuple[str, Ctas]  # (path, ctas)
@@ -60,11 +60,10 @@ class Contention:
         if not measured:
             raise UserError(f"{source}: no ok all_reduce rows timed beside a GEMM stream; "
                             f"run `overlapbench comm --beside-gemm` for them")
-        if len(worlds) != 1 or None in worlds:
-            raise UserError(f"{source}: beside-GEMM rows of world sizes {sorted(map(str, worlds))}; give one world size")
+        world = one_world_size(worlds, f"{source}: beside-GEMM rows", "give one world size")
         entries = {key: [(b, statistics.median(v[0] for v in pairs), statistics.median(v[1] for v in pairs))
                          for b, pairs in sorted(by_size.items())] for key, by_size in measured.items()}
-        return cls(entries, worlds.pop(), source)
+        return cls(entries, world, source)
 
     def mean_loss(self) -> float:
         """The mean GEMM loss over every measured point: the default assumption for a path not measured."""
