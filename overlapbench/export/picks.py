@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from overlapbench.comm.sizes import DTYPE_BYTES
 from overlapbench.errors import UserError
 from overlapbench.tuned import Rule, TunedConfig, write_atomic
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 MIB = 1 << 20
 SP_FAMILY = ("sp_baseline", "async_tp", "flash_agrs")
 ALLREDUCE = ("nccl", "one_shot", "two_shot")  # baseline's `allreduce` knob: NCCL, PyTorch symmetric memory

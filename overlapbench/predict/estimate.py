@@ -9,20 +9,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from overlapbench import strategies
+from overlapbench.comm.sizes import DTYPE_BYTES
 from overlapbench.errors import UserError
-from overlapbench.model.schedule import COMPUTE, Batch, LayerPlan
+from overlapbench.model.schedule import ATTENTION, COMPUTE, Batch, LayerPlan
 from overlapbench.predict import piece_keys
 from overlapbench.predict.timeline import COMPUTE as COMPUTE_PHASE
 from overlapbench.predict.timeline import NORM, TRANSFER, Phase, Played, play
 from overlapbench.tuning.results import read_rows
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-
 
 @dataclass
 class ComputePieces:
-    """The pieces `sweep --pieces` timed: (batch, decode, piece key) -> median ms, with where
-    they came from."""
+    """The pieces `sweep --pieces` timed: (prefill sequences, (decode tokens, context) or None,
+    piece key) -> median ms, with where they came from."""
 
     ms: dict[tuple, float]
     device: str
@@ -40,7 +39,8 @@ class ComputePieces:
             for row in read_rows(path):
                 if row.get("workload") != piece_keys.WORKLOAD or row.get("status") != "ok":
                     continue
-                table[_batch_key(row["batch"], row.get("decode")) + (row["key"],)] = row["ms"]
+                decode = row.get("decode")
+                table[(tuple(row["batch"]), (decode["tokens"], decode["context"]) if decode else None, row["key"])] = row["ms"]
                 devices.add(row["device"])
                 tps.add(row["tp"])
                 runs.add(row["run_id"])
@@ -53,7 +53,7 @@ class ComputePieces:
         return cls(table, devices.pop(), tps.pop(), [str(p) for p in paths], runs)
 
     def find(self, batch: Batch, key: str) -> float | None:
-        return self.ms.get(_batch_key(list(batch.seq_lens), _decode(batch)) + (key,))
+        return self.ms.get((tuple(batch.seq_lens), batch.decode if batch.decode[0] else None, key))
 
     def get(self, batch: Batch, key: str) -> float:
         found = self.find(batch, key)
@@ -62,14 +62,6 @@ class ComputePieces:
             raise UserError(f"--compute: no piece row for {what['piece']} of {what['rows']} rows at batch "
                             f"{list(batch.seq_lens)}; time the spec's pieces: `overlapbench sweep SPEC --pieces --tp {batch.tp}`")
         return found
-
-
-def _decode(batch: Batch) -> dict | None:
-    return {"tokens": batch.decode[0], "context": batch.decode[1]} if batch.decode[0] else None
-
-
-def _batch_key(seq_lens, decode) -> tuple:
-    return (tuple(seq_lens), None if not decode else (decode["tokens"], decode["context"]))
 
 
 @dataclass
@@ -123,7 +115,7 @@ def _in_context(plan: LayerPlan, tasks, phases, entry: float, batch: Batch, laye
 def _phases(plan: LayerPlan, task, batch: Batch, dtype: str, inputs: Inputs, notes: list[str]) -> list[Phase]:
     chunk = plan.chunks[task.chunk]
     if task.work == COMPUTE:
-        key = (piece_keys.piece_key("attention", chunk.size, chunk, plan.pipelined) if task.block == "attention"
+        key = (piece_keys.piece_key("attention", chunk.size, chunk, plan.pipelined) if task.block == ATTENTION
                else piece_keys.piece_key("mlp", chunk.size))
         return [Phase(COMPUTE_PHASE, inputs.compute.get(batch, key))]
     transfer = plan.transfer(task.block)

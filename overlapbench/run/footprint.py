@@ -15,12 +15,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from overlapbench.comm.sizes import DTYPE_BYTES
 from overlapbench.errors import UserError
 from overlapbench.model.flops import layer_flops
 from overlapbench.specs.points import Point
 from overlapbench.specs.spec import SweepSpec
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 FP32 = 4
 ATTENTION_SCORE_BYTES = 12  # CPU attention's float32 scores, their masked copy and exp, per (query, key, head)
 CPU_TFLOP = 10.0  # per process: more than a CPU process runs in minutes; a spec without a cpu: section above it is GPU-sized
