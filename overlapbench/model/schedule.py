@@ -121,6 +121,12 @@ class Batch:
     def tokens(self) -> int:
         return sum(self.seq_lens) + self.decode[0]
 
+    @classmethod
+    def of(cls, seq_lens, decode, shape, tp: int) -> Batch:
+        """From a spec point's or a build's decode tokens (anything with `tokens` and `context`;
+        None for a prefill-only batch)."""
+        return cls(tuple(seq_lens), (0, 0) if decode is None else (decode.tokens, decode.context), shape, tp)
+
 
 # The comm table's path for each value of the split and fused strategies' `comm` knob.
 COMM_PATHS = {"nccl": "nccl", "nccl_symm": "nccl_symm", "fused": "fused_norm", "copy_engine": "copy_engine_norm"}

@@ -104,20 +104,23 @@ def predict(spec: SweepSpec, tp: int, inputs: Inputs, output: Path, error: float
     store.open(resume=False, study=spec.name)
     run_id, written = results.new_run_id(), 0
     reference = reference_setting("layer")
+    env = {"world_size": tp, "device": f"{inputs.compute.device} (predicted)", "backend": "predicted", "hosts": [],
+           "nodes": 1, "ranks": [], "gpus_per_host": None, "versions": environment.versions(),
+           "git": environment.git_commit(), "multicast_env": {}}  # the run's facts, once (git runs a subprocess)
     try:
         for _, group in itertools.groupby(points, key=lambda p: p.workload_key):
             group = list(group)
             found = {id(p): estimate(p.strategy, p.knobs, batch_of(p), p.layers, p.dtype, inputs) for p in group}
             ref = next((found[id(p)] for p in group if (p.strategy, p.knobs) == reference), None)
             for point in group:
-                store.append(_row(point, found[id(point)], ref, inputs, run_id, error))
+                store.append(_row(point, found[id(point)], ref, inputs, run_id, env, error))
                 written += 1
     finally:
         store.close()
     return written
 
 
-def _row(point, found, ref, inputs: Inputs, run_id: str, error: float) -> dict:
+def _row(point, found, ref, inputs: Inputs, run_id: str, env: dict, error: float) -> dict:
     from overlapbench.run.sweep import make_row
 
     cls = strategies.get(point.strategy)
@@ -131,9 +134,6 @@ def _row(point, found, ref, inputs: Inputs, run_id: str, error: float) -> dict:
                   "speedup": None if speedup is None else round(speedup, 6),
                   "speedup_ci": None if speedup is None else [round(max(speedup - error, 1e-6), 6), round(speedup + error, 6)],
                   "iters": 0}
-    env = {"world_size": point.tp, "device": f"{inputs.compute.device} (predicted)", "backend": "predicted",
-           "hosts": [], "nodes": 1, "ranks": [], "gpus_per_host": None, "versions": environment.versions(),
-           "git": environment.git_commit(), "multicast_env": {}}
     row = make_row(point, result, run_id, env, _measure_stub(point))
     row["predicted"] = {
         "compute": inputs.compute.sources, "compute_runs": sorted(inputs.compute.runs),

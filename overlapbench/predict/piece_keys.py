@@ -33,8 +33,7 @@ def chain_key(plan: LayerPlan, tokens: int, layers: int) -> str:
 
 
 def batch_of(point) -> Batch:
-    decode = (point.decode.tokens, point.decode.context) if point.decode else (0, 0)
-    return Batch(point.batch, decode, point.shape, point.tp)
+    return Batch.of(point.batch, point.decode, point.shape, point.tp)
 
 
 def wanted_pieces(points) -> dict[str, tuple]:

@@ -300,5 +300,4 @@ class BuildContext:
     @property
     def batch(self) -> Batch:
         """What a strategy's plan depends on (model/schedule.py)."""
-        decode = (self.decode.tokens, self.decode.context) if self.decode is not None else (0, 0)
-        return Batch(self.seq_lens, decode, self.stack.shape, self.stack.tp)
+        return Batch.of(self.seq_lens, self.decode, self.stack.shape, self.stack.tp)
