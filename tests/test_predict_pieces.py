@@ -68,3 +68,17 @@ def test_a_chain_runs_the_plan_with_its_communication_removed():
     for out in outputs[1:]:
         torch.testing.assert_close(out, outputs[0], rtol=1e-4, atol=1e-4)
     assert outputs[0].abs().sum() > 0
+
+
+def test_pieces_are_timed_in_the_sweeps_rounds(monkeypatch):
+    """Every piece gets one sample per round, ROUNDS of them after the warm-up, and a piece that
+    does more work measures slower (on CPU, by the wall clock)."""
+    from overlapbench.predict import pieces
+    from overlapbench.timing.interleave import WallClock
+
+    monkeypatch.setattr(pieces, "WARMUP_S", 0.01)
+    a, b = torch.randn(64, 64), torch.randn(256, 256)
+    small, large = (lambda: a @ a), (lambda: [b @ b for _ in range(4)])
+    samples = pieces.time_in_rounds([small, large], [0.01, 1.0], WallClock())
+    assert [len(s) for s in samples] == [pieces.ROUNDS, pieces.ROUNDS]
+    assert sorted(samples[1])[pieces.ROUNDS // 2] > sorted(samples[0])[pieces.ROUNDS // 2]

@@ -38,14 +38,15 @@ from overlapbench.overlap.split import SplitForward, SplitPlan
 from overlapbench.predict.piece_keys import WORKLOAD, wanted_pieces
 from overlapbench.run import environment, runtime
 from overlapbench.specs.spec import SweepSpec
-from overlapbench.timing import measure
+from overlapbench.timing import interleave, measure
 from overlapbench.timing.step import Step
 from overlapbench.tuning import results
 
 TARGET_MS = 1.0  # one timed sample lasts about this long (repetitions of the piece in one graph)
-# A batch's pieces are timed interleaved, as the sweep times a batch's points (interleave.py): after
-# WARMUP_S of running them all, ROUNDS rounds each time every piece once, in a rotated order, so the
-# clock's drift (an H100 slows as it warms) moves every piece alike. Timed one after the other,
+# A batch's pieces are timed interleaved, by the rounds the sweep times a batch's points with
+# (interleave.time_rounds): after WARMUP_S of running them all, ROUNDS rounds each time every piece
+# once, in a shuffled order, so the clock's drift (an H100 slows as it warms) moves every piece
+# alike. Timed one after the other,
 # a whole batch's MLP and its two halves came out of different clock states: the split looked up
 # to 7% cheaper than no split, where the two-GPU run measured it 0.3-2% dearer.
 WARMUP_S, ROUNDS = 2.0, 30
@@ -117,8 +118,9 @@ class BatchPieces:
         return self._chain_ctx
 
 
-def _repeated(fn, device) -> tuple[Step, int]:
-    """A step of enough repetitions of `fn` to last about TARGET_MS, and the count."""
+def _repeated(fn, device) -> tuple[Step, int, float]:
+    """A step of enough repetitions of `fn` to last about TARGET_MS, the count, and the step's
+    estimated ms."""
     fn()
     torch.cuda.synchronize(device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -129,32 +131,15 @@ def _repeated(fn, device) -> tuple[Step, int]:
     torch.cuda.synchronize(device)
     once = max(start.elapsed_time(end) / 3, 1e-3)
     reps = max(1, min(200, round(TARGET_MS / once)))
-    return Step(lambda x: [fn() for _ in range(reps)]), reps
+    return Step(lambda x: [fn() for _ in range(reps)]), reps, reps * once
 
 
-def time_in_rounds(runs: list, x: torch.Tensor) -> list[list[float]]:
-    """Samples (ms) of each of `runs` (what one sample runs), timed interleaved in rounds."""
-    import time
-
-    deadline = time.monotonic() + WARMUP_S
-    while time.monotonic() < deadline:
-        for run in runs:
-            run()
-        torch.cuda.synchronize(x.device)
-    samples: list[list[float]] = [[] for _ in runs]
-    for r in range(ROUNDS):
-        order = [(r + i) % len(runs) for i in range(len(runs))]
-        events = []
-        for i in order:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            runs[i]()
-            end.record()
-            events.append((i, start, end))
-        torch.cuda.synchronize(x.device)
-        for i, start, end in events:
-            samples[i].append(start.elapsed_time(end))
-    return samples
+def time_in_rounds(runs: list, estimates_ms: list[float], clock: interleave.Clock) -> list[list[float]]:
+    """Samples (ms) of each of `runs` (what one sample runs; `estimates_ms` its time), timed
+    interleaved by the sweep's own rounds (interleave.time_rounds): whole warm-up rounds for
+    WARMUP_S, then ROUNDS rounds, each run once per round in a shuffled order, none leaving early."""
+    plan = interleave.Plan(span_ms=0.0, max_rounds=ROUNDS, ci_target=0.0, warmup_s=WARMUP_S, min_rounds=ROUNDS)
+    return [t.samples_ms for t in interleave.time_rounds(runs, estimates_ms, 0, plan, clock)]
 
 
 def run(spec: SweepSpec, output: Path, tp: int) -> int:
@@ -175,9 +160,10 @@ def run(spec: SweepSpec, output: Path, tp: int) -> int:
                 first, wanted = group[0], wanted_pieces(group)
                 batch = BatchPieces(first, rt)
                 steps = {key: _repeated(batch.run(*what), rt.device) for key, what in wanted.items()}
-                runs = {key: measure.runner(step, batch.x, True) for key, (step, _) in steps.items()}
-                samples = time_in_rounds([run for run, _, _ in runs.values()], batch.x)
-                for (key, (piece, rows, _, _)), (_, reps), (_, graphs, error), taken in zip(
+                runs = {key: measure.runner(step, batch.x, True) for key, (step, _, _) in steps.items()}
+                samples = time_in_rounds([run for run, _, _ in runs.values()], [ms for _, _, ms in steps.values()],
+                                         interleave.CudaClock())
+                for (key, (piece, rows, _, _)), (_, reps, _), (_, graphs, error), taken in zip(
                         wanted.items(), steps.values(), runs.values(), samples):
                     per_piece = [t / reps for t in taken]
                     timing = measure.Timing(per_piece, graphs, error)
