@@ -3,7 +3,10 @@
 # $OUT/$ARCHIVE), exports the environment every process keeps (NVLink multicast off), writes
 # env.txt and the summary's first line, and defines
 #   step NAME TIMEOUT_S COMMAND...  run it under a timeout, note its wall time and exit code in
-#                                   summary.txt, then pack
+#                                   summary.txt, end what still holds a GPU after it, then pack
+#   leftovers                       the processes still on the GPUs, noted in summary.txt and
+#                                   killed: the machine is the script's, and a survivor of one
+#                                   step would take memory and SMs from the next
 #   pack                            everything so far into one archive (at most 8 files come back
 #                                   from a call): a call cut off by its limit keeps every step that finished
 OUT=${OUT:-out}
@@ -16,12 +19,24 @@ pack() {
   tar -czf "$OUT/$ARCHIVE" -C "$WORK" . && cp "$SUMMARY" "$OUT/summary.txt"
 }
 
+leftovers() {
+  local apps pids
+  apps=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader 2>/dev/null)
+  [ -z "$apps" ] && return 0
+  echo "  still on the GPUs: $(echo "$apps" | tr '\n' ';')" | tee -a "$SUMMARY"
+  pids=$(echo "$apps" | cut -d, -f1)
+  kill -9 $pids 2>/dev/null
+  sleep 3
+}
+
 step() {
   local name=$1 limit=$2 start
   shift 2
   start=$(date +%s)
   timeout "$limit" "$@"
   echo "$name: exit $? in $(( $(date +%s) - start )) s" | tee -a "$SUMMARY"
+  sleep 1
+  leftovers
   pack
 }
 

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Measurements at TP=$TP (default 2) on $TP GPUs, in steps chosen by STEPS, everything under $OUT
+# (packed into $OUT/tp$TP.tgz after every step, so a call cut off by its limit keeps what finished;
+# a summary printed last). Keep each call's steps well inside the call's limit: one study per call.
+#   OUT=/tmp/out OVERLAPBENCH_GIT=<commit> TP=4 STEPS=table,study SPECS="sweeps/a.yaml" bash tests/checks/tp_gpu.sh
+# table:  overlapbench comm, 1 MiB - 1 GiB in steps of 2: the all-reduce paths the layer strategies
+#         and the baselines send (NCCL's ring at its default and 16/32 CTAs, its symmetric kernel on
+#         16/32 CTAs, PyTorch's one- and two-shot, the fused all-reduce + RMSNorm kernel and the
+#         copy-engine path on 16/32/64 CTAs), then all-gather and reduce-scatter for the
+#         sequence-parallel families (NCCL ring and symmetric, copy engine)  -> comm{,-sp}.{jsonl,csv,log}
+# beside: the all-reduce paths at 64 MiB beside the llama3-70b TP=2 GEMMs, 8 and 16 CTAs: which
+#         few-SM path costs the GEMM least                                   -> comm-beside.{jsonl,csv,log}
+# tests:  the whole GPU test suite (pytest -m gpu)                            -> gpu-tests.log
+# study:  each spec of $SPECS swept (-o <name>.jsonl), then `overlapbench report` of its rows
+# Each step's wall time and exit code go to summary.txt, and what still holds a GPU after it.
+set -u
+cd "$(dirname "$0")/../.."
+TP=${TP:-2}
+ARCHIVE=tp$TP.tgz
+source tests/checks/steps.sh
+STEPS=",${STEPS:-table,beside,tests},"
+COMM=(python -m overlapbench comm --iters 10 --warmup 3 --hidden 8192 --nproc "$TP" --format csv)
+
+if [[ $STEPS == *,table,* ]]; then
+  step table "${TABLE_TIMEOUT:-200}" "${COMM[@]}" --ops all_reduce \
+    --paths nccl,nccl_symm,symm_one_shot,symm_two_shot,fused_norm,copy_engine_norm \
+    --nccl-max-ctas default,16,32 --comm-ctas 16,32,64 -b 1M -e 1G -f 2 \
+    --output "$WORK/comm.jsonl" > "$WORK/comm.csv" 2> "$WORK/comm.log"
+  step table-sp "${TABLE_TIMEOUT:-200}" "${COMM[@]}" --ops all_gather,reduce_scatter \
+    --paths nccl,nccl_symm,copy_engine --nccl-max-ctas default,16,32 -b 1M -e 1G -f 4 \
+    --output "$WORK/comm-sp.jsonl" > "$WORK/comm-sp.csv" 2> "$WORK/comm-sp.log"
+fi
+if [[ $STEPS == *,beside,* ]]; then
+  step beside "${BESIDE_TIMEOUT:-120}" "${COMM[@]}" --ops all_reduce --paths nccl,nccl_symm,symm_two_shot,fused_norm,copy_engine_norm \
+    --nccl-max-ctas default,8,16 --comm-ctas 8,16 -b 64M -e 64M --beside-gemm \
+    --output "$WORK/comm-beside.jsonl" > "$WORK/comm-beside.csv" 2> "$WORK/comm-beside.log"
+fi
+if [[ $STEPS == *,tests,* ]]; then
+  step tests "${TESTS_TIMEOUT:-360}" python -m pytest -q -m gpu -rs -p no:cacheprovider tests > "$WORK/gpu-tests.log" 2>&1
+  tail -n 3 "$WORK/gpu-tests.log" | tee -a "$SUMMARY"
+fi
+if [[ $STEPS == *,study,* ]]; then
+  for spec in ${SPECS:-}; do
+    name=$(basename "$spec" .yaml)
+    step "$name" "${STUDY_TIMEOUT:-420}" python -m overlapbench sweep "$spec" -o "$WORK/$name.jsonl" > "$WORK/$name.log" 2>&1
+    python -m overlapbench report "$WORK/$name.jsonl" --format markdown > "$WORK/report-$name.md" 2>&1
+    pack
+  done
+fi
+
+pack
+for rows in "$WORK"/comm*.jsonl; do
+  [ -f "$rows" ] && python -m overlapbench report "$rows" 2>/dev/null | tail -n 30
+done
+for rows in "$WORK"/*.jsonl; do
+  case $rows in */comm*) ;; *) python -m overlapbench report "$rows" 2>/dev/null | tail -n 45 ;; esac
+done
+cat "$SUMMARY"
