@@ -25,15 +25,15 @@ if [[ $STEPS == *,table,* ]]; then
   step table "${TABLE_TIMEOUT:-200}" "${COMM[@]}" --ops all_reduce \
     --paths nccl,nccl_symm,symm_one_shot,symm_two_shot,fused_norm,copy_engine_norm \
     --nccl-max-ctas default,16,32 --comm-ctas 16,32,64 -b 1M -e 1G -f 2 \
-    --output "$WORK/comm.jsonl" > "$WORK/comm.csv" 2> "$WORK/comm.log"
+    --output "$WORK/comm.jsonl" > "$WORK/comm.csv" 2> "$WORK/comm.out"
   step table-sp "${TABLE_TIMEOUT:-200}" "${COMM[@]}" --ops all_gather,reduce_scatter \
     --paths nccl,nccl_symm,copy_engine --nccl-max-ctas default,16,32 -b 1M -e 1G -f 4 \
-    --output "$WORK/comm-sp.jsonl" > "$WORK/comm-sp.csv" 2> "$WORK/comm-sp.log"
+    --output "$WORK/comm-sp.jsonl" > "$WORK/comm-sp.csv" 2> "$WORK/comm-sp.out"
 fi
 if [[ $STEPS == *,beside,* ]]; then
   step beside "${BESIDE_TIMEOUT:-120}" "${COMM[@]}" --ops all_reduce --paths nccl,nccl_symm,symm_two_shot,fused_norm,copy_engine_norm \
     --nccl-max-ctas default,8,16 --comm-ctas 8,16 -b 64M -e 64M --beside-gemm \
-    --output "$WORK/comm-beside.jsonl" > "$WORK/comm-beside.csv" 2> "$WORK/comm-beside.log"
+    --output "$WORK/comm-beside.jsonl" > "$WORK/comm-beside.csv" 2> "$WORK/comm-beside.out"
 fi
 if [[ $STEPS == *,tests,* ]]; then
   step tests "${TESTS_TIMEOUT:-360}" python -m pytest -q -m gpu -rs -p no:cacheprovider tests > "$WORK/gpu-tests.log" 2>&1
@@ -42,7 +42,7 @@ fi
 if [[ $STEPS == *,study,* ]]; then
   for spec in ${SPECS:-}; do
     name=$(basename "$spec" .yaml)
-    step "$name" "${STUDY_TIMEOUT:-420}" python -m overlapbench sweep "$spec" -o "$WORK/$name.jsonl" > "$WORK/$name.log" 2>&1
+    step "$name" "${STUDY_TIMEOUT:-420}" python -m overlapbench sweep "$spec" -o "$WORK/$name.jsonl" > "$WORK/$name.out" 2>&1
     python -m overlapbench report "$WORK/$name.jsonl" --format markdown > "$WORK/report-$name.md" 2>&1
     pack
   done
