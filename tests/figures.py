@@ -223,6 +223,18 @@ def found_in(text_file: str, pattern: str) -> list[str]:
     return re.findall(pattern, path(text_file).read_text(), re.M)
 
 
+def _how(knobs: dict) -> str:
+    """A pick's knobs as the README's tables name them: its path (`comm`, or an SP strategy's
+    `transport`), the CTA budgets, and the split's or the exchange's shape where it is not the default
+    (`balanced`, `4 chunks`, `2 chunks/rank`)."""
+    ctas = [str(v) for k, v in knobs.items() if "ctas" in k and k != "nccl_max_ctas" and v not in (None, analysis.DEFAULT)]
+    shape = [knobs["split_ratio"] if knobs.get("split_ratio") == "balanced" else "",
+             f"{knobs['chunks']} chunks" if (knobs.get("chunks") or 2) > 2 else "",
+             f"{knobs['chunks_per_rank']} chunks/rank" if (knobs.get("chunks_per_rank") or 1) > 1 else ""]
+    path = str(knobs.get("comm") or knobs.get("transport") or "")
+    return ", ".join(filter(None, [path, f"{'/'.join(ctas)} CTAs" if ctas else "", *shape]))
+
+
 def picks_by_tokens(*stores: str) -> dict[int, dict]:
     """Per token count of the stores' one layer group: tune's pick there, as the README's table
     prints it: the reference's and no_comm's ms, the pick's strategy and its comm/CTA knobs, its
@@ -236,8 +248,7 @@ def picks_by_tokens(*stores: str) -> dict[int, dict]:
         ref, free, m = analysis.reference(rows_at), analysis.bound(rows_at), chosen.chosen
         ci = analysis.speedup_ci(m, ref)
         speedup = analysis.speedup(m, ref)
-        ctas = [str(v) for k, v in m.knobs.items() if "ctas" in k and v not in (None, analysis.DEFAULT)]
-        how = ", ".join(filter(None, [str(m.knobs.get("comm") or ""), f"{'/'.join(ctas)} CTAs" if ctas else ""]))
+        how = _how(m.knobs)
         best = analysis.best_reference(rows_at)
         out[tokens] = {"ref_ms": ref.ms, "free_ms": free.ms, "strategy": m.strategy, "how": how, "speedup": speedup,
                        "pm": 0.0 if ci is None else (ci[1] - ci[0]) / 2 / speedup * 100,
