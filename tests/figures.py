@@ -128,6 +128,22 @@ def comm_shares(*stores: str) -> list[float]:
     return out
 
 
+def fastest_by_tokens(*stores: str) -> dict[int, dict]:
+    """Per token count (one batch each): the fastest correct choice that communicates (the bound
+    `no_comm` and the split's `comm: none` left out), its strategy, the share of the exposed
+    communication it hides (%), its time over no_comm's, and the exposed share of the reference (%)."""
+    out = {}
+    for _, composition, batch_rows in batches_of(*stores):
+        ref, free = analysis.reference(batch_rows), analysis.bound(batch_rows)
+        moving = [m for m in batch_rows if m.strategy != analysis.BOUND and m.knobs.get("comm") != "none"]
+        best = min(moving, key=lambda m: m.ms)
+        out[sum(composition[0])] = {"strategy": best.strategy, "how": _how(best.knobs),
+                                    "speedup": analysis.speedup(best, ref),
+                                    "hidden": analysis.hidden(best, ref, free) * 100, "over_free": best.ms / free.ms,
+                                    "exposed": (1 - free.ms / ref.ms) * 100}
+    return out
+
+
 def reference_ms(store: str) -> dict[tuple, float]:
     """Batch composition -> the reference row's median ms."""
     return {composition: ref.ms for _, composition, batch_rows in batches_of(store)
