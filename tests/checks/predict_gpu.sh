@@ -23,20 +23,20 @@ PATHS=nccl,nccl_symm,symm_one_shot,symm_two_shot,fused_norm,copy_engine_norm
 if [[ $STEPS == *,table,* ]]; then
   step table "${TABLE_TIMEOUT:-150}" "${COMM[@]}" --hidden 8192 --paths $PATHS \
     --nccl-max-ctas default,8,16,32 --comm-ctas 8,16,32,64 -b 1M -e 1G -f 2 \
-    --output "$WORK/comm.jsonl" > "$WORK/comm.csv" 2> "$WORK/comm.log"
+    --output "$WORK/comm.jsonl" > "$WORK/comm.csv" 2> "$WORK/comm.out"
   step table-h4096 "${TABLE_TIMEOUT:-150}" "${COMM[@]}" --hidden 4096 --paths fused_norm,copy_engine_norm \
     --comm-ctas 8,16,32,64 -b 1M -e 512M -f 2 \
-    --output "$WORK/comm-h4096.jsonl" > "$WORK/comm-h4096.csv" 2> "$WORK/comm-h4096.log"
+    --output "$WORK/comm-h4096.jsonl" > "$WORK/comm-h4096.csv" 2> "$WORK/comm-h4096.out"
 fi
 if [[ $STEPS == *,beside,* ]]; then
   step beside "${BESIDE_TIMEOUT:-200}" "${COMM[@]}" --hidden 8192 --paths $PATHS \
     --nccl-max-ctas default,16 --comm-ctas 16,32,64 -b 4M -e 512M -f 2 --beside-gemm \
-    --output "$WORK/comm-beside.jsonl" > "$WORK/comm-beside.csv" 2> "$WORK/comm-beside.log"
+    --output "$WORK/comm-beside.jsonl" > "$WORK/comm-beside.csv" 2> "$WORK/comm-beside.out"
 fi
 if [[ $STEPS == *,study,* ]]; then
   for spec in ${SPECS:-}; do
     name=$(basename "$spec" .yaml)
-    step "$name" "${STUDY_TIMEOUT:-300}" python -m overlapbench sweep "$spec" -o "$WORK/$name.jsonl" > "$WORK/$name.log" 2>&1
+    step "$name" "${STUDY_TIMEOUT:-300}" python -m overlapbench sweep "$spec" -o "$WORK/$name.jsonl" > "$WORK/$name.out" 2>&1
   done
 fi
 if [[ $STEPS == *,pieces,* ]]; then
@@ -44,7 +44,7 @@ if [[ $STEPS == *,pieces,* ]]; then
     name=$(basename "$spec" .yaml)
     for tp in ${TPS:-2}; do
       step "pieces-$name-tp$tp" "${PIECES_TIMEOUT:-200}" python -m overlapbench sweep "$spec" --pieces --tp "$tp" \
-        -o "$WORK/pieces-$name-tp$tp.jsonl" > "$WORK/pieces-$name-tp$tp.log" 2>&1
+        -o "$WORK/pieces-$name-tp$tp.jsonl" > "$WORK/pieces-$name-tp$tp.out" 2>&1
     done
   done
 fi
