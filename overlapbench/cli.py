@@ -275,6 +275,7 @@ def report(
     plot_metric: str = typer.Option("ms", "--plot-metric", help="ms | speedup: what --plot draws."),
     compare: tuple[Path, Path] | None = typer.Option(None, "--compare", metavar="OLD NEW", help="Per point (matched by key) the ratio NEW/OLD of ms per layer (micro: per GEMM)."),
     fail_above: float | None = typer.Option(None, "--fail-above", metavar="PCT", help="With --compare: exit 1 when any point got slower by more than PCT percent."),
+    across_devices: bool = typer.Option(False, "--across-devices", help="With --compare: compare OLD and NEW of different devices, or measured against predicted (refused without it: the difference is not the code's)."),
     profile: Path | None = typer.Option(None, "--profile", metavar="DIR", help="Where each point's GPU time goes: the kernel tables `sweep --profile DIR` wrote, by kind of kernel, per layer, beside no_comm's."),
     rounds: bool = typer.Option(False, "--rounds", help="How noisy the paired timing's rounds were, per batch: rounds, the sd of per-round ratios, the widest interval."),
 ) -> None:
@@ -292,7 +293,7 @@ def report(
     compare = None if compare is None else (file_of(compare[0]), file_of(compare[1]))
     code = report_mod.run(paths, fmt, console, sensitivity=sensitivity, tokens=tokens, plot_path=plot,
                           plot_metric=plot_metric, compare_paths=compare, fail_above=fail_above, profile_dir=profile,
-                          rounds=rounds)
+                          rounds=rounds, across_devices=across_devices)
     if code:
         raise typer.Exit(code)
 

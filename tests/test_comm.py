@@ -281,7 +281,7 @@ def test_csv_and_json_parse():
 
 def test_table_shows_rows_and_reasons():
     console = Console(file=io.StringIO())
-    output.render(rows(), "table", console)  # not a terminal: rendered 160 wide, not squeezed to 80
+    output.render(rows(), "table", console)  # not a terminal, 80 columns: a table per case, each figure whole
     text = console.file.getvalue()
     assert "1048576" in text and "104.86" in text and "failed" in text
     assert "all_reduce/fused_norm: 1K is below one row of hidden 8192" in text

@@ -89,6 +89,9 @@ def test_predicted_rows_feed_tune_and_report(tmp_path):
     assert written == len(rows) == len(_points())
     assert {r["timing"] for r in rows} == {"predicted"} and all(r["device"] == "GPU (predicted)" for r in rows)
     assert all(r["speedup_ci"][0] < r["speedup"] < r["speedup_ci"][1] for r in rows if r["strategy"] != "baseline")
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert ok and all(r[k] is None for r in ok for k in ("p10_ms", "p90_ms", "iqr_ms", "cv"))  # nothing was measured
+    assert all(r["predicted"]["error"] == 0.02 for r in ok)
     console = Console(file=io.StringIO(), width=120)
     assert tune.run([out], tmp_path / "tuned", console)
     report([out], "markdown", Console(file=io.StringIO(), width=120))

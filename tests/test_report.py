@@ -84,9 +84,9 @@ def test_speedup_and_hidden_follow_their_definitions(store):
     free = median(store, 2048, "no_comm", {})
     ts = cell(recs, 2048, "token_split")
     assert ts["speedup"] == pytest.approx(base / ts["ms"])
-    assert ts["hidden"] == pytest.approx((base - ts["ms"]) / (base - free))
-    assert 0.3 < ts["hidden"] < 0.6
-    assert cell(recs, 2048, "no_comm")["hidden"] == pytest.approx(1.0)
+    assert ts["hidden_pct"] == pytest.approx(100 * (base - ts["ms"]) / (base - free))  # percent, as the table
+    assert 30 < ts["hidden_pct"] < 60
+    assert cell(recs, 2048, "no_comm")["hidden_pct"] == pytest.approx(100.0)
 
 
 def test_noisy_cells_are_flagged(store):
@@ -101,7 +101,8 @@ def test_csv_parses_with_pandas(store):
     _, text = captured([store], "csv")
     frame = pd.read_csv(io.StringIO(text))
     assert len(frame) == len(TOKENS) * 4
-    assert {"tokens", "strategy", "knobs", "ms", "speedup", "hidden", "winner", "noisy", "device"} <= set(frame.columns)
+    assert {"tokens", "strategy", "knobs", "ms", "speedup", "hidden_pct", "winner", "noisy", "device", "run_id",
+            "timing"} <= set(frame.columns)
     assert json.loads(frame.loc[frame.strategy == "token_split", "knobs"].iloc[0])["comm_ctas_attn"] in CTAS
 
 
@@ -290,7 +291,7 @@ def test_a_micro_store_reports_speedups_over_sp_baseline(micro_store):
     assert cell(recs, 4096, "async_tp")["speedup"] == pytest.approx(2.0 / 1.9)
     assert cell(recs, 8192, "flash_agrs")["speedup"] == pytest.approx(4.0 / 3.0)
     assert cell(recs, 4096, "sp_baseline")["speedup"] == 1.0
-    assert all(r["hidden"] is None for r in recs)  # no no_comm bound for one GEMM
+    assert all(r["hidden_pct"] is None for r in recs)  # no no_comm bound for one GEMM
     assert [r["winner"] for r in recs if r["tokens"] == 4096] == [False, False, True]  # flash_agrs, beyond any noise
 
 
@@ -353,7 +354,7 @@ def test_micro_sensitivity_plot_and_compare(micro_store, tmp_path):
               for r in rows_of(micro_store)]
     new = synthetic.write(tmp_path / "new.jsonl", slower)
     code, text = captured([], "markdown", compare_paths=(micro_store, new), fail_above=10.0)
-    assert code == 1 and "llama3-70b gemm_rs n=8192 k=14336 tp2 bf16" in text and "ms per GEMM" in text
+    assert code == 1 and "llama3-70b gemm_rs n=8192 k=14336 tp2 NVIDIA H200 bf16" in text and "ms per GEMM" in text
     pytest.importorskip("matplotlib")
     code, _ = captured([micro_store], "csv", plot_path=tmp_path / "micro.png", plot_metric="speedup")
     assert code == 0 and (tmp_path / "micro.png").read_bytes()[:4] == b"\x89PNG"
@@ -456,7 +457,7 @@ def test_paired_speedups_show_their_interval(tmp_path):
     lo, hi = split["speedup_ci"]
     assert lo < split["speedup"] < hi and hi - lo < 0.005 and split["speedup"] == pytest.approx(1 / 0.97, rel=0.002)
     assert base["speedup"] == 1.0 and base["speedup_ci"] is None
-    assert split["hidden"] == pytest.approx((1 - 0.97) / (1 - 0.9), rel=0.03)
+    assert split["hidden_pct"] == pytest.approx(100 * (1 - 0.97) / (1 - 0.9), rel=0.03)
     assert split["winner"]
     _, text = captured([path])
     assert "1.031x ±" in text

@@ -78,49 +78,115 @@ def to_json(rows: list[dict]) -> str:
     return json.dumps([record(r) for r in rows], indent=1)
 
 
-def to_table(rows: list[dict]) -> Table:
-    """The rich table: measured rows, and one line per distinct reason a case did not run."""
-    from rich.table import Table
+TEXT_COLUMNS = ("type", "op", "path", "NCCL kernel")
+
+
+def _columns(rows: list[dict]) -> tuple[str, ...]:
+    """The table's columns: nccl-tests' and ours, the NCCL kernel and beside-GEMM ones where any row has them."""
+    names = ("size (B)", "count", "type", "op", "path", "ctas", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong")
+    names += ("NCCL kernel",) if any(r.get("nccl_kernel") for r in rows) else ()
+    beside = any(r.get("beside_ms") is not None for r in rows)
+    return names + (("beside GEMM (us)", "busbw beside", "GEMM loss") if beside else ())
+
+
+def _cells(row: dict, names: tuple[str, ...]) -> dict[str, str | Text]:
+    """A measured (or failed) row's cells by column name."""
     from rich.text import Text
 
-    table = Table(title="overlapbench comm", title_justify="left", caption_justify="left", show_edge=False)
-    beside = any(r.get("beside_ms") is not None for r in rows)
-    kernels = any(r.get("nccl_kernel") for r in rows)
-    extra = ("beside GEMM (us)", "busbw beside", "GEMM loss") if beside else ()
-    names = ("size (B)", "count", "type", "op", "path", "ctas", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong")
-    names += ("NCCL kernel",) if kernels else ()
-    for name in names + extra:
-        table.add_column(name, justify="left" if name in ("type", "op", "path", "NCCL kernel") else "right")
+    ok = row["status"] == "ok"
+    failed = Text("failed", style="red")
+    ctas, wrong, b = row["knobs"]["ctas"], row.get("wrong"), row.get("beside_ms")
+    cells = {
+        "size (B)": str(row["bytes"]), "count": str(row["count"]), "type": row["dtype"], "op": row["op"],
+        "path": path_label(row), "ctas": "-" if ctas is None else str(ctas),
+        "time (us)": f"{row['ms'] * 1e3:.2f}" if ok else failed, "algbw (GB/s)": f"{row['algbw']:.2f}" if ok else failed,
+        "busbw (GB/s)": f"{row['busbw']:.2f}" if ok else failed, "#wrong": "-" if wrong is None else str(wrong),
+        "NCCL kernel": nccl_kernel(row) if row.get("nccl_kernel") else "-",
+        "beside GEMM (us)": "-" if b is None else f"{b * 1e3:.2f}",
+        "busbw beside": "-" if b is None else f"{row['beside_busbw']:.2f}",
+        "GEMM loss": "-" if b is None else f"{row['gemm_loss']:.1%}",
+    }
+    return {name: cells[name] for name in names}
+
+
+def _reasons(rows: list[dict]) -> Text | None:
+    """One line per distinct reason a case did not run (literal: errors may hold brackets)."""
+    from rich.text import Text
+
     reasons: dict[str, list[str]] = {}
     for row in rows:
         what = f"{row['op']}/{row['strategy']}"
         if row["status"] == "skipped":
             reasons.setdefault(row["error"], []).append(what)
-            continue
-        ok = row["status"] == "ok"
-        if not ok:
+        elif row["status"] != "ok":
             reasons.setdefault(f"failed: {row['error']}", []).append(f"{what}@{row['bytes']}")
-        failed = [Text("failed", style="red")] * 3
-        timed = [f"{row['ms'] * 1e3:.2f}", f"{row['algbw']:.2f}", f"{row['busbw']:.2f}"] if ok else failed
-        ctas, wrong = row["knobs"]["ctas"], row.get("wrong")
-        contention = []
-        if beside:
-            b = row.get("beside_ms")
-            contention = ["-"] * 3 if b is None else [f"{b * 1e3:.2f}", f"{row['beside_busbw']:.2f}", f"{row['gemm_loss']:.1%}"]
-        kernel = [nccl_kernel(row) if row.get("nccl_kernel") else "-"] if kernels else []
-        table.add_row(str(row["bytes"]), str(row["count"]), row["dtype"], row["op"], path_label(row),
-                      "-" if ctas is None else str(ctas), *timed, "-" if wrong is None else str(wrong), *kernel,
-                      *contention)
     notes = [f"{', '.join(dict.fromkeys(where))}: {why}" for why, where in reasons.items()]
-    table.caption = Text("\n".join(notes)) if notes else None  # literal: errors may hold brackets
+    return Text("\n".join(notes)) if notes else None
+
+
+def to_table(rows: list[dict]) -> Table:
+    """The rich table: measured rows, and one line per distinct reason a case did not run."""
+    from rich.table import Table
+
+    table = Table(title="overlapbench comm", title_justify="left", caption_justify="left", show_edge=False)
+    names = _columns(rows)
+    for name in names:
+        table.add_column(name, justify="left" if name in TEXT_COLUMNS else "right")
+    for row in rows:
+        if row["status"] != "skipped":
+            table.add_row(*_cells(row, names).values())
+    table.caption = _reasons(rows)
     return table
+
+
+NARROW = {"size (B)": "size (B)", "time (us)": "time", "algbw (GB/s)": "algbw", "busbw (GB/s)": "busbw",
+          "#wrong": "#wrong", "NCCL kernel": "NCCL kernel"}  # the narrow form's headers: units in the title
+NARROW_BESIDE = {"size (B)": "size (B)", "beside GEMM (us)": "time beside", "busbw beside": "busbw beside",
+                 "GEMM loss": "GEMM loss"}
+
+
+def narrow_tables(rows: list[dict]) -> list[Table | Text]:
+    """The table for a narrow console (a pipe counts as 80 columns): per case (op, path, CTAs,
+    type: its title) a table of its sizes, and where it was timed beside the GEMMs a second one
+    of those figures, each under its heading; no cell is wrapped or cut. The reasons a case did
+    not run come last."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from overlapbench.printing import COMPACT
+
+    cases: dict[str, list[dict]] = {}
+    for row in rows:
+        if row["status"] != "skipped":
+            ctas = row["knobs"]["ctas"]
+            title = f"{row['op']} {path_label(row)}{'' if ctas is None else f' ctas={ctas}'} {row['dtype']}"
+            cases.setdefault(title, []).append(row)
+    tables = []
+    for title, members in cases.items():
+        kinds = [(NARROW, f"{title}: time in us, bandwidths in GB/s")]
+        if any(r.get("beside_ms") is not None for r in members):
+            units = "time in us, busbw in GB/s, GEMM loss: the share of their TFLOP/s lost"
+            kinds.append((NARROW_BESIDE, f"{title} beside the GEMMs: {units}"))
+        for headers, heading in kinds:
+            names = [n for n in headers if n in _columns(members)]
+            tables.append(Text(heading, style="bold"))
+            table = Table(**COMPACT)
+            for name in names:
+                table.add_column(headers[name], justify="left" if name in TEXT_COLUMNS else "right", no_wrap=True)
+            for row in members:
+                table.add_row(*_cells(row, tuple(names)).values())
+            tables.append(table)
+    reasons = _reasons(rows)
+    return tables + ([reasons] if reasons is not None else [])
 
 
 def render(rows: list[dict], fmt: str, console: Console) -> None:
     if fmt == "table":
-        from overlapbench.printing import print_table
+        from overlapbench.printing import fits
 
-        print_table(console, to_table(rows))  # a pipe or a file: no 80-column squeeze
+        table = to_table(rows)
+        for part in [table] if fits(console, table) else narrow_tables(rows):
+            console.print(part, soft_wrap=False)  # the reasons wrap at the width
     else:
         console.file.write(to_csv(rows) if fmt == "csv" else to_json(rows) + "\n")
         console.file.flush()

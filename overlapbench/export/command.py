@@ -84,7 +84,8 @@ def _tuned_from_results(path: Path, console: Console) -> list[Input]:
 
 def rows_of(item: Input) -> list[Measured]:
     """The rows behind a tuned config: those read with it, else the stores its provenance names,
-    only the group's own."""
+    only the group's own (its device, measured or predicted as the config says); none of them is
+    a UserError naming the devices the stores hold."""
     if item.rows is not None:
         return item.rows
     sources = (item.config.extra.get("provenance") or {}).get("sources") or []
@@ -93,9 +94,14 @@ def rows_of(item: Input) -> list[Measured]:
         named = f"names {', '.join(missing or sources)}, not found here" if sources else "names no results file"
         raise UserError(f"{item.source}: its provenance {named}; pass the results .jsonl to export --defaults instead")
     c = item.config
-    return [m for m in analysis.read(sources).measured
-            if m.group.workload == analysis.LAYER and (m.group.device, m.group.world_size, m.group.tp, m.group.shape_dict,
-                                                        m.group.dtype) == (c.device, c.world_size, c.tp, c.shape, c.dtype)]
+    layer = [m for m in analysis.read(sources).measured if m.group.workload == analysis.LAYER]
+    rows = [m for m in layer if (m.group.device_label, m.group.world_size, m.group.tp, m.group.shape_dict,
+                                 m.group.dtype) == (c.device, c.world_size, c.tp, c.shape, c.dtype)]
+    if not rows:
+        held = ", ".join(sorted({m.group.label() for m in layer})) or "no layer rows"
+        raise UserError(f"{item.source}: its provenance's rows ({', '.join(sources)}) hold {held}, none of "
+                        f"{c.model} tp{c.tp} {c.device} {c.dtype}; rows of another device are never pooled with its own")
+    return rows
 
 
 def run(paths: list[Path], engine: str, version: str | None, out_dir: Path, show_defaults: bool,

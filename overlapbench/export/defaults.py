@@ -18,7 +18,7 @@ from overlapbench.export import sglang_facts, tokenweave_facts, trtllm_facts, vl
 from overlapbench.export.picks import MIB, capability, dtype_bytes, hidden
 from overlapbench.export.tokenweave import family_of
 from overlapbench.tuned import TunedConfig
-from overlapbench.tuning import analysis, batches, tune
+from overlapbench.tuning import analysis, batches, origin, tune
 from overlapbench.tuning.analysis import Measured
 
 SYMM = ("one_shot", "two_shot")
@@ -151,7 +151,7 @@ def markdown(engine: str, config: TunedConfig, rows: list[Measured], source: str
 def _row(line: Line) -> str:
     stand = line.engine_row.describe() if line.engine_row else "-"
     tuned = line.tuned_row.describe() if line.tuned_row else "-"
-    cost = _cost(line.cost) if line.cost else line.note
+    cost = _cost(line.cost, line.tuned_row) if line.cost else line.note
     return (f"| {line.label} | {line.default.text} | {stand} | {_ms(line.engine_row)} | {tuned} | {_ms(line.tuned_row)} "
             f"| {cost} |\n")
 
@@ -160,10 +160,15 @@ def _ms(m: Measured | None) -> str:
     return f"{m.ms:.4g}" if m is not None else "-"
 
 
-def _cost(g: tune.Gain) -> str:
+def _cost(g: tune.Gain, tuned_row: Measured) -> str:
+    """The cost in percent with its interval and how it was had: `(paired)` a measurement timed
+    interleaved; `(predicted, ±E%)` a prediction, E its model's assumed error in the same percent."""
     if g.method == "same row":
         return "0 (the same setting)"
-    return f"{(g.speedup - 1) * 100:+.1f}% [{(g.lo - 1) * 100:+.1f}, {(g.hi - 1) * 100:+.1f}] ({g.method})"
+    how = g.method
+    if g.method == origin.PREDICTED and tuned_row.model_error is not None:
+        how = f"{origin.PREDICTED}, ±{tuned_row.model_error * 100:.1f}%"
+    return f"{(g.speedup - 1) * 100:+.1f}% [{(g.lo - 1) * 100:+.1f}, {(g.hi - 1) * 100:+.1f}] ({how})"
 
 
 def check_engine_version(engine: str, version: str | None) -> None:

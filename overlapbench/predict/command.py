@@ -2,12 +2,12 @@
 
 Every point of the spec at `--tp K` gets a row whose `ms` is the predicted time per layer
 (estimate.py), `timing` is "predicted", `device` is the pieces' device with " (predicted)"
-added (so `tune` and `report` keep predicted and measured rows apart), `speedup` is over the
-predicted default baseline of its batch, and `speedup_ci` that speedup +- `error` (the
-absolute error the TP=2 validation supports: docs/predict.md). `p10_ms` and `p90_ms` bound the
-time by half that error each way, so `tune`'s rule for rows without samples (their ranges must
-not overlap) asks a challenger to win by more than the model's error. `predicted` says what
-each row was made from.
+added (`tune`, `report` and `export` keep predicted and measured rows apart, by `timing`), `speedup`
+is over the predicted default baseline of its batch, and `speedup_ci` that speedup +- `error` (the
+absolute error the TP=2 validation supports: docs/predict.md). Nothing was measured, so
+`p10_ms`, `p90_ms`, `iqr_ms` and `cv` are null; `tune` takes each time +- half the error as its
+range (a challenger must win by more than the model's error). `predicted` says what each row was
+made from, its `error` included.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def main(spec_path: Path, tp: int, comm: list[Path], compute: list[Path] | None,
     if error is not None and not 0 <= error < 1:
         raise UserError(f"--error: an absolute error of the speedup in [0, 1), such as 0.03, got {error}")
     loaded = spec_mod.load(spec_path, cuda=True)
-    loaded.shape.check_tp(tp)
+    loaded.check_tp(tp)
     compute = compute or [Path("results") / f"{loaded.name}-pieces-tp{tp}.jsonl"]
     out = output or Path("results") / f"{loaded.name}-predicted-tp{tp}.jsonl"
     if out.exists() and out.stat().st_size > 0:
@@ -65,7 +65,7 @@ def launch_pieces(path: Path, output: Path | None, tp: int | None) -> None:
     tp = tp or (loaded.tp if isinstance(loaded.tp, int) else None)
     if tp is None or tp < 1:
         raise UserError("--tp: give the TP degree whose shard to time (the spec says tp: auto)")
-    loaded.shape.check_tp(tp)
+    loaded.check_tp(tp)
     out = output or Path("results") / f"{loaded.name}-pieces-tp{tp}.jsonl"
     log = launch_log.path_for(out)
     code = launch.relaunch(["sweep", str(path), "--pieces", "--tp", str(tp), "--output", str(out)], 1, log)
@@ -128,8 +128,8 @@ def _row(point, found, ref, inputs: Inputs, run_id: str, env: dict, error: float
         result = {"status": "skipped", "error": f"{point.strategy} has no schedule to predict (its plan() gives none)"}
     else:
         speedup = None if ref is None else ref.ms / found.ms
-        result = {"status": "ok", "error": None, "ms": found.ms, "p10_ms": found.ms * (1 - error / 2),
-                  "p90_ms": found.ms * (1 + error / 2), "iqr_ms": 0.0, "cv": 0.0, "graphs": None, "rel_err": None,
+        result = {"status": "ok", "error": None, "ms": found.ms, "p10_ms": None, "p90_ms": None, "iqr_ms": None,
+                  "cv": None, "graphs": None, "rel_err": None,
                   "tolerance": None, "checked": cls.is_checked(point.knobs), "timing": "predicted",
                   "speedup": None if speedup is None else round(speedup, 6),
                   "speedup_ci": None if speedup is None else [round(max(speedup - error, 1e-6), 6), round(speedup + error, 6)],

@@ -12,6 +12,8 @@ STAR, NOISY, SLOWER = "★", "~", "▲"
 NOISY_TEXT = f"{NOISY} noisy (cv > {analysis.NOISY_CV:.0%})"
 RATE_TEXT = ("TF/s = the layer's GEMM and attention FLOPs on one rank per second, and its share of the device's "
              "dense bf16 peak (the rows' peak_tflops, peak_source)")
+PREDICTED_TEXT = ("(predicted): `overlapbench predict`'s rows, not measurements; their ± is the model's assumed error "
+                  "(predict --error), not a measured interval")
 
 
 
@@ -23,10 +25,11 @@ def legend(views: dict[Group, dict[str, dict[str, Cell]]]) -> str:
     hidden = (f" · hidden = share of {name}'s exposed communication ({name.removeprefix('the ')} - no_comm) removed"
               if any(c.hidden is not None for c in cells) else "")
     rate = f" · {RATE_TEXT}" if any(c.m.peak_frac is not None for c in cells) else ""
+    predicted = f" · {PREDICTED_TEXT}" if any(c.m.predicted for c in cells) else ""
     vs_best = (f" · vs best = speedup over {name}'s fastest knob setting at that point, where that is not its default"
                if any(c.vs_best_text() for c in cells) else "")
     return (f"{STAR} picked by tune's rule (faster than {name} beyond the noise, else {name}) · {NOISY_TEXT} · "
-            f"speedup over {name} with default knobs{vs_best}{hidden}{rate} · each strategy at its best knobs{which}")
+            f"speedup over {name} with default knobs{vs_best}{hidden}{rate}{predicted} · each strategy at its best knobs{which}")
 
 
 def sensitivity_legend(groups: Iterable[Group]) -> str:
@@ -95,15 +98,19 @@ class Cell:
         return [f"{fmt_ms(self.m.ms)} ms{rate}", " ".join(figures), *vs_best, self.m.knob_text()]
 
     def record(self) -> dict:
+        """The cell as a CSV/JSON record: `hidden_pct` in percent as the table shows it; a
+        predicted row's `timing` says so, and its p10/p90/cv/noisy are null (nothing was measured)."""
         m = self.m
         return m.group.fields() | {
             "tokens": m.tokens, "batch": list(m.batch),
             "decode": None if m.decode is None else {"tokens": m.decode[0], "context": m.decode[1]},
-            "strategy": m.strategy, "knobs": m.knobs, "ms": m.ms,
-            "p10_ms": m.p10_ms, "p90_ms": m.p90_ms, "cv": m.cv, "noisy": m.noisy,
+            "strategy": m.strategy, "knobs": m.knobs, "timing": m.timing, "ms": m.ms,
+            "p10_ms": m.p10_ms, "p90_ms": m.p90_ms, "cv": m.cv, "noisy": None if m.predicted else m.noisy,
             "speedup": self.speedup, "speedup_ci": None if self.speedup_ci is None else list(self.speedup_ci),
-            "hidden": self.hidden, "winner": self.winner, "tflops": m.tflops, "peak_frac": m.peak_frac,
+            "hidden_pct": None if self.hidden is None else self.hidden * 100, "winner": self.winner,
+            "tflops": m.tflops, "peak_frac": m.peak_frac,
             "speedup_vs_best": self.vs_best, "best_reference": None if self.best is None else self.best.knobs,
+            "run_id": m.run_id,
         }
 
 

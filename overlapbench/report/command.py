@@ -41,6 +41,7 @@ class Options:
     fail_above: float | None = None
     profile_dir: Path | None = None
     rounds: bool = False
+    across_devices: bool = False
 
     def check(self, paths: list[Path]) -> None:
         if self.fmt not in FORMATS:
@@ -53,6 +54,8 @@ class Options:
             raise UserError(f"--plot: {self.plot_path} must end in .png")
         if self.fail_above is not None and self.compare_paths is None:
             raise UserError("--fail-above: only with --compare OLD NEW")
+        if self.across_devices and self.compare_paths is None:
+            raise UserError("--across-devices: only with --compare OLD NEW (a report keeps devices apart, a table each)")
         if self.fail_above is not None and not self.fail_above >= 0:
             raise UserError(f"--fail-above: a percentage >= 0, got {self.fail_above}")
         if self.compare_paths is not None and paths:
@@ -95,11 +98,11 @@ def _require_measured(store: Store) -> None:
 def run(paths: Iterable[Path], fmt: str = "table", console: Console | None = None, **options) -> int:
     """The report command; returns the exit code (1: a regression above --fail-above).
     `options`: the fields of Options (sensitivity, tokens, plot_path, plot_metric,
-    compare_paths, fail_above, profile_dir, rounds)."""
+    compare_paths, fail_above, profile_dir, rounds, across_devices)."""
     console, paths, opts = console or printing.console(), list(paths), Options(fmt, **options)
     opts.check(paths)
     if opts.compare_paths is not None:
-        return compare(*opts.compare_paths, fmt, console, opts.fail_above)
+        return compare(*opts.compare_paths, fmt, console, opts.fail_above, opts.across_devices)
     store = analysis.read(paths, require_ok=False)
     if opts.profile_dir is not None or opts.rounds:  # views of one run's rows, not of strategies compared
         grids, records, note = rounds_view(store.rows) if opts.rounds else profile_view(store.rows, opts.profile_dir)

@@ -1,4 +1,9 @@
-"""`--compare OLD NEW`: per point NEW/OLD with its interval; a regression only beyond both runs' noise."""
+"""`--compare OLD NEW`: per point NEW/OLD with its interval; a regression only beyond both runs' noise.
+
+Points match by key on one setup (device and world size, measured or predicted): OLD and NEW of
+different devices, or a measurement and a prediction, are refused, since what differs there is
+not the code; `--across-devices` compares them anyway (one setup a side), and says so in each
+heading."""
 
 from __future__ import annotations
 
@@ -18,16 +23,42 @@ from overlapbench.tuning.analysis import Measured, Store
 # -- compare: NEW against OLD, point by point ----------------------------------------------
 
 
-def compare_pairs(old: Store, new: Store) -> list[tuple[Measured, Measured]]:
-    """(OLD, NEW) per point in both stores (matched by key), ordered by group, tokens, strategy."""
-    before = {m.key: m for m in old.measured}
-    pairs = [(before[m.key], m) for m in new.measured if m.key in before]
+def compare_pairs(old: Store, new: Store, across_devices: bool = False) -> list[tuple[Measured, Measured]]:
+    """(OLD, NEW) per point in both stores, ordered by group, tokens, strategy: matched by key on
+    one setup, or with `across_devices` by key alone (each store of one setup)."""
+    olds, news = _setups(old), _setups(new)
+    if across_devices:
+        for side, store, found in (("OLD", old, olds), ("NEW", new, news)):
+            if len(found) > 1:
+                raise UserError(f"--across-devices: {side} ({store.sources[0]}) holds rows of {_names(found)}; "
+                                f"compare one setup's rows with another's, a file a side")
+    elif not olds & news:
+        raise UserError(f"--compare: OLD holds rows of {_names(olds)}, NEW of {_names(news)}: what differs is not the "
+                        f"code; compare two runs of one device, both measured, or pass --across-devices to compare them anyway")
+    match = (lambda m: m.key) if across_devices else (lambda m: (m.key, m.group.setup))
+    before = {match(m): m for m in old.measured}
+    pairs = [(before[match(m)], m) for m in new.measured if match(m) in before]
     if not pairs:
         raise UserError(
             f"--compare: {old.sources[0]} and {new.sources[0]} share no points "
             f"(matched by point key: workload, gemm, shape, tp, dtype, layers, seed, batch, decode, strategy, knobs)"
         )
     return sorted(pairs, key=lambda p: (p[1].group.label(), p[1].tokens, column_order(p[1].strategy)))
+
+
+def _setups(store: Store) -> set[tuple[str, int]]:
+    return {m.group.setup for m in store.measured}
+
+
+def _names(setups: set[tuple[str, int]], ranks: bool = True) -> str:
+    return " and ".join(device + (f" on {world} ranks" if ranks else "") for device, world in sorted(setups))
+
+
+def unmatched(old: Store, new: Store) -> str | None:
+    """A note on the setups only one side holds (not compared), where both share another."""
+    olds, news = _setups(old), _setups(new)
+    alone = [f"{side}'s {_names(only)} rows" for side, only in (("OLD", olds - news), ("NEW", news - olds)) if only]
+    return f"not compared (no rows of that setup on the other side): {'; '.join(alone)}" if alone else None
 
 
 COMPARE_LEVEL = 0.99  # a gate compares many points at once: each one's false alarms must be rare
@@ -75,6 +106,8 @@ def compare_record(o: Measured, n: Measured, limit: float | None, run_sd: float,
         lo, hi = min(within[0], r), max(within[1], r)
         ci = [math.exp(r - math.hypot(r - lo, z)), math.exp(r + math.hypot(hi - r, z))]
     return n.group.fields() | {
+        "old_device": o.group.device_label, "old_timing": o.timing, "new_timing": n.timing,
+        "old_run_id": o.run_id, "new_run_id": n.run_id,
         "tokens": n.tokens, "strategy": n.strategy, "knobs": n.knobs, "old_ms": o.ms, "new_ms": n.ms,
         "ratio": ratio, "ratio_ci": ci, "run_to_run_sd": run_sd,
         "verdict": _verdict(ratio, ci, limit),
@@ -100,29 +133,36 @@ def _verdict(ratio: float, ci: list[float] | None, limit: float | None) -> str:
 
 
 def compare_grids(pairs: list[tuple[Measured, Measured]], records: list[dict]) -> list[Grid]:
-    """A table per group (what was measured, TP, dtype: one comparison is on one machine), each
-    strategy's knob setting in its cell (moved under the table where it is too wide)."""
+    """A table per group, its heading naming the device (both, where they differ), each strategy's
+    knob setting in its cell (moved under the table where it is too wide)."""
     grids: dict[str, list[list[Shown]]] = {}
-    for (_, n), r in zip(pairs, records):
+    per = " / ".join(sorted({n.group.unit for _, n in pairs}))
+    for (o, n), r in zip(pairs, records):
         ci = "too few samples" if r["ratio_ci"] is None else f"[{r['ratio_ci'][0]:.3f}, {r['ratio_ci'][1]:.3f}]"
-        grids.setdefault(_compared_group(n), []).append([
+        grids.setdefault(_heading(o, n, per), []).append([
             text_cell(str(r["tokens"])), Shown((n.strategy,), knobs=n.knob_text()),
             text_cell(fmt_ms(r["old_ms"])), text_cell(fmt_ms(r["new_ms"])),
             Shown((f"{r['ratio']:.3f}",), mark=SLOWER if r["regression"] else ""), text_cell(ci)])
-    per = " / ".join(sorted({n.group.unit for _, n in pairs}))
     header = ["tokens", "strategy", "old ms", "new ms", "new/old", f"{COMPARE_LEVEL:.0%} CI"]
-    return [Grid(f"{group}: NEW / OLD ms per {per}", header, rows) for group, rows in grids.items()]
+    return [Grid(heading, header, rows) for heading, rows in grids.items()]
 
 
-def _compared_group(m: Measured) -> str:
-    """The group, short: what was measured, TP and dtype (one comparison is on one machine)."""
-    return f"{m.group.what()} tp{m.group.tp} {m.group.dtype}"
+def _heading(o: Measured, n: Measured, per: str) -> str:
+    """`llama3-8b tp2 NVIDIA H200 bf16: NEW / OLD ms per layer`; across devices, both named on a
+    second line."""
+    if o.group.setup == n.group.setup:
+        return f"{n.group.label()}: NEW / OLD ms per {per}"
+    g, ranks = n.group, o.group.world_size != n.group.world_size
+    return (f"{g.what()} tp{g.tp} {g.dtype}: NEW / OLD ms per {per}, across devices\n"
+            f"NEW: {_names({g.setup}, ranks)}; OLD: {_names({o.group.setup}, ranks)}")
 
 
-def compare(old: Path, new: Path, fmt: str, console: Console, fail_above: float | None) -> int:
+def compare(old: Path, new: Path, fmt: str, console: Console, fail_above: float | None,
+            across_devices: bool = False) -> int:
     """Exit code 1 when some point got slower than OLD by more than `fail_above` percent."""
     limit = None if fail_above is None else 1 + fail_above / 100
-    pairs = compare_pairs(analysis.read([old]), analysis.read([new]))
+    before, after = analysis.read([old]), analysis.read([new])
+    pairs = compare_pairs(before, after, across_devices)
     run_sd = run_to_run_sd(pairs)
     records = [compare_record(o, n, limit, run_sd, len(pairs)) for o, n in pairs]
     regressions = [r for r in records if r["regression"]]
@@ -130,13 +170,14 @@ def compare(old: Path, new: Path, fmt: str, console: Console, fail_above: float 
              f"per point {run_sd:.2g}) together, for all {len(records)} points at once")
     legend = noise if limit is None else (f"{SLOWER} slower than OLD by more than {fail_above:g}% (new/old > {limit:.3f}) "
                                           f"and beyond the noise (the CI of new/old above 1) · {noise}")
-    emit(compare_grids(pairs, records), records, fmt, console, legend)
+    notes = [] if across_devices else list(filter(None, [unmatched(before, after)]))
+    emit(compare_grids(pairs, records), records, fmt, console, legend, notes)
     if limit is not None:
         stderr_console().print(f"{len(regressions)} of {len(records)} points slower than OLD by more than {fail_above:g}% "
                         f"beyond the noise", highlight=False)
     for (_, n), r in zip(pairs, records):
         if r["regression"]:
-            stderr_console().print(f"  regression: {_compared_group(n)}: {n.describe()} at {r['tokens']} tokens: "
+            stderr_console().print(f"  regression: {n.group.label()}: {n.describe()} at {r['tokens']} tokens: "
                             f"{r['old_ms']:.4g} -> {r['new_ms']:.4g} ms ({r['ratio']:.3f}x)", highlight=False)
     return 1 if regressions else 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from overlapbench.report.cells import NOISY, Cell, Grid, Shown, fmt_ms, text_cell
-from overlapbench.tuning import analysis, batches, tune
+from overlapbench.tuning import analysis, batches, origin, tune
 from overlapbench.tuning.analysis import Group, Measured, Store
 
 
@@ -76,17 +76,36 @@ def _overview_cell(cell: Cell | None) -> Shown:
 
 
 def footer(store: Store) -> list[str]:
-    """Counts by status, and the distinct reasons rows failed or were skipped."""
+    """Counts by status, the setups kept apart (several devices, or measured and predicted), and
+    the distinct reasons rows failed or were skipped, each with its places per model (and device,
+    where the rows are of several)."""
     counts = store.statuses()
     lines = [", ".join(f"{counts[s]} {s}" for s in ("ok", "failed", "skipped") if counts[s]) + " rows"]
     others = Counter(analysis.workload_of(r) for r in store.rows if not analysis.compared(r))
     if others:
         lines[0] += f" ({', '.join(f'{n} of the {w} workload' for w, n in others.items())}, not shown)"
-    reasons: dict[str, list[str]] = {}
+    lines += filter(None, [analysis.separated(store.measured)])
+    whose = _whose(store.rows)
+    reasons: dict[str, dict[str, list[str]]] = {}
     for row, error in store.errors():
-        reasons.setdefault(f"{row.get('status')}: {error}", []).append(f"{row.get('strategy')}@{row.get('tokens')}")
-    for reason, where in list(reasons.items())[:8]:
-        lines.append(f"  {reason} ({', '.join(where[:4])}{' ...' if len(where) > 4 else ''})")
+        places = reasons.setdefault(f"{row.get('status')}: {error}", {}).setdefault(whose(row), [])
+        places.append(f"{row.get('strategy')}@{row.get('tokens')}")
+    for reason, by_whom in list(reasons.items())[:8]:
+        where = "; ".join((f"{who}: " if who else "") + _first(places) for who, places in by_whom.items())
+        lines.append(f"  {reason} ({where})")
     return lines
 
 
+def _first(places: list[str]) -> str:
+    return ", ".join(places[:4]) + (" ..." if len(places) > 4 else "")
+
+
+def _whose(rows: list[dict]):
+    """What names a row's model and device in a failure's places: those of them that differ
+    among the rows (nothing for rows of one model on one device)."""
+    def parts(row: dict) -> tuple[str, str]:
+        predicted = origin.kind_of(row) == origin.PREDICTED
+        return str(row.get("model") or "custom"), origin.device_label(str(row.get("device")), predicted)
+
+    varying = [i for i in (0, 1) if len({parts(r)[i] for r in rows}) > 1]
+    return lambda row: " ".join(parts(row)[i] for i in varying)

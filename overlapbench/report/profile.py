@@ -71,6 +71,7 @@ class Account:
 
     name: str  # the table's name: strategy-tokens[-knobs]
     tokens: int
+    group: str  # the row's group (model, TP, device, dtype), as headings name it
     per_kind: dict[str, float]
     timed_ms: float | None
 
@@ -79,11 +80,11 @@ class Account:
         return sum(self.per_kind.values())
 
 
-def accounts(rows: list[dict], folder: Path) -> dict[int, list[Account]]:
-    """Per token count, the profiled points of `rows` whose table is in `folder`, no_comm first."""
+def accounts(rows: list[dict], folder: Path) -> dict[tuple[str, int], list[Account]]:
+    """Per group and token count, the profiled points of `rows` whose table is in `folder`, no_comm first."""
     if not folder.is_dir():
         raise UserError(f"--profile: {folder} is not a folder (the one `sweep --profile` wrote)")
-    found: dict[int, list[Account]] = defaultdict(list)
+    found: dict[tuple[str, int], list[Account]] = defaultdict(list)
     for row in rows:
         if analysis.workload_of(row) != analysis.LAYER:
             continue
@@ -91,7 +92,8 @@ def accounts(rows: list[dict], folder: Path) -> dict[int, list[Account]]:
         table = folder / f"{name}.txt"
         if table.is_file():
             timed = row["ms"] if row.get("status") == "ok" else None
-            found[row["tokens"]].append(Account(name, row["tokens"], tally(table, row["layers"]), timed))
+            group = analysis.Group.of(row).label()
+            found[group, row["tokens"]].append(Account(name, row["tokens"], group, tally(table, row["layers"]), timed))
     if not found:
         raise UserError(f"--profile: no table in {folder} matches a layer row of the results; "
                         "give the results file of the sweep that wrote the folder")
@@ -99,9 +101,9 @@ def accounts(rows: list[dict], folder: Path) -> dict[int, list[Account]]:
 
 
 def profile_view(rows: list[dict], folder: Path) -> tuple[list[Grid], list[dict], str]:
-    """One grid per token count: a line per profiled point, a column per kind of kernel."""
+    """One grid per group and token count: a line per profiled point, a column per kind of kernel."""
     grids, records = [], []
-    for tokens, points in accounts(rows, folder).items():
+    for (group, tokens), points in accounts(rows, folder).items():
         bound = next((a for a in points if a.name.startswith(f"{analysis.BOUND}-")), None)
         grid_rows = []
         for a in points:
@@ -115,7 +117,7 @@ def profile_view(rows: list[dict], folder: Path) -> tuple[list[Grid], list[dict]
             records.append({"tokens": tokens, "table": a.name, **{f"{k}_ms": a.per_kind.get(k, 0.0) for k in KIND_NAMES},
                             "kernels_ms": a.kernels_ms, "timed_ms": a.timed_ms})
         header = ["point", *KIND_NAMES, "kernels", "timed"]
-        grids.append(Grid(f"{tokens} tokens: GPU ms per layer by kind of kernel (eager profile)", header, grid_rows))
+        grids.append(Grid(f"{group}, {tokens} tokens: GPU ms per layer by kind of kernel (eager profile)", header, grid_rows))
     note = (f"+x: what a point adds over {analysis.BOUND} per kind · kernels: their sum · timed: the row's ms per layer "
             "(graph replays) · kernels on side streams overlap the others: GPU time, not time added")
     return grids, records, note

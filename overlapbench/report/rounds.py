@@ -15,6 +15,7 @@ from collections import defaultdict
 from overlapbench.errors import UserError
 from overlapbench.report.cells import Grid, text_cell
 from overlapbench.tuning import analysis
+from overlapbench.tuning.analysis import Group
 
 
 def paired_batches(rows: list[dict]) -> dict[str, list[dict]]:
@@ -51,24 +52,30 @@ def half_width(row: dict) -> float | None:
 
 
 def rounds_view(rows: list[dict]) -> tuple[list[Grid], list[dict], str]:
-    grid_rows, records = [], []
+    """A table per group (model, TP, device, dtype: its heading), a line per batch."""
+    grids: dict[Group, list] = {}
+    records = []
     for pairing, members in paired_batches(rows).items():
         if not _is_reference(members[0]):
             continue  # a batch whose reference failed: nothing was paired
         reference, others = members[0], members[1:]
         sds = [sd for sd in (log_ratio_sd(reference, r) for r in others) if not math.isnan(sd)]
         widths = [w for w in map(half_width, others) if w is not None]
-        record = {"pairing": pairing, "tokens": reference["tokens"], "batch": reference.get("batch"),
-                  "candidates": len(others), "rounds": len(reference["round_ids"]),
-                  "median_sd": statistics.median(sds) if sds else None, "widest_ci": max(widths, default=None)}
+        group = Group.of(reference)
+        record = group.fields() | {
+            "pairing": pairing, "tokens": reference["tokens"], "batch": reference.get("batch"),
+            "candidates": len(others), "rounds": len(reference["round_ids"]),
+            "median_sd": statistics.median(sds) if sds else None, "widest_ci": max(widths, default=None)}
         records.append(record)
-        grid_rows.append([text_cell(str(record["tokens"])), text_cell(pairing), text_cell(str(record["candidates"])),
-                          text_cell(str(record["rounds"])), text_cell(_pct(record["median_sd"])),
-                          text_cell(_pct(record["widest_ci"], "±"))])
+        grids.setdefault(group, []).append([
+            text_cell(str(record["tokens"])), text_cell(pairing), text_cell(str(record["candidates"])),
+            text_cell(str(record["rounds"])), text_cell(_pct(record["median_sd"])), text_cell(_pct(record["widest_ci"], "±"))])
     header = ["tokens", "pairing", "candidates", "rounds", "median sd", "widest 95% ci"]
     note = ("median sd: over candidates, of their per-round log ratio to the reference · "
             "+-0.5% at 95% takes about (1.96 sd / 0.5%)^2 rounds")
-    return [Grid("rounds of the paired timing, per batch", header, grid_rows)], records, note
+    ordered = sorted(grids.items(), key=lambda item: item[0].label())
+    return [Grid(f"{group.label()}: rounds of the paired timing, per batch", header, lines)
+            for group, lines in ordered], records, note
 
 
 def _pct(value: float | None, sign: str = "") -> str:

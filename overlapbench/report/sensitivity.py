@@ -7,7 +7,7 @@ import json
 from overlapbench.errors import UserError, did_you_mean
 from overlapbench.report.cells import NOISY, Grid, Shown, fmt_ms, sensitivity_legend, text_cell
 from overlapbench.specs.knobs import show_value
-from overlapbench.tuning import analysis, batches
+from overlapbench.tuning import analysis, batches, origin
 from overlapbench.tuning.analysis import Group, Measured, Store
 
 # -- sensitivity: one strategy's knob grid at one token count -------------------------------
@@ -51,7 +51,26 @@ def sensitivity_grid(group: Group, rows: list[dict], ref: Measured | None) -> Gr
                  for col in cols]
         grid_rows.append([text_cell(label), *cells])
     header = [" / ".join(outer) or "knobs", *(f"{inner[0]}={_label(inner, col)}" if inner else "ms" for col in cols)]
-    return Grid(f"{group.label()}: {rows[0]['strategy']} at {rows[0]['tokens']} tokens", header, grid_rows)
+    title = f"{group.label()}: {rows[0]['strategy']} at {rows[0]['tokens']} tokens"
+    return Grid(title, header, grid_rows, _stacked(title, rows, axes, ref, fastest))
+
+
+def _stacked(title: str, rows: list[dict], axes: list[str], ref: Measured | None, fastest: float | None) -> Grid:
+    """The grid a line per knob setting, its figures first: what fits a narrow console (80 columns)."""
+    lines = []
+    for coord in _sorted_coords({_coord(r, axes) for r in rows}):
+        match = [r for r in rows if _coord(r, axes) == coord]
+        best, starred, noisy = _best(match, fastest)
+        setting = " ".join(f"{k}={show_value(json.loads(v))}" for k, v in zip(axes, coord))
+        setting = setting or analysis.knob_text(rows[0]["knobs"]) or "defaults"
+        if best is None:
+            figures = [match[0]["status"], "-"]
+        else:
+            figures = [fmt_ms(best["ms"]), "-" if ref is None else f"{ref.ms / best['ms']:.3f}x"]
+            setting += "" if analysis.is_checked(best) else " (bound)"
+        lines.append([*(Shown((text,), right=True) for text in figures),
+                      Shown((setting,), starred, NOISY if noisy else "")])
+    return Grid(title, ["ms", "speedup", "setting"], lines, compact=True)
 
 
 def _coord(row: dict, names: list[str]) -> tuple[str, ...]:
@@ -69,23 +88,32 @@ def _label(names: list[str], coord: tuple[str, ...]) -> str:
     return values[0] if len(names) == 1 else " ".join(f"{k}={v}" for k, v in zip(names, values))
 
 
-def _knob_cell(match: list[dict], ref: Measured | None, fastest: float | None) -> Shown:
+def _best(match: list[dict], fastest: float | None) -> tuple[dict | None, bool, bool]:
+    """The fastest ok row of a setting (None: none ok), whether it is the starred one, whether noisy."""
     ok = [r for r in match if r.get("status") == "ok"]
     if not ok:
-        return text_cell(match[0]["status"] if match else "-")
+        return None, False, False
     best = min(ok, key=lambda r: r["ms"])
+    noisy = best.get("cv") is not None and best["cv"] > analysis.NOISY_CV
+    return best, best["ms"] == fastest and analysis.is_checked(best), noisy
+
+
+def _knob_cell(match: list[dict], ref: Measured | None, fastest: float | None) -> Shown:
+    best, starred, noisy = _best(match, fastest)
+    if best is None:
+        return text_cell(match[0]["status"] if match else "-")
     speedup = [] if ref is None else [f"{ref.ms / best['ms']:.3f}x"]
     bound = [] if analysis.is_checked(best) else ["bound"]
-    noisy = best.get("cv") is not None and best["cv"] > analysis.NOISY_CV
-    starred = best["ms"] == fastest and analysis.is_checked(best)
     return Shown((f"{fmt_ms(best['ms'])} ms", *speedup, *bound), starred, NOISY if noisy else "")
 
 
 def sensitivity_record(row: dict, ref: Measured | None) -> dict:
-    ok = row.get("status") == "ok"
+    """A setting's record; a predicted row's `timing` says so and its cv is null (never measured)."""
+    ok, predicted = row.get("status") == "ok", origin.kind_of(row) == origin.PREDICTED
     return Group.of(row).fields() | {
         "tokens": row["tokens"], "strategy": row["strategy"], "knobs": row["knobs"], "status": row["status"],
-        "ms": row.get("ms"), "cv": row.get("cv"),
+        "timing": row.get("timing"), "ms": row.get("ms"), "cv": None if predicted else row.get("cv"),
+        "run_id": row.get("run_id"),
         "speedup": ref.ms / row["ms"] if ok and ref is not None else None, "error": row.get("error"),
     }
 

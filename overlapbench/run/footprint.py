@@ -47,7 +47,11 @@ class Footprint:
 
 
 def gib(n: float) -> str:
-    """Bytes in words: `12.3 GiB`, `85 MiB`, `<1 MiB`."""
+    """Bytes in words: `12.3 GiB`, `85 MiB`, `<1 MiB`; past a TiB in the largest unit that fits
+    (`1.5 TiB`, `406.6 ZiB`), so that an absurd size reads as one."""
+    for unit, power in (("YiB", 80), ("ZiB", 70), ("EiB", 60), ("PiB", 50), ("TiB", 40)):
+        if n >= 2**power:
+            return f"{n / 2**power:,.1f} {unit}"
     if n >= 2**30 / 10:
         return f"{n / 2**30:.1f} GiB"
     return f"{n / 2**20:.0f} MiB" if n >= 2**20 else "<1 MiB"

@@ -100,10 +100,9 @@ def parse_batches(data: dict) -> tuple[tuple[tuple[int, ...], ...], tuple[Decode
     """Each batch's prefill sequence lengths, and its decode tokens (None: prefill only)."""
     batches: list[tuple[tuple[int, ...], Decode | None]] = []
     tokens = data.get("tokens", [])
-    if not isinstance(tokens, list):
-        tokens = [tokens]
-    for i, n in enumerate(tokens):
-        batches.append(((positive_int(n, f"tokens[{i}]"),), None))
+    scalar = not isinstance(tokens, list)
+    for i, n in enumerate([tokens] if scalar else tokens):
+        batches.append(((positive_int(n, "tokens" if scalar else f"tokens[{i}]"),), None))
     raw = data.get("batches", [])
     if not isinstance(raw, list):
         raise UserError("batches: must be a list of batches, each a list of sequence lengths or {prefill, decode, context}")

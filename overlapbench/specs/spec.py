@@ -10,8 +10,9 @@ the points in points.py; here the whole spec: the model, the workload, the cpu/c
 from __future__ import annotations
 
 import json
+import re
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ class SweepSpec:
     gemm: Gemm | None = None
     decodes: tuple[Decode | None, ...] = ()  # each batch's decode tokens (mixed batches); () for none
     for_device: bool = False  # the spec has a section (cpu: or cuda:) for the device it runs on
+    source: str | None = field(default=None, compare=False)  # the spec file: errors found after loading start with it
 
     def compositions(self) -> list[tuple[tuple[int, ...], Decode | None]]:
         """(prefill sequence lengths, decode tokens or None) of each batch, in order."""
@@ -60,11 +62,21 @@ class SweepSpec:
         tp = world_size if self.tp == "auto" else self.tp
         if tp != world_size:
             raise UserError(
-                f"tp: {tp} but the sweep runs on {_processes(world_size)}; "
+                f"{self._file()}tp: {tp} but the sweep runs on {_processes(world_size)}; "
                 f"launch {_processes(tp)} (--nproc {tp}) or set tp to {world_size} or 'auto'"
             )
-        self.shape.check_tp(tp)
+        self.check_tp(tp)
         return tp
+
+    def check_tp(self, tp: int) -> None:
+        """The shape's divisibility by `tp`, its error starting with the spec file as every spec error does."""
+        try:
+            self.shape.check_tp(tp)
+        except UserError as e:
+            raise UserError(f"{self._file()}{e}") from None
+
+    def _file(self) -> str:
+        return f"{self.source}: " if self.source else ""
 
     def tolerance(self, dtype: str) -> float:
         return self.measure.tolerance or DEFAULT_TOLERANCE[dtype]
@@ -172,7 +184,20 @@ def from_dict(data: Any, name: str, cuda: bool, base: Path | None = None) -> Swe
     if "tokens" in section or "batches" in section:
         data.pop("tokens", None), data.pop("batches", None)
     data.update(section)
+    try:
+        return _merged(data, name, cuda, base, bool(section))
+    except UserError as e:
+        raise _in_section(e, section, "cuda" if cuda else "cpu") from None
 
+
+def _in_section(error: UserError, section: dict, where: str) -> UserError:
+    """An error about a field the device section set, named as the user wrote it: `cpu.tokens`."""
+    field = re.match(r"[^.\[:\s]+", str(error))
+    return UserError(f"{where}.{error}") if field and field.group(0) in section else error
+
+
+def _merged(data: dict, name: str, cuda: bool, base: Path | None, for_device: bool) -> SweepSpec:
+    """A spec's settings, its device section already merged in, validated."""
     spec_name = data.get("name", name)
     if not isinstance(spec_name, str) or not spec_name or "/" in spec_name:
         raise UserError(f"name: must be a non-empty string without '/', got {shown(spec_name)}")
@@ -211,7 +236,7 @@ def from_dict(data: Any, name: str, cuda: bool, base: Path | None = None) -> Swe
         workload=workload,
         gemm=gemm,
         decodes=decodes if any(decodes) else (),
-        for_device=bool(section),
+        for_device=for_device,
     )
     for grid in spec.strategies:  # expand once now, so bad knobs fail before any launch
         grid.settings()
@@ -238,7 +263,7 @@ def load(path: str | Path, cuda: bool) -> SweepSpec:
     if data is None:
         raise UserError(f"{path}: the spec is empty; see sweeps/quick.yaml for an example")
     try:
-        return from_dict(data, path.stem, cuda, path.parent)
+        return replace(from_dict(data, path.stem, cuda, path.parent), source=str(path))
     except UserError as e:
         raise UserError(f"{path}: {e}") from None
 

@@ -21,7 +21,7 @@ def get(name: str, where: str = "strategies") -> type[Strategy]:
     except KeyError:
         raise UserError(
             f"{where}: unknown strategy {shown(name)}{did_you_mean(name, _REGISTRY)}; "
-            f"known: {', '.join(_REGISTRY)}"
+            f"known: {', '.join(cls.name for cls in all_strategies())}"
         ) from None
 
 
@@ -31,10 +31,12 @@ def find(name: str) -> type[Strategy] | None:
 
 
 def all_strategies() -> list[type[Strategy]]:
-    return list(_REGISTRY.values())
+    """Every registered strategy in the one order listings and messages give: simplest first (each
+    `simplicity`, as tune prefers them; the bound `no_comm` beside the baseline it bounds), which
+    is also the README's and docs/workload.md's order. Plugins (ranked 100) come last."""
+    return sorted(_REGISTRY.values(), key=lambda cls: (cls.simplicity, cls.name))
 
 
-# Registration order is the order `overlapbench strategies` and reports list them in.
 from overlapbench.strategies import async_tp, baseline, flash_agrs, fused_norm, iso, no_comm, sp_baseline, token_split  # noqa: E402,F401
 
 

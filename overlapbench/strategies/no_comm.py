@@ -14,6 +14,7 @@ class NoComm(Strategy):
     name = "no_comm"
     summary = "baseline with every collective removed: the ideal bound, not a correct result"
     checked = False
+    simplicity = 5  # never a choice (tune leaves bounds out): the rank only lists it beside the baseline
 
     @classmethod
     def plan(cls, knobs, batch):

@@ -1,7 +1,8 @@
 """How tune and report read result stores, written once so that both read them the same way.
 
-Which rows count (the last row per point key, status ok, workload `layer` or a micro GEMM), how
-they group (workload and GEMM, device, world size, tp, model shape, dtype), the best knob setting
+Which rows count (the last row per point: its key, device, world size, and whether it was
+measured or predicted; status ok, workload `layer` or a micro GEMM), how they group (workload and
+GEMM, device, world size, measured or predicted, tp, model shape, dtype), the best knob setting
 per strategy at a token count, and the two references every number is measured against: the
 workload's reference strategy with default knobs (`REFERENCES`), and `no_comm`, the bound (layer
 only). No torch and no pandas here: `tune` and `report` must start fast.
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from overlapbench.errors import UserError
 from overlapbench.specs.knobs import DEFAULT, show_value
-from overlapbench.tuning import intervals, results
+from overlapbench.tuning import intervals, origin, results
 from overlapbench.tuning.batches import decode_of
 
 NOISY_CV = 0.02  # a point whose per-iteration CV exceeds this is flagged as noisy
@@ -29,14 +30,14 @@ LAYER = "layer"  # the default workload: rows written before micro workloads exi
 # Workloads not listed (`comm` microbenchmarks) are not compared here.
 REFERENCES = {LAYER: "baseline", "gemm_ag": "sp_baseline", "gemm_rs": "sp_baseline"}
 COMPARED_TEXT = "/".join(REFERENCES)  # for messages: "layer/gemm_ag/gemm_rs"
-_KEY_FIELDS = ("workload", "shape", "tp", "dtype", "layers", "seed", "batch", "decode", "strategy", "knobs")
 _REQUIRED = ("strategy", "knobs", "tokens", "ms", "device", "world_size", "tp", "shape", "dtype")
 
 
 @dataclass(frozen=True)
 class Group:
     """Rows comparable with each other: one workload (a micro one: one GEMM) of one model shape
-    and dtype on one machine setup. A layer group is what one tuned config covers."""
+    and dtype on one machine setup, measured or predicted. A layer group is what one tuned config
+    covers."""
 
     device: str
     world_size: int
@@ -46,12 +47,23 @@ class Group:
     model: str = field(default="custom", compare=False)  # a name for people; the shape decides
     workload: str = LAYER
     gemm: tuple[int, int] | None = None  # a micro workload's (N, K)
+    predicted: bool = False  # rows `overlapbench predict` made, not measured
 
     @classmethod
     def of(cls, row: dict) -> Group:
         shape = tuple(sorted(row["shape"].items()))
         return cls(row["device"], row["world_size"], row["tp"], shape, row["dtype"], row.get("model") or "custom",
-                   workload_of(row), _gemm(row))
+                   workload_of(row), _gemm(row), origin.kind_of(row) == origin.PREDICTED)
+
+    @property
+    def device_label(self) -> str:
+        """The device, saying `(predicted)` for predicted rows."""
+        return origin.device_label(self.device, self.predicted)
+
+    @property
+    def setup(self) -> tuple[str, int]:
+        """Where the rows come from: the device (marked when predicted) and the world size."""
+        return self.device_label, self.world_size
 
     @property
     def shape_dict(self) -> dict:
@@ -75,7 +87,7 @@ class Group:
 
     def label(self) -> str:
         ranks = "" if self.world_size == self.tp else f" (world {self.world_size})"
-        return f"{self.what()} tp{self.tp}{ranks} {self.device} {self.dtype}"
+        return f"{self.what()} tp{self.tp}{ranks} {self.device_label} {self.dtype}"
 
     def fields(self) -> dict:
         """The group as record fields (report's machine formats)."""
@@ -87,7 +99,7 @@ class Group:
 @dataclass(frozen=True, eq=False)
 class Measured:
     """One ok row of a compared workload: a strategy with one knob setting at one token count,
-    and its timing."""
+    and its timing. A predicted row has no percentiles or cv: `model_error` stands for its noise."""
 
     group: Group
     strategy: str
@@ -117,19 +129,27 @@ class Measured:
     # dense bf16 peak; None for rows without them (micro workloads, CPU rows, older rows).
     tflops: float | None = None
     peak_frac: float | None = None
+    timing: str | None = None  # interleaved, sequential or predicted (older rows: None)
+    model_error: float | None = None  # a predicted row's assumed absolute error of its speedup
 
     @classmethod
     def of(cls, row: dict, source: str) -> Measured:
+        group = Group.of(row)
+        spread = (lambda name: None) if group.predicted else row.get  # a prediction measured no spread
         return cls(
-            group=Group.of(row), strategy=row["strategy"], knobs=dict(row["knobs"] or {}),
+            group=group, strategy=row["strategy"], knobs=dict(row["knobs"] or {}),
             tokens=int(row["tokens"]), batch=tuple(row.get("batch") or (int(row["tokens"]),)), ms=float(row["ms"]),
-            p10_ms=row.get("p10_ms"),
-            p90_ms=row.get("p90_ms"), cv=row.get("cv"), samples=tuple(row.get("samples_ms") or ()),
-            checked=is_checked(row), key=row_key(row), run_id=row.get("run_id"), git=row.get("git"), source=source,
+            p10_ms=spread("p10_ms"), p90_ms=spread("p90_ms"), cv=spread("cv"), samples=tuple(row.get("samples_ms") or ()),
+            checked=is_checked(row), key=origin.row_key(row), run_id=row.get("run_id"), git=row.get("git"), source=source,
             pairing=row.get("pairing"), round_ids=tuple(row.get("round_ids") or ()),
             speedup=row.get("speedup"), speedup_ci=tuple(row["speedup_ci"]) if row.get("speedup_ci") else None,
             decode=decode_of(row), tflops=row.get("tflops"), peak_frac=row.get("peak_frac"),
+            timing=row.get("timing"), model_error=origin.model_error(row) if group.predicted else None,
         )
+
+    @property
+    def predicted(self) -> bool:
+        return self.group.predicted
 
     @property
     def composition(self) -> tuple[tuple[int, ...], tuple[int, int] | None]:
@@ -179,23 +199,6 @@ def knob_text(knobs: dict) -> str:
     return " ".join(f"{k}={show_value(v)}" for k, v in knobs.items() if v not in (DEFAULT, None))
 
 
-def row_key(row: dict) -> str:
-    """The point's identity: the row's `key`, or the same fields when an older row lacks one."""
-    if row.get("key"):
-        return row["key"]
-    return json.dumps({name: row.get(name) for name in _KEY_FIELDS}, sort_keys=True)
-
-
-def last_per_key(rows: Iterable[tuple[dict, str]]) -> list[tuple[dict, str]]:
-    """A resumed sweep appends a new row for a point that failed: the last one is the truth."""
-    kept: dict[str, tuple[dict, str]] = {}
-    for row, source in rows:
-        key = row_key(row)
-        kept.pop(key, None)  # re-insert, so the order is that of the last occurrences
-        kept[key] = (row, source)
-    return list(kept.values())
-
-
 def workload_of(row: dict) -> str:
     return row.get("workload") or LAYER
 
@@ -211,7 +214,7 @@ def _gemm(row: dict) -> tuple[int, int] | None:
     existed, its point key."""
     if workload_of(row) == LAYER:
         return None
-    gemm = row.get("gemm") or json.loads(row_key(row)).get("gemm")
+    gemm = row.get("gemm") or json.loads(origin.row_key(row)).get("gemm")
     return (gemm["n"], gemm["k"]) if gemm else None
 
 
@@ -233,13 +236,18 @@ def read(paths: Iterable[str | Path], require_ok: bool = True) -> Store:
     paths = [Path(p) for p in paths]
     tagged = []
     for path in paths:
-        mine = last_per_key((row, str(path)) for row in results.read_rows(path, _required))
+        mine = origin.last_per_key((row, str(path)) for row in results.read_rows(path, _required))
         if require_ok and not any(_is_measured(row) for row, _ in mine):
             raise UserError(f"{path}: no ok rows of the {COMPARED_TEXT} workloads; {status_text([row for row, _ in mine])}")
         tagged += mine
-    kept = last_per_key(tagged)
+    kept = origin.last_per_key(tagged)
     measured = [Measured.of(row, source) for row, source in kept if _is_measured(row)]
     return Store(paths, [row for row, _ in kept], measured)
+
+
+def separated(measured: Iterable[Measured], each: str = "a table each") -> str | None:
+    """origin.separated over the rows' setups: one line where they came from several, else None."""
+    return origin.separated(Counter(m.group.setup for m in measured), each)
 
 
 def status_text(rows: list[dict]) -> str:

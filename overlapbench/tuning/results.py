@@ -105,7 +105,9 @@ def latest(results_dir: str | Path = "results", workloads: tuple[str, ...] = ())
     file is no input for `tune`)."""
     stores = sorted(Path(results_dir).rglob("*.jsonl"), key=lambda p: p.stat().st_mtime, reverse=True)
     if not stores:
-        raise UserError(f"{results_dir}/: no results yet; run `overlapbench sweep` first, or name a file")
+        raise UserError(f"{results_dir}/: no results yet (given no file, this reads the newest .jsonl under {results_dir}/ "
+                        f"of the current folder; a spec's `output:` is a path from the folder the sweep ran in); "
+                        f"name the results file, or run `overlapbench sweep` first")
     for store in stores:
         if not workloads or workloads_in(store) & set(workloads):
             return store
@@ -193,6 +195,12 @@ class ResultStore:
         study's rows is refused (None: not checked)."""
         if self.path.is_dir():
             raise UserError(f"output: {self.path} is a folder; give a results file, e.g. --output {self.path / 'NAME.jsonl'}")
+        # a path not named .jsonl holding no rows (a spec, notes) is refused untouched; a .jsonl: read_rows says
+        not_ours = None if self.path.suffix == ".jsonl" else _not_a_store(self.path)
+        if not_ours:
+            kept = " (it is left as it is)" if self.path.exists() else ""
+            raise UserError(f"output: {self.path} {not_ours}, not a results file{kept}; results go to a .jsonl "
+                            f"file, e.g. --output {self.path.with_suffix('.jsonl')}")
         self._lock = self._acquire()
         exists = self.path.exists() and self.path.stat().st_size > 0
         if exists and not resume:
@@ -247,6 +255,25 @@ class ResultStore:
             fcntl.flock(self._lock, fcntl.LOCK_UN)
             self._lock.close()
             self._lock = None
+
+
+def _not_a_store(path: Path) -> str | None:
+    """What a path not named .jsonl holds, or is named as, that results never go into (a spec,
+    another file), in words; None for a results file, an empty file, or a new path not named like
+    a spec."""
+    try:
+        with path.open(errors="replace") as f:
+            first = f.readline()
+    except OSError:
+        first = ""
+    yaml = path.suffix.lower() in (".yaml", ".yml")
+    if not first.strip():
+        return "is named like a spec (YAML)" if yaml else None
+    try:
+        row = json.loads(first)
+    except json.JSONDecodeError:
+        return "is a YAML file (a spec?)" if yaml else "holds something else (its first line is not a JSON row)"
+    return None if isinstance(row, dict) and "schema" in row else "holds JSON that is not a result row"
 
 
 def _same_study(path: Path, rows: list[dict], study: str) -> None:

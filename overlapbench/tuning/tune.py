@@ -2,7 +2,7 @@
 
 Configs are chosen from rows of the layer workload only: an engine runs layers, and a micro
 workload (one GEMM) informs the choice but never configures it (`report` compares those).
-The rule, per (device, world size, tp, model shape, dtype) and token count:
+The rule, per (device, world size, measured or predicted, tp, model shape, dtype) and token count:
 
 1. Each strategy's candidate is its fastest knob setting there (lowest median; rows of other
    batches with the same token count are pooled). `no_comm` is never a candidate: it computes
@@ -21,7 +21,7 @@ The rule, per (device, world size, tp, model shape, dtype) and token count:
    all (fewer than 4 a side), the challenger is "too few samples" and never replaces the
    incumbent (intervals.py). A row without at least two samples falls back to its p10/p90: the
    interval is [p10_inc / p90_ch, p90_inc / p10_ch], so the challenger must be faster with their
-   central 80% ranges not overlapping.
+   central 80% ranges not overlapping. Predicted rows: each time +- half the model's error.
 4. Every pick also says its speedup over the fastest setting of the reference strategy at that
    batch (`vs best baseline`): a baseline knob setting (allreduce, nccl_max_ctas, ...) may beat
    the default, and no verdict should rest on a weak reference.
@@ -35,10 +35,7 @@ measured count (above it, an engine gets the last rule, flagged `clamped`).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,8 +44,9 @@ from rich.text import Text
 
 from overlapbench import strategies, tuned
 from overlapbench.errors import UserError, shown
-from overlapbench.tuning import analysis, batches, intervals
+from overlapbench.tuning import analysis, batches, intervals, origin
 from overlapbench.tuning.analysis import Group, Measured
+from overlapbench.tuning.tuned_names import file_names
 
 LEVEL = 0.95
 # A challenger must be at least this much faster, beyond the noise, to replace a simpler choice.
@@ -86,7 +84,7 @@ class Gain:
     speedup: float  # incumbent median / challenger median
     lo: float | None  # None: too few samples for an interval at the level
     hi: float | None
-    method: str  # "paired" (same rounds), "rank-sum" (medians) or "p10/p90"
+    method: str  # "paired" (same rounds), "rank-sum" (medians), "p10/p90", or "predicted" (the model's error)
 
     @property
     def decided(self) -> bool:
@@ -133,6 +131,8 @@ class Span:
 
 
 def gain(challenger: Measured, incumbent: Measured, level: float = LEVEL) -> Gain:
+    if challenger.predicted or incumbent.predicted:
+        return _predicted_gain(challenger, incumbent, level)
     ratios = analysis.paired_ratios(incumbent, challenger)
     if ratios is not None:  # timed in the same rounds: the drift cancels round by round
         lo, hi = analysis.paired_ci(ratios, level)
@@ -150,6 +150,20 @@ def gain(challenger: Measured, incumbent: Measured, level: float = LEVEL) -> Gai
     inc_lo, inc_hi = _spread(incumbent)
     ch_lo, ch_hi = _spread(challenger)
     return Gain(point, inc_lo / ch_hi, inc_hi / ch_lo, "p10/p90")
+
+
+def _predicted_gain(challenger: Measured, incumbent: Measured, level: float) -> Gain:
+    """The speedup a predicted row holds over its default baseline, +- the model's error (predict
+    --error); else each time +- half that error, whose ranges must not overlap."""
+    stored = analysis.stored_speedup(challenger, incumbent)
+    if stored is not None and level == LEVEL:
+        return Gain(stored[0], *stored[1], origin.PREDICTED)
+    def spread(m: Measured) -> tuple[float, float]:
+        half = m.ms * (m.model_error or 0.0) / 2
+        return m.ms - half, m.ms + half
+
+    (inc_lo, inc_hi), (ch_lo, ch_hi) = spread(incumbent), spread(challenger)
+    return Gain(incumbent.ms / challenger.ms, inc_lo / ch_hi, inc_hi / ch_lo, origin.PREDICTED)
 
 
 def _spread(m: Measured) -> tuple[float, float]:
@@ -293,27 +307,6 @@ def config(group: Group, picks: list[Pick], rows: list[Measured], min_gain: floa
     )
 
 
-def slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-") or "unknown"
-
-
-def file_names(groups: list[Group]) -> dict[Group, str]:
-    """`<model>-tp<tp>-<device>-<dtype>.yaml`. A custom shape's name does not tell shapes apart,
-    so it always carries a short hash of the group's identity (tuning another custom shape later
-    writes another file); so do groups of one run that would share a name."""
-    stems = {g: f"{slug(g.model)}-tp{g.tp}-{slug(g.device)}-{slug(g.dtype)}" for g in groups}
-    counts: dict[str, int] = {}
-    for stem in stems.values():
-        counts[stem] = counts.get(stem, 0) + 1
-    hashed = {g for g, s in stems.items() if counts[s] > 1 or g.model == "custom"}
-    return {g: (f"{s}-{_digest(g)}" if g in hashed else s) + ".yaml" for g, s in stems.items()}
-
-
-def _digest(group: Group) -> str:
-    identity = json.dumps([group.device, group.world_size, group.tp, group.shape, group.dtype])
-    return hashlib.sha1(identity.encode()).hexdigest()[:8]
-
-
 def picks_of(points: dict[int, list[Measured]], min_gain: float = MIN_GAIN) -> tuple[list[Pick], list[int]]:
     """Picks per measured token count, and the counts skipped for lack of a baseline row."""
     picks, skipped = [], []
@@ -330,6 +323,7 @@ def run(paths: list[Path], out_dir: Path, console: Console, min_gain: float = MI
     """Tune every layer group in the stores; write one YAML each; return the paths written."""
     if not 0 <= min_gain < 1:
         raise UserError(f"--min-gain: must be a fraction in [0, 1) such as 0.01 for 1%, got {shown(min_gain)}")
+    check_out_dir(Path(out_dir))
     grouped = analysis.by_point(layer_rows(analysis.read(paths), console))
     names = file_names(list(grouped))
     written = []
@@ -350,7 +344,8 @@ def run(paths: list[Path], out_dir: Path, console: Console, min_gain: float = MI
 
 def layer_rows(store: analysis.Store, console: Console) -> list[Measured]:
     """The rows tune chooses from; a store of micro runs alone is a UserError (it would write
-    nothing), micro rows beside layer rows are left out with a note."""
+    nothing), micro rows beside layer rows are left out with a note, as are rows of several setups
+    (devices, or measured and predicted) said to be kept apart."""
     layer = [m for m in store.measured if m.group.workload == analysis.LAYER]
     if not layer:
         raise UserError(f"{_join(store.sources)}: no ok rows of the layer workload; "
@@ -358,7 +353,16 @@ def layer_rows(store: analysis.Store, console: Console) -> list[Measured]:
     if len(layer) < len(store.measured):
         console.print(Text(f"{len(store.measured) - len(layer)} ok rows of micro workloads left out: "
                            f"tune writes layer configs (report compares them)", style="dim"))
+    for note in filter(None, [analysis.separated(layer, "a config each")]):
+        console.print(Text(note, style="dim"))
     return layer
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """A file where the folder (or one above it) should be: refused before any work."""
+    file = next((p for p in (out_dir, *out_dir.parents) if p.exists() and not p.is_dir()), None)
+    if file is not None:
+        raise UserError(f"--out-dir: {file} is a file, not a folder; give a folder for the tuned YAMLs")
 
 
 def _save(cfg: tuned.TunedConfig, path: Path) -> Path:
