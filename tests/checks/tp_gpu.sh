@@ -12,6 +12,8 @@
 #         few-SM path costs the GEMM least                                   -> comm-beside.{jsonl,csv,log}
 # tests:  the whole GPU test suite (pytest -m gpu)                            -> gpu-tests.log
 # study:  each spec of $SPECS swept (-o <name>.jsonl), then `overlapbench report` of its rows
+# profile: each spec of $PROFILES swept with --profile (-o <name>.jsonl, kernel tables in <name>/),
+#         then `overlapbench report --profile` of them
 # Each step's wall time and exit code go to summary.txt, and what still holds a GPU after it.
 set -u
 cd "$(dirname "$0")/../.."
@@ -44,6 +46,14 @@ if [[ $STEPS == *,study,* ]]; then
     name=$(basename "$spec" .yaml)
     step "$name" "${STUDY_TIMEOUT:-420}" python -m overlapbench sweep "$spec" -o "$WORK/$name.jsonl" > "$WORK/$name.out" 2>&1
     python -m overlapbench report "$WORK/$name.jsonl" --format markdown > "$WORK/report-$name.md" 2>&1
+    pack
+  done
+fi
+if [[ $STEPS == *,profile,* ]]; then
+  for spec in ${PROFILES:-}; do
+    name=$(basename "$spec" .yaml)
+    step "$name" "${PROFILE_TIMEOUT:-240}" python -m overlapbench sweep "$spec" --profile "$WORK/$name" -o "$WORK/$name.jsonl" > "$WORK/$name.out" 2>&1
+    python -m overlapbench report "$WORK/$name.jsonl" --profile "$WORK/$name" > "$WORK/report-$name.txt" 2>&1
     pack
   done
 fi
