@@ -79,9 +79,11 @@ def step_cap(choice: Choice, cap: int | None, engine: str, how: str) -> list[str
         return [f"{engine}'s default step cap on this GPU is not recorded here: every measured count is taken as reachable"]
     if not above:
         return [f"{engine} runs at most {cap} tokens a step by default on this GPU ({how}); every measured count is below"]
-    return [f"{engine} runs at most {cap} tokens a step by default on this GPU ({how}): the measured counts "
-            f"{', '.join(map(str, sorted(set(above))))} are reached only with a larger cap (this export does not raise it; "
-            f"its settings hold there too)"]
+    counts = sorted(set(above))
+    which = f"the measured count {counts[0]} is" if len(counts) == 1 else \
+        f"the measured counts {', '.join(map(str, counts))} are"
+    return [f"{engine} runs at most {cap} tokens a step by default on this GPU ({how}): {which} reached only with a "
+            f"larger cap (this export does not raise it; its settings hold there too)"]
 
 
 def multicast(choice: Choice) -> list[str]:

@@ -5,6 +5,7 @@ wheel it came from (`FACTS`; tests/checks/engine_facts.py reads them back)."""
 from __future__ import annotations
 
 from overlapbench.export.facts import Fact, releases_read, with_lines
+from overlapbench.export.picks import MIB
 
 SOURCE = "sglang 0.5.23 (PyPI wheel, 2026-11)"
 KNOWN_VERSIONS = ("0.5.23",)
@@ -15,7 +16,6 @@ TORCH_SYMM_MEM_FLAG = "--enable-torch-symm-mem"  # PyTorch symmetric-memory all-
 NCCL_SYMM_FLAG = "--enable-symm-mem"  # "Enable NCCL symmetric memory for fast collectives."
 DISABLE_CUSTOM_AR = "--disable-custom-all-reduce"
 
-MIB = 1 << 20
 ENVIRON = "sglang/srt/environ.py"
 PARALLEL = "sglang/srt/distributed/parallel_state.py"
 CUSTOM_AR = "sglang/srt/distributed/device_communicators/custom_all_reduce.py"

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from overlapbench.export.facts import Fact, releases_read, with_lines
+from overlapbench.export.picks import MIB
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,6 @@ def known_versions() -> list[str]:
     return sorted(VERSIONS, key=lambda v: tuple(int(x) for x in v.split(".")))
 
 
-MIB = 1 << 20
 FUSION = "vllm/compilation/passes/fusion/allreduce_rms_fusion.py"
 COMPILATION = "vllm/config/compilation.py"
 CONFIG = "vllm/config/vllm.py"
@@ -189,7 +189,6 @@ ENV_FLASHINFER_AR = "VLLM_ALLREDUCE_USE_FLASHINFER"
 ENV_SYMM_MEM = "VLLM_ALLREDUCE_USE_SYMM_MEM"
 ENV_NCCL_SYMM = "VLLM_USE_NCCL_SYMM_MEM"
 DISABLE_CUSTOM_AR = "--disable-custom-all-reduce"
-STEP_CAP_FLAG = "--max-num-batched-tokens"
 # GPUs vLLM gives the 8192-token serve cap (70 GiB or more, not A100, under 160 GiB), by the name rows carry.
 STEP_CAP_DEVICES = ("H100", "H200", "H800", "H20")
 
