@@ -250,14 +250,16 @@ def tune(
 @user_errors
 def export(
     inputs: list[Path] = typer.Argument(..., metavar="TUNED.yaml|RESULTS.jsonl", help="Tuned configs, or results files to tune here (nothing else written)."),
-    engine: str = typer.Option(..., "--engine", help="tokenweave | vllm | sglang | trtllm."),
-    engine_version: str | None = typer.Option(None, "--engine-version", metavar="V", help="The engine release whose key names to write (vllm; default its newest known). An unknown one is refused."),
+    engine: str = typer.Option(..., "--engine", help="tokenweave | vllm | sglang | trtllm (any case)."),
+    engine_version: str | None = typer.Option(None, "--engine-version", metavar="V", help="The engine release whose key names and defaults to judge against (vllm: 0.31.0 or 0.33.0, the default; sglang: 0.5.23; a leading v is fine). One whose code was not read is refused."),
     out: Path = typer.Option(Path("results/exports"), "--out", help="Folder; each config's files go to OUT/ENGINE/CONFIG-NAME/."),
-    show_defaults: bool = typer.Option(False, "--defaults", help="Instead: what the engine's defaults run per measured batch, against the tuned pick, from the rows behind each config (markdown)."),
+    show_defaults: bool = typer.Option(False, "--defaults", help="Instead: per measured batch, what the engine's defaults run, what the export runs and the tuned pick, from the rows behind each config (markdown)."),
 ) -> None:
     """Write the tuned choice as the files and flags an engine reads: TokenWeave's config JSON,
-    vLLM's --compilation-config and env lines, SGLang's flags, TensorRT-LLM's YAML and env. Each
-    says in its header what the engine cannot express and which of our kernels stand for its own."""
+    vLLM's --compilation-config and env lines, SGLang's flags, TensorRT-LLM's YAML. vLLM, SGLang and
+    TensorRT-LLM get the fastest setting they can express by the rows behind the config, never slower
+    than their own defaults; each file's header says what it changes, what the host needs, what the
+    engine cannot run and what that would add."""
     from overlapbench.export import command as export_mod
 
     for path in export_mod.run(inputs, engine, engine_version, out, show_defaults, console):

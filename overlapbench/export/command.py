@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import yaml
 from rich.console import Console
 from rich.text import Text
 
@@ -17,7 +18,7 @@ from overlapbench import tuned
 from overlapbench.errors import UserError
 from overlapbench.export import defaults, sglang, tokenweave, trtllm, vllm
 from overlapbench.export.picks import write
-from overlapbench.tuning import analysis, tune
+from overlapbench.tuning import analysis, results, tune
 from overlapbench.tuning.analysis import Measured
 
 EXPORTERS = {"tokenweave": tokenweave.export, "vllm": vllm.export, "sglang": sglang.export, "trtllm": trtllm.export}
@@ -35,9 +36,19 @@ class Input:
 
 
 def check_engine(engine: str) -> str:
-    if engine not in EXPORTERS:
+    """The engine's name as given, in any case (`VLLM` is vllm)."""
+    name = engine.strip().lower()
+    if name not in EXPORTERS:
         raise UserError(f"--engine: {engine!r} is not one of {' | '.join(ENGINES)}")
-    return engine
+    return name
+
+
+def release(version: str | None) -> str | None:
+    """A release as given, with or without its tag's `v` (`v0.33.0` is 0.33.0)."""
+    if version is None:
+        return None
+    text = version.strip()
+    return text[1:] if text[:1] in "vV" and text[1:2].isdigit() else text
 
 
 def inputs(paths: list[Path], console: Console) -> list[Input]:
@@ -47,6 +58,7 @@ def inputs(paths: list[Path], console: Console) -> list[Input]:
         if path.suffix == ".jsonl":
             out += _tuned_from_results(path, console)
         else:
+            _refuse_a_spec(path)
             out.append(Input(tuned.load(path), str(path), path.stem))
     if not out:
         raise UserError("no tuned config to export; name tuned YAMLs or results files")
@@ -69,7 +81,28 @@ def _distinct_names(items: list[Input]) -> list[Input]:
     return renamed
 
 
+def _refuse_a_spec(path: Path) -> None:
+    """A sweep spec (no schema, a `strategies` section) named where a tuned config belongs."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return  # tuned.load says what is wrong with it
+    if isinstance(data, dict) and "schema" not in data and "strategies" in data:
+        raise UserError(f"{path}: a sweep spec, not a tuned config: run `overlapbench sweep {path}`, then "
+                        f"`overlapbench tune` on its results, and export the tuned YAML (or the results .jsonl)")
+
+
+def _refuse_comm_rows(path: Path) -> None:
+    """A file of `overlapbench comm` rows (collectives by message size) named where a sweep's are wanted."""
+    rows = results.read_rows(path)
+    ok = [r for r in rows if r.get("status") == "ok"]
+    if ok and not any(analysis.compared(r) for r in ok) and all(analysis.workload_of(r) == "comm" for r in ok):
+        raise UserError(f"{path}: {len(ok)} ok rows of `overlapbench comm` (collectives by message size), none of a "
+                        f"sweep's layer: export reads tuned configs or a sweep's results")
+
+
 def _tuned_from_results(path: Path, console: Console) -> list[Input]:
+    _refuse_comm_rows(path)
     grouped = analysis.by_point(tune.layer_rows(analysis.read([path]), console))
     names = tune.file_names(list(grouped))
     out = []
@@ -92,7 +125,8 @@ def rows_of(item: Input) -> list[Measured]:
     missing = [s for s in sources if not Path(s).is_file()]
     if not sources or missing:
         named = f"names {', '.join(missing or sources)}, not found here" if sources else "names no results file"
-        raise UserError(f"{item.source}: its provenance {named}; pass the results .jsonl to export --defaults instead")
+        raise UserError(f"{item.source}: its provenance {named}; an export is judged from the rows behind the config: "
+                        f"pass the results .jsonl instead")
     c = item.config
     layer = [m for m in analysis.read(sources).measured if m.group.workload == analysis.LAYER]
     rows = [m for m in layer if (m.group.device_label, m.group.world_size, m.group.tp, m.group.shape_dict,
@@ -104,17 +138,30 @@ def rows_of(item: Input) -> list[Measured]:
     return rows
 
 
+def _judged_rows(item: Input) -> list[Measured]:
+    """The rows an export is judged from; none of the config's own group is an error, not a silent
+    keep-every-default."""
+    rows = rows_of(item)
+    if not rows:
+        c = item.config
+        raise UserError(f"{item.source}: the rows its provenance names hold none of its group ({c.model} TP={c.tp} "
+                        f"{c.device} {c.dtype}); pass the results .jsonl it was tuned from")
+    return rows
+
+
 def run(paths: list[Path], engine: str, version: str | None, out_dir: Path, show_defaults: bool,
         console: Console) -> list[Path]:
-    """Write each config's export (or print the defaults tables); return the paths written."""
-    check_engine(engine)
+    """Write each config's export (or print the defaults tables), each judged from the rows
+    behind its config; return the paths written."""
+    engine, version = check_engine(engine), release(version)
     items = inputs(paths, console)
     if show_defaults:
-        defaults.check_engine_version(engine, version)
         for item in items:
-            console.print(defaults.markdown(engine, item.config, rows_of(item), item.source))
+            console.print(defaults.markdown(engine, item.config, _judged_rows(item), item.source, version))
         return []
-    exports = [(item, EXPORTERS[engine](item.config, item.source, version)) for item in items]  # all checked first
+    exports = [(item, EXPORTERS[engine](item.config, [] if engine == "tokenweave" else _judged_rows(item), item.source,
+                                        version))
+               for item in items]  # all made (and checked) before any is written; TokenWeave's file is not judged
     written = []
     for item, export in exports:
         for warning in export.warnings:

@@ -1,6 +1,6 @@
 """What every engine's export shares: a tuned config's ranges as engine-neutral picks, the
-message size an engine's byte thresholds are written in, the runs an engine's one threshold can
-express, and the export itself (files, header, warnings) and how it is written.
+sizes an engine's byte thresholds are written in, and the export itself (files, header, warnings)
+and how it is written.
 
 An engine sees a batch's token count and our kernels only by analogy, so each pick gets a `kind`
 that names the mechanism, not our implementation: `nccl` (NCCL all-reduce, then add + RMSNorm),
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from overlapbench.comm.sizes import DTYPE_BYTES
 from overlapbench.errors import UserError
@@ -74,10 +75,6 @@ def hidden(config: TunedConfig) -> int:
     return value
 
 
-def message_bytes(config: TunedConfig, tokens: int) -> int:
-    """Bytes of one all-reduce of `tokens` rows: what byte thresholds (vLLM's MiB bounds,
-    TensorRT-LLM's workspace) compare against."""
-    return tokens * hidden(config) * dtype_bytes(config)
 
 
 def capability(device: str) -> int | None:
@@ -86,30 +83,10 @@ def capability(device: str) -> int | None:
     return next((CAPABILITY[w] for w in words if w in CAPABILITY), None)
 
 
-def leading_end(ps: list[Pick], kinds: tuple[str, ...]) -> int | None:
-    """The last token of the run of picks of `kinds` that starts at 1 token; None if the first is not."""
-    end = None
-    for p in ps:
-        if p.kind not in kinds:
-            break
-        end = p.hi
-    return end
 
 
-def trailing_start(ps: list[Pick], kinds: tuple[str, ...]) -> int | None:
-    """The first token of the run of picks of `kinds` that reaches the largest range; None if the last is not."""
-    start = None
-    for p in reversed(ps):
-        if p.kind not in kinds:
-            break
-        start = p.lo
-    return start
 
 
-def measured_from(config: TunedConfig) -> int | None:
-    """The smallest measured token count behind the config (rules name theirs), if recorded."""
-    counts = [t for r in config.rules for t in (r.extra.get("measured") or []) if isinstance(t, int)]
-    return min(counts) if counts else None
 
 
 @dataclass
@@ -124,6 +101,7 @@ class Export:
     files: dict[str, str] = field(default_factory=dict)
     header: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    choice: Any = None  # choice.Choice where the setting was judged from the rows
 
     def notes(self) -> list[str]:
         return [*self.header, *(f"WARNING: {w}" for w in self.warnings)]
@@ -145,11 +123,15 @@ def provenance(config: TunedConfig, source: str, engine: str, version: str | Non
 
 
 def write(export: Export, out_dir: Path) -> list[Path]:
-    """Each file atomically (never half a file); a UserError naming --out if it cannot."""
+    """Each file atomically (never half a file), shell scripts executable; a UserError naming
+    --out if it cannot."""
     written = []
     for name, text in export.files.items():
         try:
-            written.append(write_atomic(Path(out_dir) / name, text))
+            path = write_atomic(Path(out_dir) / name, text)
+            if name.endswith(".sh"):
+                path.chmod(0o755)
+            written.append(path)
         except OSError as e:
             raise UserError(f"--out: cannot write {Path(out_dir) / name} ({e.strerror or e}); choose another --out") from None
     return written

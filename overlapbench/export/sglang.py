@@ -1,70 +1,87 @@
-"""SGLang: the `launch_server` flags for the tuned choice. SGLang has switches only: the fusion
-runs up to a constant 2048 tokens, the all-reduce backends have no size to set."""
+"""SGLang: the `launch_server` flags for the TP all-reduce. SGLang has switches only (the fusion runs
+up to a constant 2048 tokens, the all-reduce backends have no size to set); the export turns on or
+off those that measure faster than SGLang's defaults and are slower nowhere (choice.py, against
+sglang_engine's model of its code), and writes only what differs from the defaults."""
 
 from __future__ import annotations
 
-from overlapbench.errors import UserError
+from overlapbench.export import notes, sglang_engine
 from overlapbench.export import sglang_facts as facts
-from overlapbench.export.picks import Export, capability, comment, leading_end, picks, provenance
+from overlapbench.export.choice import Choice, choose
+from overlapbench.export.facts import find
+from overlapbench.export.picks import SP_FAMILY, Export, Pick, comment, provenance
 from overlapbench.tuned import TunedConfig
+from overlapbench.tuning.analysis import Measured
 
 ENGINE = "sglang"
 STANDS_FOR = [
-    "our fused_norm (one all-reduce + add + RMSNorm kernel on PyTorch symmetric memory) stands for FlashInfer's "
-    "all-reduce fusion: a different kernel, an approximation",
-    "our baseline (NCCL) stands for SGLang's NCCL all-reduce; allreduce=one_shot/two_shot for --enable-torch-symm-mem; "
-    "nccl_symm for --enable-symm-mem; SGLang's custom all-reduce and mscclpp have no stand-in in our rows",
+    "stand-ins: our fused_norm (one all-reduce + add + RMSNorm kernel on PyTorch symmetric memory) for FlashInfer's "
+    "all-reduce fusion; baseline (NCCL) for NCCL; baseline allreduce=two_shot for --enable-torch-symm-mem at TP 2 "
+    "(the same op); the faster of allreduce=one_shot/two_shot for SGLang's custom all-reduce (another kernel: an "
+    "approximation); baseline nccl_symm=true for --enable-symm-mem; none for PyTorch's multimem all-reduce or mscclpp",
 ]
+CANNOT = {
+    "token_split": "SGLang has no switch for a token-split overlap",
+    "iso": "SGLang has no switch for an ISO split",
+    "one_shot": "SGLang's PyTorch symmetric-memory path runs two-shot at TP 2 (multimem from 4), never one-shot",
+    "fused_norm_copy_engine": "SGLang's fusion is FlashInfer's kernel, not a copy-engine reduction",
+}
 
 
-def check_version(version: str | None) -> str:
-    version = version or facts.KNOWN_VERSIONS[-1]
-    if version not in facts.KNOWN_VERSIONS:
-        raise UserError(f"--engine-version: sglang {version!r} is not one whose flags were read; "
-                        f"known: {', '.join(facts.KNOWN_VERSIONS)}")
-    return version
+def cannot(p: Pick) -> str | None:
+    if p.kind in SP_FAMILY:
+        return "SGLang has no switch for sequence parallelism of a dense model's layer"
+    return CANNOT.get(p.kind)
 
 
-def flags(config: TunedConfig, warnings: list[str]) -> list[str]:
-    ps = picks(config)
-    out = []
-    fused_end = leading_end(ps, ("fused_norm",))
-    if fused_end is not None:
-        out.append(facts.FUSION_FLAG)
-        if fused_end != facts.FUSION_MAX_TOKENS:
-            warnings.append(f"fused_norm wins to {fused_end} tokens; SGLang fuses up to {facts.FUSION_MAX_TOKENS} tokens "
-                            f"(a constant)")
-    kinds = {p.kind for p in ps}
-    if kinds & {"one_shot", "two_shot"}:
-        out.append(facts.TORCH_SYMM_MEM_FLAG)
-        sizes = facts.TORCH_SYMM_MEM_WORLD_SIZES.get(capability(config.device) or 0, ())
-        if config.tp not in sizes:
-            warnings.append(f"symmetric-memory all-reduce picked; SGLang's runs at world sizes {sizes} on this GPU, "
-                            f"not TP={config.tp}: it falls back to NCCL")
-    if "nccl_symm" in kinds:
-        out.append(facts.NCCL_SYMM_FLAG)
-    for p in ps:
-        if p.kind in ("fused_norm", "fused_norm_copy_engine") and (fused_end is None or p.lo > fused_end):
-            warnings.append(f"{p.text()}: SGLang's fusion runs from 1 token; this range is not fused")
-        if p.kind in ("token_split", "iso", "sp_baseline", "async_tp", "flash_agrs"):
-            warnings.append(f"{p.text()}: SGLang has no switch for this overlap")
+def flags(setting: sglang_engine.Setting) -> list[str]:
+    """The flags for what differs from SGLang's defaults."""
+    out = [facts.FUSION_FLAG] if setting.fusion else []
+    out += [] if setting.custom_ar else [facts.DISABLE_CUSTOM_AR]
+    out += [facts.TORCH_SYMM_MEM_FLAG] if setting.torch_symm else []
+    out += [facts.NCCL_SYMM_FLAG] if setting.nccl_symm else []
     return out
 
 
-def export(config: TunedConfig, source: str, version: str | None) -> Export:
-    version = check_version(version)
+def changes(choice: Choice, release: str) -> list[str]:
+    s = choice.setting
+    if s == choice.default:
+        return ["keeps every SGLang default (no flag): no switch measured faster than its defaults at the measured "
+                "counts without being slower at another"]
+    out = []
+    if s.fusion:
+        out.append(f"turns FlashInfer's all-reduce + RMSNorm fusion on (off for a dense model by default; it fuses "
+                   f"batches of at most 2048 tokens, a constant: {find(facts.FACTS, 'FUSION_RULE').cite(release)})")
+    if not s.custom_ar:
+        out.append("turns SGLang's custom all-reduce off")
+    if s.torch_symm:
+        out.append(f"turns PyTorch's symmetric-memory all-reduce on (it runs at TP 2 too, two-shot: "
+                   f"{find(facts.FACTS, 'TORCH_SYMM_TWO_SHOT').cite(release)})")
+    if s.nccl_symm:
+        out.append("turns NCCL's symmetric kernels on")
+    return out
+
+
+def export(config: TunedConfig, rows: list[Measured], source: str, version: str | None) -> Export:
+    version = sglang_engine.check_release(version)
+    model = sglang_engine.Model(config, version)
+    choice = choose(model, config, rows)
     result = Export(ENGINE, version, source)
-    chosen = flags(config, result.warnings)
+    result.warnings += notes.rows_warnings(config, "SGLang")
+    result.warnings += notes.not_followed(config, choice, "SGLang", cannot)
+    cap = find(facts.FACTS, "STEP_CAP_H100")
     result.header = [
         *provenance(config, source, ENGINE, version),
-        f"flags of {facts.SOURCE}",
-        f"cannot express: any bound (the fusion's {facts.FUSION_MAX_TOKENS}-token cap is a constant); per-range "
-        "backends (each flag is on for every size)",
+        f"judged against sglang {version}'s defaults as its code has them (overlapbench/export/sglang_facts.py: file "
+        f"and line of each), from the rows behind the tuned config; never slower than them at any measured count",
+        *changes(choice, version),
+        *notes.measured(choice, "SGLang"),
+        *notes.step_cap(choice, model.step_cap(), "SGLang", f"--chunked-prefill-size, {cap.cite(version)}"),
+        *notes.multicast(choice),
+        "run launch.sh with MODEL set",
         *STANDS_FOR,
     ]
-    if not chosen:
-        result.header.append("no flag: no pick of the tuned choice has an SGLang switch "
-                              "(baseline picks leave SGLang's all-reduce as it is)")
-    line = " ".join([facts.LAUNCH, f"--tp {config.tp}", *chosen])
+    line = " ".join([facts.LAUNCH, f"--tp {config.tp}", *flags(choice.setting)])
     result.files["launch.sh"] = "#!/bin/sh\n" + comment(result.notes()) + line + "\n"
+    result.choice = choice
     return result

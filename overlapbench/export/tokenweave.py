@@ -13,7 +13,9 @@ import json
 from overlapbench.errors import UserError
 from overlapbench.export import tokenweave_facts as facts
 from overlapbench.export.picks import Export, Pick, comment, picks, provenance
+from overlapbench.export.stand_ins import Path
 from overlapbench.tuned import TunedConfig
+from overlapbench.tuning.analysis import Measured
 
 ENGINE = "tokenweave"
 STANDS_FOR = [
@@ -102,7 +104,35 @@ def render(table: dict[int, dict]) -> str:
     return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
-def export(config: TunedConfig, source: str, version: str | None = None) -> Export:
+class Model:
+    """TokenWeave's default for `--defaults`: below its split switch the fuse-only path on its
+    built-in CTAs; above, its shipped file's split (not priced), or no file at a TP it ships none
+    for. Its only setting is the file itself, which the export writes."""
+
+    engine = "tokenweave"
+    version = None
+
+    def __init__(self, config: TunedConfig):
+        self.config, self.family = config, family_of(config)
+
+    def default(self) -> str:
+        return "shipped"
+
+    def candidates(self, counts: list[int]) -> list[str]:
+        return ["shipped"]
+
+    def step_cap(self) -> int | None:
+        return None
+
+    def runs(self, setting: str, tokens: int, multicast: bool) -> Path:
+        if self.config.tp not in facts.SHIPPED[self.family]:
+            return Path("-", (), f"TokenWeave ships no {self.family}_config_{self.config.tp}.json; its model file needs one")
+        if tokens < facts.SPLIT_FROM[self.family]:
+            return Path(f"fuse-only, {facts.BUILTIN_CTAS} CTAs", (f"fused_norm@{facts.BUILTIN_CTAS}",))
+        return Path("its shipped config's split", (), "its shipped entries are not priced here")
+
+
+def export(config: TunedConfig, rows: list[Measured], source: str, version: str | None = None) -> Export:
     if version is not None:
         raise UserError(f"--engine-version: TokenWeave has no releases; its facts are of {facts.SOURCE}; "
                         f"omit --engine-version")
@@ -122,6 +152,8 @@ def export(config: TunedConfig, source: str, version: str | None = None) -> Expo
     result.header = [
         *provenance(config, source, ENGINE, None),
         f"facts from {facts.SOURCE}",
+        "not judged against TokenWeave's defaults: it ships no file for TP 2 and its shipped entries are not priced "
+        "here; this file is what its split needs to run the tuned ranges",
         f"install: copy {name} into <site-packages>/{facts.CONFIG_DIR}/ of TokenWeave's vllm (no flag or env var names "
         "another path); it holds one file per family and TP, so tuned configs of two llama shapes at one TP replace each other",
         f"cannot express: the split switch at {facts.SPLIT_FROM[family]} tokens (code, not file); the fuse-only path's CTAs "

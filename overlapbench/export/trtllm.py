@@ -1,27 +1,35 @@
 """TensorRT-LLM: the `--extra_llm_api_options` YAML (its one global `allreduce_strategy`) and the
-env line that moves its NCCL fallback.
+`trtllm-serve` line.
 
-One strategy for every size; but a message larger than the fusion workspace falls back to NCCL,
-so "our fused kernel up to N tokens, NCCL above" is expressible: the fused strategy, and the
-workspace set to N tokens' bytes.
+Its default, AUTO, times NCCL, NCCL's symmetric kernels and its own fused one- and two-shot kernels
+at warm-up and runs the fastest (trtllm_engine.py): by the rows' stand-ins no single strategy forced
+in its place is faster, so the export keeps AUTO (written out, so the file says which strategy runs)
+and reports what the tuned picks would add over it.
 """
 
 from __future__ import annotations
 
 from overlapbench.errors import UserError
+from overlapbench.export import notes, trtllm_engine
 from overlapbench.export import trtllm_facts as facts
-from overlapbench.export.picks import Export, Pick, comment, leading_end, message_bytes, picks, provenance
+from overlapbench.export.choice import choose
+from overlapbench.export.picks import SP_FAMILY, Export, Pick, comment, provenance
 from overlapbench.tuned import TunedConfig
+from overlapbench.tuning.analysis import Measured
 
 ENGINE = "trtllm"
-# Our mechanism -> the strategy that runs it in TensorRT-LLM (its ONESHOT/TWOSHOT fuse the residual
-# add + RMSNorm into the all-reduce where the model asks, as Llama's decoder layer does).
-STRATEGY = {"fused_norm": "TWOSHOT", "two_shot": "TWOSHOT", "one_shot": "ONESHOT", "nccl": "NCCL"}
 STANDS_FOR = [
-    "our fused_norm (reduce own rows, add + RMSNorm, gather: two-shot shaped) stands for TWOSHOT with the "
-    "RESIDUAL_RMS_NORM fusion; allreduce=one_shot/two_shot (PyTorch symmetric memory) for ONESHOT/TWOSHOT; "
-    "baseline (NCCL) for NCCL: different kernels, an approximation",
+    "stand-ins: our fused_norm (reduce own rows, add + RMSNorm, gather: two-shot shaped) for TWOSHOT with the "
+    "RESIDUAL_RMS_NORM fusion; baseline (NCCL) for NCCL; baseline nccl_symm=true for NCCL_SYMMETRIC; none for "
+    "ONESHOT: different kernels, an approximation",
 ]
+CANNOT = {
+    "token_split": "TensorRT-LLM has no token-split overlap",
+    "iso": "TensorRT-LLM has no ISO split",
+    "one_shot": "TensorRT-LLM's ONESHOT is its own kernel fused with the norm, not PyTorch's one-shot all-reduce",
+    "two_shot": "TensorRT-LLM's TWOSHOT is its own kernel fused with the norm, not PyTorch's two-shot all-reduce",
+    "fused_norm_copy_engine": "TensorRT-LLM has no copy-engine reduction",
+}
 
 
 def check_version(version: str | None) -> None:
@@ -29,47 +37,36 @@ def check_version(version: str | None) -> None:
         raise UserError(f"--engine-version: no TensorRT-LLM release was read ({facts.SOURCE}); omit --engine-version")
 
 
-def choose(config: TunedConfig, warnings: list[str]) -> tuple[str, dict[str, int]]:
-    """The global strategy (the first range's) and the env entries; a warning for each pick they
-    do not follow."""
-    ps = picks(config)
-    strategy = STRATEGY.get(ps[0].kind)
-    if strategy is None:
-        warnings.append(f"{ps[0].text()}: no TensorRT-LLM strategy runs this ({ps[0].kind}); NCCL exported")
-        strategy = "NCCL"
-    if strategy == "NCCL":
-        warnings += _unfollowed([p for p in ps if p.kind != "nccl"], strategy)
-        return strategy, {}
-    end = leading_end(ps, (ps[0].kind,))
-    rest = [p for p in ps if p.lo > end]
-    if any(p.kind != "nccl" for p in rest):
-        warnings += _unfollowed([p for p in rest if p.kind != "nccl"], strategy)
-        return strategy, {}
-    if rest or message_bytes(config, end) > facts.WORKSPACE_DEFAULT:  # NCCL above `end`, or keep the largest off NCCL
-        return strategy, {facts.WORKSPACE_ENV: message_bytes(config, end)}
-    return strategy, {}
+def cannot(p: Pick) -> str | None:
+    if p.kind in SP_FAMILY:
+        return "TensorRT-LLM has no sequence-parallel setting for a dense model's layer here"
+    return CANNOT.get(p.kind)
 
 
-def _unfollowed(ps: list[Pick], strategy: str) -> list[str]:
-    return [f"{p.text()}: TensorRT-LLM runs one strategy ({strategy}) for every size here" for p in ps]
-
-
-def export(config: TunedConfig, source: str, version: str | None) -> Export:
+def export(config: TunedConfig, rows: list[Measured], source: str, version: str | None) -> Export:
     check_version(version)
+    model = trtllm_engine.Model(config)
+    choice = choose(model, config, rows)
+    strategy = choice.setting.strategy
     result = Export(ENGINE, None, source)
-    strategy, env = choose(config, result.warnings)
+    result.warnings += notes.rows_warnings(config, "TensorRT-LLM")
+    result.warnings += notes.not_followed(config, choice, "TensorRT-LLM", cannot)
+    kept = strategy == facts.FACTS["DEFAULT_STRATEGY"].value
     result.header = [
         *provenance(config, source, ENGINE, None),
-        f"facts from {facts.SOURCE}",
-        f"cannot express: more than one strategy ({facts.OPTION} is global); the one bound is the fusion workspace "
-        f"({facts.WORKSPACE_ENV}, bytes): larger messages fall back to NCCL",
+        f"judged against TensorRT-LLM's default ({facts.OPTION}: AUTO, the autotuner on) as its source has it "
+        f"(overlapbench/export/trtllm_facts.py: {facts.SOURCE}), from the rows behind the tuned config",
+        ("keeps AUTO: it times its candidates at warm-up and runs the fastest, so no strategy forced in its place "
+         "measures faster" if kept else f"forces {strategy}"),
+        *notes.measured(choice, "TensorRT-LLM"),
+        *notes.step_cap(choice, model.step_cap(), "TensorRT-LLM", "max_num_tokens"),
+        f"the autotuner's fused kernels take messages up to its workspace (64 MiB; {facts.WORKSPACE_ENV} sets it, at the "
+        f"cost of device memory); the export does not change it",
+        f"run serve.sh with MODEL set: {facts.SERVE.format(tp=config.tp)}",
         *STANDS_FOR,
-        f"run: export the env line, then {facts.SERVE.format(tp=config.tp)}",
     ]
-    for name, size in env.items():
-        result.header.append(f"{name}={size}: {size / (1 << 20):g} MiB, the last token count of {strategy} x hidden x "
-                             f"dtype bytes")
     head = comment(result.notes())
     result.files["extra_llm_api_options.yaml"] = head + f"{facts.OPTION}: {strategy}\n"
-    result.files["env.sh"] = head + "".join(f"export {name}={size}\n" for name, size in env.items())
+    result.files["serve.sh"] = "#!/bin/sh\n" + head + facts.SERVE.format(tp=config.tp) + "\n"
+    result.choice = choice
     return result

@@ -1,150 +1,163 @@
 """vLLM: the `--compilation-config` JSON (its `pass_config`), the `vllm serve` line and the
-environment lines for the all-reduce backend, with the key names of the version asked for.
+environment lines for the all-reduce backend, with the key names of the release asked for.
 
-vLLM has one threshold per pass: the all-reduce + RMSNorm fusion runs up to an upper bound (from
-1 token), sequence parallelism from a lower bound (to the largest batch). So the export takes the
-run of `fused_norm` picks that starts at 1 token for the fusion, and the run of sequence-parallel
-picks that reaches the largest range for SP; every other pick of those kinds is a warning.
+The setting is chosen from the rows (choice.py, against vllm_engine's model of vLLM's code): the
+fastest vLLM can express, never slower than its defaults; only what differs from the defaults is
+written. A pick vLLM cannot run (token_split, iso, one_shot, a copy-engine fused_norm) is a
+warning with what it would add; sequence parallelism (releases 0.12-0.31) is never turned on: it
+changes how vLLM compiles and captures every size, which the rows do not measure.
 """
 
 from __future__ import annotations
 
 import json
 
-from overlapbench.errors import UserError
+from overlapbench.export import notes, vllm_engine
 from overlapbench.export import vllm_facts as facts
-from overlapbench.export.picks import (
-    MIB,
-    SP_FAMILY,
-    Export,
-    Pick,
-    capability,
-    comment,
-    dtype_bytes,
-    hidden,
-    leading_end,
-    picks,
-    provenance,
-    trailing_start,
-)
+from overlapbench.export.choice import Choice, choose
+from overlapbench.export.facts import find
+from overlapbench.export.picks import MIB, SP_FAMILY, Export, Pick, comment, provenance
 from overlapbench.tuned import TunedConfig
+from overlapbench.tuning.analysis import Measured
 
 ENGINE = "vllm"
 STANDS_FOR = [
-    "our fused_norm (one all-reduce + add + RMSNorm kernel on PyTorch symmetric memory, peer loads, two-shot shaped) "
-    "stands for FlashInfer's all-reduce fusion (fuse_allreduce_rms): a different kernel, so the bound is an approximation",
-    "our baseline (NCCL all-reduce, then add + RMSNorm) stands for vLLM's plain all-reduce when it runs pynccl; "
-    "allreduce=one_shot/two_shot (PyTorch symmetric memory) for vLLM's symmetric-memory path; nccl_symm for "
-    f"{facts.ENV_NCCL_SYMM}",
-    "our async_tp (torch.ops.symm_mem fused all-gather + matmul / matmul + reduce-scatter) is what vLLM's async TP "
-    "pass runs; flash_agrs (rank-ordered P2P pieces) and sp_baseline (blocking collectives) stand for it and for "
-    "plain sequence parallelism",
+    "stand-ins: our fused_norm (one all-reduce + add + RMSNorm kernel on PyTorch symmetric memory, peer loads, "
+    "two-shot shaped) for FlashInfer's all-reduce fusion; baseline (NCCL, then add + RMSNorm) for pynccl; "
+    "baseline allreduce=two_shot for PyTorch's two-shot symmetric-memory all-reduce (the same op); the faster of "
+    "allreduce=one_shot/two_shot for FlashInfer's standalone and vLLM's custom all-reduce (other kernels: an "
+    "approximation); baseline nccl_symm=true for NCCL's symmetric kernels; none for PyTorch's multimem all-reduce",
 ]
+CANNOT = {
+    "token_split": "vLLM has no token-split overlap (TokenWeave, a vLLM fork, has: export --engine tokenweave)",
+    "iso": "vLLM has no ISO split",
+    "one_shot": "vLLM's PyTorch symmetric-memory path runs two-shot (multimem from world size 4), never one-shot",
+    "fused_norm_copy_engine": "vLLM's fusion is FlashInfer's kernel, not a copy-engine reduction",
+}
 
 
-def keys_for(version: str | None) -> tuple[str, facts.Keys]:
-    version = version or facts.DEFAULT_VERSION
-    if version not in facts.VERSIONS:
-        raise UserError(f"--engine-version: vllm {version!r} is not one whose key names were read; "
-                        f"known: {', '.join(facts.known_versions())}")
-    return version, facts.VERSIONS[version]
+def cannot(p: Pick, keys: facts.Keys) -> str | None:
+    if p.kind in SP_FAMILY:
+        if keys.sp is None:
+            return "vLLM at these key names has no sequence-parallel or async-TP pass"
+        return ("vLLM's sequence parallelism (enable_sp, fuse_gemm_comms) is left off: turning it on compiles the whole "
+                f"graph with full CUDA graphs only, at every size ({facts.SP_FACTS['SP_WHOLE_GRAPH'].cite('0.31.0')}), "
+                "which the rows do not measure")
+    return CANNOT.get(p.kind)
 
 
-def pass_config(config: TunedConfig, keys: facts.Keys, warnings: list[str]) -> dict:
-    """The pass_config entries, and a warning for each pick the one-bound passes cannot follow."""
-    ps = picks(config)
-    out: dict = {}
-    fused_end = leading_end(ps, ("fused_norm",))
-    out[keys.fusion] = fused_end is not None
-    if fused_end is not None:
-        size = fused_end * hidden(config) * dtype_bytes(config)
-        out[keys.fusion_bound] = size / MIB if keys.bound_unit == "MiB" else fused_end
-    for p in ps:
-        if p.kind in ("fused_norm", "fused_norm_copy_engine") and (fused_end is None or p.lo > fused_end):
-            warnings.append(f"{p.text()}: vLLM's fusion runs from 1 token up to one bound; this range is not fused")
-    if keys.sp is None:
-        warnings += [f"{p.text()}: vLLM at these key names has no sequence-parallel or async-TP pass" for p in ps
-                     if p.kind in SP_FAMILY]
-    else:
-        out.update(_sequence_parallel(ps, keys, warnings))
-    warnings += [f"{p.text()}: vLLM has no token-split overlap (TokenWeave, a vLLM fork, has: export --engine tokenweave)"
-                 for p in ps if p.kind in ("token_split", "iso")]
-    return out
+def pass_config(model: vllm_engine.Model, setting: vllm_engine.Setting, keys: facts.Keys) -> dict:
+    """The pass_config entries that differ from vLLM's defaults."""
+    if not setting.fusion:
+        return {keys.fusion: False}
+    if setting.fusion_tokens is None:
+        return {}
+    size = setting.fusion_tokens * model.row_bytes
+    return {keys.fusion: True, keys.fusion_bound: size / MIB if keys.bound_unit == "MiB" else setting.fusion_tokens}
 
 
-def _sequence_parallel(ps: list[Pick], keys: facts.Keys, warnings: list[str]) -> dict:
-    start = trailing_start(ps, SP_FAMILY)
-    if start is not None and start > 1 and keys.sp_min is None:
-        warnings.append(f"sequence parallelism wins from {start} tokens, but these key names have no lower bound "
-                        f"(sp_min_token_num came later): left off")
-        start = None
-    run = [p for p in ps if start is not None and p.lo >= start]
-    for p in ps:
-        if p.kind in SP_FAMILY and p not in run:
-            warnings.append(f"{p.text()}: vLLM's sequence parallelism runs from one lower bound to the largest batch; "
-                            f"this range is not")
-    fused = any(p.kind in ("async_tp", "flash_agrs") for p in run)
-    warnings += [f"{p.text()}: async TP is one switch for the whole SP range; it is on there" for p in run
-                 if fused and p.kind == "sp_baseline"]
-    out = {keys.sp: bool(run), keys.async_tp: fused}
-    if keys.sp_min is not None and run:
-        out[keys.sp_min] = start
-    return out
-
-
-def backend(config: TunedConfig, warnings: list[str]) -> tuple[list[str], list[str], list[str]]:
-    """Environment lines, extra CLI flags and header notes for the plain all-reduce."""
-    ps = [p for p in picks(config) if p.kind in ("nccl", "nccl_symm", "one_shot", "two_shot")]
-    kinds = {p.kind for p in ps}
-    env, flags, notes = [], [], []
-    if kinds & {"one_shot", "two_shot"}:
-        env += [f"{facts.ENV_SYMM_MEM}=1", f"{facts.ENV_FLASHINFER_AR}=0"]
-        flags.append(facts.DISABLE_CUSTOM_AR)
-        cap = facts.SYMM_MEM_MAX_MB.get(capability(config.device) or 0, {}).get(config.tp)
-        notes.append("symmetric-memory all-reduce picked: FlashInfer's and vLLM's custom all-reduce are turned off so "
-                     "that vLLM's PyTorch symmetric-memory path serves it; vLLM picks one-shot or two-shot itself"
-                     + (f", for messages under {cap:g} MiB (larger go to pynccl)" if cap else ""))
-        if cap:
-            below = [p for p in ps if p.kind == "nccl" and p.lo * hidden(config) * dtype_bytes(config) < cap * MIB]
-            warnings += [f"{p.text()}: NCCL picked, but vLLM's symmetric-memory all-reduce takes messages under "
-                         f"{cap:g} MiB" for p in below]
-    if "nccl_symm" in kinds:
+def backend(setting: vllm_engine.Setting) -> tuple[list[str], list[str]]:
+    """Environment lines and CLI flags for the plain all-reduce's switches that differ from the defaults."""
+    env = []
+    if not setting.flashinfer_ar:
+        env.append(f"{facts.ENV_FLASHINFER_AR}=0")
+    if not setting.symm_mem:
+        env.append(f"{facts.ENV_SYMM_MEM}=0")
+    if setting.nccl_symm:
         env.append(f"{facts.ENV_NCCL_SYMM}=1")
-        if config.tp < facts.NCCL_SYMM_MIN_WORLD:
-            warnings.append(f"nccl_symm picked, but vLLM uses NCCL symmetric memory only from world size "
-                            f"{facts.NCCL_SYMM_MIN_WORLD} (TP={config.tp} here)")
-    if kinds <= {"nccl"}:
-        notes.append("baseline (NCCL) picks leave vLLM's all-reduce backend at its defaults: these rows do not "
-                     "compare NCCL with vLLM's FlashInfer, custom or symmetric-memory all-reduce")
-    return env, flags, notes
+    return env, [] if setting.custom_ar else [facts.DISABLE_CUSTOM_AR]
 
 
-def cli_line(config: TunedConfig, compilation: dict, flags: list[str]) -> str:
-    text = json.dumps(compilation, separators=(", ", ": "))
+def serve_line(config: TunedConfig, flags: list[str]) -> str:
     return " ".join(["vllm serve \"$MODEL\"", f"--tensor-parallel-size {config.tp}",
-                     f"--compilation-config '{text}'", *flags])
+                     "--compilation-config \"$(cat \"$(dirname \"$0\")/compilation-config.json\")\"", *flags])
 
 
-def export(config: TunedConfig, source: str, version: str | None) -> Export:
-    version, keys = keys_for(version)
+def changes(model: vllm_engine.Model, choice: Choice, keys: facts.Keys) -> list[str]:
+    """What the export changes from vLLM's defaults, in vLLM's words, and why it is safe."""
+    s, release = choice.setting, model.version
+    if s == choice.default:
+        return ["keeps every vLLM default: no setting vLLM can express measured faster than its defaults at the "
+                "measured counts without being slower at another"]
+    out = []
+    if not s.fusion:
+        out.append(f"turns the all-reduce + RMSNorm fusion off ({keys.fusion}: false; on by default: "
+                   f"{find(facts.FACTS, 'FUSION_DEFAULT_ON').cite(release)})")
+    elif s.fusion_tokens is not None:
+        builtin = model.builtin_fusion_tokens()
+        out.append(f"moves the fusion's bound from {builtin} to {s.fusion_tokens} tokens ({keys.fusion_bound}: the "
+                   f"last fused count x hidden x dtype bytes; vLLM fuses a compiled range ending at or below "
+                   f"int(MiB * 2**20) // (hidden x dtype bytes) tokens: "
+                   f"{find(facts.FACTS, 'FUSION_RANGE').cite(release)})")
+        if builtin is not None and s.fusion_tokens > builtin:
+            out.append(_workspace(model, s.fusion_tokens, builtin))
+    if not s.flashinfer_ar:
+        out.append(f"turns FlashInfer's standalone all-reduce off ({facts.ENV_FLASHINFER_AR}=0)")
+    if not s.custom_ar:
+        out.append(f"turns vLLM's custom all-reduce off ({facts.DISABLE_CUSTOM_AR})")
+    if not s.symm_mem:
+        out.append(f"turns PyTorch's symmetric-memory all-reduce off ({facts.ENV_SYMM_MEM}=0)")
+    if s.nccl_symm:
+        out.append(f"turns NCCL's symmetric kernels on ({facts.ENV_NCCL_SYMM}=1)")
+    return out
+
+
+def _workspace(model: vllm_engine.Model, bound: int, builtin: int) -> str:
+    """What a bound above vLLM's built-in one costs in FlashInfer's workspace (sized for
+    min(bound, --max-num-batched-tokens) tokens), and what to look for if it cannot be allocated."""
+    cap = model.step_cap()
+    mib = lambda tokens: f"{tokens * model.row_bytes / MIB:g} MiB"
+    if cap is not None and min(bound, cap) <= builtin:
+        return (f"at the default step cap ({cap} tokens) FlashInfer's fusion workspace stays the default's "
+                f"({mib(builtin)} of data per buffer); with --max-num-batched-tokens raised it grows to min(bound, cap) "
+                f"tokens (up to {mib(bound)}): device memory the rows do not measure")
+    return (f"FlashInfer's fusion workspace grows from {mib(builtin)} to {mib(min(bound, cap or bound))} of data per "
+            f"buffer (min(bound, --max-num-batched-tokens) tokens; its Lamport buffers hold several times that): device "
+            f"memory the rows do not measure. Should FlashInfer fail to allocate it, vLLM logs 'Failed to initialize "
+            f"Flashinfer allreduce workspace' and fuses nothing: check the log")
+
+
+def fusion_kernel(model: vllm_engine.Model) -> list[str]:
+    """Which of FlashInfer's kernels the fusion runs: one-shot or two-shot, by backend."""
+    one_shot = find(facts.FACTS, "ONE_SHOT_MAX_MB", model.cap, model.tp)
+    if one_shot is None:
+        return []
+    release = model.version
+    return [f"FlashInfer's fusion runs its mnnvl backend where the host has NVLink multicast (one-shot or two-shot: "
+            f"FlashInfer's choice, {find(facts.FACTS, 'MNNVL_CHOOSES').cite(release)}), else its trtllm backend: "
+            f"one-shot up to {one_shot.value:g} MiB at TP={model.tp}, two-shot above ({one_shot.cite(release)}); "
+            f"our fused_norm stands for either"]
+
+
+def export(config: TunedConfig, rows: list[Measured], source: str, version: str | None) -> Export:
+    version = vllm_engine.check_release(version)
+    keys = facts.VERSIONS[version]
+    model = vllm_engine.Model(config, version)
+    choice = choose(model, config, rows)
     result = Export(ENGINE, version, source)
-    compilation = {"pass_config": pass_config(config, keys, result.warnings)}
-    env, flags, notes = backend(config, result.warnings)
-    bound = compilation["pass_config"].get(keys.fusion_bound)
+    result.warnings += notes.rows_warnings(config, "vLLM")
+    result.warnings += notes.not_followed(config, choice, "vLLM", lambda p: cannot(p, keys))
+    env, flags = backend(choice.setting)
+    compilation = {"pass_config": pass_config(model, choice.setting, keys)}
+    cap_fact = find(facts.FACTS, "STEP_CAP_SERVE")
     result.header = [
         *provenance(config, source, ENGINE, version),
-        f"key names of vllm {version} (read from its wheel); `vllm serve --compilation-config` takes the JSON, "
-        f"or -cc.pass_config.<key>=<value> each",
-        f"cannot express: one bound per pass (fusion: up to {keys.fusion_bound} from 1 token; "
-        + (f"sequence parallelism: from {keys.sp_min} to the largest batch" if keys.sp_min else
-           "sequence parallelism: on or off for every size" if keys.sp else "no sequence-parallel pass in this version")
-        + "); vLLM's one-shot/two-shot choice and its all-reduce size tables",
-        *([f"fusion bound: {bound!r} {keys.bound_unit} = the last fused_norm token count x hidden x dtype bytes"]
-          if bound is not None else []),
-        *STANDS_FOR, *notes,
+        f"judged against vllm {version}'s defaults as its code has them (overlapbench/export/vllm_facts.py: file and "
+        f"line of each), from the rows behind the tuned config; never slower than them at any measured count",
+        *changes(model, choice, keys),
+        *notes.measured(choice, "vLLM"),
+        *fusion_kernel(model),
+        *notes.step_cap(choice, model.step_cap(), "vllm serve",
+                        f"--max-num-batched-tokens, {cap_fact.cite(version)}; the fusion's bound is capped by it too"),
+        *notes.multicast(choice),
+        "pass compilation-config.json as --compilation-config \"$(cat compilation-config.json)\" (the option takes the "
+        "JSON text, not a file name; --config takes YAML only), or each key as -cc.pass_config.<key>=<value>; "
+        "run serve.sh with MODEL set",
+        *STANDS_FOR,
     ]
     head = comment(result.notes())
     result.files["compilation-config.json"] = json.dumps(compilation, indent=2) + "\n"
     exports = "".join(f"export {line}\n" for line in env)
-    result.files["serve.sh"] = "#!/bin/sh\n" + head + exports + cli_line(config, compilation, flags) + "\n"
+    result.files["serve.sh"] = "#!/bin/sh\n" + head + exports + serve_line(config, flags) + "\n"
+    result.choice = choice
     return result

@@ -1,31 +1,37 @@
-"""Load each engine export through that engine's own parser (no GPU needed).
+"""Load each engine export through that engine's own parser, and resolve what the engine would run
+at each measured token count through its own config code (no GPU needed).
 
     python tests/checks/engine_exports.py [--venvs /tmp/ob-engines] [--out results/cpu-checks]
 
-Exports the committed TP=2 tuned configs (results/h200x2/tuned/ and tuned/sp/, results/h100x2/331cb63/tuned/) for every engine,
-then, per engine, in a scratch venv of its own under --venvs (created and `pip install`ed when
-missing; an engine that does not install is reported with pip's last error lines):
+Exports, for every engine, the committed TP=2 tuned configs (results/h200x2/tuned/ and tuned/sp/,
+results/h100x2/331cb63/tuned/), the predicted TP=4 and TP=8 ones (results/predicted-h100/tuned/) and
+synthetic ones whose rows make the export flip the switches the committed rows do not, each judged
+from its rows. Each export's script is run by sh with a stand-in for the engine's program on PATH,
+which records the argv and environment the script hands it. Then, per engine, in a scratch venv of
+its own under --venvs (created and `pip install`ed when missing; an engine that does not install is
+reported with pip's last error lines):
 
-- vLLM (0.33.0, and 0.31.0 for the sequence-parallel keys, each export made with that release's key
-  names): `vllm.config.CompilationConfig(**json)` on compilation-config.json (pydantic, unknown keys
-  refused, the values kept), the serve line through vLLM's own CLI parser (`EngineArgs.add_cli_args` +
-  `from_cli_args`), and `PassConfig.flashinfer_max_size(tp)` // (hidden x dtype bytes) == the last
-  fused_norm token count of the tuned config;
-- SGLang: the launch line through `ServerArgs.add_cli_args` (its argparse), each flag set;
-- TensorRT-LLM: its `TorchLlmArgs` when it installs; otherwise the YAML's value against the values
-  read from its source (said so in the output);
+- the engine's own parser on the files and that argv (tests/checks/engine_parsers.py): vLLM 0.33.0
+  and 0.31.0 (`CompilationConfig`, `EngineArgs`, its env names; the fusion bound read back through
+  `PassConfig.flashinfer_max_size`), SGLang (`ServerArgs`), TensorRT-LLM (`TorchLlmArgs`, when it
+  installs; otherwise the YAML's value against the values read from its source, said so);
+- the semantics (tests/checks/engine_kernels.py): per measured token count, the all-reduce the engine
+  would run, resolved from the settings as its parser read them and its own modules' thresholds,
+  must be what the export's model of the engine says it runs; the tuned pick is logged beside it;
 - TokenWeave: its loader's logic (json.load, keys cast with int(), nearest key by absolute distance,
-  first on a tie), run for every token count from the split switch to twice the largest range:
-  the entry found must be the one for the tuned range holding that count.
+  first on a tie), run for every token count from the split switch to twice the largest range: the
+  entry found must be the one for the tuned range holding that count.
 
-Writes engine_exports.txt (what ran, what each parser said) and engine_exports.json under --out.
-`--scan-wheels V...` instead prints the pass keys of each vLLM release V, read from its wheel.
+Writes engine_exports.txt (what ran, what each said) and engine_exports.json under --out (a CPU
+check's output, not a GPU result). `--scan-wheels V...` instead prints the pass keys of each vLLM
+release V, read from its wheel.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import json
 import os
 import re
@@ -41,8 +47,10 @@ sys.path.insert(0, str(ROOT))
 
 from overlapbench import tuned  # noqa: E402
 from overlapbench.export import tokenweave, tokenweave_facts  # noqa: E402
-from overlapbench.export.command import EXPORTERS  # noqa: E402
-from overlapbench.export.picks import leading_end, picks, write  # noqa: E402
+from overlapbench.export.command import EXPORTERS, Input, rows_of  # noqa: E402
+from overlapbench.export.picks import picks, write  # noqa: E402
+from tests.checks import engine_kernels, engine_parsers  # noqa: E402
+from tests.export_rows import config, measured, rule  # noqa: E402
 
 PYTHON = "/root/.pyenv/versions/3.12.1/bin/python"
 # A venv per (engine, release): (engine, the --engine-version its export is made for, the pip requirement).
@@ -53,96 +61,71 @@ VENVS = {
     "sglang": ("sglang", None, "sglang==0.5.23"),
     "trtllm": ("trtllm", None, "tensorrt-llm==1.2.1"),
 }
-TUNED = (ROOT / "results/h200x2/tuned", ROOT / "results/h100x2/331cb63/tuned")  # H200 (with SP configs), the H100 re-run
-BASE = {"nccl_max_ctas": "default"}
+TUNED = ("results/h200x2/tuned", "results/h100x2/331cb63/tuned")  # H200 (with SP configs), the H100 re-run
+PREDICTED = "results/predicted-h100/tuned"  # TP=4 and TP=8, predicted from one H100's pieces
+# The program each engine's script starts, and how many of its first arguments are not the engine's options.
+PROGRAM = {"vllm": ("vllm", 2), "sglang": ("python", 2), "trtllm": ("trtllm-serve", 1)}
+SCRIPT = {"vllm": "serve.sh", "sglang": "launch.sh", "trtllm": "serve.sh"}
+
+# Synthetic configs and their rows (token count -> setting -> ms): each makes an export flip switches
+# the committed rows leave alone. (name, tuned rules, hidden, tp, medians)
+SYNTHETIC = {
+    # NCCL beats every peer-memory path at 4 MiB: vLLM keeps its fusion below, turns off its custom
+    # all-reduce and symmetric memory
+    "synthetic-nccl-small": ([rule(1, 1024, "nccl")], 4096, 2,
+                             {512: {"nccl": 0.8, "fused": 1.0, "one_shot": 1.1, "two_shot": 1.1},
+                              1024: {"nccl": 1.6, "fused": 2.0, "one_shot": 2.2, "two_shot": 2.2}}),
+    # the unfused one-shot beats the fusion: vLLM's fusion off, its standalone FlashInfer all-reduce on
+    "synthetic-fusion-off": ([rule(1, 2048, "one_shot")], 4096, 2,
+                             {1024: {"nccl": 1.2, "fused": 1.0, "one_shot": 0.8, "two_shot": 0.9},
+                              2048: {"nccl": 2.4, "fused": 2.0, "one_shot": 1.6, "two_shot": 1.8}}),
+    # the fusion wins past vLLM's built-in bound: it moves up; SGLang turns its fusion on
+    "synthetic-fusion-wide": ([rule(1, 16384, "fused")], 4096, 2,
+                              {1024: {"nccl": 1.0, "fused": 0.8, "one_shot": 0.95, "two_shot": 0.95},
+                               16384: {"nccl": 16.0, "fused": 14.0, "one_shot": 16.5, "two_shot": 16.2}}),
+    # PyTorch's two-shot beats NCCL at 32 MiB: SGLang's --enable-torch-symm-mem at TP 2
+    "synthetic-torch-symm": ([rule(1, 2048, "two_shot")], 8192, 2,
+                             {2048: {"nccl": 2.2, "fused": 2.1, "one_shot": 2.05, "two_shot": 1.9}}),
+    # NCCL's symmetric kernels beat NCCL above everything else's sizes at TP 4
+    "synthetic-tp4-nccl-symm": ([rule(1, 8192, "nccl_symm")], 8192, 4,
+                                {4096: {"nccl": 4.0, "nccl_symm": 3.5, "fused": 4.2},
+                                 8192: {"nccl": 8.0, "nccl_symm": 7.0, "fused": 8.4}}),
+}
 
 
-def inputs() -> dict[str, tuned.TunedConfig]:
-    """The committed TP=2 tuned configs, and synthetic ones whose picks reach the switches the
-    committed picks do not (symmetric-memory and NCCL-symmetric all-reduce, TokenWeave's split)."""
-    found = [p for folder in TUNED for p in sorted(folder.glob("*.yaml")) + sorted(folder.glob("sp/*.yaml"))]
-    out = {f"{p.parent.name}-{p.stem}": tuned.load(p) for p in found}
-    like = next(iter(out.values()))
-    for name, rules in SYNTHETIC.items():
-        out[name] = tuned.TunedConfig(like.device, like.world_size, like.tp, like.model, like.shape, like.dtype,
-                                      tuple(tuned.Rule(lo, hi, s, k) for lo, hi, s, k in rules))
+def inputs(scratch: Path) -> dict[str, tuple[tuned.TunedConfig, list]]:
+    """The committed tuned configs with the rows behind them, and the synthetic ones with theirs."""
+    found = [p for folder in TUNED for p in sorted((ROOT / folder).glob("*.yaml")) + sorted((ROOT / folder).glob("sp/*.yaml"))]
+    found += sorted((ROOT / PREDICTED).glob("*.yaml"))
+    out = {}
+    with contextlib.chdir(ROOT):  # provenance names the rows relative to the repository root
+        for path in found:
+            relative = str(path.relative_to(ROOT))
+            item = Input(tuned.load(path), relative, path.stem)
+            out[f"{path.parent.name}-{path.stem}"] = (item.config, rows_of(item))
+    for name, (rules, hidden, tp, medians) in SYNTHETIC.items():
+        cfg = config(rules, model="llama3-70b" if hidden == 8192 else "llama3-8b", hidden=hidden, tp=tp)
+        out[name] = (cfg, measured(scratch, medians, seed=len(name)))
     return out
 
 
-SYNTHETIC = {
-    "synthetic-symm-then-nccl": [(1, 2048, "baseline", BASE | {"allreduce": "one_shot"}), (2049, 32768, "baseline", BASE)],
-    "synthetic-nccl-symm": [(1, 32768, "baseline", BASE | {"nccl_symm": True})],
-    "synthetic-fused-split": [
-        (1, 1500, "fused_norm", {"comm_ctas": 16}),
-        (1501, 6000, "token_split", {"align": 256, "comm": "fused", "comm_ctas_attn": 8, "comm_ctas_mlp": 4, "split_offset": 0}),
-        (6001, 32768, "token_split", {"align": 256, "comm": "fused", "comm_ctas_attn": 16, "comm_ctas_mlp": 8,
-                                      "split_offset": 256}),
-    ],
-}
-
-VLLM_CHECK = r'''
-import json, shlex, sys
-import vllm
-import vllm.envs
-from vllm.config import CompilationConfig
-from vllm.engine.arg_utils import EngineArgs
-from vllm.utils.argparse_utils import FlexibleArgumentParser
-folder, hidden, elem, tp, fused_end = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-data = json.load(open(f"{folder}/compilation-config.json"))
-cc = CompilationConfig(**data)
-lines = open(f"{folder}/serve.sh").read().splitlines()
-argv = shlex.split(next(l for l in lines if l.startswith("vllm serve")))[3:]  # after `vllm serve "$MODEL"`
-engine = EngineArgs.from_cli_args(EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(argv))
-same = engine.compilation_config.pass_config == cc.pass_config and engine.tensor_parallel_size == tp
-same = same and engine.disable_custom_all_reduce == ("--disable-custom-all-reduce" in argv)
-env = [l.split()[1].split("=")[0] for l in lines if l.startswith("export ")]
-env_known = all(name in vllm.envs.environment_variables for name in env)
-max_size = cc.pass_config.flashinfer_max_size(tp) if cc.pass_config.fuse_allreduce_rms else None
-tokens = None if max_size is None else max_size // (hidden * elem)
-try:
-    CompilationConfig(pass_config={"not_a_pass_key": True})
-    strict = False
-except Exception:
-    strict = True
-kept = {k: getattr(cc.pass_config, k) for k in data["pass_config"]} == data["pass_config"]
-ok = same and kept and env_known and strict and str(tokens) == fused_end
-print(json.dumps({"version": vllm.__version__, "pass_config": {k: getattr(cc.pass_config, k) for k in data["pass_config"]},
-                  "values_kept": kept,
-                  "cli_parses_to_same_config": same, "env": env, "env_names_known": env_known,
-                  "unknown_key_refused": strict, "fusion_max_tokens": tokens, "tuned_fused_end": fused_end, "ok": ok},
-                 default=str))
-'''
-
-SGLANG_CHECK = r'''
-import argparse, json, shlex, sys
-import sglang
-from sglang.srt.server_args import ServerArgs
-folder = sys.argv[1]
-line = [l for l in open(f"{folder}/launch.sh") if l.startswith("python -m sglang")][0]
-argv = shlex.split(line)[3:]
-parser = argparse.ArgumentParser()
-ServerArgs.add_cli_args(parser)
-ns = parser.parse_args(argv)
-args = ServerArgs.from_cli_args(ns)  # the dataclass, as launch_server builds it (no GPU work yet)
-switches = [a for a in argv if a.startswith("--enable") or a.startswith("--disable")]
-dests = {f: f[2:].replace("-", "_") for f in switches}
-option = "--flashinfer-allreduce-fusion-backend"
-fusion = argv[argv.index(option) + 1] if option in argv else None
-backend = args.flashinfer_allreduce_fusion_backend
-ok = args.tp_size > 0 and all(getattr(args, d) is True for d in dests.values()) and backend == fusion
-print(json.dumps({"version": sglang.__version__, "tp_size": args.tp_size,
-                  "switches": {f: getattr(args, d) for f, d in dests.items()},
-                  "flashinfer_allreduce_fusion_backend": backend, "ok": ok}))
-'''
-
-TRTLLM_CHECK = r'''
-import json, sys, yaml
-import tensorrt_llm
-from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
-data = yaml.safe_load(open(sys.argv[1] + "/extra_llm_api_options.yaml"))
-field = TorchLlmArgs.model_fields["allreduce_strategy"]
-print(json.dumps({"version": tensorrt_llm.__version__, "value": data["allreduce_strategy"], "annotation": str(field.annotation)}))
-'''
+def handed(folder: Path, engine: str, scratch: Path) -> dict:
+    """The argv and environment the export's script hands the engine's program: the script run by
+    sh, a stand-in for the program first on PATH."""
+    program, skip = PROGRAM[engine]
+    stub = scratch / "bin" / program
+    stub.parent.mkdir(parents=True, exist_ok=True)
+    stub.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                    f"print(json.dumps({{'argv': sys.argv[1:], 'env': dict(os.environ)}}))\n")
+    stub.chmod(0o755)
+    env = {"PATH": f"{stub.parent}:/usr/bin:/bin", "MODEL": "model"}
+    done = subprocess.run(["sh", str(folder / SCRIPT[engine])], capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        return {"error": (done.stderr or done.stdout).strip()[-300:]}
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    names = re.findall(r"^export ([A-Za-z_][A-Za-z0-9_]*)=", (folder / SCRIPT[engine]).read_text(), re.M)
+    argv = [a.replace(str(scratch), "$EXPORTS") for a in seen["argv"][skip:]]  # the log names no scratch folder
+    return {"argv": argv, "env": {k: seen["env"][k] for k in names}}
 
 
 def ensure_venv(name: str, venvs: Path, log: list[str]) -> Path | None:
@@ -236,6 +219,30 @@ def scan_wheels(versions: list[str]) -> int:
     return 0
 
 
+def _size_free(text: str) -> str:
+    return re.sub(r" \([0-9.]+ MiB\)$", "", text)
+
+
+def run_jobs(python: Path, code: str, jobs: dict, scratch: Path) -> dict:
+    """Every job of one venv through one script in one process (the engine imported once)."""
+    path = scratch / f"jobs-{abs(hash(code))}.json"
+    path.write_text(json.dumps(jobs))
+    done = run_in(python, code + engine_parsers.RUN, str(path))
+    return done if "ok" not in done else {name: done for name in jobs}  # the script itself failed: every job
+
+
+def kernels_against_export(found: dict, export) -> dict:
+    """The engine's kernels per measured count (its own code) against the export's model, the tuned pick beside."""
+    if "kernels" not in found:
+        return found
+    ours = {line.tokens: _size_free(line.chosen.text) for line in export.choice.lines}
+    theirs = {int(t): k for t, k in found["kernels"].items()}
+    picks_at = {line.tokens: line.tuned_row.describe() if line.tuned_row else "?" for line in export.choice.lines}
+    wrong = {t: {"engine": theirs[t], "export": ours[t]} for t in ours if theirs[t] != ours[t]}
+    return {"version": found["version"], "per_count": {t: f"{theirs[t]} (tuned pick: {picks_at[t]})" for t in sorted(ours)},
+            "wrong": wrong, "ok": not wrong}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--venvs", type=Path, default=Path("/tmp/ob-engines"))
@@ -245,38 +252,52 @@ def main() -> int:
     if opts.scan_wheels:
         return scan_wheels(opts.scan_wheels)
     opts.venvs.mkdir(parents=True, exist_ok=True)
-    exports = Path(tempfile.mkdtemp(prefix="ob-exports-"))
-    configs = inputs()
+    scratch = Path(tempfile.mkdtemp(prefix="ob-exports-"))
+    configs = inputs(scratch)
+    exports = {}
     for venv, (engine, version, _) in VENVS.items():
-        for name, cfg in configs.items():
-            write(EXPORTERS[engine](cfg, name, version), exports / venv / name)
-    for name, cfg in configs.items():
-        write(EXPORTERS["tokenweave"](cfg, name, None), exports / "tokenweave" / name)
+        for name, (cfg, rows) in configs.items():
+            exports[venv, name] = EXPORTERS[engine](cfg, rows, name, version)
+            write(exports[venv, name], scratch / venv / name)
     log = [f"engine_exports.py, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; exports of "
            + ", ".join(configs)]
     results: dict = {}
     log.append("tokenweave: its loader's logic re-implemented from microsoft/tokenweave @ f483d1c "
                "(not installed: a vLLM fork built from source)")
-    for name, cfg in configs.items():
-        results[f"tokenweave/{name}"] = check_tokenweave(exports / "tokenweave" / name, cfg)
-    checks = {"vllm": VLLM_CHECK, "sglang": SGLANG_CHECK, "trtllm": TRTLLM_CHECK}
+    for name, (cfg, _) in configs.items():
+        try:
+            write(EXPORTERS["tokenweave"](cfg, [], name, None), scratch / "tokenweave" / name)
+            results[f"tokenweave/{name}"] = check_tokenweave(scratch / "tokenweave" / name, cfg)
+        except Exception as e:  # a config TokenWeave cannot take: said so, not a failure of the check
+            results[f"tokenweave/{name}"] = {"ok": None, "refused": str(e)}
+    parsers = {"vllm": engine_parsers.VLLM, "sglang": engine_parsers.SGLANG, "trtllm": engine_parsers.TRTLLM}
+    kernels = {"vllm": engine_kernels.VLLM, "sglang": engine_kernels.SGLANG}
     for venv, (engine, _, _) in VENVS.items():
         python = ensure_venv(venv, opts.venvs, log)
         if python is not None:
             log.append(f"{venv}: venv {opts.venvs / venv}, python 3.12, pip: {installed(python)}")
-        for name, cfg in configs.items():
-            folder = exports / venv / name
-            key = f"{venv}/{name}"
+        jobs = {}
+        for name, (cfg, _) in configs.items():
+            folder, export, key = scratch / venv / name, exports[venv, name], f"{venv}/{name}"
+            given = handed(folder, engine, scratch)
             if python is None:
-                results[key] = {"ok": None, "error": "not installed (see above)"}
+                results[key] = {"ok": None, "error": "not installed (see above)", **given}
                 if engine == "trtllm":
                     results[key] |= _trtllm_from_source(folder)
-                continue
-            args = [str(folder)]
-            if engine == "vllm":
-                fused = leading_end(picks(cfg), ("fused_norm",))
-                args += [str(cfg.shape["hidden"]), "2", str(cfg.tp), str(fused)]
-            results[key] = run_in(python, checks[engine], *args)
+            elif "argv" not in given:
+                results[key] = {"ok": False, **given}
+            else:
+                setting = export.choice.setting
+                fusion_tokens = setting.fusion_tokens if engine == "vllm" and setting.fusion else None
+                jobs[key] = {"folder": str(folder), **given, "tp": cfg.tp, "hidden": cfg.shape["hidden"], "elem": 2,
+                             "counts": [line.tokens for line in export.choice.lines], "fusion_tokens": fusion_tokens}
+        if not jobs:
+            continue
+        results |= run_jobs(python, parsers[engine], jobs, scratch)
+        if engine in kernels:
+            found = run_jobs(python, kernels[engine], jobs, scratch)
+            for key in jobs:
+                results[f"{key}/kernels"] = kernels_against_export(found[key], exports[venv, key.split("/", 1)[1]])
     for key, value in results.items():
         log.append(f"{key}: {'ok' if value.get('ok') else 'NOT ok' if value.get('ok') is False else 'not checked'} "
                    f"{json.dumps({k: v for k, v in value.items() if k != 'ok'}, default=str)}")

@@ -3,8 +3,8 @@
     python tests/checks/export_docs.py          # rewrite the section between its markers
     python tests/checks/export_docs.py --check  # exit 1 if the page is not what the files give
 
-Each engine's export of the llama3-8b TP=2 config (the one with a fused range), then the engine's
-defaults against the tuned choice for llama3-70b and llama3-8b at TP=2. tests/test_export.py fails
+Each engine's export of the llama3-8b TP=2 config, then the engines' defaults, the export and the
+tuned choice for llama3-70b and llama3-8b at TP=2, and for vLLM at TP=4 and TP=8. tests/test_export.py fails
 when the page and the committed files disagree (after the tuned YAMLs are regenerated: run this).
 """
 
@@ -26,6 +26,7 @@ PAGE = ROOT / "docs/export.md"
 START, END = "<!-- export-example:start -->", "<!-- export-example:end -->"
 TUNED = "results/h100x2/331cb63/tuned/{model}-tp2-nvidia-h100-80gb-hbm3-bf16.yaml"  # the TP=2 re-run on 2x H100
 EXAMPLE = TUNED.format(model="llama3-8b")
+PREDICTED = "results/predicted-h100/tuned/llama3-70b-tp{tp}-nvidia-h100-80gb-hbm3-predicted-bf16.yaml"
 FENCE = {".json": "json", ".sh": "sh", ".yaml": "yaml", ".txt": "text"}
 
 
@@ -37,11 +38,12 @@ def section() -> str:
 
 def _section() -> str:
     config = tuned.load(ROOT / EXAMPLE)
+    rows = rows_of(Input(config, EXAMPLE, Path(EXAMPLE).stem))
     exports = {
-        "tokenweave": tokenweave.export(config, EXAMPLE, None),
-        "vllm": vllm.export(config, EXAMPLE, None),
-        "sglang": sglang.export(config, EXAMPLE, None),
-        "trtllm": trtllm.export(config, EXAMPLE, None),
+        "tokenweave": tokenweave.export(config, rows, EXAMPLE, None),
+        "vllm": vllm.export(config, rows, EXAMPLE, None),
+        "sglang": sglang.export(config, rows, EXAMPLE, None),
+        "trtllm": trtllm.export(config, rows, EXAMPLE, None),
     }
     parts = [f"Made by `python tests/checks/export_docs.py` from `{EXAMPLE}`; each block is the file "
              f"`overlapbench export {EXAMPLE} --engine ENGINE` writes.\n"]
@@ -49,13 +51,14 @@ def _section() -> str:
         parts.append(f"\n#### {engine}\n")
         for name, text in export.files.items():
             parts.append(f"\n`{engine}/{Path(EXAMPLE).stem}/{name}`:\n\n```{FENCE[Path(name).suffix]}\n{text}```\n")
-    parts.append("\n#### The engines' defaults against the tuned choice\n\n"
-                 "`overlapbench export TUNED.yaml --engine ENGINE --defaults`, for vLLM 0.33.0 and SGLang 0.5.23:\n")
-    for engine in ("vllm", "sglang"):
-        for model in ("llama3-70b", "llama3-8b"):
-            path = TUNED.format(model=model)
-            item = Input(tuned.load(ROOT / path), path, Path(path).stem)
-            parts.append("\n" + defaults.markdown(engine, item.config, rows_of(item), path))
+    parts.append("\n#### The engines' defaults, the export and the tuned choice\n\n"
+                 "`overlapbench export TUNED.yaml --engine ENGINE --defaults`, for vLLM 0.33.0 and SGLang 0.5.23 at "
+                 "TP=2 (the H100 re-run), and vLLM at TP=4 and TP=8 (the predicted H100 rows):\n")
+    tables = [(engine, TUNED.format(model=model)) for engine in ("vllm", "sglang") for model in ("llama3-70b", "llama3-8b")]
+    tables += [("vllm", PREDICTED.format(tp=tp)) for tp in (4, 8)]
+    for engine, path in tables:
+        item = Input(tuned.load(ROOT / path), path, Path(path).stem)
+        parts.append("\n" + defaults.markdown(engine, item.config, rows_of(item), path))
     return "".join(parts)
 
 
