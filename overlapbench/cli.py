@@ -248,8 +248,23 @@ def tune(
         if kinds and not kinds & set(WORKLOADS):
             raise UserError(f"{path}: holds {'/'.join(sorted(kinds))} rows, which tune does not choose from; tune reads a "
                             f"sweep's results (`overlapbench report {path}` shows these)")
+    before = {p: _tuned_summary(p) for p in out_dir.glob("*.yaml")} if out_dir.is_dir() else {}
     for path in tune_mod.run(paths, out_dir, console, min_gain):
-        console.print(f"wrote {path}")
+        replaced = f" (replacing the config it held: {before[path]})" if path in before else ""
+        console.print(f"wrote {path}{replaced}", soft_wrap=True)
+
+
+def _tuned_summary(path: Path) -> str:
+    """What a tuned YAML chose, in one line: `runs c3fa158d765c: 1-1448 fused_norm, 1449-16384 token_split`."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+        runs = ", ".join(map(str, data["provenance"]["run_ids"]))
+        picks = ", ".join(f"{r['tokens'][0]}-{r['tokens'][1]} {r['strategy']}" for r in data["rules"])
+        return f"runs {runs}: {picks}"
+    except (OSError, yaml.YAMLError, KeyError, TypeError, IndexError):
+        return "a file that is not a tuned config"
 
 
 @app.command()

@@ -387,3 +387,22 @@ def test_the_paragraph_names_the_phase_and_a_death_at_exit(tmp_path):
     assert killed.startswith("torchrun (between this command and its workers) was ended by SIGKILL while running "
                              "point 'fault tokens=29' (capturing), and its workers with it")
 
+
+def test_tune_says_what_a_tuned_file_it_replaces_held(tmp_path):
+    rng = random.Random(5)
+
+    def store(name: str, faster: float, run_id: str) -> Path:
+        rows = []
+        for tokens in (1024, 4096):
+            rows.append(synthetic.row("baseline", tokens, samples=synthetic.draw(tokens / 1000, 0.01, rng), run_id=run_id))
+            rows.append(synthetic.row("token_split", tokens, {"split_offset": 128}, run_id=run_id,
+                                      samples=synthetic.draw(tokens / 1000 * faster, 0.01, rng)))
+        return synthetic.write(tmp_path / name, rows)
+
+    out_dir = tmp_path / "tuned"
+    first = overlapbench("tune", str(store("a.jsonl", 0.8, "runa")), "--out-dir", str(out_dir))
+    assert first.returncode == 0 and "replacing" not in first.stdout, first.stderr
+    second = overlapbench("tune", str(store("b.jsonl", 1.0, "runb")), "--out-dir", str(out_dir))
+    assert second.returncode == 0, second.stderr
+    line = next(line for line in second.stdout.splitlines() if line.startswith("wrote "))
+    assert line.endswith(" (replacing the config it held: runs runa: 1-4096 token_split)"), second.stdout
