@@ -81,15 +81,20 @@ def _oom_in_warmup(call: int, x) -> None:
 
 
 def _in_capture(fault: str):
+    too_much = []  # more bytes than the GPU has, learnt outside the capture (where queries are allowed)
+
     def strike(call: int, x) -> None:
         import torch
 
-        if not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if not x.is_cuda:
+            return
+        if not too_much:
+            too_much.append(torch.cuda.get_device_properties(x.device).total_memory + 2**30)
+        if not torch.cuda.is_current_stream_capturing():
             return
         if fault == "invalid":
             torch.cuda.synchronize()  # forbidden while capturing: raises, and CUDA invalidates the capture
-        free, _ = torch.cuda.mem_get_info()
-        torch.empty(free + 2**30, dtype=torch.uint8, device=x.device)  # a real out-of-memory error, inside the capture
+        torch.empty(too_much[0], dtype=torch.uint8, device=x.device)  # a real out-of-memory error, inside the capture
 
     return strike
 
