@@ -47,7 +47,10 @@ def user_errors(fn):
             raise typer.Exit(UserError.exit_code) from None
         except (launch.Interrupted, KeyboardInterrupt) as e:
             if os.environ.get("RANK", "0") == "0" and not launch.relaunched():  # the parent speaks for its workers
-                err_console.print(str(e) if isinstance(e, launch.Interrupted) and str(e) else "interrupted", soft_wrap=True)
+                try:
+                    err_console.print(str(e) if isinstance(e, launch.Interrupted) and str(e) else "interrupted", soft_wrap=True)
+                except OSError:  # the terminal is gone (a hang-up): nobody to tell
+                    pass
             raise typer.Exit(launch_log.INTERRUPTED) from None
 
     return wrapper
@@ -61,7 +64,7 @@ def sweep(
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep (the --output file, else the newest results/{name}-*.jsonl): skip points already done."),
     nproc: int | None = typer.Option(None, "--nproc", help="Processes to launch when not under torchrun. Default: all local GPUs, or 2 on CPU."),
     profile: Path | None = typer.Option(None, "--profile", help="Also profile each point: a kernel table per point into this folder (needs CUDA GPUs)."),
-    force: bool = typer.Option(False, "--force", help="Run even when the size check refuses: a spec estimated to need more host memory than this machine has, or a GPU-sized spec (no cpu: section) on a machine without GPUs."),
+    force: bool = typer.Option(False, "--force", help="Run even when a check before the launch refuses: a spec estimated to need more host memory than this machine has, a GPU-sized spec (no cpu: section) on a machine without GPUs, or one that would fit a GPU but not what other processes leave free on it."),
     pieces: bool = typer.Option(False, "--pieces", help="Instead: time the compute pieces of one TP=--tp rank's layer on one GPU (what `overlapbench predict --compute` reads)."),
     tp: int | None = typer.Option(None, "--tp", help="With --pieces: the TP degree whose shard is timed. Default: the spec's."),
 ) -> None:
@@ -69,12 +72,13 @@ def sweep(
 
     Under torchrun it runs as launched (any number of nodes); started plainly it re-launches
     itself on all local GPUs (or 2 gloo processes on CPU), after checking that the spec fits
-    the machine (memory, and on CPU its size: see --force). Every point is checked against
-    baseline's output before it is timed.
+    the machine (memory, on CPU its size, on GPUs what other processes hold: see --force).
+    Every point is checked against baseline's output before it is timed. Stopped (Ctrl-C,
+    SIGTERM, SIGHUP), it keeps the finished rows and ends every process it started.
     """
-    from overlapbench.run import footprint, launch, launch_log
+    from overlapbench.run import footprint, launch
     from overlapbench.specs import spec as spec_mod
-    from overlapbench.tuning.results import check_writable, kept
+    from overlapbench.tuning.results import held_for_launch, kept
 
     path = spec or QUICK_SPEC
     if profile is not None and launch.local_gpus() == 0:
@@ -119,23 +123,22 @@ def sweep(
         if warning:
             _warn(warning)
     out = output or loaded.output_path(resume)
-    done = check_writable(out, resume, loaded.name)
-    if done and all(p.key() in done for p in points) and loaded.comm is None:
-        console.print(f"{out}: every point of {loaded.name} ({len(points)}) is done already; nothing to run", soft_wrap=True)
-        return
-    args = ["sweep", str(path), "--output", str(out)] + (["--resume"] if resume else [])
-    args += ["--profile", str(profile)] if profile is not None else []
-    log, oom_before = launch_log.path_for(out), launch_log.oom_kills()
-    try:
-        code = launch.relaunch(args, world, log)
-    except launch.Interrupted:
-        log.unlink(missing_ok=True)
-        raise launch.Interrupted(_interrupted(spec, out)) from None
-    if not code:
-        log.unlink(missing_ok=True)
-        return
     memory = f"this run needs about {footprint.gib(size.memory_bytes)} per process, {world} processes"
-    what = launch_log.explain(log, oom_before, memory)
+    with held_for_launch(out, resume, loaded.name) as done:  # a second run into `out` is refused from here on
+        if done and all(p.key() in done for p in points) and loaded.comm is None:
+            console.print(f"{out}: every point of {loaded.name} ({len(points)}) is done already; nothing to run", soft_wrap=True)
+            return
+        sharing = launch.gpu_sharing_check(world, size.memory_bytes, force)
+        if sharing:
+            _warn(sharing)
+        args = ["sweep", str(path), "--output", str(out)] + (["--resume"] if resume else [])
+        args += ["--profile", str(profile)] if profile is not None else []
+        try:
+            code, what = launch.run_into(out, args, world, memory)
+        except launch.Interrupted as stop:
+            raise launch.Interrupted(_interrupted(spec, out, stop)) from None
+    if not code:
+        return
     if what is not None:
         rows = kept(out, f"`overlapbench sweep{_named(spec)} --output {out} --resume` skips them")
         err_console.print(printing.styled(("sweep failed:", "bold red"), f" {what} {rows[0].upper()}{rows[1:]}."), soft_wrap=True)
@@ -150,10 +153,13 @@ def _warn(text: str) -> None:
     err_console.print(printing.styled(("warning:", "bold yellow"), f" {text}"), soft_wrap=True)
 
 
-def _interrupted(spec: Path | None, out: Path) -> str:
+def _interrupted(spec: Path | None, out: Path, stop: Exception | None = None) -> str:
+    """What a stopped sweep says: its rows, how to go on, the processes that had to be killed."""
+    from overlapbench.run import launch
     from overlapbench.tuning.results import kept
 
-    return f"interrupted; {kept(out, f'continue with: overlapbench sweep{_named(spec)} --output {out} --resume')}"
+    return launch.stopped(kept(out, f"continue with: overlapbench sweep{_named(spec)} --output {out} --resume"),
+                          stop or launch.Interrupted())
 
 
 def _named(spec: Path | None) -> str:
@@ -242,8 +248,23 @@ def tune(
         if kinds and not kinds & set(WORKLOADS):
             raise UserError(f"{path}: holds {'/'.join(sorted(kinds))} rows, which tune does not choose from; tune reads a "
                             f"sweep's results (`overlapbench report {path}` shows these)")
+    before = {p: _tuned_summary(p) for p in out_dir.glob("*.yaml")} if out_dir.is_dir() else {}
     for path in tune_mod.run(paths, out_dir, console, min_gain):
-        console.print(f"wrote {path}")
+        replaced = f" (replacing the config it held: {before[path]})" if path in before else ""
+        console.print(f"wrote {path}{replaced}", soft_wrap=True)
+
+
+def _tuned_summary(path: Path) -> str:
+    """What a tuned YAML chose, in one line: `runs c3fa158d765c: 1-1448 fused_norm, 1449-16384 token_split`."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+        runs = ", ".join(map(str, data["provenance"]["run_ids"]))
+        picks = ", ".join(f"{r['tokens'][0]}-{r['tokens'][1]} {r['strategy']}" for r in data["rules"])
+        return f"runs {runs}: {picks}"
+    except (OSError, yaml.YAMLError, KeyError, TypeError, IndexError):
+        return "a file that is not a tuned config"
 
 
 @app.command()

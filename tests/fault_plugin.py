@@ -1,5 +1,6 @@
 """A strategy that misbehaves on purpose, loaded through OVERLAPBENCH_PLUGINS by the robustness
-tests: it computes like baseline, except at one token count on one rank."""
+tests: it computes like baseline, except at one token count on one rank (`oom_in_warmup`: on
+every rank)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,12 @@ class Fault(Strategy):
     name = "fault"
     summary = "baseline, but `mode` strikes at `at_tokens` on `on_rank` (tests only)"
     knobs = (
-        Knob("mode", str, "raise", "what goes wrong (oom_once: out of memory the first time it is built only)",
-             choices=("raise", "crash", "hang", "oom", "oom_once")),
+        Knob("mode", str, "raise", "what goes wrong: at build (raise, crash, hang, oom; oom_once: the first time it is "
+             "built only), or in its forwards after the check's (stuck_later; oom_in_warmup: on every rank), or inside "
+             "a CUDA-graph capture (oom_in_capture: more memory than the GPU has free; invalid_capture: a synchronize, "
+             "which CUDA forbids there and answers by invalidating the capture)",
+             choices=("raise", "crash", "hang", "oom", "oom_once", "stuck_later", "oom_in_warmup", "oom_in_capture",
+                      "invalid_capture")),
         Knob("at_tokens", int, 1, "the token count where it strikes", bounds=(1, 1 << 30)),
         Knob("on_rank", int, 1, "the rank it strikes on", bounds=(0, 1024)),
     )
@@ -30,9 +35,11 @@ class Fault(Strategy):
         from overlapbench.strategies.baseline import Baseline
 
         step = Baseline.build(ctx, Baseline.check_knobs({}, "baseline"))
-        if ctx.tokens != knobs["at_tokens"] or ctx.runtime.rank != knobs["on_rank"]:
-            return step
         mode = knobs["mode"]
+        if ctx.tokens != knobs["at_tokens"] or (ctx.runtime.rank != knobs["on_rank"] and mode != "oom_in_warmup"):
+            return step
+        if mode in FORWARD_FAULTS:
+            return _wrapped(step, FORWARD_FAULTS[mode])
         if mode == "oom_once":
             if ctx.tokens in _STRUCK:
                 return step
@@ -45,3 +52,66 @@ class Fault(Strategy):
         if mode == "oom":
             raise torch.OutOfMemoryError("CUDA out of memory (injected by the fault plugin)")
         raise RuntimeError("injected kernel error")
+
+
+def _wrapped(step, strike):
+    """The step, its forward preceded by `strike(call, x)` (call: 1 for the check's forward)."""
+    forward, calls = step.forward, 0
+
+    def run(x):
+        nonlocal calls
+        calls += 1
+        strike(calls, x)
+        return forward(x)
+
+    step.forward = run
+    return step
+
+
+def _stuck_later(call: int, x) -> None:
+    if call > 1:
+        _stuck()
+
+
+def _oom_in_warmup(call: int, x) -> None:
+    import torch
+
+    if call > 1:  # every rank at the same call, as a batch whose timed iterations need more than its check did
+        raise torch.OutOfMemoryError("CUDA out of memory (injected in warm-up by the fault plugin)")
+
+
+def _in_capture(fault: str):
+    too_much = []  # more bytes than the GPU has, learnt outside the capture (where queries are allowed)
+
+    def strike(call: int, x) -> None:
+        import torch
+
+        if not x.is_cuda:
+            return
+        if not too_much:
+            too_much.append(torch.cuda.get_device_properties(x.device).total_memory + 2**30)
+        if not torch.cuda.is_current_stream_capturing():
+            return
+        if fault == "invalid":
+            torch.cuda.synchronize()  # forbidden while capturing: raises, and CUDA invalidates the capture
+        torch.empty(too_much[0], dtype=torch.uint8, device=x.device)  # a real out-of-memory error, inside the capture
+
+    return strike
+
+
+FORWARD_FAULTS = {"stuck_later": _stuck_later, "oom_in_warmup": _oom_in_warmup,
+                  "oom_in_capture": _in_capture("oom"), "invalid_capture": _in_capture("invalid")}
+
+
+def _stuck() -> None:
+    """Sleep in libc holding the GIL, SIGINT and SIGTERM ignored: no Python handler or thread of
+    this process runs again, as in a rank whose main thread spins in a CUDA synchronize or an
+    NCCL collective. Only SIGKILL (or SIGHUP's default action) ends it."""
+    import ctypes
+    import signal
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    libc = ctypes.PyDLL(None)  # PyDLL: the call keeps the GIL
+    while True:
+        libc.sleep(3600)

@@ -134,10 +134,17 @@ def test_a_worker_killed_by_a_signal_gives_one_true_paragraph(tmp_path):
     assert lines[0].startswith("sweep failed: rank 1 was killed (SIGKILL) while running point '"), err
     count = len(read_rows(out))
     assert f"{count} finished rows are in {out}" in lines[0] and "--resume" in lines[0]
-    log = out.with_suffix(".log")
-    assert f"details are in {log}" in lines[0] and log.exists()
+    log = launch_log_of(out)
+    assert f"details are in {log}" in lines[0]
     assert "Traceback" not in err and "ChildFailedError" not in err
     assert "ChildFailedError" in log.read_text() or "exitcode" in log.read_text()  # torchrun's report went there
+
+
+def launch_log_of(out: Path) -> Path:
+    """The one launch log a failed run into `out` kept beside it (launch_log.create's name)."""
+    logs = sorted(out.parent.glob(f"{out.name}.launch-*.log"))
+    assert len(logs) == 1, logs
+    return logs[0]
 
 
 def _log(tmp_path: Path, *events: dict) -> Path:
@@ -253,10 +260,17 @@ def test_comm_that_would_only_skip_is_refused_on_cpu(tmp_path, args, words):
 
 @pytest.mark.slow
 def test_a_resume_with_every_point_done_launches_nothing_and_a_clean_run_leaves_only_its_rows(tmp_path):
-    path, out = write_spec(tmp_path, tokens=[16]), tmp_path / "r.jsonl"
-    first = overlapbench("sweep", str(path), "-o", str(out))
-    assert first.returncode == 0, first.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["long.yaml", "r.jsonl"]  # no .lock, no .log
+    """And the user's own files beside the results stay as they are: `-o r.jsonl >> r.log 2>&1`,
+    the usual way to keep a log, keeps it."""
+    path, out, mine = write_spec(tmp_path, tokens=[16]), tmp_path / "r.jsonl", tmp_path / "r.log"
+    mine.write_text("the user's own line\n")
+    with open(mine, "a") as redirect:
+        first = subprocess.run([sys.executable, "-m", "overlapbench", "sweep", str(path), "-o", str(out)], cwd=REPO,
+                               env=os.environ | {"PYTHONPATH": str(REPO)}, stdout=redirect, stderr=subprocess.STDOUT)
+    assert first.returncode == 0, mine.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["long.yaml", "r.jsonl", "r.log"]  # no .lock, no launch log
+    kept = mine.read_text()
+    assert kept.startswith("the user's own line\n") and f"wrote 2 rows to {out}" in kept
     again = overlapbench("sweep", str(path), "-o", str(out), "--resume")
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip() == f"{out}: every point of long (2) is done already; nothing to run"
@@ -306,10 +320,89 @@ def test_the_lock_goes_with_the_store_and_still_excludes(tmp_path):
     first = ResultStore(out)
     first.open(resume=False)
     assert first.lock_path.exists()
-    with pytest.raises(UserError, match="another sweep is writing"):
+    holder = rf"\(pid {os.getpid()}: overlapbench .*, since \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\)"
+    with pytest.raises(UserError, match=rf"output: {re.escape(str(out))} is being written by another run {holder}; "
+                                        rf"wait for it to end, or choose another --output"):
         ResultStore(out).open(resume=False)
     first.close()
     assert not first.lock_path.exists()
     second = ResultStore(out)
     assert second.open(resume=False) == set()
     second.close()
+
+
+def test_a_second_run_into_a_busy_file_is_refused_at_once_naming_the_first(tmp_path, monkeypatch):
+    """The launcher holds the lock from its checks to its end (held_for_launch), so a second run is
+    refused before it launches anything, with who holds the file; the first one's workers write
+    under the lock held for them."""
+    from overlapbench.tuning.results import HELD_FOR, held_for_launch
+
+    out = tmp_path / "r.jsonl"
+    with held_for_launch(out, resume=False, study="long"):
+        line = one_line_error(overlapbench("sweep", str(write_spec(tmp_path)), "-o", str(out)))
+        assert f"output: {out} is being written by another run (pid {os.getpid()}: overlapbench " in line
+        assert "wait for it to end, or choose another --output" in line
+        worker = ResultStore(out)  # as a worker of this launcher opens it: HELD_FOR names the lock
+        assert os.environ[HELD_FOR] == str(worker.lock_path.resolve())
+        with pytest.raises(UserError, match="is being written by another run"):  # not under torchrun: refused
+            worker.open(resume=False)
+        monkeypatch.setenv("RANK", "0")
+        assert worker.open(resume=False) == set()
+        worker.close()
+        assert worker.lock_path.exists()  # still the launcher's
+    assert not worker.lock_path.exists() and HELD_FOR not in os.environ
+
+
+@pytest.mark.slow
+def test_results_named_like_a_log_in_an_empty_folder(tmp_path):
+    out = tmp_path / "run.log"
+    done = overlapbench("sweep", str(write_spec(tmp_path, tokens=[16])), "-o", str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert len(read_rows(out)) == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["long.yaml", "run.log"]
+
+
+def test_the_launch_log_never_takes_an_existing_name(tmp_path):
+    out = tmp_path / "sub" / "c.jsonl"
+    first, second = launch_log.create(out), launch_log.create(out)
+    assert first != second and first.parent == out.parent and first.name.startswith("c.jsonl.launch-")
+    assert first.name.endswith(".log") and first.read_text() == second.read_text() == ""
+    (tmp_path / "sub" / "c.log").write_text("mine")
+    assert launch_log.create(out).name != "c.log" and (tmp_path / "sub" / "c.log").read_text() == "mine"
+
+
+def test_the_paragraph_names_the_phase_and_a_death_at_exit(tmp_path):
+    phase = {"event": "phase", "rank": 1, "phase": "capturing"}
+    running = {"event": "running", "what": "point 'fault tokens=29'", "rank": 1}
+    text = launch_log.explain(_log(tmp_path, running, phase, {"event": "ended", "rank": 1, "exitcode": -6}), None)
+    assert text.startswith("rank 1 died of SIGABRT while running point 'fault tokens=29' (capturing): ")
+    later = {"event": "running", "what": "point 'fault tokens=40'", "rank": 1}  # a phase belongs to its point
+    text = launch_log.explain(_log(tmp_path, running, phase, later, {"event": "ended", "rank": 1, "exitcode": -6}), None)
+    assert "while running point 'fault tokens=40': " in text
+    interleaved = {"event": "running", "what": "timing 2 candidates at 32768 tokens interleaved", "rank": 0}
+    finished = {"event": "finished", "rank": 0}
+    text = launch_log.explain(_log(tmp_path, interleaved, finished, {"event": "ended", "rank": 0, "exitcode": -6},
+                                   {"event": "ended", "rank": 1, "exitcode": -6}), None)
+    assert text.startswith("rank 0 died of SIGABRT at exit, after all rows were written: "), text
+    killed = launch_log.explain(_log(tmp_path, running, phase), None, code=128 + 9)  # torchrun itself: no `ended` events
+    assert killed.startswith("torchrun (between this command and its workers) was ended by SIGKILL while running "
+                             "point 'fault tokens=29' (capturing), and its workers with it")
+
+
+def test_tune_says_what_a_tuned_file_it_replaces_held(tmp_path):
+    rng = random.Random(5)
+
+    def store(name: str, faster: float, run_id: str) -> Path:
+        rows = []
+        for tokens in (1024, 4096):
+            rows.append(synthetic.row("baseline", tokens, samples=synthetic.draw(tokens / 1000, 0.01, rng), run_id=run_id))
+            rows.append(synthetic.row("token_split", tokens, {"split_offset": 128}, run_id=run_id,
+                                      samples=synthetic.draw(tokens / 1000 * faster, 0.01, rng)))
+        return synthetic.write(tmp_path / name, rows)
+
+    out_dir = tmp_path / "tuned"
+    first = overlapbench("tune", str(store("a.jsonl", 0.8, "runa")), "--out-dir", str(out_dir))
+    assert first.returncode == 0 and "replacing" not in first.stdout, first.stderr
+    second = overlapbench("tune", str(store("b.jsonl", 1.0, "runb")), "--out-dir", str(out_dir))
+    assert second.returncode == 0, second.stderr
+    line = next(line for line in second.stdout.splitlines() if line.startswith("wrote "))
+    assert line.endswith(" (replacing the config it held: runs runa: 1-4096 token_split)"), second.stdout

@@ -36,3 +36,69 @@ def _iteration_counts(rank: int, world: int, per_iter_s: float) -> int:
 def test_timed_counts_agree_and_fill_the_minimum_time():
     counts = distributed.run(_iteration_counts, 0.001, world=2)
     assert counts[0] == counts[1] == 101  # the slower rank needs 51, the faster 101: the max
+
+
+class _Graph:
+    """A CUDAGraph as a failed capture leaves it: capture_end may fail, pool() works only once
+    capture_end got past the allocator."""
+
+    def __init__(self, end_works: bool) -> None:
+        self.end_works, self.ended, self.end_calls = end_works, False, 0
+
+    def capture_end(self) -> None:
+        self.end_calls += 1
+        if not self.end_works:
+            raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+        self.ended = True
+
+    def pool(self):
+        if not self.ended:
+            raise RuntimeError("Called CUDAGraph::pool() without a preceding successful capture.")
+        return (0, 7)
+
+
+def _allocator(monkeypatch, underway: bool) -> list:
+    """The caching allocator's pool calls, recorded; `underway`: it still allocates to the pool."""
+    import torch
+
+    calls: list = []
+
+    def end(device, pool):
+        calls.append(("end", device, pool))
+        if not underway:
+            raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool", end, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_releasePool", lambda device, pool: calls.append(("release", device, pool)),
+                        raising=False)
+    return calls
+
+
+def test_a_failed_capture_is_ended_and_its_pool_given_back_exactly_once(monkeypatch):
+    """After an error inside the capture or in capture_end, the allocator must learn that the
+    capture ended and get its pool back (else it frees nothing more and aborts at exit), but a
+    graph that owns its pool releases it itself: a second release would be a double free."""
+    import random
+
+    from overlapbench.timing.measure import _abandon
+
+    pool = (0, random.randrange(1, 1 << 20))
+    calls = _allocator(monkeypatch, underway=True)
+    invalidated = _Graph(end_works=False)  # CUDA invalidated the capture: capture_end fails before the allocator
+    _abandon(invalidated, pool, began=True, end=True)
+    assert invalidated.end_calls == 1 and calls == [("end", 3, pool), ("release", 3, pool)]
+
+    calls = _allocator(monkeypatch, underway=True)
+    failed_end = _Graph(end_works=False)  # capture_end itself raised: not called a second time
+    _abandon(failed_end, pool, began=True, end=False)
+    assert failed_end.end_calls == 0 and calls == [("end", 3, pool), ("release", 3, pool)]
+
+    calls = _allocator(monkeypatch, underway=True)
+    still_valid = _Graph(end_works=True)  # an error in the captured code; capture_end ends it as usual
+    _abandon(still_valid, pool, began=True, end=True)
+    assert still_valid.ended and calls == []  # the graph owns its pool: it goes with the graph
+
+    calls = _allocator(monkeypatch, underway=False)
+    _abandon(_Graph(end_works=False), pool, began=False, end=False)  # capture_begin failed before the allocator
+    assert calls == [("end", 3, pool)]  # nothing counted, nothing released

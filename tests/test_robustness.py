@@ -18,6 +18,7 @@ from overlapbench.errors import UserError
 from overlapbench.specs import spec
 from overlapbench.tuning.results import read_rows
 from tests import distributed
+from tests.test_launch import launch_log_of
 
 PLUGINS = {"OVERLAPBENCH_PLUGINS": "tests.fault_plugin"}
 
@@ -61,6 +62,8 @@ def test_a_dead_rank_stops_the_sweep_and_resume_completes_it(tmp_path: Path):
     assert "--resume" in died.stderr and "Traceback" not in died.stderr
     assert died.stderr.strip().splitlines() == [died.stderr.strip()]  # one paragraph
     assert "rank 1 exited with code 9 while running point 'fault tokens=29" in died.stderr, died.stderr
+    log = launch_log_of(out)  # what the rank printed: named in the paragraph, kept
+    assert f"what it printed is in {log}" in died.stderr
     rows = read_rows(out)  # every finished row intact, the point in flight absent
     assert [(r["strategy"], r["tokens"]) for r in rows] == [("baseline", 16), ("fault", 16), ("no_comm", 16), ("baseline", 29)]
 
@@ -72,6 +75,7 @@ def test_a_dead_rank_stops_the_sweep_and_resume_completes_it(tmp_path: Path):
     done = {(r["strategy"], r["tokens"]) for r in rows if r["status"] == "ok"}
     assert {(s, t) for s in ("baseline", "no_comm") for t in (16, 29, 40)} <= done
     assert len(rows) == 4 + 3
+    assert launch_log_of(out) == log and "exitcode" in log.read_text()  # the clean resume keeps the earlier run's log
 
 
 @pytest.mark.slow
@@ -85,8 +89,9 @@ def test_a_hanging_rank_stops_the_sweep_in_bounded_time(tmp_path: Path):
     lines = hung.stderr.strip().splitlines()
     assert len(lines) == 1 and "ran longer than 15 s (measure.timeout_s)" in lines[0], hung.stderr[-2000:]
     assert "point 'fault tokens=29" in lines[0] and "Traceback" not in hung.stderr
-    stacks = out.with_suffix(".log").read_text()  # where each thread was, named in that paragraph
-    assert f"stack is in {out.with_suffix('.log')}" in lines[0] and "where it was" in stacks and "fault_plugin.py" in stacks
+    log = launch_log_of(out)
+    stacks = log.read_text()  # where each thread was, named in that paragraph
+    assert f"stack is in {log}" in lines[0] and "where it was" in stacks and "fault_plugin.py" in stacks
     assert [(r["strategy"], r["tokens"]) for r in read_rows(out)] == [("baseline", 16), ("fault", 16), ("baseline", 29)]
 
 
@@ -196,22 +201,24 @@ def test_random_text_is_never_a_traceback(tmp_path_factory, text):
 @pytest.mark.slow
 def test_interleaved_candidates_that_do_not_fit_together_are_timed_in_groups_with_the_reference(tmp_path: Path):
     """`fault` runs out of memory beside token_split once: the first group is timed without it,
-    then it is timed in a group of its own with baseline; `fault` raising is its own failed row."""
+    then it is timed in a group of its own with baseline; `fault` raising is its own failed row,
+    and so is one that runs out of memory in its warm-up, without the group it was in."""
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump({
         "name": "groups", "model": "tiny", "layers": 1, "tokens": [29],
         "strategies": {"baseline": {}, "token_split": {"align": 8},
-                       "fault": {"mode": ["oom_once", "raise"], "at_tokens": 29}},
+                       "fault": {"mode": ["oom_once", "raise", "oom_in_warmup"], "at_tokens": 29}},
         "measure": {"warmup": 0, "timeout_s": 60, "interleave": True, "span_ms": 2, "rounds": 5, "warmup_s": 0},
     }, sort_keys=False))
     out = tmp_path / "r.jsonl"
     done = sweep(str(path), "--output", str(out))
     assert done.returncode == 0, done.stderr
     rows = {(r["strategy"], r["knobs"].get("mode")): r for r in read_rows(out)}
-    assert len(rows) == 4
-    keys = (("baseline", None), ("token_split", None), ("fault", "oom_once"), ("fault", "raise"))
-    base, split, once, raised = (rows[k] for k in keys)
+    assert len(rows) == 5
+    keys = (("baseline", None), ("token_split", None), ("fault", "oom_once"), ("fault", "raise"), ("fault", "oom_in_warmup"))
+    base, split, once, raised, warm = (rows[k] for k in keys)
     assert raised["status"] == "failed" and raised["error"] == "rank 1: RuntimeError: injected kernel error"
+    assert warm["status"] == "failed" and "OutOfMemoryError" in warm["error"] and "in warm-up" in warm["error"]
     assert {base["status"], split["status"], once["status"]} == {"ok"}
     assert split["pairing"] == once["pairing"] == base["pairing"]
     first, second = set(split["round_ids"]), set(once["round_ids"])

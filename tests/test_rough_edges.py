@@ -193,14 +193,18 @@ def test_an_output_that_is_no_results_file_is_refused_and_kept(tmp_path, name, t
         path.write_text(text)
     for resume in (False, True):
         with pytest.raises(UserError) as info:
-            results.check_writable(path, resume)
+            results.ResultStore(path).open(resume)
         assert said in str(info.value) and str(info.value).startswith(f"output: {path} ")
     assert (path.read_text() if text is not None else None) == text and not path.with_name(name + ".lock").exists()
 
 
 def test_a_results_file_named_yaml_still_resumes(tmp_path):
     path = synthetic.write(tmp_path / "old.yaml", [synthetic.row("baseline", 16, rng=random.Random(1))])
-    assert results.check_writable(path, resume=True) == {read_rows(path)[0]["key"]}
+    store = results.ResultStore(path)
+    try:
+        assert store.open(resume=True) == {read_rows(path)[0]["key"]}
+    finally:
+        store.close()
 
 
 def test_the_spec_is_refused_as_output_from_the_command_line(tmp_path):

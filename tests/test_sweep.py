@@ -83,7 +83,7 @@ def test_busy_store_is_refused(tmp_path: Path):
     try:
         from overlapbench.errors import UserError
 
-        with pytest.raises(UserError, match="another sweep is writing"):
+        with pytest.raises(UserError, match="is being written by another run"):
             ResultStore(tmp_path / "r.jsonl").open(resume=True)
     finally:
         holder.close()

@@ -138,8 +138,8 @@ def _local_device_name() -> str:
 
 def main(opts: Options, console: Console, err_console: Console) -> int:
     """Started plainly: check the store, re-launch under torchrun; under torchrun: measure."""
-    from overlapbench.run import launch, launch_log
-    from overlapbench.tuning.results import check_writable, kept
+    from overlapbench.run import launch
+    from overlapbench.tuning.results import held_for_launch, kept
 
     if launch.under_torchrun():
         launch.as_worker()
@@ -149,20 +149,14 @@ def main(opts: Options, console: Console, err_console: Console) -> int:
     if not cuda:
         _refuse_if_nothing_runs(opts, world)
     out = opts.output or default_output(_local_device_name(), world)
-    check_writable(out, opts.resume, STUDY)
-    warning = launch.oversubscription(world)
-    if warning:
-        err_console.print(styled(("warning:", "bold yellow"), f" {warning}"))
-    log, oom_before = launch_log.path_for(out), launch_log.oom_kills()
-    try:
-        code = launch.relaunch(opts.argv(cuda, out), world, log)
-    except launch.Interrupted:
-        log.unlink(missing_ok=True)
-        raise launch.Interrupted(f"interrupted; {kept(out, f'add --output {out} --resume to continue')}") from None
-    if not code:
-        log.unlink(missing_ok=True)
-        return 0
-    what = launch_log.explain(log, oom_before)
+    with held_for_launch(out, opts.resume, STUDY):  # a second run into `out` is refused from here on
+        for warning in (launch.oversubscription(world), launch.gpu_sharing_check(world, None, False)):
+            if warning:
+                err_console.print(styled(("warning:", "bold yellow"), f" {warning}"), soft_wrap=True)
+        try:
+            code, what = launch.run_into(out, opts.argv(cuda, out), world)
+        except launch.Interrupted as stop:
+            raise launch.Interrupted(launch.stopped(kept(out, f"add --output {out} --resume to continue"), stop)) from None
     if what is not None:
         rows = kept(out, f"`--output {out} --resume` skips them")
         err_console.print(styled(("comm failed:", "bold red"), f" {what} {rows[0].upper()}{rows[1:]}."), soft_wrap=True)

@@ -56,8 +56,10 @@ def launch_pieces(path: Path, output: Path | None, tp: int | None) -> None:
     """`sweep --pieces`: one process on one GPU times the shard layer's pieces (pieces.py)."""
     import typer
 
-    from overlapbench.run import launch, launch_log
+    from overlapbench import printing
+    from overlapbench.run import launch
     from overlapbench.specs import spec as spec_mod
+    from overlapbench.tuning.results import held_for_launch
 
     if launch.local_gpus() == 0:
         raise UserError("--pieces: times one rank's compute on a GPU, and this machine has none; run it on one GPU")
@@ -67,11 +69,15 @@ def launch_pieces(path: Path, output: Path | None, tp: int | None) -> None:
         raise UserError("--tp: give the TP degree whose shard to time (the spec says tp: auto)")
     loaded.check_tp(tp)
     out = output or Path("results") / f"{loaded.name}-pieces-tp{tp}.jsonl"
-    log = launch_log.path_for(out)
-    code = launch.relaunch(["sweep", str(path), "--pieces", "--tp", str(tp), "--output", str(out)], 1, log)
+    with held_for_launch(out, False, loaded.name):  # a second run into `out` is refused from here on
+        sharing = launch.gpu_sharing_check(1, None, False)
+        if sharing:
+            printing.console(stderr=True).print(f"warning: {sharing}")
+        code, what = launch.run_into(out, ["sweep", str(path), "--pieces", "--tp", str(tp), "--output", str(out)], 1)
+    if what is not None:
+        printing.console(stderr=True).print(f"sweep --pieces failed: {what}")
     if code:
         raise typer.Exit(code)
-    log.unlink(missing_ok=True)
 
 
 def load_inputs(comm: list[Path], compute: list[Path], stretch: str, tp: int, busbw: float | None = None) -> Inputs:

@@ -11,14 +11,20 @@ import threading
 import time
 from pathlib import Path
 
-from overlapbench.run import launch_agent, launch_log, watchdog
-from overlapbench.run.runtime import apply_safe_env
+from overlapbench.run import gpu_sharing, launch_agent, launch_log, process_tree
 
 RELAUNCHED = "OVERLAPBENCH_RELAUNCHED"  # set for the workers of `relaunch`: the parent speaks for them
+GRACE_S = 10.0  # how long a stopped run's processes get to end on their own before they are killed
 
 
 class Interrupted(Exception):
-    """The launched sweep was stopped by Ctrl-C (or SIGTERM); its workers have exited."""
+    """The launched run was stopped (Ctrl-C, SIGTERM, SIGHUP); every process it started has
+    ended. `killed`: how many had not ended GRACE_S after the interrupt and were killed; `log`:
+    the launch log, kept where that happened (what they printed), else None."""
+
+    def __init__(self, message: str = "", killed: int = 0, log: Path | None = None) -> None:
+        super().__init__(message)
+        self.killed, self.log = killed, log
 
 
 def under_torchrun() -> bool:
@@ -45,6 +51,19 @@ def gpu_memory_bytes() -> int | None:
     return torch.cuda.get_device_properties(0).total_memory if local_gpus() else None
 
 
+def gpu_sharing_check(nproc: int, need_bytes: int | None, force: bool) -> str | None:
+    """The paragraph on other processes holding the GPUs the run's `nproc` processes will use
+    (gpu_sharing.check; a UserError where they leave too little free, unless `force`); None on
+    a machine without GPUs or where nothing else holds them."""
+    import torch
+
+    gpus = local_gpus()
+    if not gpus:
+        return None
+    uuids = [str(torch.cuda.get_device_properties(i).uuid) for i in range(min(nproc, gpus))]
+    return gpu_sharing.check(*gpu_sharing.survey(uuids), need_bytes, force)
+
+
 def default_nproc() -> int:
     """All local GPUs, or 2 gloo processes on a machine without any."""
     return local_gpus() or 2
@@ -67,14 +86,18 @@ def relaunch(args: list[str], nproc: int, log: Path) -> int:
     """`python -m torch.distributed.run --standalone --nproc-per-node N -m overlapbench ARGS`
     (through launch_agent); returns its exit code. torchrun stops every rank when one fails.
 
-    torchrun and its workers die with this process, however it dies (launch_agent,
-    watchdog.die_with_parent): nothing runs on holding the results file. Their diagnostics
-    (torchrun's notices and traceback, a worker's traceback, the watchdog's stacks) go to `log`,
-    not the terminal: after a failure `explain` reads it and says what happened in one paragraph.
+    Every process it starts ends with it, however it ends (process_tree): torchrun and the workers
+    get SIGKILL from the kernel when their parent dies, and nothing below this process is left
+    running when this returns or raises. Their diagnostics (torchrun's notices and traceback, a
+    worker's traceback, the watchdog's stacks) go to `log`, not the terminal: after a failure
+    `explain` reads it and says what happened in one paragraph.
 
     torchrun runs in a session of its own, so the terminal's Ctrl-C (and a hang-up or SIGTERM)
-    reaches this process alone: it stops relaying their stderr, then passes the interrupt on; the
-    workers close the results file and exit, and this raises Interrupted."""
+    reaches this process alone: it stops relaying their stderr and passes the interrupt on; the
+    workers close the results file and exit; those still running GRACE_S later are killed, and
+    this raises Interrupted."""
+    from overlapbench.run.runtime import apply_safe_env
+
     env = os.environ.copy()
     apply_safe_env(env)
     env[RELAUNCHED] = "1"
@@ -92,8 +115,16 @@ def relaunch(args: list[str], nproc: int, log: Path) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as f:
         f.write(f"== {time.strftime('%Y-%m-%d %H:%M:%S')} overlapbench {' '.join(args)} on {nproc} processes\n")
+    return supervise(cmd, env, log)
+
+
+def supervise(cmd: list[str], env: dict, log: Path) -> int:
+    """Run `cmd` (torchrun) in a session of its own, its stderr relayed to ours and to `log`,
+    until it ends (its exit code) or this process is interrupted (Interrupted, once every process
+    below this one has ended: `_stop`). Nothing below this process runs on after it returns."""
     interrupted = threading.Event()
     previous = {signum: signal.signal(signum, _as_interrupt) for signum in FORWARDED}
+    adopting = process_tree.adopt_orphans()
     child = relay = None
     try:
         child = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, start_new_session=True)
@@ -102,17 +133,51 @@ def relaunch(args: list[str], nproc: int, log: Path) -> int:
         code = child.wait()
     except KeyboardInterrupt:  # Ctrl-C, a hang-up or SIGTERM, to this process alone
         interrupted.set()
-        if child is not None:
-            _stop(child)
-        raise Interrupted from None
+        killed = _stop(child) if child is not None else 0
+        raise Interrupted(killed=killed, log=log) from None
     finally:
+        for signum in FORWARDED:  # a signal now must not cut the cleanup short
+            signal.signal(signum, signal.SIG_IGN)
+        process_tree.kill_descendants(spare_reaping={child.pid} if child is not None else set())  # none after a clean end
+        if adopting:
+            process_tree.adopt_orphans(False)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         if relay is not None:
             relay.join(timeout=5)
-    if code in (launch_log.INTERRUPTED, 128 + signal.SIGTERM, -signal.SIGINT, -signal.SIGTERM):
-        raise Interrupted
+    code = 128 - code if code < 0 else code  # ended by a signal N: the shell's 128 + N
+    if code in (launch_log.INTERRUPTED, 128 + signal.SIGTERM):
+        raise Interrupted(log=log)
     return code
+
+
+def run_into(output: Path, args: list[str], nproc: int, memory: str | None = None) -> tuple[int, str | None]:
+    """`relaunch` a command whose rows go to `output`, with a launch log of its own beside it
+    (launch_log.create: never a file the user has). Returns the exit code and the paragraph that
+    says what ended the run (explain, which names the log, kept then; None where a worker said it
+    already). The log goes after a clean end, after a user error a worker printed and after an
+    interrupt its processes obeyed; Interrupted carries it where some were killed. `memory`: the
+    run's estimated memory in words, for the out-of-memory case."""
+    log, oom_before = launch_log.create(output), launch_log.oom_kills()
+    try:
+        code = relaunch(args, nproc, log)
+    except Interrupted as stop:
+        if not stop.killed:
+            log.unlink(missing_ok=True)
+        raise Interrupted(killed=stop.killed, log=log if stop.killed else None) from None
+    what = launch_log.explain(log, oom_before, memory, code) if code else None
+    if what is None:
+        log.unlink(missing_ok=True)
+    return code, what
+
+
+def stopped(kept: str, stop: Interrupted) -> str:
+    """What an interrupted run says: `interrupted; KEPT`, with the processes that had to be killed."""
+    if not stop.killed:
+        return f"interrupted; {kept}"
+    were = "were" if stop.killed != 1 else "was"
+    return (f"interrupted; {stop.killed} process{'es' if stop.killed != 1 else ''} of the run {were} still running "
+            f"{GRACE_S:g} s later and {were} killed (what they printed is in {stop.log}); {kept}")
 
 
 def as_worker() -> None:
@@ -123,7 +188,7 @@ def as_worker() -> None:
         return
     agent = os.environ.get(launch_agent.AGENT)
     if agent:
-        watchdog.die_with_parent(int(agent), signal.SIGTERM)
+        process_tree.die_with_parent(int(agent))
     sys.excepthook = _log_exception
 
 
@@ -139,14 +204,20 @@ def _log_exception(kind, value, tb) -> None:
 
 
 def _relay(stream, interrupted: threading.Event, log: Path) -> None:
-    """Copy the launched processes' stderr to ours, line by line, until an interrupt; and to the log."""
+    """Copy the launched processes' stderr to ours, line by line, until an interrupt or until the
+    terminal is gone (a dead ssh connection); to the log, every line to the end, so no worker
+    ever blocks on a full pipe."""
+    to_terminal = True
     with open(log, "ab") as kept:
         for line in iter(stream.readline, b""):
             kept.write(line)
             kept.flush()
-            if not interrupted.is_set():
-                sys.stderr.buffer.write(line)
-                sys.stderr.buffer.flush()
+            if to_terminal and not interrupted.is_set():
+                try:
+                    sys.stderr.buffer.write(line)
+                    sys.stderr.buffer.flush()
+                except OSError:
+                    to_terminal = False
     stream.close()
 
 
@@ -159,25 +230,36 @@ def _as_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _stop(child: subprocess.Popen) -> None:
-    """Pass the interrupt on to torchrun and its workers (they finish writing their row); once
-    more if they have not stopped in 5 s, then kill them all after 30 s; a second Ctrl-C kills."""
+def _stop(child: subprocess.Popen) -> int:
+    """Pass the interrupt on to torchrun, which passes it to its workers (they close the results
+    file and end); GRACE_S later, kill every process of the run that is still there. A second
+    interrupt kills at once, unless it comes within a second of the first: that is the same one
+    again (`timeout` signals its command, then the command's process group). Returns how many
+    processes were killed."""
+    first = time.monotonic()
+
+    def again(signum, frame) -> None:
+        if time.monotonic() - first >= 1.0:
+            raise KeyboardInterrupt
+
+    for signum in FORWARDED:
+        signal.signal(signum, again)
     try:
-        for wait_s in (5.0, 30.0):
-            _signal_group(child, signal.SIGINT)
-            try:
-                child.wait(timeout=wait_s)
-                return
-            except subprocess.TimeoutExpired:
-                pass
-    except KeyboardInterrupt:
+        _signal_group(child, signal.SIGINT)
+        child.wait(timeout=GRACE_S)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
         pass
-    _signal_group(child, signal.SIGKILL)
+    for signum in FORWARDED:
+        signal.signal(signum, signal.SIG_IGN)
+    killed = process_tree.kill_descendants(spare_reaping={child.pid})
+    if child.poll() is None:  # where /proc is missing: torchrun's group (its workers die with it)
+        _signal_group(child, signal.SIGKILL)
     child.wait()
+    return killed
 
 
 def _signal_group(child: subprocess.Popen, signum: int) -> None:
-    """`signum` to torchrun and every worker it started (the session's process group)."""
+    """`signum` to torchrun's process group (its session's; the workers have sessions of their own)."""
     try:
         os.killpg(child.pid, signum)
     except ProcessLookupError:  # all gone already

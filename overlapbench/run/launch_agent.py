@@ -3,7 +3,7 @@
 `python -m overlapbench.run.launch_agent TORCHRUN-ARGS` is `python -m torch.distributed.run
 TORCHRUN-ARGS`, except that it dies with the launcher that started it (the kernel kills it when
 the launcher dies, however the launcher died: its workers then die with it, see
-watchdog.die_with_parent), its own messages and traceback go to the launch log rather than the
+process_tree), its own messages and traceback go to the launch log rather than the
 terminal, and how each worker ended is written there as an event the launcher turns into one
 paragraph (launch.explain). Imports no torch before its stderr points at the log, so torch's
 log handlers write there too.
@@ -12,17 +12,16 @@ log handlers write there too.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 
-from overlapbench.run import launch_log, watchdog
+from overlapbench.run import launch_log, process_tree
 
 LAUNCHER = "OVERLAPBENCH_LAUNCHER_PID"  # the launcher's pid, for this process to die with it
 AGENT = "OVERLAPBENCH_AGENT_PID"  # this process's pid, for the workers to die with it
 
 
 def main(argv: list[str]) -> int:
-    watchdog.die_with_parent(int(os.environ[LAUNCHER]), signal.SIGKILL)
+    process_tree.die_with_parent(int(os.environ[LAUNCHER]))
     os.environ[AGENT] = str(os.getpid())  # the workers inherit it
     log = launch_log.current()
     if log is not None:

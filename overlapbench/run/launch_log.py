@@ -1,17 +1,22 @@
 """The log of a relaunched command: where torchrun's and the workers' diagnostics go, and the
 events the launcher reads back to say in one paragraph what ended the run.
 
-The launcher names the file (`LOG` in the environment); torchrun's own messages, the workers'
+The launcher names the file (`create`: beside the results, a name of its own, never a file that
+exists; `LOG` in the environment) and removes it after a clean end, so it is there only when
+something failed, and the failure's paragraph names it. torchrun's own messages, the workers'
 tracebacks and the watchdog's stack dumps are appended to it instead of reaching the terminal,
-and a few events (the point being run, a time limit, an unexpected error, how each process
-ended) are appended as `EVENT {json}` lines. Every writer appends: lines of several processes
-interleave, but each stays whole. No torch: the torchrun process writes here before importing it.
+and a few events (the point being run and its phase, a time limit, an unexpected error, the end
+of the work, how each process ended) are appended as `EVENT {json}` lines. Every writer appends:
+lines of several processes interleave, but each stays whole. No torch: the torchrun process
+writes here before importing it.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import time
 from pathlib import Path
 
 LOG = "OVERLAPBENCH_LAUNCH_LOG"  # the log's path, set by the launcher for torchrun and its workers
@@ -19,9 +24,20 @@ EVENT = "overlapbench-event "  # the prefix of an event line
 INTERRUPTED = 130  # the shell's code for a command ended by Ctrl-C; a worker's, stopped by SIGINT or torchrun's SIGTERM
 
 
-def path_for(output: Path) -> Path:
-    """The log beside a results file: `results/x.jsonl` -> `results/x.log`."""
-    return output.with_suffix(".log")
+def create(output: Path) -> Path:
+    """A new, empty launch log beside a results file, named for it and for this moment:
+    `results/x.jsonl` -> `results/x.jsonl.launch-20260101-120304.log` (`...-2.log` where that name
+    is taken). Created exclusively: no file already there is ever written over."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in itertools.count(1):
+        path = output.with_name(f"{output.name}.launch-{stamp}{'' if n == 1 else f'-{n}'}.log")
+        try:
+            with open(path, "x"):
+                return path
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")
 
 
 def current() -> Path | None:
@@ -78,22 +94,18 @@ def oom_kills() -> int | None:
     return None
 
 
-def explain(log: Path, oom_before: int | None, memory: str | None = None) -> str | None:
+def explain(log: Path, oom_before: int | None, memory: str | None = None, code: int | None = None) -> str | None:
     """What ended a relaunched run, from its log, in one paragraph: what happened (a time limit, a
     signal, memory, an error), while doing what, and what to change; None when a worker already
     said it (a one-line error: bad input). `oom_before`: oom_kills() before the launch; `memory`:
-    the run's estimated memory, in words, for the out-of-memory case."""
+    the run's estimated memory, in words, for the out-of-memory case; `code`: torchrun's exit code."""
     found = events(log)
     ended = [e for e in found if e["event"] == "ended"]
+    if not ended and code is not None and code > 128:  # torchrun itself was ended: it could not say how its workers did
+        return (f"torchrun (between this command and its workers) was ended by {_signal_name(code - 128)}"
+                f"{moment(found)}, and its workers with it; what they printed is in {log}.")
     if ended and all(e.get("exitcode") == 2 for e in ended):  # UserError: the worker printed it
         return None
-    def during(rank=None) -> str:
-        """` while running POINT`: what `rank` (else any rank) ran last."""
-        running = [e["what"] for e in found if e["event"] == "running" and rank in (None, e.get("rank"))]
-        if not running and rank is not None:
-            return during()
-        return "" if not running else f" while {'running ' if running[-1].startswith('point ') else ''}{running[-1]}"
-
     timeout = next((e for e in found if e["event"] == "timeout"), None)
     if timeout is not None:
         return (f"rank {timeout['rank']}: {timeout['what']} ran longer than {timeout['limit_s']:g} s "
@@ -107,7 +119,7 @@ def explain(log: Path, oom_before: int | None, memory: str | None = None) -> str
         signalled = signals[0]  # a SIGTERM from outside
     if signalled is not None:
         rank, name = signalled["rank"], _signal_name(-signalled["exitcode"])
-        where = during(rank)
+        where = moment(found, rank)
         need = f" ({memory})" if memory else ""
         smaller = ("Make the study smaller (model, layers, tokens; a cpu: section for CPU runs) or run fewer "
                    "processes")
@@ -125,13 +137,32 @@ def explain(log: Path, oom_before: int | None, memory: str | None = None) -> str
     abrupt = [e for e in ended if e["rank"] not in {x["rank"] for x in errors}]
     cause = next((e for e in abrupt if e.get("exitcode") != INTERRUPTED), abrupt[0] if abrupt else None)
     if cause is not None:
-        return (f"rank {cause['rank']} exited with code {cause['exitcode']}{during(cause['rank'])}, without a "
+        return (f"rank {cause['rank']} exited with code {cause['exitcode']}{moment(found, cause['rank'])}, without a "
                 f"Python error (native code or os._exit); what it printed is in {log}.")
     if errors:
         first = errors[0]
-        return (f"rank {first['rank']} stopped on an unexpected error{during(first['rank'])}: {first['error']}. "
+        return (f"rank {first['rank']} stopped on an unexpected error{moment(found, first['rank'])}: {first['error']}. "
                 f"This is a bug of overlapbench or of its environment; the traceback is in {log}.")
-    return f"the launched processes ended abnormally{during()}; what they printed is in {log}."
+    return f"the launched processes ended abnormally{moment(found)}; what they printed is in {log}."
+
+
+def moment(found: list[dict], rank=None) -> str:
+    """When `rank` (else any rank) stopped, from its last events: ` while running POINT (PHASE)`,
+    or ` at exit, after all rows were written` when its work had ended (a `finished` event: a
+    crash in teardown, not in any point); empty when nothing was logged."""
+    mine = [e for e in found if e["event"] in ("running", "phase", "finished") and rank in (None, e.get("rank"))]
+    if not mine and rank is not None:
+        return moment(found)
+    if not mine:
+        return ""
+    if mine[-1]["event"] == "finished":
+        return " at exit, after all rows were written"
+    running = [i for i, e in enumerate(mine) if e["event"] == "running"]
+    if not running:
+        return ""
+    what = mine[running[-1]]["what"]
+    phases = [e["phase"] for e in mine[running[-1] + 1:] if e["event"] == "phase"]
+    return f" while {'running ' if what.startswith('point ') else ''}{what}" + (f" ({phases[-1]})" if phases else "")
 
 
 def _signal_name(number: int) -> str:

@@ -23,7 +23,7 @@ from overlapbench.model.chunks import DecodeCache, decode_tokens
 from overlapbench.model.rope import RopeTable
 from overlapbench.model.schedule import Batch
 from overlapbench.model.weights import Stack
-from overlapbench.run import nccl_log, nccl_windows
+from overlapbench.run import launch_log, nccl_log, nccl_windows
 from overlapbench.specs.knobs import DEFAULT
 
 # NVLink multicast stays off unless the user explicitly turned it on: our kernels never need
@@ -275,6 +275,7 @@ def session(timeout_s: int, nccl_tuning_log: bool = False) -> Iterator[Runtime]:
     except BaseException:
         rt.close(clean=False)
         raise
+    launch_log.event("finished", rank=rt.rank)  # every row is written: what ends the process now ends it at exit
     rt.close()
 
 

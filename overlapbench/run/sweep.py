@@ -16,7 +16,7 @@ from rich.table import Column
 
 from overlapbench import printing, strategies
 from overlapbench.model import attention, flops
-from overlapbench.run import environment, runtime
+from overlapbench.run import environment, launch_log, runtime
 from overlapbench.run.watchdog import Watchdog, interrupt_on_sigterm
 from overlapbench.run.workload import Workload, build_workload, reference_setting
 from overlapbench.specs.points import Point
@@ -74,6 +74,7 @@ def prepare_point(rt: runtime.Runtime, point: Point, work: Workload, spec: Sweep
             return fields | {"status": "failed", "error": error}
         run = lambda: step.forward(work.x)
         if capture:
+            status("capturing")
             run, graphs, graph_error = _phase(rt, lambda: measure.runner(step, work.x, spec.measure.graphs))
             if crowded:
                 _phase(rt, lambda: _raise_out_of_memory(graph_error))  # every rank learns it was memory
@@ -141,7 +142,7 @@ def measure_batch(rt: runtime.Runtime, todo: list[Point], work: Workload, spec: 
                            iters=m.iters, min_time_s=m.min_time_s, budget_factor=m.time_factor)
 
     def prepare(point: Point, crowded: bool):
-        return prepare_point(rt, point, work, spec, capture=True, crowded=crowded)
+        return prepare_point(rt, point, work, spec, capture=True, crowded=crowded, status=_logged(rt))
 
     def profile(c: paired.Prepared) -> dict | None:
         return _profile(rt, c.point, c.step, work, profile_dir)
@@ -277,11 +278,18 @@ def _one_by_one(rt, group, work, spec, watchdog, profile_dir, progress, task):
     """The sequential mode: each point built, checked and timed on its own."""
     for point in group:
         def status(phase: str, point: Point = point) -> None:  # what runs within a long point
+            _logged(rt)(phase)
             progress.update(task, description=f"{phase}: {_describe(point)}", refresh=True)
 
         with watchdog.guard(f"point '{_describe(point)}'"):
             result = measure_point(rt, point, work, spec, profile_dir, status)
         yield point, result
+
+
+def _logged(rt: runtime.Runtime) -> Callable[[str], None]:
+    """A point's phases as events of the launch log: the paragraph of a run that dies names the
+    phase (building, checking, capturing, timing) of the point it died in."""
+    return lambda phase: launch_log.event("phase", rank=rt.rank, phase=phase)
 
 
 def _release(rt: runtime.Runtime) -> None:

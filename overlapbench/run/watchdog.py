@@ -1,28 +1,21 @@
-"""Guards of a worker process: a per-point time limit, and an end together with the process
-that started it.
+"""The guard of a worker process: a per-point time limit.
 
 A kernel spinning on a peer that died never returns to Python, so process-group timeouts cannot
-see it; the time limit's thread can. And a worker whose launcher was killed (an OOM killer, a
-scheduler) must not run on for hours holding the results file's lock: it dies with its parent.
+see it; the time limit's thread can. (A worker's end with its launcher is process_tree's.)
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import faulthandler
 import os
 import signal
 import sys
 import threading
-import time
 
 from overlapbench.run import launch_log
 
 TIMED_OUT = 3  # a worker's exit code when the time limit stopped it
-PARENT_GONE = 4  # a worker's exit code when its parent died and the signal did not end it
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class Watchdog:
@@ -68,37 +61,3 @@ def interrupt_on_sigterm() -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, _raise)
-
-
-def die_with_parent(parent: int, signum: int, grace_s: float = 10.0) -> None:
-    """End this process when `parent` (the pid that started it) dies.
-
-    On Linux the kernel sends `signum` at the parent's death (prctl PR_SET_PDEATHSIG), however it
-    died; if the parent is already gone by the time that is set, the signal comes now. Elsewhere,
-    and as a backstop for a `signum` a busy process does not act on, a thread sees this process
-    adopted by another parent (the parent died) and sends `signum`, then ends the process
-    `grace_s` later if it still runs."""
-    by_kernel = _set_parent_death_signal(signum)
-    if os.getppid() != parent:  # died before the kernel could be told
-        os.kill(os.getpid(), signum)
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        if not by_kernel:  # else the kernel sent it already: a second one would cut the first's cleanup short
-            os.kill(os.getpid(), signum)
-        time.sleep(grace_s)
-        os._exit(PARENT_GONE)
-
-    threading.Thread(target=watch, name="overlapbench-parent-watch", daemon=True).start()
-
-
-def _set_parent_death_signal(signum: int) -> bool:
-    """prctl(PR_SET_PDEATHSIG, signum) on Linux; False where it is not available."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False

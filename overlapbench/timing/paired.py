@@ -96,28 +96,38 @@ def measure_batch(
 def _time_group(rt, ref: Prepared, group: list[Prepared], plan: Plan, pairing: str, first_round: int,
                 guard, profile) -> tuple[Timed, list[tuple[Point, dict]]] | dict:
     """Time the reference and `group` interleaved: the reference's Timed and each member's
-    (point, result); or the failure of the timing as a result."""
-    members = [ref, *group]
-    what = f"{len(members)} candidates at {ref.point.tokens} tokens"
+    (point, result); or the failure of the timing as a result. Each candidate is warmed up on its
+    own first: one that fails there (out of memory, a kernel error) is its own failed row, and
+    the others are timed without it."""
     cuda = rt.is_cuda
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     agree = _max_over_ranks(rt)
     align = _barrier(rt)
     clock = interleave.CudaClock() if cuda else interleave.WallClock()
+    members, per_iter, dropped = [], [], []
     try:
-        with guard(f"warming up {what}"):
-            per_iter = phase(rt, lambda: agree([measure._warm_up(c.run, WARMUP_ITERS, 0.0, sync) * 1e3 for c in members]))
+        for c in [ref, *group]:
+            try:
+                with guard(f"warming up {_describe(c.point)}"):
+                    per_iter.append(phase(rt, lambda c=c: measure._warm_up(c.run, WARMUP_ITERS, 0.0, sync) * 1e3))
+                members.append(c)
+            except PointFailed as failure:
+                if c is ref:
+                    raise
+                dropped.append((c.point, c.fields | failure.result))
+        per_iter = agree(per_iter)
+        what = f"{len(members)} candidates at {ref.point.tokens} tokens"
         with guard(f"timing {what} interleaved", interleave.longest_s(per_iter, plan)):
             runs = [c.run for c in members]
             timed = phase(rt, lambda: interleave.time_rounds(runs, per_iter, 0, plan, clock, agree, first_round, align))
     except PointFailed as failure:
         return failure.result
     results = []
-    for c, t in zip(group, timed[1:]):
+    for c, t in zip(members[1:], timed[1:]):
         fields = _fields(c, t, pairing)
         failure = profile(c) if profile is not None else None
         results.append((c.point, fields if failure is None else c.fields | failure))
-    return timed[0], results
+    return timed[0], results + dropped
 
 
 def _fields(c: Prepared, t: Timed, pairing: str) -> dict:

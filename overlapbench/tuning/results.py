@@ -1,16 +1,20 @@
 """Result rows and their JSONL store: one object per line, appended and flushed per point.
 
 A crash loses at most the point in flight; `--resume` skips the points already in the file. A
-lock file keeps two sweeps from interleaving lines in one store.
+lock file keeps two sweeps from interleaving lines in one store, and says who holds it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
+import shlex
+import sys
+import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from overlapbench.errors import UserError, shown, unreadable
@@ -18,6 +22,7 @@ from overlapbench.tuning import row_schema
 
 SCHEMA = "overlapbench/result-v1"
 STATUSES = ("ok", "failed", "skipped")
+HELD_FOR = "OVERLAPBENCH_HELD_LOCK"  # a lock file the launching process holds for its workers (held_for_launch)
 
 # Stable columns every consumer may rely on (docs/design.md, "Result rows"); renaming one bumps SCHEMA.
 # Timing keys of layer and micro rows (not in COLUMNS: `comm` rows lack them): `timing` is
@@ -182,7 +187,8 @@ class ResultStore:
     """The append-only JSONL file of one sweep, held under an exclusive lock while it runs.
 
     The lock is `NAME.jsonl.lock` beside it, removed when the store is closed: a process that
-    locked the file just before its removal finds its lock no longer at that path and tries again."""
+    locked the file just before its removal finds its lock no longer at that path and tries again.
+    It holds one line on its holder (pid, command, start), which a refused second run names."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -221,6 +227,9 @@ class ResultStore:
         return {row["key"] for row in rows if "key" in row and row["status"] in ("ok", "skipped")}
 
     def _acquire(self):
+        """The lock, held; None in a worker (under torchrun) whose launcher holds it for the run."""
+        if "RANK" in os.environ and os.environ.get(HELD_FOR) == str(self.lock_path.resolve()):
+            return None
         while True:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -231,11 +240,13 @@ class ResultStore:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 lock.close()
-                raise UserError(
-                    f"output: another sweep is writing to {self.path}; wait for it or choose another --output"
-                ) from None
+                raise UserError(f"output: {self.path} is being written by another run{_holder(self.lock_path)}; "
+                                f"wait for it to end, or choose another --output") from None
             try:
                 if os.stat(self.lock_path).st_ino == os.fstat(lock.fileno()).st_ino:
+                    lock.truncate(0)
+                    lock.write(json.dumps({"pid": os.getpid(), "command": _command(), "started": time.time()}) + "\n")
+                    lock.flush()
                     return lock
             except FileNotFoundError:  # its holder removed it as we locked it
                 pass
@@ -276,6 +287,37 @@ def _not_a_store(path: Path) -> str | None:
     return None if isinstance(row, dict) and "schema" in row else "holds JSON that is not a result row"
 
 
+def _command() -> str:
+    """This process's command line as the user typed it (`overlapbench sweep ...`)."""
+    return shlex.join(["overlapbench", *sys.argv[1:]])
+
+
+def _holder(lock_path: Path) -> str:
+    """` (pid 123: overlapbench sweep a.yaml -o r.jsonl, since 12:03:04)` from the lock's line."""
+    try:
+        holder = json.loads(lock_path.read_text().splitlines()[0])
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder["started"]))
+        return f" (pid {holder['pid']}: {holder['command']}, since {since})"
+    except (OSError, IndexError, ValueError, KeyError, TypeError):  # written by an older version, or being written
+        return ""
+
+
+@contextlib.contextmanager
+def held_for_launch(output: str | Path, resume: bool, study: str | None = None) -> Iterator[set[str]]:
+    """The store locked from a launcher's checks to the end of the run it launches (the keys of
+    the points done so far): a second run into the same file is refused at once, not when its
+    workers start. Its workers (processes under torchrun) inherit HELD_FOR, which tells them the
+    lock is held for them; another command started meanwhile is refused like any other."""
+    store = ResultStore(output)
+    done = store.open(resume, study)
+    os.environ[HELD_FOR] = str(store.lock_path.resolve())
+    try:
+        yield done
+    finally:
+        os.environ.pop(HELD_FOR, None)
+        store.close()
+
+
 def _same_study(path: Path, rows: list[dict], study: str) -> None:
     """Refuse to resume into rows of another study: one file, one study."""
     others = sorted({str(row.get("spec")) for row in rows} - {study})
@@ -286,15 +328,6 @@ def _same_study(path: Path, rows: list[dict], study: str) -> None:
 
 def _study(name: str) -> str:
     return "`overlapbench comm`" if name == "comm" else f"spec '{name}'"
-
-
-def check_writable(output: str | Path, resume: bool, study: str | None = None) -> set[str]:
-    """Refuse a busy or already-written store (per `resume`), or another study's (per `study`),
-    before any process is launched; the keys of the points already done."""
-    store = ResultStore(output)
-    done = store.open(resume, study)
-    store.close()
-    return done
 
 
 def open_on_ranks(output: str | Path, resume: bool, rank: int,
