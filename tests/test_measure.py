@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import random
 import time
+
+import pytest
 
 from tests import distributed
 
@@ -102,3 +105,20 @@ def test_a_failed_capture_is_ended_and_its_pool_given_back_exactly_once(monkeypa
     calls = _allocator(monkeypatch, underway=False)
     _abandon(_Graph(end_works=False), pool, began=False, end=False)  # capture_begin failed before the allocator
     assert calls == [("end", 3, pool)]  # nothing counted, nothing released
+
+
+def _capture_failures(rank: int, world: int, failing: list[int], seed: int) -> list:
+    from overlapbench.timing.measure import _failures
+
+    why = f"out of memory {random.Random(seed + rank).randrange(1 << 30)}" if rank in failing else None
+    return _failures(why)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("failing", [[], [1], [0, 1]])
+def test_every_rank_learns_which_rank_failed_its_capture_and_why(failing):
+    """The row is rank 0's: where another rank's capture failed, it names that rank and its reason."""
+    seed = random.randrange(1 << 20)
+    results = distributed.run(_capture_failures, failing, seed, world=2)
+    expected = [(r, f"out of memory {random.Random(seed + r).randrange(1 << 30)}") for r in failing]
+    assert results == [expected, expected]

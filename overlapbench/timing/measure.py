@@ -115,14 +115,22 @@ def runner(step: Step, x: torch.Tensor, graphs: bool) -> tuple[Callable[[], obje
         return run, used_graphs, error
     try:
         replay = _capture(step, x)
-        ok = True
     except Exception as e:
-        error, ok = one_line(e, limit=300), False
-    if _agreed_count(0 if ok else 1) == 0:  # every rank captured
+        error = one_line(e, limit=300)
+    failed = _failures(error)
+    if not failed:  # every rank captured
         run, used_graphs = replay, True
-    elif error is None:
-        error = "capture failed on another rank"
+    else:  # the row is written by rank 0: it names the rank that failed and why
+        rank, why = failed[0]
+        error = f"capture failed on rank {rank}: {why}"
     return run, used_graphs, error
+
+
+def _failures(error: str | None) -> list[tuple[int, str]]:
+    """(rank, reason) of every rank whose capture failed, lowest rank first; the same on every rank."""
+    errors: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    return [(rank, why) for rank, why in enumerate(errors) if why is not None]
 
 
 MAX_ITERS = 2000
