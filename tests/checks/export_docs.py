@@ -4,7 +4,7 @@
     python tests/checks/export_docs.py --check  # exit 1 if the page is not what the files give
 
 Each engine's export of the llama3-8b TP=2 config, then the engines' defaults, the export and the
-tuned choice for llama3-70b and llama3-8b at TP=2, and for vLLM at TP=4 and TP=8. tests/test_export.py fails
+tuned choice for llama3-70b and llama3-8b at TP=2 and TP=4, and for vLLM at TP=4 and TP=8 from predictions. tests/test_export.py fails
 when the page and the committed files disagree (after the tuned YAMLs are regenerated: run this).
 """
 
@@ -27,6 +27,7 @@ START, END = "<!-- export-example:start -->", "<!-- export-example:end -->"
 TUNED = "results/h100x2/331cb63/tuned/{model}-tp2-nvidia-h100-80gb-hbm3-bf16.yaml"  # the TP=2 re-run on 2x H100
 EXAMPLE = TUNED.format(model="llama3-8b")
 PREDICTED = "results/predicted-h100/tuned/llama3-70b-tp{tp}-nvidia-h100-80gb-hbm3-predicted-bf16.yaml"
+TP4 = "results/h200x4/c1821fe/tuned/{model}-tp4-nvidia-h200-bf16.yaml"  # the TP=4 runs on 4x H200
 FENCE = {".json": "json", ".sh": "sh", ".yaml": "yaml", ".txt": "text"}
 
 
@@ -53,8 +54,10 @@ def _section() -> str:
             parts.append(f"\n`{engine}/{Path(EXAMPLE).stem}/{name}`:\n\n```{FENCE[Path(name).suffix]}\n{text}```\n")
     parts.append("\n#### The engines' defaults, the export and the tuned choice\n\n"
                  "`overlapbench export TUNED.yaml --engine ENGINE --defaults`, for vLLM 0.33.0 and SGLang 0.5.23 at "
-                 "TP=2 (the H100 re-run), and vLLM at TP=4 and TP=8 (the predicted H100 rows):\n")
-    tables = [(engine, TUNED.format(model=model)) for engine in ("vllm", "sglang") for model in ("llama3-70b", "llama3-8b")]
+                 "TP=2 (the H100 re-run) and TP=4 (the 4x H200 runs), and vLLM at TP=4 and TP=8 from the predicted "
+                 "H100 rows:\n")
+    tables = [(engine, tuned_path.format(model=model)) for tuned_path in (TUNED, TP4) for engine in ("vllm", "sglang")
+              for model in ("llama3-70b", "llama3-8b")]
     tables += [("vllm", PREDICTED.format(tp=tp)) for tp in (4, 8)]
     for engine, path in tables:
         item = Input(tuned.load(ROOT / path), path, Path(path).stem)
