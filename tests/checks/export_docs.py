@@ -4,7 +4,8 @@
     python tests/checks/export_docs.py --check  # exit 1 if the page is not what the files give
 
 Each engine's export of the llama3-8b TP=2 config, then the engines' defaults, the export and the
-tuned choice for llama3-70b and llama3-8b at TP=2 and TP=4, and for vLLM at TP=4 and TP=8 from predictions. tests/test_export.py fails
+tuned choice for llama3-70b and llama3-8b at TP=2 and TP=4, and for vLLM at TP=4 and TP=8
+from predictions. tests/test_export.py fails
 when the page and the committed files disagree (after the tuned YAMLs are regenerated: run this).
 """
 
