@@ -15,7 +15,8 @@ if _gpus() == 0:
 
 
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests need 2 CUDA GPUs, those also marked `one_gpu` one: skipped where fewer are here."""
+    """`gpu` tests need 2 CUDA GPUs, those also marked `one_gpu` one: skipped where fewer are here
+    (cases at world size 4 also need 4: distributed.world_params skips them where fewer)."""
     gpus = _gpus()
     for item in items:
         if "gpu" not in item.keywords:

@@ -1,4 +1,4 @@
-"""The all-reduce + residual + RMSNorm engines on 2 GPUs, against NCCL + the torch reference:
+"""The all-reduce + residual + RMSNorm engines on 2 and 4 GPUs, against NCCL + the torch reference:
 the fused kernel v2 (kernels.allreduce_norm_v2, push; `fused_pull` and `fused_pull_push`: its
 pull variants, kernels.allreduce_norm_pull) and the copy-engine path (kernels.copy_engine_norm), whose
 residual is token-sharded (checked on the rows each rank owns; the other rows must stay as
@@ -7,10 +7,14 @@ schedule with the kernel writing `out` (sm_out), _c3 and _c8 force 3 and 8 chunk
 (kernels.allreduce_norm, every row of the residual replicated). v2's graph scenarios (push and
 pull) take the output region's view (out=None); its other scenarios pass `out`.
 
-One pair of processes (one per GPU, NCCL on a free localhost port) runs every scenario in
-lockstep and reports failures per scenario, so a broken case fails its own test and a hung
-kernel fails all of them after a timeout instead of hanging the session. ALLREDUCE_NORM_ENGINES
-(a comma list, e.g. fused,fused_pull) runs only those engines' scenarios.
+At 4 ranks every engine runs its split-layer scenarios and its sweep at bf16 hidden 8192 (whose
+token counts 1 and 3 leave ranks without rows): the other shapes' sweeps, most of the module's
+time, vary the row width, which the number of ranks does not change.
+
+One set of processes per world size (one per GPU, NCCL on a free localhost port) runs every
+scenario in lockstep and reports failures per scenario, so a broken case fails its own test and
+a hung kernel fails all of them after a timeout instead of hanging the session.
+ALLREDUCE_NORM_ENGINES (a comma list, e.g. fused,fused_pull) runs only those engines' scenarios.
 """
 
 from __future__ import annotations
@@ -31,12 +35,10 @@ from tests import distributed  # noqa: E402
 
 pytestmark = distributed.two_gpus()
 
-WORLD = 2
 EPS = 1e-5
 TOKENS = [1, 3, 1000, 4097, 32768]
 CTAS = [1, 2, 3, 8, 16, 32, 64]
 CASES = [("bfloat16", 4096), ("bfloat16", 5120), ("bfloat16", 8192), ("float32", 8192)]
-TOL = {"bfloat16": 1e-2, "float32": 1e-5}
 ENGINES = ("fused", "fused_pull", "fused_pull_push", "fused_v1", "copy_engine")
 CHUNKED = ("copy_engine_c1", "copy_engine_c3", "copy_engine_c8")  # the copy-engine path's chunk counts
 SCENARIOS = [f"{e}-{s}" for e in ENGINES
@@ -44,7 +46,23 @@ SCENARIOS = [f"{e}-{s}" for e in ENGINES
 SCENARIOS += [f"{e}-{s}" for e in CHUNKED for s in ("sweep-bfloat16-8192", "two_ranges_with_writer", "graph_replays")]
 if os.environ.get("ALLREDUCE_NORM_ENGINES"):
     SCENARIOS = [s for s in SCENARIOS if s.split("-", 1)[0] in os.environ["ALLREDUCE_NORM_ENGINES"].split(",")]
+SWEEP_AT_4 = "sweep-bfloat16-8192"
 TIMEOUT_S = 540
+
+
+def scenarios(world: int) -> list[str]:
+    """The scenarios run at `world` ranks: every one at 2; at 4 the sweep at bf16 hidden 8192 and
+    the split-layer scenarios of every engine."""
+    if world == 2:
+        return SCENARIOS
+    return [s for s in SCENARIOS if "-sweep-" not in s or s.endswith(SWEEP_AT_4)]
+
+
+def _tolerance(dtype) -> float:
+    """bf16: grows with the ranks summed (distributed.bf16_tolerance); fp32: 1e-5 at any size."""
+    import torch.distributed as dist
+
+    return distributed.bf16_tolerance(dist.get_world_size()) if dtype == torch.bfloat16 else 1e-5
 
 
 def _engine(kind: str, max_tokens: int, hidden: int, dtype, rank: int):
@@ -120,7 +138,7 @@ def _check_call(chk: Checker, ar, a: int, b: int, seed: int, ctas: int, dtype, h
     ar(a, b, residual, weight, EPS, out, ctas)
     torch.cuda.synchronize()
     where = f"{dtype} hidden {hidden}, rows [{a}, {b}), {ctas} CTAs"
-    _check_result(chk, ar, a, b, (residual, out), (ref_res, ref_out), before, TOL[str(dtype).split(".")[-1]], where)
+    _check_result(chk, ar, a, b, (residual, out), (ref_res, ref_out), before, _tolerance(dtype), where)
 
 
 def _check_result(chk: Checker, ar, a: int, b: int, got, ref, before, tol: float, where: str) -> None:
@@ -189,7 +207,7 @@ def _two_ranges_with_writer(chk: Checker, kind: str, rank: int) -> None:
     for r in range(rounds):
         for half, (a, b), got, ref, before in zip("AB", ((0, cut), (cut, n)), ((ins[r][0][1], outs[r][0]),
                                                   (ins[r][1][1], outs[r][1])), refs[r], befores[r]):
-            _check_result(chk, ar, a, b, got, ref, before, TOL["bfloat16"], f"round {r}, half {half}")
+            _check_result(chk, ar, a, b, got, ref, before, _tolerance(dtype), f"round {r}, half {half}")
 
 
 def _graph_replays(chk: Checker, kind: str, rank: int) -> None:
@@ -226,16 +244,16 @@ def _graph_replays(chk: Checker, kind: str, rank: int) -> None:
         torch.cuda.synchronize()
         for half, (a, b) in zip("AB", ((0, cut), (cut, n))):
             _check_result(chk, ar, a, b, (res[a:b], got[half]), (ref_res[a:b], ref_out[a:b]), residual[a:b],
-                          TOL["bfloat16"], f"replay {rnd}, rows [{a}, {b})")
+                          _tolerance(dtype), f"replay {rnd}, rows [{a}, {b})")
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     os.environ.pop("TRITON_INTERPRET", None)  # the CPU tests may have set it in the parent
     os.environ.update(SAFE_ENV)
     import torch.distributed as dist
 
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             device_id=torch.device("cuda", rank))
     runs = {}
     for e in ENGINES + CHUNKED:
@@ -243,7 +261,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         runs[f"{e}-two_ranges_with_writer"] = lambda c, e=e: _two_ranges_with_writer(c, e, rank)
         runs[f"{e}-graph_replays"] = lambda c, e=e: _graph_replays(c, e, rank)
     report = {}
-    for name in SCENARIOS:
+    for name in scenarios(world):
         chk = Checker()
         try:
             runs[name](chk)
@@ -256,16 +274,15 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory) -> dict[str, list[str]]:
+def _launch(world: int, out_dir: Path) -> dict[str, list[str]]:
+    """Every scenario of `world` on `world` GPUs: each scenario's failures, per rank."""
     import torch.multiprocessing as mp
 
     os.environ.update(SAFE_ENV)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    out_dir = tmp_path_factory.mktemp("allreduce_norm_gpu")
-    ctx = mp.start_processes(_worker, args=(port, str(out_dir)), nprocs=WORLD, join=False, start_method="spawn")
+    ctx = mp.start_processes(_worker, args=(world, port, str(out_dir)), nprocs=world, join=False, start_method="spawn")
     deadline = time.monotonic() + TIMEOUT_S
     try:
         while not ctx.join(timeout=5):
@@ -275,8 +292,8 @@ def report(tmp_path_factory) -> dict[str, list[str]]:
                 pytest.fail(f"workers still running after {TIMEOUT_S} s: a barrier never met?")
     except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:
         pytest.fail(f"a worker failed: {e}")
-    merged: dict[str, list[str]] = {name: [] for name in SCENARIOS}
-    for rank in range(WORLD):
+    merged: dict[str, list[str]] = {name: [] for name in scenarios(world)}
+    for rank in range(world):
         path = out_dir / f"rank{rank}.json"
         if not path.exists():
             pytest.fail(f"rank {rank} wrote no report")
@@ -285,7 +302,12 @@ def report(tmp_path_factory) -> dict[str, list[str]]:
     return merged
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS)
-def test_allreduce_norm_on_gpus(report: dict[str, list[str]], scenario: str) -> None:
-    errors = report[scenario]
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> distributed.Launches:
+    return distributed.Launches(lambda world: _launch(world, tmp_path_factory.mktemp(f"allreduce_norm_gpu_ws{world}")))
+
+
+@pytest.mark.parametrize(("world", "scenario"), distributed.world_params(scenarios))
+def test_allreduce_norm_on_gpus(report: distributed.Launches, world: int, scenario: str) -> None:
+    errors = report(world)[scenario]
     assert not errors, f"{len(errors)} failures, first ones:\n" + "\n".join(errors[:10])

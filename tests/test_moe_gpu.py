@@ -1,6 +1,8 @@
 """On a GPU: the grouped-GEMM MoE MLP equals the per-expert loop (the oracle) in bf16 and fp32,
-for token counts from 1 up, and under CUDA-graph capture and replay, where a replay on new
-inputs must route them anew (no routing baked in at capture, no host sync inside)."""
+for token counts from 1 up, on the expert widths a rank holds at TP=2 and TP=4 (the grouped
+GEMM's shape is what the TP degree changes; one GPU runs either), and under CUDA-graph capture
+and replay, where a replay on new inputs must route them anew (no routing baked in at capture,
+no host sync inside)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from overlapbench.model.models import ModelShape
 from overlapbench.model.moe import moe_partial, reference_moe
 from overlapbench.model.weights import build_stack
 from overlapbench.timing import measure
+from tests import distributed
 
 pytestmark = [pytest.mark.gpu, pytest.mark.one_gpu]
 
@@ -22,7 +25,7 @@ TOLERANCE = {torch.bfloat16: 1e-2, torch.float32: 1e-5}
 
 
 def _layer(shape: ModelShape, dtype, tp: int = 2):
-    """Rank 0's shard of a tp=2 layer: the widths a rank sees."""
+    """Rank 0's shard of a tp=`tp` layer: the widths a rank sees."""
     return build_stack(shape, 1, tp, 0, dtype, torch.device("cuda")).layers[0]
 
 
@@ -38,14 +41,15 @@ def _x(tokens: int, hidden: int, dtype, seed: int = 0) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("shape", list(SHAPES), ids=list(SHAPES))
 @pytest.mark.parametrize("tokens", [1, 7, 33, 1000, 4099])
-def test_grouped_gemm_equals_the_per_expert_loop(shape, dtype, tokens):
+@pytest.mark.parametrize("tp", distributed.WORLD_SIZES, ids=lambda tp: f"tp{tp}")
+def test_grouped_gemm_equals_the_per_expert_loop(tp, shape, dtype, tokens):
     s = SHAPES[shape]
-    w = _layer(s, dtype)
+    w = _layer(s, dtype, tp)
     x = _x(tokens, s.hidden, dtype)
     ref = reference_moe(x, w.router, w.w_gate_up, w.w_down, s.top_k)
     out = moe_partial(x, w.router, w.w_gate_up, w.w_down, s.top_k)
     assert out.dtype == dtype and out.shape == (tokens, s.hidden)
-    assert _rel_err(out, ref) < TOLERANCE[dtype], f"{shape} {dtype} {tokens} tokens"
+    assert _rel_err(out, ref) < TOLERANCE[dtype], f"{shape} tp={tp} {dtype} {tokens} tokens"
 
 
 @pytest.mark.parametrize("shape", list(SHAPES), ids=list(SHAPES))

@@ -1,10 +1,11 @@
-"""The SP strategies on 2 GPUs (NCCL, bf16): sp_baseline, async_tp and flash_agrs (both
+"""The SP strategies on 2 and 4 GPUs (NCCL, bf16): sp_baseline, async_tp and flash_agrs (both
 transports, both orders, over-decomposed) against the single-GPU reference, on a small shape
 and a Llama-3-8B-sized point, token counts the world size does not divide included; the micro
-workloads against their unsharded reference; and CUDA-graph replay of each strategy.
+workloads against their unsharded reference; and CUDA-graph replay of each strategy. Every case
+runs at each world size (the pieces' rank order and the uneven shards change with it).
 
-One pair of processes runs every case in lockstep and reports a relative error or the error
-text per case, so each case fails on its own; a hang fails them all at the timeout.
+One set of processes per world size runs every case in lockstep and reports a relative error or
+the error text per case, so each case fails on its own; a hang fails them all at the timeout.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from tests import distributed  # noqa: E402
 pytestmark = distributed.two_gpus()
 
 apply_safe_env()  # no NVLink multicast, in the spawned processes too
-TOL = 1e-2
 LAYERS = 2
 MAX_TOKENS = 8192  # sizes the symmetric buffers once for every case
 SHAPES = {"small": ModelShape(hidden=512, ffn=1024, heads=8, kv_heads=4, head_dim=64), "llama3-8b": PRESETS["llama3-8b"]}
@@ -130,14 +130,17 @@ def _run_cases(rank: int, world: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def results() -> list[dict]:
-    return distributed.run(_run_cases, world=2, timeout=300, backend="nccl")
+def results() -> distributed.Launches:
+    return distributed.Launches(lambda world: distributed.run(_run_cases, world=world, timeout=300, backend="nccl"))
 
 
-@pytest.mark.parametrize("label", [c[0] for c in LAYER_CASES + GRAPH_CASES + MICRO_CASES]
-                         + [_label("graph", c[0]) for c in MICRO_CASES])
-def test_case_matches_reference(results, label):
-    for rank, errors in enumerate(results):
+LABELS = [c[0] for c in LAYER_CASES + GRAPH_CASES + MICRO_CASES] + [_label("graph", c[0]) for c in MICRO_CASES]
+
+
+@pytest.mark.parametrize(("world", "label"), distributed.world_params(LABELS))
+def test_case_matches_reference(results, world, label):
+    tol = distributed.bf16_tolerance(world)
+    for rank, errors in enumerate(results(world)):
         err = errors[label]
         assert isinstance(err, float), f"rank {rank}: {err}"
-        assert err < TOL, f"rank {rank}: rel err {err:.3g} >= {TOL}"
+        assert err < tol, f"rank {rank}: rel err {err:.3g} >= {tol:.3g}"

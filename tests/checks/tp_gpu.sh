@@ -10,7 +10,10 @@
 #         sequence-parallel families (NCCL ring and symmetric, copy engine)  -> comm{,-sp}.{jsonl,csv,log}
 # beside: the all-reduce paths at 64 MiB beside the llama3-70b TP=2 GEMMs, 8 and 16 CTAs: which
 #         few-SM path costs the GEMM least                                   -> comm-beside.{jsonl,csv,log}
-# tests:  the whole GPU test suite (pytest -m gpu)                            -> gpu-tests.log
+# tests:  the whole GPU test suite (pytest -m gpu), with the 25 slowest tests  -> gpu-tests.log
+#         listed: on 4 GPUs the cases whose subject depends on the world size run at 2 and 4
+#         ranks (ids ws2-... and ws4-...). TESTS_SELECT, a pytest -k expression, runs a part
+#         of it where the whole does not fit one call: TESTS_SELECT=ws4, then "not ws4".
 # study:  each spec of $SPECS swept (-o <name>.jsonl), then `overlapbench report` of its rows
 # profile: each spec of $PROFILES swept with --profile (-o <name>.jsonl, kernel tables in <name>/),
 #         then `overlapbench report --profile` of them
@@ -38,7 +41,8 @@ if [[ $STEPS == *,beside,* ]]; then
     --output "$WORK/comm-beside.jsonl" > "$WORK/comm-beside.csv" 2> "$WORK/comm-beside.out"
 fi
 if [[ $STEPS == *,tests,* ]]; then
-  step tests "${TESTS_TIMEOUT:-360}" python -m pytest -q -m gpu -rs -p no:cacheprovider tests > "$WORK/gpu-tests.log" 2>&1
+  step tests "${TESTS_TIMEOUT:-360}" python -m pytest -q -m gpu -rs -p no:cacheprovider --durations=25 \
+    ${TESTS_SELECT:+-k "$TESTS_SELECT"} tests > "$WORK/gpu-tests.log" 2>&1
   tail -n 3 "$WORK/gpu-tests.log" | tee -a "$SUMMARY"
 fi
 if [[ $STEPS == *,study,* ]]; then
