@@ -159,3 +159,29 @@ def test_the_summary_counts_points_per_note_and_says_each_kind_once():
     top = sorted(counts.items(), key=lambda kv: -kv[1])[0]
     assert f"{top[0]} ({top[1]} points)" in lines[2]
     assert lines[2].endswith(f"and {len(counts) - 4} more") == (len(counts) > 4)
+
+
+def test_the_command_prints_the_summary_after_the_rows(tmp_path, monkeypatch):
+    """`overlapbench predict` on the committed 2x H100 inputs, as a user runs it: the rows' path,
+    then the summary (here nothing skipped, the contention beside the GEMM stream)."""
+    from typer.testing import CliRunner
+
+    from overlapbench.cli import app
+    from tests.results_readme import ROOT
+
+    monkeypatch.chdir(ROOT)
+    pieces = "results/h100x1/d604491/pieces-llama3-8b-tp2-tp2.jsonl"
+    if not (ROOT / pieces).exists():
+        pytest.skip("the committed pieces are not on this branch")
+    out = tmp_path / "p.jsonl"
+    result = CliRunner().invoke(app, ["predict", "sweeps/llama3-8b-tp2.yaml", "--tp", "2", "--compute", pieces,
+                                      "--comm", "results/h100x2/cc10b27/comm.jsonl",
+                                      "--comm", "results/h100x2/cc10b27/comm-beside.jsonl", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    rows = read_rows(out)
+    assert lines[0] == f"wrote predicted rows to {out}" and lines[1] == f"{len(rows)} points: {len(rows)} predicted, 0 skipped"
+    said = next(x for x in lines if x.startswith("substituted: "))  # no table at hidden 4096 given
+    assert "fused_norm hidden 4096 not measured: 8192 used (12 points)" in said
+    assert "copy_engine_norm hidden 4096 not measured: 8192 used (24 points)" in said
+    assert lines[-1].startswith("contention: beside the GEMM stream for") and "no in-layer term" in lines[-1]
