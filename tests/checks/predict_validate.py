@@ -37,11 +37,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from predict_validation import compare, markdown  # noqa: E402
 
 from overlapbench.tuning.results import read_rows  # noqa: E402
+from tests.checks.predict_validation import compare, markdown  # noqa: E402
 
 GIT = "OUT=$OUT OVERLAPBENCH_GIT=<commit>"
 CALLS = {
