@@ -178,7 +178,7 @@ def comm(
     dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on GPUs, fp32 on CPU) | bf16 | fp16 | fp32."),
     nccl_max_ctas: str | None = typer.Option(None, "--nccl-max-ctas", help="NCCL CTA budgets (max_ctas; nccl_symm: exactly that many, min_ctas = max_ctas), 'default' or 1..64. Default: default,4,8,16,32."),
     comm_ctas: str | None = typer.Option(None, "--comm-ctas", help="CTA budgets of the fused all-reduce+RMSNorm kernel and of the copy-engine path's add+norm kernel. Default: 1,2,4,8,16,32,64."),
-    hidden: int = typer.Option(8192, "--hidden", help="fused_norm measures rows x hidden: a size becomes size / (hidden x dtype bytes) rows."),
+    hidden: int | None = typer.Option(None, "--hidden", help="fused_norm measures rows x hidden: a size becomes size / (hidden x dtype bytes) rows. Default: 8192 (with --beside-layer: the model's)."),
     iters: int = typer.Option(20, "--iters", help="Timed samples per size (small sizes repeat the op within a sample)."),
     warmup: int = typer.Option(5, "--warmup", help="Untimed samples first."),
     graphs: bool = typer.Option(True, "--graphs/--no-graphs", help="Time CUDA-graph replays (falls back to eager where capture fails)."),
@@ -188,6 +188,9 @@ def comm(
     nproc: int | None = typer.Option(None, "--nproc", help="Processes to launch when not under torchrun. Default: all local GPUs, or 2 on CPU."),
     ce_chunks: str | None = typer.Option(None, "--ce-chunks", help="copy_engine_norm: comma list of chunk counts its rows are cut into (1: the serial schedule) or auto (by size, as the layer). Default: auto."),
     beside_gemm: bool = typer.Option(False, "--beside-gemm", help="Also time each case while llama3-70b TP=2 MLP GEMMs (4096 tokens, bf16) run on another stream: the path's time and busbw beside them and the GEMMs' TFLOP/s loss. GPUs only."),
+    beside_layer: str | None = typer.Option(None, "--beside-layer", metavar="MODEL", help="Also time each all-reduce beside one rank's shard of MODEL's layer (a preset: its attention, then its MLP, on the rows the all-reduce carries): the compute's loss, the transfer's stretch, and the all-reduce's extra cost in line with the layer. The sizes come from --tokens. GPUs only."),
+    layer_tp: int | None = typer.Option(None, "--tp", help="With --beside-layer: the TP degree of the layer shard. Default: the world size."),
+    tokens: str | None = typer.Option(None, "--tokens", help="With --beside-layer: comma list of the layer's row counts; each case's all-reduce carries that many rows (rows x hidden x 2 bytes). Default: 512,1024,...,32768."),
 ) -> None:
     """Collective microbenchmarks in nccl-tests' terms: size, count, type, time, algbw, busbw,
     #wrong, for NCCL under CTA budgets, symmetric-memory one-/two-shot all-reduce, the fused
@@ -199,7 +202,7 @@ def comm(
         min_bytes=min_bytes, max_bytes=max_bytes, factor=factor, ops=ops, paths=paths, dtype=dtype,
         nccl_max_ctas=nccl_max_ctas, comm_ctas=comm_ctas, hidden=hidden, iters=iters, warmup=warmup,
         graphs=graphs, fmt=fmt, output=output, resume=resume, nproc=nproc, beside_gemm=beside_gemm,
-        ce_chunks=ce_chunks,
+        ce_chunks=ce_chunks, beside_layer=beside_layer, layer_tp=layer_tp, tokens=tokens,
     )
     code = comm_mod.main(opts, console, err_console)
     if code:
@@ -211,19 +214,21 @@ def comm(
 def predict(
     spec: Path = typer.Argument(..., metavar="SPEC.yaml", help="The study to predict: every strategy, knob setting and batch of it."),
     tp: int = typer.Option(..., "--tp", help="The TP degree to predict."),
-    comm: list[Path] = typer.Option(..., "--comm", metavar="TABLE", help="The all-reduce table: `overlapbench comm` rows (.jsonl; its --beside-gemm rows give the contention), or nccl-tests all_reduce_perf output (.txt). Repeat for several files."),
+    comm: list[Path] = typer.Option(..., "--comm", metavar="TABLE", help="The all-reduce table: `overlapbench comm` rows (.jsonl; its --beside-layer or --beside-gemm rows give the contention), or nccl-tests all_reduce_perf output (.txt). Repeat for several files; tables of another world size are rescaled to --tp's (docs/predict.md)."),
     compute: list[Path] | None = typer.Option(None, "--compute", metavar="ROWS", help="The shard's compute pieces, timed on one GPU by `overlapbench sweep SPEC --pieces --tp K`. Default: results/{name}-pieces-tp{K}.jsonl."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Where the predicted rows go (.jsonl). Default: results/{name}-predicted-tp{K}.jsonl."),
-    busbw: float | None = typer.Option(None, "--busbw", metavar="GB/S", help="Rescale the comm table to this all-reduce bus bandwidth at 1 GiB at --tp's world size (a table measured on fewer GPUs, to predict more)."),
-    transfer_beside: str = typer.Option("alone", "--transfer-beside", help="alone | measured: a transfer beside compute runs as fast as alone, or as slowed as --beside-gemm measured it."),
+    busbw: float | None = typer.Option(None, "--busbw", metavar="GB/S", help="Rescale the tables of other world sizes to this all-reduce bus bandwidth at 1 GiB at --tp's world size (a table measured on fewer GPUs, to predict more). Default: match them to a --tp table's NCCL ring."),
+    transfer_beside: str = typer.Option("auto", "--transfer-beside", help="auto | alone | measured: a transfer beside compute runs as slowed as measured beside the layer (--beside-layer rows) and as fast as alone where only --beside-gemm rows measured it (auto); always as fast as alone; or as slowed as either measured it."),
     error: float | None = typer.Option(None, "--error", metavar="ABS", help="The error of a predicted speedup, absolute: the rows' interval. Default: what the TP=2 validation supports (docs/predict.md)."),
 ) -> None:
     """Predict a study at TP=K from one GPU's compute pieces and a table of collectives: rows in
     the sweep's schema (timing "predicted"), which `tune` and `report` read as they are."""
     from overlapbench.predict import command as predict_mod
 
-    out = predict_mod.main(spec, tp, comm, compute, output, busbw, transfer_beside, error)
-    console.print(f"wrote predicted rows to {out}", soft_wrap=True)
+    out, summary = predict_mod.main(spec, tp, comm, compute, output, busbw, transfer_beside, error)
+    console.print(f"wrote predicted rows to {out}", soft_wrap=True, highlight=False)
+    for line in summary:
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
 
 
 @app.command()

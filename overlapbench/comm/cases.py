@@ -8,6 +8,28 @@ from dataclasses import dataclass
 from overlapbench.comm.sizes import DTYPE_BYTES
 from overlapbench.run.nccl_windows import layout
 
+# --beside-layer's rows by default: the studies' chunks (512-16K) and batches (1K-32K).
+DEFAULT_LAYER_TOKENS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+@dataclass(frozen=True)
+class BesideLayer:
+    """`comm --beside-layer`: the compute a case is timed beside, one rank's shard of `model`'s
+    decoder layer at TP=`tp` (its attention, then its MLP) on as many rows as the case's all-reduce
+    carries (bytes / (hidden x dtype bytes)): the pairing of a token split, whose reduction of one
+    chunk runs beside the next chunk's compute."""
+
+    model: str  # a preset of model/models.py
+    tp: int
+    hidden: int  # the model's: a case's bytes are rows x hidden x dtype bytes
+
+    def label(self) -> str:
+        return f"{self.model} tp={self.tp}"
+
+    def rows(self, nbytes: int, dtype: str) -> int:
+        """The rows of the layer beside an all-reduce of `nbytes`."""
+        return nbytes // (self.hidden * DTYPE_BYTES[dtype])
+
 
 @dataclass(frozen=True)
 class Case:
@@ -25,6 +47,7 @@ class Case:
     skip: str | None = None  # why this case cannot run here
     buffer: str | None = None  # the run's symmetric allocation its path uses (paths.CommPath.buffer)
     beside_gemm: bool = False  # also timed beside a GEMM stream (comm.contention)
+    beside_layer: BesideLayer | None = None  # also timed beside the layer's own kernels (comm.beside_layer)
     chunks: int | None = None  # copy_engine_norm: its own rows cut into this many chunks; None: by size
     window: bool = False  # its buffers lie in a registered NCCL window (paths.CommPath.window)
 
@@ -59,6 +82,8 @@ class Case:
                "dtype": self.dtype, "hidden": self.hidden}
         if self.beside_gemm:  # only then: keys of runs without it stay as they were
             key["beside_gemm"] = True
+        if self.beside_layer is not None:  # likewise
+            key["beside_layer"] = self.beside_layer.label()
         if self.chunks is not None:  # likewise
             key["chunks"] = self.chunks
         return json.dumps(key, sort_keys=True)

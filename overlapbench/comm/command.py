@@ -7,11 +7,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from overlapbench.comm.cases import DEFAULT_LAYER_TOKENS, BesideLayer
 from overlapbench.comm.output import FORMATS, render, totals
 from overlapbench.comm.paths import DEFAULT_PATHS, OPS, make_cases
 from overlapbench.comm.run import RunInfo, run_cases
-from overlapbench.comm.sizes import CPU_SIZES, GPU_SIZES, parse_size, size_ladder
-from overlapbench.errors import UserError, shown
+from overlapbench.comm.sizes import CPU_SIZES, DTYPE_BYTES, GPU_SIZES, parse_size, size_ladder
+from overlapbench.errors import UserError, did_you_mean, shown
+from overlapbench.model.models import PRESETS
 from overlapbench.printing import styled
 from overlapbench.specs.spec import DTYPES
 from overlapbench.specs.spec_sections import CommSpec
@@ -47,12 +49,18 @@ class Options:
     nproc: int | None
     beside_gemm: bool = False  # also time each case beside a GEMM stream (comm.contention)
     ce_chunks: tuple[int | None, ...] = (None,)  # copy_engine_norm's chunk counts (None: by size, the layer's)
+    # --beside-layer: each all-reduce timed beside this model's layer shard at TP=layer_tp (None:
+    # the world size) on each of `tokens` rows; the sizes are those rows' reductions (comm.beside_layer)
+    beside_layer: str | None = None
+    layer_tp: int | None = None
+    tokens: tuple[int, ...] = ()
 
     @classmethod
     def parse(cls, *, min_bytes: str | None, max_bytes: str | None, factor: int, ops: str | None,
-              paths: str | None, dtype: str, nccl_max_ctas: str, comm_ctas: str, hidden: int,
+              paths: str | None, dtype: str, nccl_max_ctas: str, comm_ctas: str, hidden: int | None,
               iters: int, warmup: int, graphs: bool, fmt: str, output: Path | None, resume: bool,
-              nproc: int | None, beside_gemm: bool = False, ce_chunks: str | None = None) -> Options:
+              nproc: int | None, beside_gemm: bool = False, ce_chunks: str | None = None,
+              beside_layer: str | None = None, layer_tp: int | None = None, tokens: str | None = None) -> Options:
         if fmt not in FORMATS:
             raise UserError(f"--format: {shown(fmt)} is not one of {', '.join(FORMATS)}")
         if dtype not in DTYPES:
@@ -65,6 +73,12 @@ class Options:
             raise UserError(f"--nproc: must be at least 1, got {nproc}")
         if output is not None and output.suffix != ".jsonl":
             raise UserError(f"--output: must be a path ending in .jsonl, got {shown(str(output))}")
+        if beside_layer is not None:
+            ops, hidden = _beside_layer_checks(beside_layer, beside_gemm, ops, min_bytes, max_bytes, dtype, hidden, layer_tp)
+        elif layer_tp is not None or tokens is not None:
+            raise UserError(f"{'--tp' if layer_tp is not None else '--tokens'}: the layer shard beside the paths; "
+                            f"give it with --beside-layer MODEL, or drop it")
+        hidden = 8192 if hidden is None else hidden
         lists = CommSpec.build(
             ops=ops or OPS, paths=paths or DEFAULT_PATHS, sizes=(), hidden=hidden,
             nccl_max_ctas=nccl_max_ctas or CommSpec.DEFAULT_NCCL_MAX_CTAS,
@@ -77,13 +91,25 @@ class Options:
             factor=factor, ops=lists.ops, paths=lists.paths, dtype=dtype, nccl_max_ctas=lists.nccl_max_ctas,
             comm_ctas=lists.comm_ctas, hidden=hidden, iters=iters, warmup=warmup, graphs=graphs, fmt=fmt,
             output=output, resume=resume, nproc=nproc, beside_gemm=beside_gemm,
-            ce_chunks=(None,) if ce_chunks is None else parse_chunks(ce_chunks),
+            ce_chunks=(None,) if ce_chunks is None else parse_chunks(ce_chunks), beside_layer=beside_layer,
+            layer_tp=layer_tp, tokens=() if beside_layer is None else parse_tokens(tokens),
         )
         opts.sizes(cuda=False)  # validates -b -e -f now, in one line
         return opts
 
+    def layer(self, world: int) -> BesideLayer | None:
+        """What --beside-layer times each case beside, at `world` ranks (--tp's default)."""
+        if self.beside_layer is None:
+            return None
+        tp = self.layer_tp or world
+        _check_tp(self.beside_layer, tp)
+        return BesideLayer(self.beside_layer, tp, self.hidden)
+
     def sizes(self, cuda: bool) -> tuple[int, ...]:
-        """The ladder; a bound not given is the device's default, moved to meet the other."""
+        """The ladder; a bound not given is the device's default, moved to meet the other. With
+        --beside-layer: the all-reduce of each --tokens count of rows (rows x hidden x 2 bytes)."""
+        if self.beside_layer is not None:
+            return tuple(sorted(n * self.hidden * DTYPE_BYTES["bf16"] for n in self.tokens))
         lo_default, hi_default = (parse_size(s, "size") for s in (GPU_SIZES if cuda else CPU_SIZES))
         lo, hi = self.min_bytes, self.max_bytes
         if lo is None:
@@ -98,15 +124,66 @@ class Options:
     def argv(self, cuda: bool, output: Path) -> list[str]:
         """The same command, explicit, for the ranks torchrun starts."""
         sizes = self.sizes(cuda)
+        ladder = [] if self.beside_layer else ["-b", str(sizes[0]), "-e", str(sizes[-1]), "-f", str(self.factor)]
         args = [
-            "comm", "-b", str(sizes[0]), "-e", str(sizes[-1]), "-f", str(self.factor),
+            "comm", *ladder,
             "--ops", ",".join(self.ops), "--paths", ",".join(self.paths), "--dtype", self.dtype,
             "--nccl-max-ctas", ",".join(map(str, self.nccl_max_ctas)), "--comm-ctas", ",".join(map(str, self.comm_ctas)),
             "--hidden", str(self.hidden), "--iters", str(self.iters), "--warmup", str(self.warmup),
             "--graphs" if self.graphs else "--no-graphs", "--format", self.fmt, "--output", str(output),
         ]
         args += ["--ce-chunks", ",".join("auto" if c is None else str(c) for c in self.ce_chunks)]
+        if self.beside_layer is not None:
+            args += ["--beside-layer", self.beside_layer, "--tokens", ",".join(map(str, self.tokens))]
+            args += [] if self.layer_tp is None else ["--tp", str(self.layer_tp)]
         return args + (["--resume"] if self.resume else []) + (["--beside-gemm"] if self.beside_gemm else [])
+
+
+def _beside_layer_checks(model: str, beside_gemm: bool, ops: str | None, min_bytes, max_bytes, dtype: str,
+                         hidden: int | None, tp: int | None) -> tuple[str, int]:
+    """--beside-layer's options checked: (the ops, the model's hidden)."""
+    if model not in PRESETS:
+        raise UserError(f"--beside-layer: {shown(model)} is not a model preset{did_you_mean(model, PRESETS)}; "
+                        f"choose one of {', '.join(PRESETS)}")
+    shape = PRESETS[model]
+    if shape.moe:
+        raise UserError(f"--beside-layer: {model} is a mixture-of-experts model; the layer beside the paths is a dense one")
+    if beside_gemm:
+        raise UserError("--beside-gemm: one compute beside the paths per run; drop --beside-gemm or --beside-layer")
+    if ops not in (None, "all_reduce"):
+        raise UserError(f"--ops: --beside-layer times the layer's all-reduce only, got {shown(ops)}; drop --ops")
+    if min_bytes is not None or max_bytes is not None:
+        raise UserError("-b/-e: with --beside-layer the sizes are the reductions of --tokens rows "
+                        "(rows x hidden x 2 bytes); drop -b/-e")
+    if dtype not in ("auto", "bf16"):
+        raise UserError(f"--dtype: --beside-layer runs the layer in bf16, got {shown(dtype)}; drop --dtype")
+    if hidden is not None and hidden != shape.hidden:
+        raise UserError(f"--hidden: {model}'s hidden is {shape.hidden}, not {hidden}; drop --hidden")
+    if tp is not None:
+        if tp < 1:
+            raise UserError(f"--tp: must be at least 1, got {tp}")
+        _check_tp(model, tp)
+    return "all_reduce", shape.hidden
+
+
+def _check_tp(model: str, tp: int) -> None:
+    try:
+        PRESETS[model].check_tp(tp)
+    except UserError as e:
+        raise UserError(f"--tp: {str(e).removeprefix('tp: ')}") from None
+
+
+def parse_tokens(text: str | None) -> tuple[int, ...]:
+    """--tokens: a comma list of row counts >= 1 (the layer's rows beside each all-reduce), each once."""
+    if text is None:
+        return DEFAULT_LAYER_TOKENS
+    tokens: list[int] = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item.isdigit() or int(item) < 1:
+            raise UserError(f"--tokens: {shown(item)} is not a whole number >= 1 (a comma list of row counts)")
+        if int(item) not in tokens:
+            tokens.append(int(item))
+    return tuple(sorted(tokens))
 
 
 def parse_chunks(text: str) -> tuple[int | None, ...]:
@@ -148,6 +225,7 @@ def main(opts: Options, console: Console, err_console: Console) -> int:
     world = opts.nproc or launch.default_nproc()
     if not cuda:
         _refuse_if_nothing_runs(opts, world)
+    opts.layer(world)  # --beside-layer's TP (the world size by default) divides the model's heads
     out = opts.output or default_output(_local_device_name(), world)
     with held_for_launch(out, opts.resume, STUDY):  # a second run into `out` is refused from here on
         for warning in (launch.oversubscription(world), launch.gpu_sharing_check(world, None, False)):
@@ -168,6 +246,9 @@ def _refuse_if_nothing_runs(opts: Options, world: int) -> None:
     if opts.beside_gemm:
         raise UserError("--beside-gemm: times each path beside a bf16 GEMM stream on CUDA GPUs, and this machine "
                         "has none; drop --beside-gemm here")
+    if opts.beside_layer is not None:
+        raise UserError("--beside-layer: times each path beside the layer's bf16 kernels on CUDA GPUs, and this "
+                        "machine has none; run it on the GPUs whose transfers it measures")
     dtype = "fp32" if opts.dtype == "auto" else opts.dtype
     cases = make_cases(opts.bench(cuda=False), world, "gloo", dtype, opts.hidden, ce_chunks=opts.ce_chunks)
     if cases and all(c.skip for c in cases):
@@ -195,7 +276,8 @@ def _measure(opts: Options, console: Console, rt: Runtime) -> None:
     env = environment.run_environment(rt)
     dtype = ("bf16" if rt.is_cuda else "fp32") if opts.dtype == "auto" else opts.dtype
     cases = make_cases(opts.bench(rt.is_cuda), rt.world_size, rt.backend, dtype, opts.hidden, len(env["hosts"]),
-                       beside_gemm=opts.beside_gemm, ce_chunks=opts.ce_chunks, windows=rt.nccl_windows_unavailable())
+                       beside_gemm=opts.beside_gemm, ce_chunks=opts.ce_chunks, windows=rt.nccl_windows_unavailable(),
+                       beside_layer=opts.layer(rt.world_size))
     output = opts.output or default_output(env["device"], rt.world_size)
     store, done, run_id = results.open_on_ranks(output, opts.resume, rt.rank, STUDY)
     info = RunInfo(STUDY, run_id, env, opts.warmup, opts.iters, opts.graphs)

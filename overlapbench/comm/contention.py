@@ -1,19 +1,22 @@
-"""`comm --beside-gemm`: a path timed while a fixed bf16 GEMM stream runs beside it.
+"""`comm --beside-gemm` and `--beside-layer`: a path timed while compute runs beside it.
 
 Busbw alone does not decide an overlapped strategy's SM budget: what matters is the pair (how
-fast the communication runs next to the GEMMs, how much GEMM throughput it takes from them).
-The GEMMs are a layer's MLP of llama3-70b at TP=2 (gate/up 8192 -> 2 x 14336, down 14336 ->
-8192) on `GEMM_TOKENS` tokens, on the current stream; the path runs on its own high-priority
-stream. Two windows per sample, so that each number is taken while the other side is busy all
-along:
+fast the communication runs next to the compute, how much compute throughput it takes from it).
+The compute is a *stream*: anything with `run(passes)`, its one pass's time alone (`alone_ms`)
+and `fields(beside_ms)`, the row fields of one pass's time beside the path. Here, the GEMM
+stream of `--beside-gemm`: a layer's MLP of llama3-70b at TP=2 (gate/up 8192 -> 2 x 14336, down
+14336 -> 8192) on `GEMM_TOKENS` tokens; `comm.beside_layer` gives the layer's own kernels. The
+compute runs on the current stream; the path on its own high-priority stream. Two windows per
+sample, so that each number is taken while the other side is busy all along:
 
-- comm window: the GEMMs start first and last longer than the path's ops (sized from the
+- comm window: the compute starts first and lasts longer than the path's ops (sized from the
   times alone); the path's time is its own stream's elapsed time over its ops.
-- GEMM window: the path's ops start first and last longer than the GEMMs; the GEMMs' TFLOP/s
-  is their stream's flops over its elapsed time.
+- compute window: the path's ops start first and last longer than one compute pass; the
+  pass's time is its stream's elapsed time.
 
-`gemm_loss` = 1 - TFLOP/s beside / TFLOP/s alone. Eager launches (no graphs): the sizes are
-64 MiB and up, where launch gaps do not matter; the GEMMs are queued far ahead anyway.
+The compute's loss = 1 - its time alone / its time beside (for the GEMMs, `gemm_loss` = 1 -
+TFLOP/s beside / TFLOP/s alone, the same number). Eager launches of the path (no graphs): the
+GEMM stream is queued far ahead anyway; the layer stream replays a CUDA graph per pass.
 """
 
 from __future__ import annotations
@@ -67,6 +70,18 @@ class GemmStream:
     def tflops(self, ms: float) -> float:
         return self.flops / (ms * 1e-3) / 1e12
 
+    def fields(self, beside_ms: float) -> dict:
+        """The row fields of one pass that took `beside_ms` beside the path."""
+        alone, beside = self.tflops(self.alone_ms), self.tflops(beside_ms)
+        return {"gemm_tflops_alone": alone, "gemm_tflops_beside": beside, "gemm_loss": compute_loss(self.alone_ms, beside_ms),
+                "gemm_tokens": GEMM_TOKENS}
+
+
+def compute_loss(alone_ms: float, beside_ms: float) -> float:
+    """The share of the compute's throughput a transfer beside it takes: 1 - alone / beside (0:
+    none; negative where the pass ran faster beside it, which noise allows)."""
+    return 1 - alone_ms / beside_ms
+
 
 def _elapsed_ms(stream, fn: Callable[[], None]) -> Callable[[], float]:
     """Run `fn` on `stream` between two events; returns a reader of their elapsed time."""
@@ -88,39 +103,41 @@ def _sync(rt: Runtime) -> None:
     dist.barrier(group=rt.control)
 
 
-def gemms_alone(rt: Runtime, gemms: GemmStream, iters: int) -> float:
-    """Median ms of one pass of the GEMMs alone (warmed up); max over ranks."""
+def time_alone(rt: Runtime, stream, iters: int) -> float:
+    """Median ms of one pass of a compute stream alone (warmed up); max over ranks."""
     import torch
 
-    gemms.run(2)
+    stream.run(2)
     samples = []
     for _ in range(iters):
         _sync(rt)
-        read = _elapsed_ms(torch.cuda.current_stream(), gemms.run)
+        read = _elapsed_ms(torch.cuda.current_stream(), stream.run)
         torch.cuda.synchronize()
         samples.append(read())
     return rt.max_over_ranks(statistics.median(samples))
 
 
-def measure_beside(rt: Runtime, run: Callable[[], None], op_ms: float, gemms: GemmStream, iters: int) -> dict:
-    """The path's `run` (one op, `op_ms` alone) beside the GEMMs: the fields of its row."""
+def measure_beside(rt: Runtime, run: Callable[[], None], op_ms: float, compute, iters: int) -> tuple[float, float]:
+    """The path's `run` (one op, `op_ms` alone) beside a compute stream `compute` (run(passes),
+    alone_ms): (the path's ms per op beside it, one compute pass's ms beside the path), medians,
+    each the max over ranks."""
     import torch
 
     main = torch.cuda.current_stream()
     comm = torch.cuda.Stream(priority=-100)  # as the overlapped strategies' communication lane
     timed_ops = max(1, math.ceil(MIN_TIMED_MS / op_ms))
-    gemm_passes = max(2, math.ceil(COVER * timed_ops * op_ms / gemms.alone_ms))  # comm window: GEMMs cover the ops
-    ops = max(2, math.ceil(COVER * gemms.alone_ms / op_ms))  # GEMM window: ops cover one GEMM pass
+    passes = max(2, math.ceil(COVER * timed_ops * op_ms / compute.alone_ms))  # comm window: compute covers the ops
+    ops = max(2, math.ceil(COVER * compute.alone_ms / op_ms))  # compute window: ops cover one pass
 
     def repeat(times: int) -> Callable[[], None]:
         return lambda: [run() for _ in range(times)]
 
-    comm_ms, gemm_ms = [], []
+    comm_ms, compute_ms = [], []
     for _ in range(iters):
         _sync(rt)
         comm.wait_stream(main)
-        gemms.run(1)  # started first
-        _elapsed_ms(main, lambda: gemms.run(gemm_passes))
+        compute.run(1)  # started first
+        _elapsed_ms(main, lambda: compute.run(passes))
         timed = _elapsed_ms(comm, repeat(timed_ops))
         main.wait_stream(comm)
         _sync(rt)
@@ -128,13 +145,9 @@ def measure_beside(rt: Runtime, run: Callable[[], None], op_ms: float, gemms: Ge
         with torch.cuda.stream(comm):
             run()  # started first
         _elapsed_ms(comm, repeat(ops))
-        measured = _elapsed_ms(main, gemms.run)
+        measured = _elapsed_ms(main, compute.run)
         main.wait_stream(comm)
         torch.cuda.synchronize()
         comm_ms.append(timed() / timed_ops)
-        gemm_ms.append(measured())
-    ms = rt.max_over_ranks(statistics.median(comm_ms))
-    beside_gemm_ms = rt.max_over_ranks(statistics.median(gemm_ms))
-    alone, beside = gemms.tflops(gemms.alone_ms), gemms.tflops(beside_gemm_ms)
-    return {"beside_ms": ms, "gemm_tflops_alone": alone, "gemm_tflops_beside": beside,
-            "gemm_loss": 1 - beside / alone, "gemm_tokens": GEMM_TOKENS}
+        compute_ms.append(measured())
+    return rt.max_over_ranks(statistics.median(comm_ms)), rt.max_over_ranks(statistics.median(compute_ms))

@@ -26,13 +26,17 @@ def summary_line(row: dict) -> Text:
     if row["status"] != "ok":
         return styled("  ", (f"{row['status']:>7}", "red"), f" {what}: {row['error']}")
     kernel = f", NCCL {nccl_kernel(row)}" if row.get("nccl_kernel") else ""
+    layer = ""
+    if row.get("compute_loss") is not None:
+        layer = (f"; beside the layer ({row['beside_layer']['tokens']} rows): {row['beside_ms'] * 1e3:.1f} us, "
+                 f"compute loss {row['compute_loss']:.1%}, in line {row['inline_extra_ms'] * 1e3:+.1f} us")
     return styled("  ", (f"{'ok':>7}", "green"), f" {what}: {row['ms'] * 1e3:.1f} us, "
-                  f"busbw {row['busbw']:.1f} GB/s, cv {row['cv']:.1%}{kernel}")
+                  f"busbw {row['busbw']:.1f} GB/s, cv {row['cv']:.1%}{kernel}{layer}")
 
 
 COLUMNS = ("size", "count", "type", "op", "path", "ctas", "time_us", "algbw", "busbw", "wrong",
            "p10_us", "p90_us", "cv", "status", "error", "beside_us", "beside_busbw", "gemm_loss", "chunks",
-           "nccl_kernel", "nccl_channels")
+           "nccl_kernel", "nccl_channels", "layer_tokens", "compute_loss", "inline_extra_us")
 
 
 def nccl_kernel(row: dict) -> str:
@@ -62,6 +66,10 @@ def record(row: dict) -> dict:
         "chunks": row["knobs"].get("chunks"),  # copy_engine_norm's, where asked for
         # NCCL paths: the kernel and channels its tuning log showed (a symmetric kernel's name, or algo/proto)
         "nccl_kernel": row.get("nccl_kernel"), "nccl_channels": row.get("nccl_channels"),
+        # --beside-layer: the layer's rows, the share of its throughput the path took, and what
+        # the blocking all-reduce cost in line with it beyond its time alone
+        "layer_tokens": (row.get("beside_layer") or {}).get("tokens"), "compute_loss": sig(row.get("compute_loss")),
+        "inline_extra_us": us(row.get("inline_extra_ms")),
     }
 
 
@@ -85,6 +93,8 @@ def _columns(rows: list[dict]) -> tuple[str, ...]:
     """The table's columns: nccl-tests' and ours, the NCCL kernel and beside-GEMM ones where any row has them."""
     names = ("size (B)", "count", "type", "op", "path", "ctas", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong")
     names += ("NCCL kernel",) if any(r.get("nccl_kernel") for r in rows) else ()
+    if any(r.get("beside_layer") for r in rows):
+        return names + ("beside layer (us)", "busbw beside", "compute loss", "in line +us")
     beside = any(r.get("beside_ms") is not None for r in rows)
     return names + (("beside GEMM (us)", "busbw beside", "GEMM loss") if beside else ())
 
@@ -104,7 +114,10 @@ def _cells(row: dict, names: tuple[str, ...]) -> dict[str, str | Text]:
         "NCCL kernel": nccl_kernel(row) if row.get("nccl_kernel") else "-",
         "beside GEMM (us)": "-" if b is None else f"{b * 1e3:.2f}",
         "busbw beside": "-" if b is None else f"{row['beside_busbw']:.2f}",
-        "GEMM loss": "-" if b is None else f"{row['gemm_loss']:.1%}",
+        "GEMM loss": "-" if row.get("gemm_loss") is None else f"{row['gemm_loss']:.1%}",
+        "beside layer (us)": "-" if b is None else f"{b * 1e3:.2f}",
+        "compute loss": "-" if row.get("compute_loss") is None else f"{row['compute_loss']:.1%}",
+        "in line +us": "-" if row.get("inline_extra_ms") is None else f"{row['inline_extra_ms'] * 1e3:+.1f}",
     }
     return {name: cells[name] for name in names}
 
@@ -142,7 +155,8 @@ def to_table(rows: list[dict]) -> Table:
 NARROW = {"size (B)": "size (B)", "time (us)": "time", "algbw (GB/s)": "algbw", "busbw (GB/s)": "busbw",
           "#wrong": "#wrong", "NCCL kernel": "NCCL kernel"}  # the narrow form's headers: units in the title
 NARROW_BESIDE = {"size (B)": "size (B)", "beside GEMM (us)": "time beside", "busbw beside": "busbw beside",
-                 "GEMM loss": "GEMM loss"}
+                 "GEMM loss": "GEMM loss", "beside layer (us)": "time beside", "compute loss": "compute loss",
+                 "in line +us": "in line +us"}
 
 
 def narrow_tables(rows: list[dict]) -> list[Table | Text]:
@@ -164,7 +178,11 @@ def narrow_tables(rows: list[dict]) -> list[Table | Text]:
     tables = []
     for title, members in cases.items():
         kinds = [(NARROW, f"{title}: time in us, bandwidths in GB/s")]
-        if any(r.get("beside_ms") is not None for r in members):
+        if any(r.get("beside_layer") for r in members):
+            units = ("time in us, busbw in GB/s, compute loss: the share of its throughput lost, in line +us: "
+                     "the all-reduce's extra cost in line with it")
+            kinds.append((NARROW_BESIDE, f"{title} beside the layer: {units}"))
+        elif any(r.get("beside_ms") is not None for r in members):
             units = "time in us, busbw in GB/s, GEMM loss: the share of their TFLOP/s lost"
             kinds.append((NARROW_BESIDE, f"{title} beside the GEMMs: {units}"))
         for headers, heading in kinds:

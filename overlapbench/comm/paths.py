@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from overlapbench.comm import benches
-from overlapbench.comm.cases import Case
+from overlapbench.comm.cases import BesideLayer, Case
 from overlapbench.comm.sizes import DTYPE_BYTES, VECTOR_BYTES, format_bytes
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -108,12 +108,14 @@ PATHS_BY_OP = {op: tuple(p.name for p in PATHS_BY_NAME.values() if op in p.ops) 
 
 
 def make_cases(bench: Any, world: int, backend: str, dtype: str, hidden: int, hosts: int = 1,
-               beside_gemm: bool = False, ce_chunks: tuple = (None,), windows: str | None = None) -> list[Case]:
+               beside_gemm: bool = False, ce_chunks: tuple = (None,), windows: str | None = None,
+               beside_layer: BesideLayer | None = None) -> list[Case]:
     """Every (op, path, CTA budget, size) of `bench` (a spec_sections.CommSpec, which imports this
     module: hence untyped here), in nccl-tests' order: one block of
     ascending sizes per op, path and budget. Sizes are rounded down to whole units of the
     path (16-byte vectors per rank, or rows for the fused kernel). `beside_gemm`: every case is
-    also timed beside a GEMM stream (comm.contention). `ce_chunks`: the chunk counts of
+    also timed beside a GEMM stream (comm.contention); `beside_layer`: beside the layer's own
+    kernels (comm.beside_layer). `ce_chunks`: the chunk counts of
     copy_engine_norm (None: chosen by size), one block per count inside each CTA budget's.
     `windows`: why NCCL windows cannot be registered here (None: they can)."""
     elem = DTYPE_BYTES[dtype]
@@ -123,6 +125,8 @@ def make_cases(bench: Any, world: int, backend: str, dtype: str, hidden: int, ho
             skip = path.skip(backend, world, hosts, windows)
             if beside_gemm and backend != "nccl":
                 skip = skip or "--beside-gemm needs CUDA GPUs (a bf16 GEMM stream beside the path)"
+            if beside_layer is not None and backend != "nccl":
+                skip = skip or "--beside-layer needs CUDA GPUs (the layer's bf16 kernels beside the path)"
             unit, unit_words = path.unit(op, world, elem, hidden)
             for ctas in path.ctas(bench, backend):
                 for chunks in ce_chunks if path.name == "copy_engine_norm" else (None,):
@@ -131,7 +135,7 @@ def make_cases(bench: Any, world: int, backend: str, dtype: str, hidden: int, ho
                         too_small = None if count else f"{format_bytes(size)} is below {unit_words} ({unit * elem} B)"
                         case = Case(op, path.name, backend, ctas, size, count, dtype, hidden if path.rows else None,
                                     skip=skip or too_small, buffer=path.buffer, beside_gemm=beside_gemm, chunks=chunks,
-                                    window=path.window)
+                                    window=path.window, beside_layer=beside_layer)
                         if case.key() not in seen:
                             seen.add(case.key())
                             cases.append(case)

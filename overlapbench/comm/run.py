@@ -52,9 +52,9 @@ class RunInfo:
     graphs: bool
 
 
-def measure_case(rt: Runtime, case: Case, buffers: Buffers, info: RunInfo, gemms=None) -> dict:
-    """Check, then time one case on every rank (and beside `gemms`, a contention.GemmStream,
-    if the case asks); the result fields of its row."""
+def measure_case(rt: Runtime, case: Case, buffers: Buffers, info: RunInfo, streams=None) -> dict:
+    """Check, then time one case on every rank (and beside the compute of `streams`, a
+    beside_layer.BesideStreams, if the case asks); the result fields of its row."""
     from overlapbench.timing import measure
     from overlapbench.timing.step import Step
 
@@ -62,9 +62,11 @@ def measure_case(rt: Runtime, case: Case, buffers: Buffers, info: RunInfo, gemms
         return {"status": "skipped", "error": case.skip}
     log = rt.tuning_log if PATHS_BY_NAME[case.path].nccl else None
     mark = log.mark() if log is not None else 0
-    bench, failure = None, None
+    bench, layer, failure = None, None, None
     try:
         bench = build(rt, case, buffers)
+        if case.beside_layer is not None and streams is not None:
+            layer = streams.layer_for(rt, case)
     except Exception as e:
         failure = {"status": "failed", "error": one_line(e)}
     failure = rt.first_failure(failure)  # every rank learns it: none walks alone into a collective
@@ -78,7 +80,7 @@ def measure_case(rt: Runtime, case: Case, buffers: Buffers, info: RunInfo, gemms
         step = Step(lambda _x: _repeat(bench.run, reps))
         timing = measure.time_step(step, bench.out(), info.warmup, info.iters, info.graphs)
         stats = measure.summarize(timing.samples_ms, per=reps)
-        beside = _beside(rt, case, bench, stats["ms"], gemms, info.iters)
+        beside = _beside(rt, case, bench, stats["ms"], streams, layer, info)
     except Exception as e:
         return {"status": "failed", "error": one_line(e)}
     ran = _nccl_kernel(rt, case, log, mark)
@@ -116,13 +118,18 @@ def _nccl_kernel(rt: Runtime, case: Case, log, mark: int) -> dict:
     return fields
 
 
-def _beside(rt: Runtime, case: Case, bench: Bench, op_ms: float, gemms, iters: int) -> dict:
-    """The contention fields of a --beside-gemm case (none otherwise)."""
+def _beside(rt: Runtime, case: Case, bench: Bench, op_ms: float, streams, layer, info: RunInfo) -> dict:
+    """The contention fields of a --beside-gemm or --beside-layer case (none otherwise)."""
+    from overlapbench.comm.beside_layer import layer_fields
     from overlapbench.comm.contention import measure_beside
 
-    if not case.beside_gemm or gemms is None:
+    if case.beside_gemm and streams is not None and streams.gemms is not None:
+        beside_ms, gemm_ms = measure_beside(rt, bench.run, op_ms, streams.gemms, info.iters)
+        fields = {"beside_ms": beside_ms} | streams.gemms.fields(gemm_ms)
+    elif layer is not None:
+        fields = layer_fields(rt, case, bench.run, op_ms, layer, info.warmup, info.iters)
+    else:
         return {}
-    fields = measure_beside(rt, bench.run, op_ms, gemms, iters)
     return fields | {"beside_busbw": busbw(case.op, case.nbytes, fields["beside_ms"] / 1e3, rt.world_size)}
 
 
@@ -200,20 +207,33 @@ def make_row(case: Case, result: dict, info: RunInfo) -> dict:
         row["beside_gemm"] = True
         for key in ("beside_ms", "beside_busbw", "gemm_tflops_alone", "gemm_tflops_beside", "gemm_loss", "gemm_tokens"):
             row[key] = result.get(key)
+    if case.beside_layer is not None:
+        row["beside_layer"] = result.get("beside_layer") or {
+            "model": case.beside_layer.model, "tp": case.beside_layer.tp,
+            "tokens": case.beside_layer.rows(case.nbytes, case.dtype)}
+        for key in BESIDE_LAYER_FIELDS:
+            row[key] = result.get(key)
     return row
+
+
+# A --beside-layer row's own fields (comm.beside_layer), beside `beside_layer` (the model, TP and rows).
+BESIDE_LAYER_FIELDS = ("beside_ms", "beside_busbw", "compute_ms_alone", "compute_ms_beside", "compute_loss",
+                       "compute_graphs", "inline_ms", "inline_extra_ms", "inline_graphs")
 
 
 def run_cases(rt: Runtime, cases: list[Case], info: RunInfo, store: ResultStore | None,
               done: set[str], console: Console) -> list[dict]:
     """Measure every case not already in `done`, append a row each (rank 0 holds the store);
     returns the rows."""
+    from overlapbench.comm.beside_layer import BesideStreams
+
     buffers = Buffers(rt, cases)
-    gemms = _gemm_stream(rt, [c for c in cases if c.key() not in done], info, console)
+    streams = BesideStreams(gemms=_gemm_stream(rt, [c for c in cases if c.key() not in done], info, console))
     rows, told = [], set()
     for case in cases:
         if case.key() in done:
             continue
-        result = _agree(measure_case(rt, case, buffers, info, gemms), rt)
+        result = _agree(measure_case(rt, case, buffers, info, streams), rt)
         row = make_row(case, result, info)
         if store is not None:
             store.append(row)
@@ -228,12 +248,12 @@ def run_cases(rt: Runtime, cases: list[Case], info: RunInfo, store: ResultStore 
 
 def _gemm_stream(rt: Runtime, cases: list[Case], info: RunInfo, console: Console):
     """The GEMM stream of --beside-gemm, timed alone once (None when no case runs beside it)."""
-    from overlapbench.comm.contention import GemmStream, gemms_alone
+    from overlapbench.comm.contention import GemmStream, time_alone
 
     if not rt.is_cuda or not any(c.beside_gemm and c.skip is None for c in cases):
         return None
     gemms = GemmStream.make(rt.device)
-    gemms.alone_ms = gemms_alone(rt, gemms, max(5, info.iters))
+    gemms.alone_ms = time_alone(rt, gemms, max(5, info.iters))
     console.print(f"beside-gemm: the MLP GEMMs alone {gemms.alone_ms:.3f} ms, "
                   f"{gemms.tflops(gemms.alone_ms):.0f} TFLOP/s", highlight=False)
     return gemms

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from overlapbench.comm.sizes import bus_factor, format_bytes
 from overlapbench.errors import UserError, shown, unreadable
+from overlapbench.predict.notes import ASSUMED, EXTRAPOLATED, FLAGGED, INTERPOLATED, RESCALED, SUBSTITUTED, Note, joined
 from overlapbench.tuning.results import read_rows
 
 Ctas = str | int | None  # "default" (NCCL's own choice), a number of CTAs, or None (a path without a budget)
@@ -27,10 +28,25 @@ Key = tuple[str, Ctas, int | None]  # (path, ctas, hidden); hidden only for per-
 PER_ROW_PATHS = ("fused_norm", "copy_engine_norm")  # cost per row of `hidden`: rows carry it in their key
 
 
+GAP = 1.5  # sizes further apart than this many times the table's usual step leave a gap
+
+
 @dataclass(frozen=True)
 class Lookup:
     ms: float
-    note: str | None = None  # what was assumed, where the table lacks the point asked for
+    notes: tuple[Note, ...] = ()  # what was assumed, where the table lacks the point asked for
+
+    @property
+    def note(self) -> str | None:
+        return joined(self.notes)
+
+
+class NotInTable(UserError):
+    """A path the table holds no rows of: `predict` skips the points that send it."""
+
+    def __init__(self, message: str, path: str) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 @dataclass
@@ -42,7 +58,7 @@ class CommTable:
     world_size: int
     device: str | None = None
     source: str = ""  # where the numbers came from (files, or how they were scaled), for predictions to say
-    notes: list[str] = field(default_factory=list)  # assumptions made in building it (a scaling's lookup)
+    notes: list[Note] = field(default_factory=list)  # what building it assumed or found (a scaling, a cut-off file)
 
     @classmethod
     def read(cls, paths: Iterable[str | Path], world_size: int | None = None) -> CommTable:
@@ -51,26 +67,36 @@ class CommTable:
         tables = []
         for path in map(Path, paths):
             if path.suffix == ".jsonl":
-                tables.append(cls.from_rows(read_rows(path), source=str(path)))
+                table = cls.from_rows(read_rows(path), source=str(path))
             else:
                 try:
                     text = path.read_text()
                 except (OSError, UnicodeDecodeError) as e:
                     raise UserError(f"{path}: cannot read: {unreadable(e)}") from None
-                tables.append(cls.from_nccl_tests(text, world_size=world_size, source=str(path)))
+                table = cls.from_nccl_tests(text, world_size=world_size, source=str(path))
+            table.notes += table.gaps()
+            tables.append(table)
         if not tables:
             raise UserError("--comm: no table given; name `overlapbench comm` rows (.jsonl) or nccl-tests output")
+        return cls.merged(tables)
+
+    @classmethod
+    def merged(cls, tables: list[CommTable]) -> CommTable:
+        """Tables of one world size as one (a size measured in several, at the median); a one-line
+        error naming each table's world size where they differ."""
         sizes = {t.world_size for t in tables}
         if len(sizes) > 1:
             held = ", ".join(f"{t.source} ({t.world_size} ranks)" for t in tables)
             raise UserError(f"--comm: the tables are of different world sizes: {held}; give the files of one world size")
+        if len(tables) == 1:
+            return tables[0]
         points: dict[Key, list[tuple[int, float]]] = defaultdict(list)
         for table in tables:
             for key, measured in table.entries.items():
                 points[key] += measured
         devices = {t.device for t in tables} - {None}
         return cls(_medians(points), tables[0].world_size, " and ".join(sorted(devices)) or None,
-                   ", ".join(t.source for t in tables))
+                   ", ".join(t.source for t in tables), [n for t in tables for n in t.notes])
 
     @classmethod
     def from_rows(cls, rows: list[dict], source: str = "comm rows") -> CommTable:
@@ -118,8 +144,10 @@ class CommTable:
         world = len({rank for rank, _ in ranks}) or world_size
         if world is None:
             raise UserError(f"{source}: the output lists no ranks ('#  Rank  0 Group ...' lines); give the world size")
+        notes = [] if ranks else [Note(ASSUMED, f"{source}: lists no ranks ('#  Rank  0 Group ...' lines): taken as "
+                                                f"{world} ranks")]
         device = " and ".join(sorted({name for _, name in ranks if name})) or None
-        return cls(_medians({(path, ctas, None): points}), world, device, source)
+        return cls(_medians({(path, ctas, None): points}), world, device, source, notes + _cut_off(text, points, source))
 
     def time_ms(self, path: str, ctas: Ctas, nbytes: int, hidden: int | None = None) -> Lookup:
         """One all-reduce of `nbytes` on `path`: log(time) linear in log(bytes) between measured
@@ -129,18 +157,32 @@ class CommTable:
             raise ValueError(f"an all-reduce of {nbytes} bytes")
         budgets = [c for p, c, _ in self.entries if p == path]
         if not budgets:
-            held = ", ".join(sorted({p for p, _, _ in self.entries}))
-            raise UserError(f"comm table ({self.source}): no '{path}' rows; it holds {held}; "
-                            f"measure it with `overlapbench comm --paths {path}`")
-        notes = []
-        used, note = nearest_budget(ctas, budgets, path)
-        notes.append(note)
+            raise NotInTable(f"comm table ({self.source}): no '{path}' rows; it holds {', '.join(self.paths())}; "
+                             f"measure it with `overlapbench comm --paths {path}`", path)
+        used, budget = nearest_budget(ctas, budgets, path)
         sizes = [h for p, c, h in self.entries if p == path and c == used]
-        width, note = _nearest_hidden(hidden, sizes, path)
-        notes.append(note)
-        ms, note = _interpolated(self.entries[(path, used, width)], nbytes, path)
-        notes.append(note)
-        return Lookup(ms, "; ".join(n for n in notes if n) or None)
+        width, wide = _nearest_hidden(hidden, sizes, path)
+        ms, where = _interpolated(self.entries[(path, used, width)], nbytes, path)
+        notes = [Note(SUBSTITUTED, n) for n in (budget, wide) if n] + ([where] if where else [])
+        return Lookup(ms, tuple(notes))
+
+    def paths(self) -> list[str]:
+        """The paths the table holds, sorted."""
+        return sorted({p for p, _, _ in self.entries})
+
+    def gaps(self) -> list[Note]:
+        """Where a path's measured sizes are further apart than its usual step (a lookup between
+        them is interpolated across the gap), one note per gap."""
+        out = []
+        for (path, ctas, _), points in self.entries.items():
+            sizes = [b for b, _ in points]
+            step = _step(sizes)
+            for lo, hi in zip(sizes, sizes[1:]):
+                if hi / lo > GAP * step:
+                    budget = "" if ctas is None else f" at {ctas} CTAs"
+                    out.append(Note(FLAGGED, f"{self.source}: {path}{budget} has no sizes between {format_bytes(lo)} "
+                                             f"and {format_bytes(hi)} (its step elsewhere: x{step:g}); interpolated across"))
+        return out
 
     def scaled(self, world_size: int, busbw_at: float, reference_bytes: int = 1 << 30,
                source: str = "scaled", reference: tuple[str, Ctas] = ("nccl", "default")) -> CommTable:
@@ -158,10 +200,15 @@ class CommTable:
         now = self.time_ms(path, ctas, reference_bytes)
         wanted_ms = reference_bytes * bus_factor("all_reduce", world_size) / (busbw_at * 1e9) * 1e3
         factor = wanted_ms / now.ms
-        entries = {key: [(b, ms * factor) for b, ms in points] for key, points in self.entries.items()}
         said = (f"{source}: {self.source} ({self.world_size} ranks) scaled to {world_size} ranks at "
                 f"{busbw_at:g} GB/s bus bandwidth for {path} at {format_bytes(reference_bytes)}")
-        return CommTable(entries, world_size, self.device, said, self.notes + ([now.note] if now.note else []))
+        return self.times(factor, world_size, said, list(now.notes))
+
+    def times(self, factor: float, world_size: int, said: str, notes: list[Note] | None = None) -> CommTable:
+        """Every time multiplied by `factor`, as a table of `world_size` ranks; `said`: how, its
+        source and a RESCALED note."""
+        entries = {key: [(b, ms * factor) for b, ms in points] for key, points in self.entries.items()}
+        return CommTable(entries, world_size, self.device, said, self.notes + (notes or []) + [Note(RESCALED, said)])
 
 
 def one_world_size(worlds: set, what: str, fix: str) -> int:
@@ -216,20 +263,44 @@ def _nearest_hidden(wanted: int | None, measured: list[int | None], path: str) -
     return used, f"{path} hidden {wanted} not measured: {used} used"
 
 
-def _interpolated(points: list[tuple[int, float]], nbytes: int, path: str) -> tuple[float, str | None]:
+def _interpolated(points: list[tuple[int, float]], nbytes: int, path: str) -> tuple[float, Note | None]:
     sizes = [b for b, _ in points]
     if nbytes <= sizes[0]:
-        note = None if nbytes == sizes[0] else f"{path} below {format_bytes(sizes[0])}: its time used (latency floor)"
+        note = None if nbytes == sizes[0] else Note(EXTRAPOLATED, f"{path} below {format_bytes(sizes[0])}: its time "
+                                                                  f"used (latency floor)")
         return points[0][1], note
     if nbytes > sizes[-1]:
         big, ms = points[-1]
-        return ms * nbytes / big, f"{path} above {format_bytes(big)}: extrapolated at its bus bandwidth"
+        return ms * nbytes / big, Note(EXTRAPOLATED, f"{path} above {format_bytes(big)}: extrapolated at its bus bandwidth")
     i = bisect.bisect_left(sizes, nbytes)  # sizes[i - 1] < nbytes <= sizes[i]
     (b0, t0), (b1, t1) = points[i - 1], points[i]
     if nbytes == b1:
         return t1, None  # a measured size: its time, exactly
     w = math.log(nbytes / b0) / math.log(b1 / b0)
-    return math.exp((1 - w) * math.log(t0) + w * math.log(t1)), None
+    gap = None
+    if b1 / b0 > GAP * _step(sizes):
+        gap = Note(INTERPOLATED, f"{path} between {format_bytes(b0)} and {format_bytes(b1)}: interpolated across a gap")
+    return math.exp((1 - w) * math.log(t0) + w * math.log(t1)), gap
+
+
+def _step(sizes: list[int]) -> float:
+    """The usual ratio between a table's consecutive sizes (the median; inf for one size)."""
+    ratios = [hi / lo for lo, hi in zip(sizes, sizes[1:])]
+    return statistics.median(ratios) if ratios else math.inf
+
+
+def _cut_off(text: str, points: list[tuple[int, float]], source: str) -> list[Note]:
+    """Signs that nccl-tests' output was cut short: no closing '# Avg bus bandwidth' line, or
+    sizes that stop a step or more below the `maxBytes` its header asked for."""
+    notes = []
+    if not re.search(r"^#\s*Avg bus bandwidth", text, re.MULTILINE):
+        notes.append(Note(FLAGGED, f"{source}: no closing '# Avg bus bandwidth' line: the output may be cut off"))
+    header = re.search(r"maxBytes\s+(\d+)\s+step:\s*(\d+)\(factor\)", text)
+    largest = max(b for b, _ in points)
+    if header and largest * int(header[2]) <= int(header[1]):
+        notes.append(Note(FLAGGED, f"{source}: its sizes stop at {format_bytes(largest)}, where its header asked for "
+                                   f"up to {format_bytes(int(header[1]))}: the output may be cut off"))
+    return notes
 
 
 def _medians(points: dict[Key, list[tuple[int, float]]]) -> dict[Key, list[tuple[int, float]]]:

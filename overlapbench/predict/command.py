@@ -18,8 +18,9 @@ from pathlib import Path
 
 from overlapbench import strategies
 from overlapbench.errors import UserError, shown
-from overlapbench.predict.estimate import ComputePieces, Inputs, estimate
+from overlapbench.predict.estimate import TRANSFER_BESIDE, ComputePieces, Inputs, Skip, estimate
 from overlapbench.predict.piece_keys import batch_of
+from overlapbench.predict.summary import Summary
 from overlapbench.run import environment
 from overlapbench.run.workload import reference_setting
 from overlapbench.specs.spec import SweepSpec
@@ -32,12 +33,13 @@ ERROR = 0.06
 
 
 def main(spec_path: Path, tp: int, comm: list[Path], compute: list[Path] | None, output: Path | None,
-         busbw: float | None, transfer_beside: str, error: float | None) -> Path:
-    """`overlapbench predict`: the options checked, the inputs read, the rows written; their path."""
+         busbw: float | None, transfer_beside: str, error: float | None) -> tuple[Path, list[str]]:
+    """`overlapbench predict`: the options checked, the inputs read, the rows written; their path
+    and the summary's lines (what was extrapolated, interpolated, substituted or skipped)."""
     from overlapbench.specs import spec as spec_mod
 
-    if transfer_beside not in ("alone", "measured"):
-        raise UserError(f"--transfer-beside: one of alone, measured, got {shown(transfer_beside)}")
+    if transfer_beside not in TRANSFER_BESIDE:
+        raise UserError(f"--transfer-beside: one of {', '.join(TRANSFER_BESIDE)}, got {shown(transfer_beside)}")
     if tp < 1:
         raise UserError(f"--tp: must be at least 1, got {tp}")
     if error is not None and not 0 <= error < 1:
@@ -48,8 +50,10 @@ def main(spec_path: Path, tp: int, comm: list[Path], compute: list[Path] | None,
     out = output or Path("results") / f"{loaded.name}-predicted-tp{tp}.jsonl"
     if out.exists() and out.stat().st_size > 0:
         raise UserError(f"--output: {out} already holds rows; give a new file (-o NEW.jsonl) or delete that one")
-    predict(loaded, tp, load_inputs(comm, compute, transfer_beside, tp, busbw), out, ERROR if error is None else error)
-    return out
+    summary = Summary()
+    predict(loaded, tp, load_inputs(comm, compute, transfer_beside, tp, busbw, loaded.model), out,
+            ERROR if error is None else error, summary)
+    return out, summary.lines()
 
 
 def launch_pieces(path: Path, output: Path | None, tp: int | None) -> None:
@@ -80,27 +84,22 @@ def launch_pieces(path: Path, output: Path | None, tp: int | None) -> None:
         raise typer.Exit(code)
 
 
-def load_inputs(comm: list[Path], compute: list[Path], stretch: str, tp: int, busbw: float | None = None) -> Inputs:
-    """The prediction's inputs: `comm` files are `overlapbench comm` stores (their beside-GEMM
-    rows give the contention) or nccl-tests text output; `busbw` rescales the table to TP=tp."""
-    from overlapbench.predict.comm_table import CommTable, is_beside
-    from overlapbench.predict.contention import Contention
+def load_inputs(comm: list[Path], compute: list[Path], stretch: str, tp: int, busbw: float | None = None,
+                model: str | None = None) -> Inputs:
+    """The prediction's inputs: `comm` files are `overlapbench comm` stores (their rows timed
+    beside compute give the contention) or nccl-tests text output, of any world sizes
+    (predict/comm_inputs.py: tables of other world sizes rescaled, by `busbw` where given);
+    `model`: the layer predicted, whose beside-layer rows are chosen."""
+    from overlapbench.predict import comm_inputs
 
-    stores = {path: results.read_rows(path) for path in comm if path.suffix == ".jsonl"}
-    beside = [row for rows in stores.values() for row in rows if is_beside(row)]
-    only_beside = {path for path, rows in stores.items() if rows and all(is_beside(row) for row in rows)}
-    table = CommTable.read([p for p in comm if p not in only_beside], world_size=tp if busbw is None else None)
-    if busbw is not None:
-        table = table.scaled(tp, busbw, source=f"{table.source}, rescaled to {busbw:g} GB/s bus bandwidth at 1 GiB on {tp} GPUs")
-    elif table.world_size != tp:
-        raise UserError(f"--comm: the table was measured on {table.world_size} GPUs, not --tp {tp}; give a table of "
-                        f"{tp} GPUs, or --busbw GB/S to rescale this one")
-    contention = Contention.from_rows(beside, source=", ".join(str(p) for p in comm)) if beside else None
+    table, contention = comm_inputs.read(comm, tp, busbw, model)
     return Inputs(ComputePieces.load(compute), table, contention, stretch)
 
 
-def predict(spec: SweepSpec, tp: int, inputs: Inputs, output: Path, error: float = ERROR) -> int:
-    """Rows for every point of `spec` at TP=tp into `output` (a new store); returns the count."""
+def predict(spec: SweepSpec, tp: int, inputs: Inputs, output: Path, error: float = ERROR,
+            summary: Summary | None = None) -> int:
+    """Rows for every point of `spec` at TP=tp into `output` (a new store); returns the count.
+    `summary`: told every point's notes and the inputs' own."""
     if inputs.compute.tp != tp:
         raise UserError(f"--compute: the piece rows are of TP={inputs.compute.tp}, not --tp {tp}; time the pieces "
                         f"with `overlapbench sweep SPEC --pieces --tp {tp}`")
@@ -110,6 +109,10 @@ def predict(spec: SweepSpec, tp: int, inputs: Inputs, output: Path, error: float
     store.open(resume=False, study=spec.name)
     run_id, written = results.new_run_id(), 0
     reference = reference_setting("layer")
+    summary = summary if summary is not None else Summary()
+    summary.inputs += inputs.comm.notes + (inputs.contention.notes if inputs.contention else [])
+    if inputs.contention is not None:
+        summary.contention = inputs.contention.described()
     env = {"world_size": tp, "device": f"{inputs.compute.device} (predicted)", "backend": "predicted", "hosts": [],
            "nodes": 1, "ranks": [], "gpus_per_host": None, "versions": environment.versions(),
            "git": environment.git_commit(), "multicast_env": {}}  # the run's facts, once (git runs a subprocess)
@@ -118,8 +121,11 @@ def predict(spec: SweepSpec, tp: int, inputs: Inputs, output: Path, error: float
             group = list(group)
             found = {id(p): estimate(p.strategy, p.knobs, batch_of(p), p.layers, p.dtype, inputs) for p in group}
             ref = next((found[id(p)] for p in group if (p.strategy, p.knobs) == reference), None)
+            ref = None if isinstance(ref, Skip) else ref
+            summary.no_speedup += ref is None
             for point in group:
                 store.append(_row(point, found[id(point)], ref, inputs, run_id, env, error))
+                summary.add(found[id(point)].notes, not isinstance(found[id(point)], Skip))
                 written += 1
     finally:
         store.close()
@@ -130,8 +136,9 @@ def _row(point, found, ref, inputs: Inputs, run_id: str, env: dict, error: float
     from overlapbench.run.sweep import make_row
 
     cls = strategies.get(point.strategy)
-    if found is None:
-        result = {"status": "skipped", "error": f"{point.strategy} has no schedule to predict (its plan() gives none)"}
+    skipped = isinstance(found, Skip)
+    if skipped:
+        result = {"status": "skipped", "error": found.reason}
     else:
         speedup = None if ref is None else ref.ms / found.ms
         result = {"status": "ok", "error": None, "ms": found.ms, "p10_ms": None, "p90_ms": None, "iqr_ms": None,
@@ -145,10 +152,12 @@ def _row(point, found, ref, inputs: Inputs, run_id: str, env: dict, error: float
         "compute": inputs.compute.sources, "compute_runs": sorted(inputs.compute.runs),
         "comm": getattr(inputs.comm, "source", None), "contention": inputs.contention is not None,
         "transfer_beside": inputs.stretch, "error": error,
-        "exposed_ms": None if found is None else round(found.played.exposed_ms / point.layers, 6),
-        "in_context": None if found is None else round(found.in_context, 4),
-        "notes": [] if found is None else found.notes,
+        "exposed_ms": None if skipped else round(found.played.exposed_ms / point.layers, 6),
+        "in_context": None if skipped else round(found.in_context, 4),
+        "notes": [] if skipped else [n.text for n in found.notes],
     }
+    if not skipped and found.in_layer_ms:
+        row["predicted"]["in_layer_ms"] = round(found.in_layer_ms, 6)
     return row
 
 

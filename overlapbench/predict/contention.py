@@ -1,10 +1,17 @@
-"""What a transfer and the GEMMs beside it cost each other, from `comm --beside-gemm` rows: the
-fraction of GEMM throughput the transfer takes while it runs (`gemm_loss`), and how much longer
-the transfer takes than alone (`transfer_stretch` = beside_ms / ms).
+"""What a transfer and the compute beside it cost each other, and what a blocking all-reduce costs
+inside the layer, from `overlapbench comm` rows timed beside compute.
 
-Overlap is not max(compute, comm): both sides slow down. How a prediction charges these two
-numbers is the simulator's choice; this module only looks them up, and says what it assumed
-where the rows lack a point.
+Two kinds of rows give the pair (the compute's loss while the transfer runs; the transfer's
+stretch, its time beside the compute over its time alone):
+
+- `comm --beside-layer MODEL` rows: beside one rank's own layer kernels (attention, then MLP, on
+  the rows the all-reduce carries): `compute_loss`, `beside_ms / ms`; and the all-reduce's extra
+  cost in line with the layer (`inline_extra_ms`, the in-layer term of a serial plan);
+- `comm --beside-gemm` rows: beside a stream of persistent GEMMs: `gemm_loss`, `beside_ms / ms`.
+
+Where a path has rows of both, the layer's are used: they are the kernels a split runs its
+transfers beside. How a prediction charges these numbers is the simulator's choice; this module
+only looks them up, and says in notes what it used and what it assumed where the rows lack a point.
 """
 
 from __future__ import annotations
@@ -14,86 +21,185 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from overlapbench.errors import UserError
 from overlapbench.predict.comm_table import Ctas, is_beside, nearest_budget, one_world_size, point_key
+from overlapbench.predict.notes import ASSUMED, MEASURED, SUBSTITUTED, Note, joined
 from overlapbench.tuning.results import read_rows
 
 BudgetKey = tuple[str, Ctas]  # (path, ctas)
+LAYER, GEMM, NONE = "layer", "gemm", "assumed"  # what a lookup's numbers were measured beside
+Points = list[tuple[int, float, float]]  # (bytes, loss, stretch), sorted by bytes
 
 
 @dataclass(frozen=True)
 class ContentionLookup:
-    gemm_loss: float  # 1 - GEMM TFLOP/s beside / alone, while the transfer runs
-    transfer_stretch: float  # the transfer's time beside the GEMMs / alone
-    note: str | None = None  # what was assumed, where the rows lack the point asked for
+    gemm_loss: float  # the compute's loss while the transfer runs: 1 - its speed beside / alone
+    transfer_stretch: float  # the transfer's time beside the compute / alone
+    beside: str = GEMM  # LAYER, GEMM or NONE (an assumption)
+    notes: tuple[Note, ...] = ()  # what was used or assumed, where the rows lack the point asked for
+
+    @property
+    def note(self) -> str | None:
+        return joined(self.notes)
 
 
 @dataclass
 class Contention:
-    """Measured pairs per (path, ctas): [(bytes, gemm_loss, transfer_stretch)] sorted by bytes.
-    Rows of several `hidden` (per-row paths) at one size are pooled: the GEMM stream beside them
-    is the same."""
+    """Measured pairs per (path, ctas): beside the GEMMs (`entries`) and beside the layer
+    (`layer`); the layer's in-line extra per all-reduce (`inline`: [(bytes, ms)]). Rows of several
+    `hidden` (per-row paths) at one size are pooled."""
 
-    entries: dict[BudgetKey, list[tuple[int, float, float]]]
+    entries: dict[BudgetKey, Points]
     world_size: int
     source: str = ""
+    layer: dict[BudgetKey, Points] = field(default_factory=dict)
+    inline: dict[BudgetKey, list[tuple[int, float]]] = field(default_factory=dict)
+    layer_of: tuple[str, int] | None = None  # (model, tp) of the layer the `layer` rows ran beside
+    notes: list[Note] = field(default_factory=list)  # what choosing the rows assumed
 
     @classmethod
-    def read(cls, paths: Iterable[str | Path]) -> Contention:
-        """The beside-GEMM rows of `comm` result stores."""
+    def read(cls, paths: Iterable[str | Path], model: str | None = None, tp: int | None = None) -> Contention:
+        """The beside-GEMM and beside-layer rows of `comm` result stores."""
         names = [str(p) for p in paths]
-        return cls.from_rows([row for name in names for row in read_rows(name)], source=", ".join(names))
+        return cls.from_rows([row for name in names for row in read_rows(name)], ", ".join(names), model, tp)
 
     @classmethod
-    def from_rows(cls, rows: list[dict], source: str = "comm rows") -> Contention:
-        measured: dict[BudgetKey, dict[int, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
-        worlds = set()
+    def from_rows(cls, rows: list[dict], source: str = "comm rows", model: str | None = None,
+                  tp: int | None = None) -> Contention:
+        """`model` and `tp`: the layer predicted, whose own beside-layer rows are chosen where the
+        rows hold several layers' (another's are used where they do not, with a note)."""
+        gemm: dict[BudgetKey, dict[int, list]] = defaultdict(lambda: defaultdict(list))
+        layers: dict[tuple[str, int], list[dict]] = defaultdict(list)
+        worlds, layer_worlds = set(), set()
         for row in rows:
-            if not _beside_all_reduce(row):
-                continue
+            if _beside_layer(row):
+                layers[(row["beside_layer"]["model"], row["beside_layer"]["tp"])].append(row)
+            elif _beside_gemm(row):
+                path, ctas, _ = point_key(row)
+                gemm[(path, ctas)][row["bytes"]].append((row["gemm_loss"], row["beside_ms"] / row["ms"]))
+                worlds.add(row.get("world_size"))
+        if not gemm and not layers:
+            raise UserError(f"{source}: no ok all_reduce rows timed beside compute; run `overlapbench comm "
+                            f"--beside-layer MODEL` (or --beside-gemm) for them")
+        layer_of, notes = _chosen_layer(sorted(layers), model, tp)
+        pairs, inline = defaultdict(lambda: defaultdict(list)), defaultdict(lambda: defaultdict(list))
+        for row in layers.get(layer_of, []):
             path, ctas, _ = point_key(row)
-            measured[(path, ctas)][row["bytes"]].append((row["gemm_loss"], row["beside_ms"] / row["ms"]))
-            worlds.add(row.get("world_size"))
-        if not measured:
-            raise UserError(f"{source}: no ok all_reduce rows timed beside a GEMM stream; "
-                            f"run `overlapbench comm --beside-gemm` for them")
-        world = one_world_size(worlds, f"{source}: beside-GEMM rows", "give one world size")
-        entries = {key: [(b, statistics.median(v[0] for v in pairs), statistics.median(v[1] for v in pairs))
-                         for b, pairs in sorted(by_size.items())] for key, by_size in measured.items()}
-        return cls(entries, world, source)
+            pairs[(path, ctas)][row["bytes"]].append((row["compute_loss"], row["beside_ms"] / row["ms"]))
+            if row.get("inline_extra_ms") is not None:
+                inline[(path, ctas)][row["bytes"]].append(row["inline_extra_ms"])
+            layer_worlds.add(row.get("world_size"))
+        if gemm:
+            world = one_world_size(worlds, f"{source}: beside-GEMM rows", "give one world size")
+        if layer_of:
+            world = one_world_size(layer_worlds, f"{source}: beside-layer rows", "give one world size")
+        if tp is not None and world != tp:
+            notes.append(Note(SUBSTITUTED, f"contention measured on {world} ranks, predicting {tp}: used as it is"))
+        return cls(_medians(gemm), world, source, _medians(pairs),
+                   {key: [(b, statistics.median(v)) for b, v in sorted(by.items())] for key, by in inline.items()},
+                   layer_of, notes)
+
+    def described(self) -> str:
+        """Which paths' contention was measured beside what, in one line."""
+        said = lambda keys: ", ".join(f"{p}" + ("" if c is None else f" {c}") for p, c in sorted(keys, key=str))
+        parts = []
+        if self.layer:
+            parts.append(f"beside {self.layer_of[0]} TP={self.layer_of[1]}'s layer for {said(self.layer)}")
+        gemm_only = [k for k in self.entries if k[0] not in {p for p, _ in self.layer}]
+        if gemm_only:
+            parts.append(f"beside the GEMM stream for {said(gemm_only)}")
+        parts.append(f"in-layer term of blocking all-reduces for {said(self.inline)}" if self.inline else
+                     "no in-layer term (no --beside-layer rows): blocking all-reduces cost their time alone")
+        return "; ".join(parts)
 
     def mean_loss(self) -> float:
-        """The mean GEMM loss over every measured point: the default assumption for a path not measured."""
-        return statistics.fmean(loss for points in self.entries.values() for _, loss, _ in points)
+        """The mean loss over every measured point (the layer's where there are any): the default
+        assumption for a path not measured."""
+        table = self.layer or self.entries
+        return statistics.fmean(loss for points in table.values() for _, loss, _ in points)
 
     def at(self, path: str, ctas: Ctas, nbytes: int, assumed_loss: float | None = None,
            assumed_stretch: float = 1.0) -> ContentionLookup:
-        """Both numbers for one transfer: interpolated in log(bytes) between measured sizes, the
-        nearest measured size's outside them. A budget not measured: the path's nearest; a path not
-        measured: the assumption given (by default the mean loss of all rows, no stretch)."""
+        """Both numbers for one transfer: the layer's rows where the path has them, else the GEMMs';
+        interpolated in log(bytes) between measured sizes, the nearest measured size's outside
+        them. A budget not measured: the path's nearest; a path not measured: the assumption given
+        (by default the mean loss of the rows, no stretch)."""
         if nbytes < 1:
             raise ValueError(f"a transfer of {nbytes} bytes")
-        budgets = [c for p, c in self.entries if p == path]
+        for table, beside in ((self.layer, LAYER), (self.entries, GEMM)):
+            budgets = [c for p, c in table if p == path]
+            if budgets:
+                used, said = nearest_budget(ctas, budgets, path)
+                loss, stretch = _interpolated(table[(path, used)], nbytes)
+                notes = [Note(SUBSTITUTED, said)] if said else []
+                if beside == LAYER:
+                    budget = "" if used is None else f" {used} CTAs"
+                    notes.append(Note(MEASURED, f"{path}{budget}: measured beside {self.layer_of[0]} TP={self.layer_of[1]}'s "
+                                                f"layer: compute loss {loss:.1%}, transfer stretch {stretch:.2f}"))
+                if beside == GEMM and self.layer:
+                    notes.append(Note(SUBSTITUTED, f"{path}: no rows beside the layer, the beside-GEMM rows used"))
+                return ContentionLookup(loss, stretch, beside, tuple(notes))
+        loss = self.mean_loss() if assumed_loss is None else assumed_loss
+        why = "the mean of all measured rows" if assumed_loss is None else "as given"
+        what = "the layer" if self.layer else "GEMMs"
+        said = (f"{path} not measured beside {what}: {'compute' if self.layer else 'GEMM'} loss {loss:.1%} ({why}), "
+                f"transfer stretch {assumed_stretch:g} assumed")
+        return ContentionLookup(loss, assumed_stretch, NONE, (Note(ASSUMED, said),))
+
+    def in_layer(self, path: str, ctas: Ctas, nbytes: int) -> tuple[float, tuple[Note, ...]] | None:
+        """What one blocking all-reduce of `nbytes` on `path` costs in line with the layer beyond
+        its time alone (ms), linear in log(bytes), held at the nearest measured size outside them;
+        None where the path has no such rows."""
+        budgets = [c for p, c in self.inline if p == path]
         if not budgets:
-            loss = self.mean_loss() if assumed_loss is None else assumed_loss
-            why = "the mean of all measured rows" if assumed_loss is None else "as given"
-            return ContentionLookup(loss, assumed_stretch, f"{path} not measured beside GEMMs: GEMM loss {loss:.1%} "
-                                                           f"({why}), transfer stretch {assumed_stretch:g} assumed")
-        used, note = nearest_budget(ctas, budgets, path)
-        loss, stretch = _interpolated(self.entries[(path, used)], nbytes)
-        return ContentionLookup(loss, stretch, note)
+            return None
+        used, said = nearest_budget(ctas, budgets, path)
+        extra, _ = _interpolated([(b, ms, 0.0) for b, ms in self.inline[(path, used)]], nbytes)
+        budget = "" if used is None else f" {used} CTAs"
+        measured = Note(MEASURED, f"{path}{budget}: {extra * 1e3:+.1f} us per blocking all-reduce in line with "
+                                  f"{self.layer_of[0]} TP={self.layer_of[1]}'s layer")
+        return extra, ((Note(SUBSTITUTED, said),) if said else ()) + (measured,)
 
 
-def _beside_all_reduce(row: dict) -> bool:
+def _chosen_layer(held: list[tuple[str, int]], model: str | None, tp: int | None) -> tuple[tuple[str, int] | None, list[Note]]:
+    """The layer whose beside-layer rows to use: the one predicted, else the same model at the
+    nearest TP, else the first held (said in a note)."""
+    if not held:
+        return None, []
+    if (model, tp) in held:
+        return (model, tp), []
+    same = [h for h in held if h[0] == model]
+    used = min(same, key=lambda h: (abs(h[1] - (tp or 0)), h[1])) if same else held[0]
+    if model is None:
+        return used, []
+    said = f"contention measured beside {used[0]} TP={used[1]}'s layer, not {model} TP={tp}'s: used as it is"
+    return used, [Note(SUBSTITUTED, said)]
+
+
+def _beside_gemm(row: dict) -> bool:
+    return (_ok_all_reduce(row) and is_beside(row) and row.get("gemm_loss") is not None)
+
+
+def _beside_layer(row: dict) -> bool:
+    layer = row.get("beside_layer")
+    return (_ok_all_reduce(row) and isinstance(layer, dict) and row.get("compute_loss") is not None
+            and row.get("beside_ms") and "model" in layer and "tp" in layer)
+
+
+def _ok_all_reduce(row: dict) -> bool:
     return (row.get("workload") == "comm" and row.get("op") == "all_reduce" and row.get("status") == "ok"
-            and is_beside(row) and row.get("beside_ms") and row.get("ms") and row.get("gemm_loss") is not None
-            and row.get("bytes"))
+            and bool(row.get("ms")) and bool(row.get("bytes")))
 
 
-def _interpolated(points: list[tuple[int, float, float]], nbytes: int) -> tuple[float, float]:
+def _medians(measured: dict[BudgetKey, dict[int, list]]) -> dict[BudgetKey, Points]:
+    return {key: [(b, statistics.median(v[0] for v in pairs), statistics.median(v[1] for v in pairs))
+                  for b, pairs in sorted(by_size.items())] for key, by_size in measured.items()}
+
+
+def _interpolated(points: Points, nbytes: int) -> tuple[float, float]:
     """Linear in log(bytes), clamped to the measured range."""
     if nbytes <= points[0][0]:
         return points[0][1], points[0][2]

@@ -13,6 +13,9 @@ from overlapbench.comm.sizes import DTYPE_BYTES
 from overlapbench.errors import UserError
 from overlapbench.model.schedule import ATTENTION, COMPUTE, Batch, LayerPlan
 from overlapbench.predict import piece_keys
+from overlapbench.predict.comm_table import NotInTable
+from overlapbench.predict.contention import LAYER
+from overlapbench.predict.notes import ASSUMED, SKIPPED, Note
 from overlapbench.predict.timeline import COMPUTE as COMPUTE_PHASE
 from overlapbench.predict.timeline import NORM, TRANSFER, Phase, Played, play
 from overlapbench.tuning.results import read_rows
@@ -64,55 +67,81 @@ class ComputePieces:
         return found
 
 
+# How a transfer beside compute runs (`--transfer-beside`): AUTO slows it by the stretch measured
+# beside the layer (its own kernels) and runs it as fast as alone where only the beside-GEMM
+# stretch exists (a persistent GEMM stream holds the SMs far longer than a layer: 2-12x, which
+# made the TP=2 validation worse); ALONE never slows it; MEASURED slows it by either stretch.
+AUTO, ALONE, MEASURED = "auto", "alone", "measured"
+TRANSFER_BESIDE = (AUTO, ALONE, MEASURED)
+
+
 @dataclass
 class Inputs:
-    """What a prediction is made from: compute pieces, a comm table, contention, the transfer
-    model (`stretch`: 'alone' runs transfers beside compute as fast as alone; 'measured' slows
-    them by the beside-GEMM table's stretch)."""
+    """What a prediction is made from: compute pieces, a comm table, contention (beside the
+    layer or the GEMMs, and the in-layer term of blocking all-reduces), the transfer model
+    (`stretch`: one of TRANSFER_BESIDE)."""
 
     compute: ComputePieces
     comm: object  # predict.comm_table.CommTable
     contention: object | None  # predict.contention.Contention
-    stretch: str = "alone"
+    stretch: str = AUTO
 
 
 @dataclass
 class Estimate:
     ms: float  # per layer
     played: Played
-    notes: list[str]
+    notes: list[Note]
     in_context: float = 1.0  # the chain's time over the isolated pieces' (compute scaled by it)
+    in_layer_ms: float = 0.0  # the blocking all-reduces' measured extra in the layer, per layer
 
 
-def estimate(strategy: str, knobs: dict, batch: Batch, layers: int, dtype: str, inputs: Inputs) -> Estimate | None:
-    """The point's time per layer, or None where its strategy gives no plan."""
+@dataclass
+class Skip:
+    """A point not predicted, and why."""
+
+    reason: str
+    notes: list[Note] = field(default_factory=list)
+
+
+def estimate(strategy: str, knobs: dict, batch: Batch, layers: int, dtype: str, inputs: Inputs) -> Estimate | Skip:
+    """The point's time per layer, or why it is not predicted (its strategy gives no plan, or the
+    comm table lacks a path it sends)."""
     plan = strategies.get(strategy).plan(knobs, batch)
     if plan is None:
-        return None
-    notes: list[str] = []
+        reason = f"{strategy} has no schedule to predict (its plan() gives none)"
+        return Skip(reason, [Note(SKIPPED, reason)])
+    notes: list[Note] = []
     tasks = plan.tasks(layers)
-    phases = [_phases(plan, task, batch, dtype, inputs, notes) for task in tasks]
+    try:
+        phases = [_phases(plan, task, batch, dtype, inputs, notes) for task in tasks]
+    except NotInTable as missing:
+        reason = (f"no '{missing.path}' rows in the comm table (it holds {', '.join(inputs.comm.paths())}); add a table "
+                  f"with them (`overlapbench comm --paths {missing.path}`; one of another world size is rescaled)")
+        return Skip(reason, [Note(SKIPPED, reason)])
     entry = inputs.compute.get(batch, piece_keys.piece_key("entry", batch.tokens))
     scale = _in_context(plan, tasks, phases, entry, batch, layers, inputs, notes)
+    extra = sum(p.in_layer_ms for ps in phases for p in ps if p.kind == TRANSFER)
     phases = [[p if p.kind == TRANSFER else replace(p, ms=p.ms * scale) for p in ps] for ps in phases]
     played = play(tasks, phases)
-    return Estimate((played.ms + entry * scale) / layers, played, sorted(set(notes)), scale)
+    unique = sorted(set(notes), key=lambda n: n.text)
+    return Estimate((played.ms + entry * scale) / layers, played, unique, scale, extra / layers)
 
 
 def _in_context(plan: LayerPlan, tasks, phases, entry: float, batch: Batch, layers: int, inputs: Inputs,
-                notes: list[str]) -> float:
+                notes: list[Note]) -> float:
     """How much slower the plan's compute ran in context (its chain: the stack with the
     communication removed) than its isolated pieces played on the same lanes: every compute and
     norm phase is scaled by it. 1 where the pieces have no chain row (noted)."""
     chain = inputs.compute.find(batch, piece_keys.chain_key(plan, batch.tokens, layers))
     if chain is None:
-        notes.append("no chain row for this plan: the isolated pieces are used as they are")
+        notes.append(Note(ASSUMED, "no chain row for this plan: the isolated pieces are used as they are"))
         return 1.0
     alone = play(tasks, [[p for p in ps if p.kind != TRANSFER] for ps in phases]).ms + entry
     return chain / alone
 
 
-def _phases(plan: LayerPlan, task, batch: Batch, dtype: str, inputs: Inputs, notes: list[str]) -> list[Phase]:
+def _phases(plan: LayerPlan, task, batch: Batch, dtype: str, inputs: Inputs, notes: list[Note]) -> list[Phase]:
     chunk = plan.chunks[task.chunk]
     if task.work == COMPUTE:
         key = (piece_keys.piece_key("attention", chunk.size, chunk, plan.pipelined) if task.block == ATTENTION
@@ -123,16 +152,30 @@ def _phases(plan: LayerPlan, task, batch: Batch, dtype: str, inputs: Inputs, not
     if transfer.path is not None:
         nbytes = chunk.size * batch.shape.hidden * DTYPE_BYTES[dtype]
         found = inputs.comm.time_ms(transfer.path, transfer.ctas, nbytes, hidden=batch.shape.hidden)
-        if found.note:
-            notes.append(found.note)
-        loss, stretch = 0.0, 1.0
+        notes += found.notes
+        loss, stretch, extra = 0.0, 1.0, 0.0
         if inputs.contention is not None and plan.pipelined:
             beside = inputs.contention.at(transfer.path, transfer.ctas, nbytes)
-            if beside.note:
-                notes.append(beside.note)
+            notes += beside.notes
             loss = beside.gemm_loss
-            stretch = beside.transfer_stretch if inputs.stretch == "measured" else 1.0
-        out.append(Phase(TRANSFER, found.ms, max(0.0, min(loss, 0.9)), max(1.0, stretch)))
+            slowed = inputs.stretch == MEASURED or (inputs.stretch == AUTO and beside.beside == LAYER)
+            stretch = beside.transfer_stretch if slowed else 1.0
+        elif inputs.contention is not None:
+            extra = _in_layer(transfer, nbytes, inputs, notes)
+        out.append(Phase(TRANSFER, max(0.0, found.ms + extra), max(0.0, min(loss, 0.9)), max(1.0, stretch), extra))
     if transfer.norm:
         out.append(Phase(NORM, inputs.compute.get(batch, piece_keys.piece_key("norm", chunk.size))))
     return out
+
+
+def _in_layer(transfer, nbytes: int, inputs: Inputs, notes: list[Note]) -> float:
+    """A blocking all-reduce's measured extra cost in line with the layer (ms), from the
+    beside-layer rows; 0 where they lack the path (said where they hold others)."""
+    found = inputs.contention.in_layer(transfer.path, transfer.ctas, nbytes)
+    if found is None:
+        if inputs.contention.inline:
+            notes.append(Note(ASSUMED, f"{transfer.path}: no in-layer term measured (beside-layer rows), 0 used"))
+        return 0.0
+    extra, said = found
+    notes += said
+    return extra

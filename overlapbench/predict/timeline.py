@@ -28,6 +28,7 @@ class Phase:
     ms: float  # alone
     gemm_loss: float = 0.0  # TRANSFER: what it takes from compute beside it
     stretch: float = 1.0  # TRANSFER: how much slower it runs beside compute
+    in_layer_ms: float = 0.0  # TRANSFER: of `ms`, the measured extra of a blocking all-reduce in the layer
 
 
 @dataclass

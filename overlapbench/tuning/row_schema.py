@@ -68,6 +68,9 @@ FIELDS: dict[str, Kind] = {
     # comm rows (report's comm table)
     "bytes": INDEX, "count": INDEX, "algbw": NON_NEGATIVE, "busbw": NON_NEGATIVE, "wrong": INDEX,
     "beside_ms": POSITIVE, "beside_busbw": NON_NEGATIVE, "gemm_loss": FINITE,
+    # comm --beside-layer rows (predict's contention)
+    "beside_layer": MAPPING, "compute_ms_alone": POSITIVE, "compute_ms_beside": POSITIVE, "compute_loss": FINITE,
+    "inline_ms": POSITIVE, "inline_extra_ms": FINITE,
 }
 
 

@@ -7,9 +7,14 @@
 #         and the baselines send (NCCL's ring at its default and 16/32 CTAs, its symmetric kernel on
 #         16/32 CTAs, PyTorch's one- and two-shot, the fused all-reduce + RMSNorm kernel and the
 #         copy-engine path on 16/32/64 CTAs), then all-gather and reduce-scatter for the
-#         sequence-parallel families (NCCL ring and symmetric, copy engine)  -> comm{,-sp}.{jsonl,csv,log}
+#         sequence-parallel families (NCCL ring and symmetric, copy engine)  -> comm{,-sp}.{jsonl,csv,out}
 # beside: the all-reduce paths at 64 MiB beside the llama3-70b TP=2 GEMMs, 8 and 16 CTAs: which
-#         few-SM path costs the GEMM least                                   -> comm-beside.{jsonl,csv,log}
+#         few-SM path costs the GEMM least                                   -> comm-beside.{jsonl,csv,out}
+# beside-layer: for each model of $LAYER_MODELS (default llama3-70b llama3-8b), the all-reduce paths
+#         and CTA budgets the layer strategies send, each beside one rank's shard of the model's
+#         layer at TP=$TP on the rows it carries ($LAYER_TOKENS, default 512-32768): the compute's
+#         loss, the transfer's stretch, the in-line extra (`predict`'s contention and in-layer
+#         term)                                             -> comm-beside-layer-<model>.{jsonl,csv,out}
 # tests:  the whole GPU test suite (pytest -m gpu), with the 25 slowest tests  -> gpu-tests.log
 #         listed: on 4 GPUs the cases whose subject depends on the world size run at 2 and 4
 #         ranks (ids ws2-... and ws4-...). TESTS_SELECT, a pytest -k expression, runs a part
@@ -25,6 +30,7 @@ ARCHIVE=tp$TP.tgz
 source tests/checks/steps.sh
 STEPS=",${STEPS:-table,beside,tests},"
 COMM=(python -m overlapbench comm --iters 10 --warmup 3 --hidden 8192 --nproc "$TP" --format csv)
+LAYER=(python -m overlapbench comm --iters 10 --warmup 3 --nproc "$TP" --format csv)  # hidden: the model's
 
 if [[ $STEPS == *,table,* ]]; then
   step table "${TABLE_TIMEOUT:-200}" "${COMM[@]}" --ops all_reduce \
@@ -39,6 +45,16 @@ if [[ $STEPS == *,beside,* ]]; then
   step beside "${BESIDE_TIMEOUT:-120}" "${COMM[@]}" --ops all_reduce --paths nccl,nccl_symm,symm_two_shot,fused_norm,copy_engine_norm \
     --nccl-max-ctas default,8,16 --comm-ctas 8,16 -b 64M -e 64M --beside-gemm \
     --output "$WORK/comm-beside.jsonl" > "$WORK/comm-beside.csv" 2> "$WORK/comm-beside.out"
+fi
+if [[ $STEPS == *,beside-layer,* ]]; then
+  for model in ${LAYER_MODELS:-llama3-70b llama3-8b}; do
+    step "beside-layer-$model" "${BESIDE_LAYER_TIMEOUT:-280}" "${LAYER[@]}" --beside-layer "$model" \
+      --tokens "${LAYER_TOKENS:-512,1024,2048,4096,8192,16384,32768}" \
+      --paths nccl,nccl_symm,symm_one_shot,symm_two_shot,fused_norm,copy_engine_norm \
+      --nccl-max-ctas default,16 --comm-ctas 16,32,64 \
+      --output "$WORK/comm-beside-layer-$model.jsonl" > "$WORK/comm-beside-layer-$model.csv" 2> "$WORK/comm-beside-layer-$model.out"
+    pack
+  done
 fi
 if [[ $STEPS == *,tests,* ]]; then
   step tests "${TESTS_TIMEOUT:-360}" python -m pytest -q -m gpu -rs -p no:cacheprovider --durations=25 \

@@ -1,0 +1,151 @@
+"""`comm --beside-layer MODEL`: each all-reduce timed beside the layer's own kernels.
+
+A stream of persistent GEMMs (`--beside-gemm`) holds a transfer's SMs far longer than a layer
+does, so what it measures (the transfer 2-12x slower, the GEMMs' loss) is not what a token split
+pays. Here the compute is one rank's shard of the model's decoder layer at TP=k: its attention
+block (QKV GEMM, RoPE, causal attention, O-projection) then its MLP (gate/up GEMM, SwiGLU, down
+GEMM), on as many rows as the all-reduce carries, replayed from a CUDA graph (eager where capture
+fails; the row says which). Each case gives three numbers (comm.contention's two windows, and
+one more):
+
+- the compute's loss: 1 - one pass's time alone / beside the path (`compute_loss`);
+- the transfer's stretch: its time beside the compute / alone (`beside_ms` / `ms`);
+- the blocking all-reduce's extra cost inside the layer: attention, the all-reduce, the MLP, the
+  all-reduce, in line on one stream (as the baseline runs them), captured in one graph, against
+  the pass and two all-reduces timed apart (`inline_extra_ms`, per all-reduce). The layer's
+  graph measured 20-50 us per all-reduce more than `comm` alone at TP=2 (docs/predict.md).
+
+`predict` charges the first two to a split's transfers beside compute and the third to every
+blocking transfer of a serial plan (predict/contention.py).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from overlapbench.comm.cases import BesideLayer, Case
+from overlapbench.comm.contention import compute_loss, time_alone
+from overlapbench.model.chunks import rope_positions, token_range
+from overlapbench.model.layer import attention_partial, mlp_partial
+from overlapbench.model.models import preset
+from overlapbench.model.norms import rms_norm
+from overlapbench.model.rope import RopeTable
+from overlapbench.model.weights import build_stack, random_input
+
+if TYPE_CHECKING:
+    from overlapbench.run.runtime import Runtime
+
+SEED = 1
+
+
+def inline_extra_ms(inline_ms: float, alone_ms: float, op_ms: float) -> float:
+    """What each of the two blocking all-reduces of a pass cost in line beyond its time alone:
+    (in line - the pass alone - 2 x the all-reduce alone) / 2. Negative where the pass and its
+    all-reduces ran faster together, which noise allows."""
+    return (inline_ms - alone_ms - 2 * op_ms) / 2
+
+
+class LayerStream:
+    """One rank's shard of the layer on `tokens` rows (one causal sequence), with random
+    operands (never zeros): a compute stream of comm.contention (run, alone_ms, fields)."""
+
+    def __init__(self, shape, tp: int, rank: int, tokens: int, dtype: torch.dtype, device, stack=None) -> None:
+        self.tokens = tokens
+        self.stack = stack if stack is not None else build_stack(shape, 1, tp, rank, dtype, device, SEED)
+        batch = (tokens,)
+        self.chunk = token_range(batch, 0, tokens, device)
+        self.rope = RopeTable(shape, rope_positions(batch, None), device)
+        x = random_input(tokens, shape.hidden, SEED, dtype, device)
+        self.normed = rms_norm(x, self.stack.layers[0].attn_norm, shape.eps)
+        self.out = torch.empty_like(x)
+        self.alone_ms = 0.0
+        self.graphs = False  # whether a pass replays a CUDA graph (prepare)
+        self.graph_error: str | None = None
+        self._pass = self.once
+
+    def attention(self) -> None:
+        attention_partial(self.stack, 0, self.normed, self.chunk, self.rope, None, self.out)
+
+    def mlp(self) -> None:
+        mlp_partial(self.stack, 0, self.normed, self.out)
+
+    def once(self) -> None:
+        self.attention()
+        self.mlp()
+
+    def run(self, passes: int = 1) -> None:
+        for _ in range(passes):
+            self._pass()
+
+    def prepare(self, rt: Runtime, iters: int) -> None:
+        """Capture a pass (every rank, or none: measure.runner agrees) and time it alone; once.
+        Collective: every rank calls it for the same case."""
+        from overlapbench.timing import measure
+        from overlapbench.timing.step import Step
+
+        if self.alone_ms:
+            return
+        self._pass, self.graphs, self.graph_error = measure.runner(Step(lambda _x: self.once()), self.normed, True)
+        self.alone_ms = time_alone(rt, self, iters)
+
+    def fields(self, beside_ms: float) -> dict:
+        """The row fields of one pass that took `beside_ms` beside the path."""
+        return {"compute_ms_alone": self.alone_ms, "compute_ms_beside": beside_ms,
+                "compute_loss": compute_loss(self.alone_ms, beside_ms), "compute_graphs": self.graphs}
+
+    def inline_ms(self, run, warmup: int, iters: int) -> tuple[float, bool]:
+        """One pass with the all-reduce `run` after its attention and after its MLP, in line on
+        this stream as the baseline runs them (a CUDA graph where it captures): median ms, max
+        over ranks, and whether it was a graph."""
+        from overlapbench.timing import measure
+        from overlapbench.timing.step import Step
+
+        def in_line(_x):
+            self.attention()
+            run()
+            self.mlp()
+            run()
+
+        timing = measure.time_step(Step(in_line), self.normed, warmup, iters, True)
+        return statistics.median(timing.samples_ms), timing.graphs
+
+
+@dataclass
+class BesideStreams:
+    """The compute a run's cases are timed beside: the GEMM stream of --beside-gemm (made up
+    front), and the layer's shard per row count of --beside-layer (made as cases ask, sharing
+    one stack of weights)."""
+
+    gemms: object = None  # comm.contention.GemmStream
+    layers: dict[int, LayerStream] = field(default_factory=dict)
+    stack: object = None
+
+    def layer_for(self, rt: Runtime, case: Case) -> LayerStream:
+        """The layer stream beside `case`, built here (no collectives: a rank that fails to
+        build it fails the case for everyone through rt.first_failure)."""
+        layer: BesideLayer = case.beside_layer
+        rows = layer.rows(case.nbytes, case.dtype)
+        if rows not in self.layers:
+            shape = preset(layer.model)
+            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[case.dtype]
+            stream = LayerStream(shape, layer.tp, rt.rank % layer.tp, rows, dtype, rt.device, self.stack)
+            self.stack = stream.stack
+            self.layers[rows] = stream
+        return self.layers[rows]
+
+
+def layer_fields(rt: Runtime, case: Case, run, op_ms: float, stream: LayerStream, warmup: int, iters: int) -> dict:
+    """The contention fields of a --beside-layer case: the path beside the layer's pass, the pass
+    beside the path, and the all-reduce in line with the pass."""
+    from overlapbench.comm.contention import measure_beside
+
+    stream.prepare(rt, max(5, iters))
+    beside_ms, compute_ms = measure_beside(rt, run, op_ms, stream, iters)
+    inline, inline_graphs = stream.inline_ms(run, warmup, iters)
+    return {"beside_ms": beside_ms, **stream.fields(compute_ms), "inline_ms": inline,
+            "inline_extra_ms": inline_extra_ms(inline, stream.alone_ms, op_ms), "inline_graphs": inline_graphs,
+            "beside_layer": {"model": case.beside_layer.model, "tp": case.beside_layer.tp, "tokens": stream.tokens}}

@@ -1,0 +1,197 @@
+"""`comm --beside-layer MODEL`: its options, cases, rows and arithmetic on CPU (the timing itself
+needs CUDA GPUs: it refuses on CPU in one line), and the layer stream it times, run eagerly on CPU."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from rich.console import Console
+
+from overlapbench.comm import command, output, paths
+from overlapbench.comm.beside_layer import BesideStreams, LayerStream, inline_extra_ms
+from overlapbench.comm.cases import DEFAULT_LAYER_TOKENS, BesideLayer
+from overlapbench.comm.contention import GemmStream, compute_loss
+from overlapbench.comm.run import BESIDE_LAYER_FIELDS, RunInfo, make_row
+from overlapbench.errors import UserError
+from overlapbench.model.layer import attention_partial, mlp_partial
+from overlapbench.model.models import PRESETS
+from overlapbench.tuning.results import ResultStore, read_rows
+
+ROOT = Path(__file__).parents[1]
+
+
+def parse(**given) -> command.Options:
+    options = dict(min_bytes=None, max_bytes=None, factor=2, ops=None, paths=None, dtype="auto", nccl_max_ctas="default,16",
+                   comm_ctas="16,32", hidden=None, iters=10, warmup=3, graphs=True, fmt="csv", output=None,
+                   resume=False, nproc=None)
+    return command.Options.parse(**(options | given))
+
+
+def test_the_sizes_are_the_reductions_of_the_tokens_rows_and_forward_to_the_ranks():
+    rng = random.Random()
+    model = rng.choice(["llama3-8b", "llama3-70b", "qwen3-32b"])
+    tokens = sorted(rng.sample(range(1, 40000), 4))
+    opts = parse(beside_layer=model, tokens=",".join(map(str, reversed(tokens))), layer_tp=rng.choice([None, 2, 4]))
+    hidden = PRESETS[model].hidden
+    assert opts.ops == ("all_reduce",) and opts.hidden == hidden
+    assert opts.sizes(cuda=True) == opts.sizes(cuda=False) == tuple(n * hidden * 2 for n in tokens)
+    again = command.Options.parse(**_back(opts.argv(cuda=True, output=Path("o.jsonl"))))
+    assert again.beside_layer == model and again.tokens == opts.tokens and again.layer_tp == opts.layer_tp
+    assert again.sizes(cuda=True) == opts.sizes(cuda=True)
+    assert parse(beside_layer=model).tokens == DEFAULT_LAYER_TOKENS
+    layer = opts.layer(world=4)
+    assert layer == BesideLayer(model, opts.layer_tp or 4, hidden)
+    assert [layer.rows(b, "bf16") for b in opts.sizes(cuda=True)] == tokens
+
+
+def _back(argv: list[str]) -> dict:
+    """The options a rank's `comm` parses from `argv` (as typer would hand them over)."""
+    flags: dict = {}
+    i = 1
+    while i < len(argv):
+        if argv[i] in ("--graphs", "--no-graphs", "--resume", "--beside-gemm"):
+            flags[argv[i]] = True
+            i += 1
+        else:
+            flags[argv[i]] = argv[i + 1]
+            i += 2
+    return dict(min_bytes=flags.get("-b"), max_bytes=flags.get("-e"), factor=int(flags.get("-f", 2)), ops=flags["--ops"],
+                paths=flags["--paths"], dtype=flags["--dtype"], nccl_max_ctas=flags["--nccl-max-ctas"],
+                comm_ctas=flags["--comm-ctas"], hidden=int(flags["--hidden"]), iters=int(flags["--iters"]),
+                warmup=int(flags["--warmup"]), graphs="--graphs" in flags, fmt=flags["--format"],
+                output=Path(flags["--output"]), resume="--resume" in flags, nproc=None,
+                beside_gemm="--beside-gemm" in flags, ce_chunks=flags["--ce-chunks"],
+                beside_layer=flags.get("--beside-layer"), tokens=flags.get("--tokens"),
+                layer_tp=int(flags["--tp"]) if "--tp" in flags else None)
+
+
+@pytest.mark.parametrize("given, field", [
+    (dict(beside_layer="llama3-7b"), "--beside-layer: 'llama3-7b' is not a model preset"),
+    (dict(beside_layer="mixtral-8x7b"), "--beside-layer: mixtral-8x7b is a mixture-of-experts model"),
+    (dict(beside_layer="llama3-8b", beside_gemm=True), "--beside-gemm: one compute beside the paths"),
+    (dict(beside_layer="llama3-8b", ops="all_gather"), "--ops: --beside-layer times the layer's all-reduce only"),
+    (dict(beside_layer="llama3-8b", max_bytes="64M"), "-b/-e: with --beside-layer the sizes are"),
+    (dict(beside_layer="llama3-8b", dtype="fp32"), "--dtype: --beside-layer runs the layer in bf16"),
+    (dict(beside_layer="llama3-8b", hidden=8192), "--hidden: llama3-8b's hidden is 4096, not 8192"),
+    (dict(beside_layer="llama3-8b", layer_tp=3), "--tp: 3 does not divide"),
+    (dict(beside_layer="llama3-8b", tokens="512,x"), "--tokens: 'x' is not a whole number >= 1"),
+    (dict(beside_layer="llama3-8b", tokens="0"), "--tokens: '0' is not a whole number >= 1"),
+    (dict(tokens="512"), "--tokens: the layer shard beside the paths; give it with --beside-layer"),
+    (dict(layer_tp=2), "--tp: the layer shard beside the paths"),
+])
+def test_bad_beside_layer_options_are_one_line(given, field):
+    with pytest.raises(UserError) as e:
+        parse(**given)
+    assert str(e.value).startswith(field) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_tp_that_does_not_divide_the_world_default_is_refused_before_launch():
+    opts = parse(beside_layer="llama3-70b")
+    with pytest.raises(UserError, match="^--tp: 3 does not divide shape.heads=64"):
+        opts.layer(world=3)
+
+
+def test_on_a_machine_without_gpus_it_refuses_in_one_line(tmp_path):
+    out = tmp_path / "c.jsonl"
+    done = subprocess.run([sys.executable, "-m", "overlapbench", "comm", "--beside-layer", "llama3-8b", "--tokens", "512",
+                           "-o", str(out)], capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT),
+                           "PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--beside-layer: times each path beside the layer's bf16 kernels on CUDA GPUs" in lines[0]
+    assert not out.exists()
+
+
+def test_cases_carry_the_layer_in_their_keys_and_skip_on_gloo():
+    opts = parse(beside_layer="llama3-8b", tokens="512,1024", paths="nccl,fused_norm")
+    layer = opts.layer(world=2)
+    cases = paths.make_cases(opts.bench(cuda=True), world=2, backend="gloo", dtype="bf16", hidden=opts.hidden,
+                             beside_layer=layer)
+    plain = paths.make_cases(opts.bench(cuda=True), world=2, backend="gloo", dtype="bf16", hidden=opts.hidden)
+    assert cases and all(json.loads(c.key())["beside_layer"] == "llama3-8b tp=2" for c in cases)
+    assert all("beside_layer" not in json.loads(c.key()) for c in plain), "keys of plain runs stay as they were"
+    assert all(c.skip for c in cases) and any("--beside-layer needs CUDA GPUs" in c.skip for c in cases)
+    assert sorted({layer.rows(c.nbytes, c.dtype) for c in cases}) == [512, 1024]
+
+
+def _layer_row(rng: random.Random, tokens: int) -> tuple[dict, dict]:
+    layer = BesideLayer("llama3-8b", 2, 4096)
+    case = paths.make_cases(parse(beside_layer="llama3-8b", tokens=str(tokens), paths="nccl_symm").bench(cuda=True),
+                            world=2, backend="nccl", dtype="bf16", hidden=4096, beside_layer=layer)[0]
+    alone, beside, op = rng.uniform(0.5, 5), rng.uniform(5, 9), rng.uniform(0.05, 0.4)
+    inline = alone + 2 * op + rng.uniform(-0.01, 0.1)
+    result = {"status": "ok", "error": None, "ms": op, "p10_ms": op, "p90_ms": op, "iqr_ms": 0.0, "cv": 0.01, "wrong": 0,
+              "algbw": 1.0, "busbw": 1.0, "graphs": True, "beside_ms": op * 1.3, "beside_busbw": 0.8,
+              "compute_ms_alone": alone, "compute_ms_beside": beside, "compute_loss": compute_loss(alone, beside),
+              "compute_graphs": True, "inline_ms": inline, "inline_extra_ms": inline_extra_ms(inline, alone, op),
+              "inline_graphs": True, "beside_layer": {"model": "llama3-8b", "tp": 2, "tokens": tokens}}
+    env = {"world_size": 2, "device": "Test GPU", "hosts": ["h"], "nodes": 1, "ranks": [], "gpus_per_host": 2,
+           "backend": "nccl", "versions": {}, "git": "abc", "multicast_env": {}}
+    return make_row(case, result, RunInfo("comm", "r1", env, 3, 10, True)), result
+
+
+def test_a_beside_layer_row_holds_its_fields_and_reads_back(tmp_path):
+    rng = random.Random()
+    row, result = _layer_row(rng, rng.choice([512, 2048]))
+    assert row["beside_layer"] == result["beside_layer"] and "beside_gemm" not in row
+    assert all(row[k] == result[k] for k in BESIDE_LAYER_FIELDS)
+    store = ResultStore(tmp_path / "c.jsonl")
+    store.open(resume=False, study="comm")
+    store.append(row)
+    store.close()
+    assert read_rows(tmp_path / "c.jsonl")[0]["compute_loss"] == row["compute_loss"]
+    record = output.record(row)
+    assert record["layer_tokens"] == row["beside_layer"]["tokens"] and record["compute_loss"] == pytest.approx(
+        row["compute_loss"], rel=1e-3)
+    console = Console(width=250, record=True)
+    console.print(output.to_table([row]))
+    text = console.export_text()
+    assert "beside layer (us)" in text and "compute loss" in text and f"{row['compute_loss']:.1%}" in text
+    assert f"compute loss {row['compute_loss']:.1%}" in str(output.summary_line(row))
+
+
+def test_the_arithmetic_of_the_three_numbers():
+    rng = random.Random()
+    alone, op, extra = rng.uniform(1, 10), rng.uniform(0.01, 1), rng.uniform(-0.01, 0.05)
+    assert inline_extra_ms(alone + 2 * op + 2 * extra, alone, op) == pytest.approx(extra)
+    beside = alone * rng.uniform(1.0, 2.0)
+    assert compute_loss(alone, beside) == pytest.approx(1 - alone / beside) and compute_loss(alone, alone) == 0
+    gemms = GemmStream.make("cpu", [(4, 8, 16)])
+    gemms.alone_ms = alone
+    fields = gemms.fields(beside)  # the beside-GEMM rows' loss is the same number, from TFLOP/s
+    assert fields["gemm_loss"] == pytest.approx(1 - fields["gemm_tflops_beside"] / fields["gemm_tflops_alone"])
+    assert fields["gemm_loss"] == pytest.approx(compute_loss(alone, beside))
+
+
+def test_the_layer_stream_runs_the_shards_attention_then_mlp():
+    """On CPU (eager, fp32): one pass is the shard's attention then MLP of `tokens` rows; each
+    rank's shard differs; the streams of one run share one stack."""
+    shape, tokens = PRESETS["tiny"], random.Random().randrange(5, 40)
+    streams = BesideStreams()
+    rt = SimpleNamespace(rank=1, device=torch.device("cpu"))
+    layer = BesideLayer("tiny", 2, shape.hidden)
+    case = SimpleNamespace(beside_layer=layer, nbytes=tokens * shape.hidden * 4, dtype="fp32")
+    stream = streams.layer_for(rt, case)
+    assert streams.layer_for(rt, case) is stream and stream.tokens == tokens
+    other = streams.layer_for(rt, SimpleNamespace(beside_layer=layer, nbytes=(tokens + 3) * shape.hidden * 4, dtype="fp32"))
+    assert other.stack is stream.stack and other.tokens == tokens + 3
+    stream.run(2)
+    got = stream.out.clone()
+    expected = torch.empty_like(got)
+    attention_partial(stream.stack, 0, stream.normed, stream.chunk, stream.rope, None, expected)
+    mlp_partial(stream.stack, 0, stream.normed, expected)
+    torch.testing.assert_close(got, expected)
+    assert torch.isfinite(got).all() and got.abs().sum() > 0
+    rank0 = LayerStream(shape, 2, 0, tokens, torch.float32, "cpu")
+    rank0.run()
+    assert not torch.allclose(rank0.out, got)
+    stream.alone_ms = random.uniform(0.5, 2)
+    assert stream.fields(2.5) == {"compute_ms_alone": stream.alone_ms, "compute_ms_beside": 2.5,
+                                  "compute_loss": pytest.approx(1 - stream.alone_ms / 2.5), "compute_graphs": False}

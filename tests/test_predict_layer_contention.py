@@ -1,0 +1,109 @@
+"""predict's contention from `comm --beside-layer` rows: preferred over beside-GEMM rows per path,
+both terms (the compute's loss, the transfer's stretch) charged to a split, and the in-layer term
+charged to every blocking all-reduce of a serial plan. Synthetic rows with random values."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from overlapbench.predict.contention import GEMM, LAYER, NONE, Contention
+from overlapbench.predict.estimate import ALONE, AUTO, MEASURED
+from overlapbench.predict.notes import ASSUMED, SUBSTITUTED
+from overlapbench.predict.notes import MEASURED as MEASURED_NOTE
+from tests.test_predict_comm import SIZES, comm_row
+from tests.test_predict_estimate import _at, _inputs, _predict
+
+
+def layer_row(path, ctas, nbytes, ms, loss, stretch, extra, model="llama3-70b", tp=2, world=2) -> dict:
+    row = comm_row(path, ctas, nbytes, ms, world=world)
+    key = json.loads(row["key"]) | {"beside_layer": f"{model} tp={tp}"}
+    return row | {"key": json.dumps(key, sort_keys=True), "beside_ms": ms * stretch, "compute_loss": loss,
+                  "inline_extra_ms": extra, "beside_layer": {"model": model, "tp": tp, "tokens": nbytes // 16384}}
+
+
+def _rows(rng: random.Random, sizes=SIZES[::2]):
+    truth = {b: (rng.uniform(0.02, 0.4), rng.uniform(1.05, 3.0), rng.uniform(0.005, 0.05)) for b in sizes}
+    layer = [layer_row("nccl_symm", 16, b, rng.uniform(0.05, 1), *truth[b]) for b in sizes]
+    other = [layer_row("nccl_symm", 16, b, 1.0, 0.9, 9.0, 1.0, model="llama3-8b") for b in sizes]
+    gemm = [comm_row(p, c, b, 1.0, beside=(rng.uniform(0.1, 0.2), rng.uniform(4, 12)))
+            for p, c in (("nccl_symm", 16), ("fused_norm", 16)) for b in sizes]
+    return truth, layer + other + gemm
+
+
+def test_layer_rows_win_over_gemm_rows_per_path_and_say_what_they_are():
+    rng = random.Random()
+    truth, rows = _rows(rng)
+    contention = Contention.from_rows(rows, "rows", model="llama3-70b", tp=2)
+    assert contention.layer_of == ("llama3-70b", 2) and not contention.notes
+    for b, (loss, stretch, extra) in truth.items():
+        got = contention.at("nccl_symm", 16, b)
+        assert (got.beside, got.gemm_loss, got.transfer_stretch) == (LAYER, pytest.approx(loss), pytest.approx(stretch))
+        assert [n.kind for n in got.notes] == [MEASURED_NOTE] and "measured beside llama3-70b TP=2's layer" in got.note
+        assert contention.in_layer("nccl_symm", 16, b)[0] == pytest.approx(extra)
+    lo, hi = sorted(truth)[:2]
+    middle = contention.in_layer("nccl_symm", 16, int((lo * hi) ** 0.5))[0]  # halfway in log(bytes)
+    assert middle == pytest.approx((truth[lo][2] + truth[hi][2]) / 2, rel=1e-3)
+    assert contention.in_layer("nccl_symm", 32, lo)[1][0].text == "nccl_symm 32 CTAs not measured: 16 used"
+    fused = contention.at("fused_norm", 16, lo)
+    assert fused.beside == GEMM and any(n.kind == SUBSTITUTED and "no rows beside the layer" in n.text for n in fused.notes)
+    assert contention.in_layer("fused_norm", 16, lo) is None
+    guess = contention.at("symm_two_shot", None, lo)
+    mean = sum(v[0] for v in truth.values()) / len(truth)
+    assert guess.beside == NONE and guess.gemm_loss == pytest.approx(mean) and guess.notes[0].kind == ASSUMED
+    assert "not measured beside the layer" in guess.note
+    assert "beside llama3-70b TP=2's layer for nccl_symm 16" in contention.described()
+
+
+def test_another_layers_rows_are_used_with_a_note_where_the_predicted_ones_are_missing():
+    rng = random.Random()
+    _, rows = _rows(rng)
+    contention = Contention.from_rows(rows, "rows", model="llama3-8b", tp=4)
+    assert contention.layer_of == ("llama3-8b", 2)
+    said = [n.text for n in contention.notes]
+    assert "contention measured beside llama3-8b TP=2's layer, not llama3-8b TP=4's: used as it is" in said
+    assert "contention measured on 2 ranks, predicting 4: used as it is" in said
+    qwen = Contention.from_rows(rows, "rows", model="qwen3-32b", tp=2)
+    assert qwen.layer_of == ("llama3-70b", 2) and "not qwen3-32b TP=2's" in qwen.notes[0].text
+
+
+def _with_layer_rows(inputs, rng: random.Random, stretch: float = 1.0, extra: float = 0.0, layer: bool = True):
+    """The synthetic inputs' nccl path measured beside the layer (or only beside GEMMs)."""
+    sizes = [1 << 16, 1 << 20, 1 << 24]
+    loss = rng.uniform(0.05, 0.3)
+    if layer:
+        rows = [layer_row("nccl", "default", b, 1.0, loss, stretch, extra) for b in sizes]
+    else:
+        rows = [comm_row("nccl", "default", b, 1.0, beside=(loss, stretch)) for b in sizes]
+    inputs.contention = Contention.from_rows(rows, "rows", model="predicted", tp=2)
+    return inputs
+
+
+def test_a_serial_plan_pays_the_in_layer_term_per_blocking_all_reduce():
+    rng = random.Random()
+    extra = rng.uniform(0.01, 0.05)
+    inputs = _with_layer_rows(_inputs(rng.randrange(100)), rng, extra=extra)
+    for tokens in (512, 4096):
+        free, base = _predict(_at(tokens, "no_comm"), inputs), _predict(_at(tokens, "baseline"), inputs)
+        transfer = inputs.comm.time_ms("nccl", "default", tokens * 64 * 2).ms
+        assert base.ms == pytest.approx(free.ms + 2 * (transfer + extra))
+        assert base.in_layer_ms == pytest.approx(2 * extra) and free.in_layer_ms == 0
+        assert any(f"{extra * 1e3:+.1f} us per blocking all-reduce" in n.text for n in base.notes)
+
+
+@pytest.mark.parametrize("layer", [True, False])
+def test_a_split_is_slowed_by_the_layer_stretch_unless_told_alone(layer):
+    """auto: the stretch measured beside the layer slows a split's transfers; one measured beside
+    GEMMs does not (alone); `measured` takes either."""
+    rng = random.Random()
+    stretch = rng.uniform(2, 4)
+    seed = rng.randrange(100)
+    timed = {}
+    for mode in (AUTO, ALONE, MEASURED):
+        inputs = _with_layer_rows(_inputs(seed, comm_ms=0.2), random.Random(seed), stretch=stretch, layer=layer)
+        inputs.stretch = mode
+        timed[mode] = _predict(_at(4096, "token_split", "nccl"), inputs).ms
+    assert timed[MEASURED] > timed[ALONE] * 1.001
+    assert timed[AUTO] == (pytest.approx(timed[MEASURED]) if layer else pytest.approx(timed[ALONE]))

@@ -1,0 +1,80 @@
+"""tests/checks/predict_validate.py: validation.md is what it writes today from the committed
+inputs; inputs of another device kind are refused; what is missing names its device call, as
+tests/checks/README.md lists it."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from overlapbench.tuning.results import SCHEMA
+from tests.checks import predict_validate as pv
+
+ROOT = Path(__file__).parents[1]
+
+
+@pytest.fixture(autouse=True)
+def at_root(monkeypatch):
+    monkeypatch.chdir(ROOT)
+
+
+def test_every_device_call_is_in_the_checks_readme_as_it_runs():
+    readme = (ROOT / "tests/checks/README.md").read_text()
+    for kind, command in pv.CALLS.values():
+        assert f"| `{kind}` | `{command}` |" in readme, command
+    needed = {n.call for studies in pv.STUDIES.values() for s in studies for n in pv._needs(s)} - {None}
+    assert needed <= set(pv.CALLS)
+
+
+def test_the_committed_h100_validation_is_todays_output(tmp_path):
+    committed = ROOT / "results/predicted-h100/validation.md"
+    if not committed.exists():
+        pytest.skip("no committed validation on this branch")
+    with pv.tempfile.TemporaryDirectory() as rows:
+        outcomes = [pv.run(s, Path(rows)) for s in pv.STUDIES["h100"]]
+    assert pv.report("h100", outcomes) == committed.read_text(), (
+        "results/predicted-h100/validation.md is not what `python tests/checks/predict_validate.py --device h100` "
+        "writes today: run it again")
+
+
+def test_the_committed_diagnostic_is_todays_output():
+    committed = Path("results/predicted-h100/diagnostic-tp4-h200-rows.md")
+    if not (ROOT / committed).exists():
+        pytest.skip("no committed diagnostic on this branch")
+    with pv.tempfile.TemporaryDirectory() as rows:
+        outcomes = [pv.run(pv._diagnostic(m), Path(rows)) for m in ("llama3-70b", "llama3-8b")]
+    assert pv.report("h100", outcomes, diagnostic=committed) == (ROOT / committed).read_text(), (
+        f"{committed} is not what `python tests/checks/predict_validate.py --diagnostic {committed}` writes today")
+
+
+def test_inputs_of_another_device_are_refused_and_missing_ones_named(tmp_path):
+    rng = random.Random()
+    rows = tmp_path / "rows.jsonl"
+    names = ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    rng.shuffle(names)
+    rows.write_text("".join(json.dumps({"schema": SCHEMA, "device": d, "time": "2026-01-01"}) + "\n" for d in names))
+    said = pv._other_device("h100", [rows])
+    assert said and "NVIDIA H200" in said and "H100 80GB" not in said
+    study = next(s for s in pv.STUDIES["h200"] if s.model == "llama3-70b")
+    missing = pv.Need("pieces", "results/no-such-machine/*/pieces.jsonl", "h200-pieces")
+    outcome = pv.run(pv.Study(study.device, study.model, study.tp, study.spec, missing, study.tables, study.contention,
+                              study.measured), tmp_path)
+    assert outcome.missing[0] == missing and not outcome.sections
+    assert all(not n.required for n in outcome.missing[1:])  # what it would run without: named too
+    kind, command = pv.CALLS["h200-pieces"]
+    assert pv.missing_lines([outcome])[0] == f"- on `{kind}`: `{command}`; makes h200 llama3-70b TP=4: pieces"
+
+
+def test_the_newest_match_of_a_pattern_is_used(tmp_path, monkeypatch):
+    monkeypatch.setattr(pv, "ROOT", tmp_path)
+    times = random.sample(range(10, 60), 3)
+    for i, minute in enumerate(times):
+        folder = tmp_path / f"m/{i}"
+        folder.mkdir(parents=True)
+        (folder / "comm.jsonl").write_text(json.dumps({"time": f"2026-01-01T00:{minute}:00"}) + "\n")
+    newest = times.index(max(times))
+    assert pv.Need("table", "m/*/comm.jsonl").found() == Path(f"m/{newest}/comm.jsonl")
+    assert pv.Need("table", "m/*/none.jsonl").found() is None
