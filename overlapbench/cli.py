@@ -37,7 +37,7 @@ def user_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from overlapbench.run import launch, launch_log
+        from overlapbench.launch import launch, launch_log
 
         try:
             return fn(*args, **kwargs)
@@ -76,7 +76,8 @@ def sweep(
     Every point is checked against baseline's output before it is timed. Stopped (Ctrl-C,
     SIGTERM, SIGHUP), it keeps the finished rows and ends every process it started.
     """
-    from overlapbench.run import footprint, launch
+    from overlapbench.launch import launch
+    from overlapbench.run import footprint
     from overlapbench.specs import spec as spec_mod
     from overlapbench.tuning.results import held_for_launch, kept
 
@@ -123,7 +124,7 @@ def sweep(
         if warning:
             _warn(warning)
     out = output or loaded.output_path(resume)
-    memory = f"this run needs about {footprint.gib(size.memory_bytes)} per process, {world} processes"
+    memory = f"this run needs about {printing.gib(size.memory_bytes)} per process, {world} processes"
     with held_for_launch(out, resume, loaded.name) as done:  # a second run into `out` is refused from here on
         if done and all(p.key() in done for p in points) and loaded.comm is None:
             console.print(f"{out}: every point of {loaded.name} ({len(points)}) is done already; nothing to run", soft_wrap=True)
@@ -155,7 +156,7 @@ def _warn(text: str) -> None:
 
 def _interrupted(spec: Path | None, out: Path, stop: Exception | None = None) -> str:
     """What a stopped sweep says: its rows, how to go on, the processes that had to be killed."""
-    from overlapbench.run import launch
+    from overlapbench.launch import launch
     from overlapbench.tuning.results import kept
 
     return launch.stopped(kept(out, f"continue with: overlapbench sweep{_named(spec)} --output {out} --resume"),
@@ -354,7 +355,7 @@ def models(
 def env(as_json: bool = typer.Option(False, "--json", help="Print the facts as JSON.")) -> None:
     """What the tool sees: devices and their links, versions, symmetric memory, multicast
     settings, world size. The same facts go into every result row."""
-    from overlapbench.run import environment
+    from overlapbench.launch import environment
 
     facts = environment.local_devices() | {
         "versions": environment.versions(),

@@ -64,3 +64,14 @@ def print_table(console: Console, table) -> None:
 def plain_number(x: float) -> str:
     """500000.0 as 500000 (as a spec would say it), 1e-05 as itself."""
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def gib(n: float) -> str:
+    """Bytes in words: `12.3 GiB`, `85 MiB`, `<1 MiB`; past a TiB in the largest unit that fits
+    (`1.5 TiB`, `406.6 ZiB`), so that an absurd size reads as one."""
+    for unit, power in (("YiB", 80), ("ZiB", 70), ("EiB", 60), ("PiB", 50), ("TiB", 40)):
+        if n >= 2**power:
+            return f"{n / 2**power:,.1f} {unit}"
+    if n >= 2**30 / 10:
+        return f"{n / 2**30:.1f} GiB"
+    return f"{n / 2**20:.0f} MiB" if n >= 2**20 else "<1 MiB"

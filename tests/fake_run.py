@@ -40,7 +40,7 @@ def _stuck() -> None:
 
 
 def launcher(tag: str, grace_s: str, extra: list[str]) -> int:
-    from overlapbench.run import launch
+    from overlapbench.launch import launch
 
     launch.GRACE_S = float(grace_s)
     log = Path(os.environ["FAKE_RUN_LOG"])
@@ -55,7 +55,7 @@ def launcher(tag: str, grace_s: str, extra: list[str]) -> int:
 
 
 def torchrun(tag: str, extra: list[str]) -> int:
-    from overlapbench.run import process_tree
+    from overlapbench.launch import process_tree
 
     process_tree.die_with_parent(int(os.environ["FAKE_RUN_LAUNCHER"]))
     env = os.environ | {"FAKE_RUN_AGENT": str(os.getpid())}
@@ -74,7 +74,7 @@ def torchrun(tag: str, extra: list[str]) -> int:
 
 
 def worker(tag: str, extra: list[str]) -> int:
-    from overlapbench.run import process_tree
+    from overlapbench.launch import process_tree
 
     process_tree.die_with_parent(int(os.environ["FAKE_RUN_AGENT"]))
     if "--grandchild" in extra:

@@ -13,8 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from overlapbench.dist.runtime import apply_safe_env  # noqa: E402
 from overlapbench.model.models import ModelShape  # noqa: E402
-from overlapbench.run.runtime import apply_safe_env  # noqa: E402
 from tests import distributed  # noqa: E402
 
 pytestmark = distributed.two_gpus()
@@ -67,10 +67,11 @@ def _graph_forward(step, x):
 
 def _run(rank: int, world: int) -> dict:
     from overlapbench import strategies
+    from overlapbench.dist import runtime
     from overlapbench.model.layer import reference_forward
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import build_stack, random_input
-    from overlapbench.run import runtime
+    from overlapbench.timing.step import BuildContext
 
     rt = runtime.init(timeout_s=120)
     stack = build_stack(SHAPE, LAYERS, world, rank, torch.bfloat16, rt.device, seed=0)
@@ -78,7 +79,7 @@ def _run(rank: int, world: int) -> dict:
     for label, strategy, knobs, lens in cases(world):
         try:
             ref = reference_forward(SHAPE, LAYERS, world, lens, torch.bfloat16, rt.device)
-            ctx = runtime.BuildContext(rt, stack, lens, RopeTable(SHAPE, max(lens), rt.device), MAX_TOKENS)
+            ctx = BuildContext(rt, stack, lens, RopeTable(SHAPE, max(lens), rt.device), MAX_TOKENS)
             cls = strategies.get(strategy)
             step = cls.build(ctx, cls.check_knobs(knobs, strategy))
             x = random_input(sum(lens), SHAPE.hidden, 0, torch.bfloat16, rt.device)

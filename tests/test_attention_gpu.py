@@ -13,9 +13,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from overlapbench.dist.runtime import apply_safe_env  # noqa: E402
 from overlapbench.model import attention, attention_kernels  # noqa: E402
 from overlapbench.model.models import PRESETS  # noqa: E402
-from overlapbench.run.runtime import apply_safe_env  # noqa: E402
 from overlapbench.timing import measure  # noqa: E402
 from tests import distributed  # noqa: E402
 from tests.test_attention import iso_split, reference, token_split  # noqa: E402
@@ -117,9 +117,10 @@ def _label(strategy, knobs, lens) -> str:
 
 def _run_strategies(rank: int, world: int) -> dict:
     from overlapbench import strategies
+    from overlapbench.dist import runtime
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import build_stack, random_input
-    from overlapbench.run import runtime
+    from overlapbench.timing.step import BuildContext
 
     rt = runtime.init(timeout_s=120)
     shape = PRESETS["llama3-8b"]
@@ -128,7 +129,7 @@ def _run_strategies(rank: int, world: int) -> dict:
 
     def forward(strategy, knobs, lens):
         cls = strategies.get(strategy)
-        ctx = runtime.BuildContext(rt, stack, lens, RopeTable(shape, max(lens), rt.device), 8192)
+        ctx = BuildContext(rt, stack, lens, RopeTable(shape, max(lens), rt.device), 8192)
         step = cls.build(ctx, cls.check_knobs(knobs, strategy))
         x = random_input(sum(lens), shape.hidden, 0, torch.bfloat16, rt.device)
         with attention.recording() as ran:

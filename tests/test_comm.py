@@ -203,7 +203,7 @@ def test_count_wrong_counts_nan_and_size_mismatch():
 def _rank_check(rank: int, world: int, op: str, corrupt: str | None) -> int:
     from dataclasses import replace
 
-    from overlapbench.run import runtime
+    from overlapbench.dist import runtime
 
     rt = runtime.init(timeout_s=60)
     case = Case(op, "nccl", "gloo", None, 4 * K, 1024, "fp32", seed=7)

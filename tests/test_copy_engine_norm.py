@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from kernels.copy_engine_norm import CopyEngineNorm, buffer_elems  # noqa: E402
-from overlapbench.run.runtime import SymmetricBuffer  # noqa: E402
+from overlapbench.dist.runtime import SymmetricBuffer  # noqa: E402
 
 EPS = 1e-5
 
@@ -265,12 +265,13 @@ def test_strategies_with_copy_engine_match_the_reference(monkeypatch, world, chu
     reducer did not update) and the output still equals the reference. chunks None: by size
     (1 here, the serial schedule); 3: the pipeline on stand-in streams."""
     from overlapbench import strategies
+    from overlapbench.dist.runtime import Runtime
     from overlapbench.model.layer import reference_forward
     from overlapbench.model.models import ModelShape
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import build_stack, random_input
     from overlapbench.overlap import reducers
-    from overlapbench.run.runtime import BuildContext, Runtime
+    from overlapbench.timing.step import BuildContext
 
     shape, layers, seq_lens = ModelShape(hidden=64, ffn=128, heads=8, kv_heads=4, head_dim=8), 2, (29, 14)
     tokens = sum(seq_lens)

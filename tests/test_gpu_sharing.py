@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from overlapbench.errors import UserError
-from overlapbench.run import gpu_sharing, launch
-from overlapbench.run.gpu_sharing import GPU_QUERY, Gpu, Holder
+from overlapbench.launch import gpu_sharing, launch
+from overlapbench.launch.gpu_sharing import GPU_QUERY, Gpu, Holder
 
 GIB = 2**30
 

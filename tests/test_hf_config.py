@@ -201,15 +201,16 @@ def test_the_bias_is_sharded_like_wqkv_and_the_norms_replicated():
 
 def _rank_all(rank: int, world: int, shapes: dict[str, ModelShape], names: list[str]) -> dict:
     from overlapbench import strategies
+    from overlapbench.dist import runtime
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import random_input
-    from overlapbench.run import runtime
+    from overlapbench.timing.step import BuildContext
 
     rt = runtime.init(timeout_s=60)
     outputs = {}
     for kind, shape in shapes.items():
         stack = build_stack(shape, LAYERS, world, rank, torch.float32, rt.device, 0)
-        ctx = runtime.BuildContext(rt, stack, SEQ_LENS, RopeTable(shape, max(SEQ_LENS), rt.device), sum(SEQ_LENS))
+        ctx = BuildContext(rt, stack, SEQ_LENS, RopeTable(shape, max(SEQ_LENS), rt.device), sum(SEQ_LENS))
         x = random_input(sum(SEQ_LENS), shape.hidden, 0, torch.float32, rt.device)
         for name in names:
             cls = strategies.get(name)

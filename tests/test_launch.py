@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from overlapbench.errors import UserError
-from overlapbench.run import footprint, launch_log
+from overlapbench.launch import launch_log
+from overlapbench.run import footprint
 from overlapbench.specs import spec
 from overlapbench.tuning.results import SCHEMA, ResultStore, kept, read_rows
 from tests import synthetic

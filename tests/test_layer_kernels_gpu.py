@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 from kernels import rmsnorm as rmsnorm_kernel  # noqa: E402
 from kernels import rope as rope_kernel  # noqa: E402
 from kernels import swiglu as swiglu_kernel  # noqa: E402
+from overlapbench.dist.runtime import Runtime  # noqa: E402
 from overlapbench.model import activation, norms, rope  # noqa: E402
 from overlapbench.model.chunks import build_decode_cache, rope_positions, token_range, whole_batch  # noqa: E402
 from overlapbench.model.layer import LocalReducer, forward_stack  # noqa: E402
@@ -21,8 +22,8 @@ from overlapbench.model.models import PRESETS, ModelShape  # noqa: E402
 from overlapbench.model.rope import RopeTable  # noqa: E402
 from overlapbench.model.weights import build_stack, cast, random_input  # noqa: E402
 from overlapbench.overlap.split import SplitForward, SplitPlan  # noqa: E402
-from overlapbench.run.runtime import BuildContext, Runtime  # noqa: E402
 from overlapbench.timing import measure  # noqa: E402
+from overlapbench.timing.step import BuildContext  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.one_gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

@@ -138,7 +138,8 @@ CASES = [
 
 def _rank_micro(rank: int, world: int, cases: list):
     from overlapbench import strategies
-    from overlapbench.run import runtime, sweep
+    from overlapbench.dist import runtime
+    from overlapbench.run import sweep
     from overlapbench.run.workload import build_workload
 
     rt = runtime.init(timeout_s=60)

@@ -22,14 +22,15 @@ LAYERS = 2
 
 def _rank_forward(rank, world, strategy, knobs, seq_lens, decode, shape, seed):
     from overlapbench import strategies
+    from overlapbench.dist import runtime
     from overlapbench.model.chunks import rope_positions
-    from overlapbench.run import runtime
+    from overlapbench.timing.step import BuildContext
 
     rt = runtime.init(timeout_s=60)
     stack = build_stack(shape, LAYERS, world, rank, torch.float32, rt.device, seed)
     cache = build_decode_cache(shape, LAYERS, world, rank, *decode, torch.float32, rt.device, seed)
     tokens = sum(seq_lens) + decode[0]
-    ctx = runtime.BuildContext(rt, stack, seq_lens, RopeTable(shape, rope_positions(seq_lens, cache), rt.device),
+    ctx = BuildContext(rt, stack, seq_lens, RopeTable(shape, rope_positions(seq_lens, cache), rt.device),
                                tokens, cache)
     cls = strategies.get(strategy)
     with attention.recording() as ran:

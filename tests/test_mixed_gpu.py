@@ -13,10 +13,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from overlapbench.dist.runtime import apply_safe_env  # noqa: E402
 from overlapbench.model import attention, attention_kernels  # noqa: E402
 from overlapbench.model.chunks import build_decode_cache, whole_batch  # noqa: E402
 from overlapbench.model.models import PRESETS  # noqa: E402
-from overlapbench.run.runtime import apply_safe_env  # noqa: E402
 from overlapbench.timing import measure  # noqa: E402
 from tests import distributed  # noqa: E402
 
@@ -81,17 +81,18 @@ BATCH, DECODE = (2048,), (256, 4096)
 
 def _run(rank: int, world: int) -> dict:
     from overlapbench import strategies
+    from overlapbench.dist import runtime
     from overlapbench.model.chunks import rope_positions
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import build_stack, random_input
-    from overlapbench.run import runtime
+    from overlapbench.timing.step import BuildContext
 
     rt = runtime.init(timeout_s=120)
     shape = PRESETS["llama3-8b"]
     stack = build_stack(shape, 2, world, rank, torch.bfloat16, rt.device, seed=0)
     cache = build_decode_cache(shape, 2, world, rank, *DECODE, torch.bfloat16, rt.device, seed=0)
     tokens = sum(BATCH) + DECODE[0]
-    ctx = runtime.BuildContext(rt, stack, BATCH, RopeTable(shape, rope_positions(BATCH, cache), rt.device), tokens, cache)
+    ctx = BuildContext(rt, stack, BATCH, RopeTable(shape, rope_positions(BATCH, cache), rt.device), tokens, cache)
     x = random_input(tokens, shape.hidden, 0, torch.bfloat16, rt.device)
 
     def forward(strategy, knobs):

@@ -145,10 +145,11 @@ def _rank_async_tp(rank: int, world: int, seq_lens: tuple):
     import torch.distributed as dist
     from torch.distributed import _symmetric_memory as symm_mem
 
+    from overlapbench.dist import runtime
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import random_input
     from overlapbench.overlap.sequence_parallel import FusedExchange, sp_layout, sp_step
-    from overlapbench.run import runtime
+    from overlapbench.timing.step import BuildContext
 
     rt = runtime.init(timeout_s=60)
     ops = SimpleNamespace(
@@ -156,7 +157,7 @@ def _rank_async_tp(rank: int, world: int, seq_lens: tuple):
         fused_matmul_reduce_scatter=symm_mem._fused_matmul_reduce_scatter_fallback,
     )
     stack = build_stack(MOE, LAYERS, world, rank, torch.float32, rt.device, seed=0)
-    ctx = runtime.BuildContext(rt, stack, seq_lens, RopeTable(MOE, max(seq_lens), rt.device), 64)
+    ctx = BuildContext(rt, stack, seq_lens, RopeTable(MOE, max(seq_lens), rt.device), 64)
     step = sp_step(ctx, FusedExchange(sp_layout(ctx), dist.group.WORLD.group_name, ops))
     return step.to_full(step.forward(random_input(sum(seq_lens), MOE.hidden, 0, torch.float32, rt.device)))
 

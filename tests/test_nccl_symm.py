@@ -15,7 +15,7 @@ import torch.distributed as dist
 from overlapbench.comm import buffers, output, paths
 from overlapbench.comm import run as comm_run
 from overlapbench.comm.cases import Case
-from overlapbench.run import nccl_log, nccl_windows, runtime
+from overlapbench.dist import nccl_log, nccl_windows, runtime
 from overlapbench.specs.knobs import DEFAULT
 from overlapbench.specs.spec_sections import CommSpec
 from tests import distributed
@@ -88,7 +88,7 @@ def test_windows_are_refused_while_nvls_may_run(gpu_torch, value):
 
 
 def test_env_says_whether_the_tools_runs_can_register_windows(gpu_torch):
-    from overlapbench.run import environment
+    from overlapbench.launch import environment
 
     gpu_torch.delenv("NCCL_NVLS_ENABLE")  # the runs set it to 0 themselves (runtime.SAFE_ENV)
     assert environment.nccl_windows().startswith("torch and NCCL 2.28.9 offer them")

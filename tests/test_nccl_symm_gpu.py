@@ -19,8 +19,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from overlapbench.dist.runtime import apply_safe_env  # noqa: E402
 from overlapbench.model.models import ModelShape  # noqa: E402
-from overlapbench.run.runtime import apply_safe_env  # noqa: E402
 from overlapbench.specs.knobs import DEFAULT  # noqa: E402
 from overlapbench.specs.points import Gemm, Point  # noqa: E402
 from tests import distributed  # noqa: E402
@@ -92,11 +92,13 @@ def _run_cases(rank: int, world: int, log_dir: str) -> dict:
     from overlapbench.comm import buffers, paths
     from overlapbench.comm import run as comm_run
     from overlapbench.comm.cases import Case
+    from overlapbench.dist import runtime
+    from overlapbench.dist.nccl_log import TuningLog
     from overlapbench.model.layer import reference_forward
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import build_stack, random_input
-    from overlapbench.run import micro, runtime
-    from overlapbench.run.nccl_log import TuningLog
+    from overlapbench.run import micro
+    from overlapbench.timing.step import BuildContext
 
     rt = runtime.init(timeout_s=120)
     log = TuningLog(Path(log_dir) / f"nccl-{os.getpid()}.log")
@@ -128,7 +130,7 @@ def _run_cases(rank: int, world: int, log_dir: str) -> dict:
     for label, strategy, knobs, lens, budget in layer_cases(world):
         try:
             ref = reference_forward(SHAPE, LAYERS, world, lens, torch.bfloat16, rt.device)
-            ctx = runtime.BuildContext(rt, stack, lens, RopeTable(SHAPE, max(lens), rt.device), MAX_TOKENS)
+            ctx = BuildContext(rt, stack, lens, RopeTable(SHAPE, max(lens), rt.device), MAX_TOKENS)
             step = build(ctx, strategy, knobs)
             x = random_input(sum(lens), SHAPE.hidden, 0, torch.bfloat16, rt.device)
             mark = log.mark()

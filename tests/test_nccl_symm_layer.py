@@ -55,10 +55,11 @@ def test_windows_need_nccl_on_gpus(strategy, knobs):
 
 
 def _rank_forward(rank: int, world: int, strategy: str, knobs: dict, seq_lens: tuple, shape: ModelShape):
+    from overlapbench.dist import nccl_windows, runtime
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import build_stack, random_input
     from overlapbench.overlap import sequence_parallel
-    from overlapbench.run import nccl_windows, runtime
+    from overlapbench.timing.step import BuildContext
 
     rt = runtime.init(timeout_s=60)
     windows, calls = [], []
@@ -84,7 +85,7 @@ def _rank_forward(rank: int, world: int, strategy: str, knobs: dict, seq_lens: t
         setattr(sequence_parallel, name, recorded(name, getattr(sequence_parallel, name)))
     stack = build_stack(shape, LAYERS, world, rank, torch.float32, rt.device, 0)
     tokens = sum(seq_lens)
-    ctx = runtime.BuildContext(rt, stack, seq_lens, RopeTable(shape, max(seq_lens), rt.device), tokens + 9)
+    ctx = BuildContext(rt, stack, seq_lens, RopeTable(shape, max(seq_lens), rt.device), tokens + 9)
     cls = strategies.get(strategy)
     step = cls.build(ctx, cls.check_knobs(knobs, strategy))
     x = random_input(tokens, shape.hidden, 0, torch.float32, rt.device)

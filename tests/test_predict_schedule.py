@@ -73,14 +73,15 @@ def test_the_real_split_runs_the_tasks_predict_plays(monkeypatch):
     """SplitForward's compute and reduce calls, recorded on CPU, are the plan's tasks in order."""
     import torch
 
+    from overlapbench.dist import runtime
     from overlapbench.model.chunks import rope_positions
     from overlapbench.model.models import ModelShape
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.schedule import Batch
     from overlapbench.model.weights import build_stack, random_input
     from overlapbench.overlap import split as split_mod
-    from overlapbench.run import runtime
     from overlapbench.strategies import get
+    from overlapbench.timing.step import BuildContext
 
     shape = ModelShape(hidden=64, ffn=128, heads=4, kv_heads=2, head_dim=16)
     seen = []
@@ -90,7 +91,7 @@ def test_the_real_split_runs_the_tasks_predict_plays(monkeypatch):
     rt = runtime.Runtime(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
     seq_lens = (23, 18)
     stack = build_stack(shape, 2, 1, 0, torch.float32, rt.device, 0)
-    ctx = runtime.BuildContext(rt, stack, seq_lens, RopeTable(shape, rope_positions(seq_lens, None), rt.device), 41)
+    ctx = BuildContext(rt, stack, seq_lens, RopeTable(shape, rope_positions(seq_lens, None), rt.device), 41)
     token_split = get("token_split")
     knobs = token_split.check_knobs({"chunks": 3, "align": 1, "comm": "none"}, "token_split")
     step = token_split.build(ctx, knobs)

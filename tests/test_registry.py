@@ -38,13 +38,14 @@ def _runs_on_cpu(cls, knobs: dict, world: int) -> str | None:
 
 
 def _rank_all(rank: int, world: int, names: list[str], shape: ModelShape) -> dict:
+    from overlapbench.dist import runtime
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import build_stack, random_input
-    from overlapbench.run import runtime
+    from overlapbench.timing.step import BuildContext
 
     rt = runtime.init(timeout_s=60)
     stack = build_stack(shape, LAYERS, world, rank, torch.float32, rt.device, 0)
-    ctx = runtime.BuildContext(rt, stack, SEQ_LENS, RopeTable(shape, max(SEQ_LENS), rt.device), sum(SEQ_LENS))
+    ctx = BuildContext(rt, stack, SEQ_LENS, RopeTable(shape, max(SEQ_LENS), rt.device), sum(SEQ_LENS))
     x = random_input(sum(SEQ_LENS), shape.hidden, 0, torch.float32, rt.device)
     outputs = {}
     for name in names:

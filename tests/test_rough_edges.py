@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from overlapbench import report, strategies
 from overlapbench.cli import app
 from overlapbench.errors import UserError
-from overlapbench.run.footprint import gib
+from overlapbench.printing import gib
 from overlapbench.specs import catalog, spec
 from overlapbench.tuning import results, tune
 from overlapbench.tuning.results import read_rows

@@ -11,8 +11,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from overlapbench.run import nccl_windows, runtime
-from overlapbench.run.nccl_windows import NcclWindow
+from overlapbench.dist import nccl_windows, runtime
+from overlapbench.dist.nccl_windows import NcclWindow
+from overlapbench.launch.session import session
 from tests import distributed
 
 
@@ -88,7 +89,7 @@ def test_a_session_leaves_the_group_only_when_the_run_finished(monkeypatch, fail
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     try:
-        with runtime.session(timeout_s=60) as rt:
+        with session(timeout_s=60) as rt:
             total = torch.randn(3)
             dist.all_reduce(total, group=rt.control)
             if fail:

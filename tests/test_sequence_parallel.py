@@ -178,15 +178,16 @@ CASES_TP4 = [  # four ranks: peers at different ring distances, two ranks of pad
 
 
 def _rank_forwards(rank: int, world: int, shape: ModelShape, cases: list):
+    from overlapbench.dist import runtime
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import build_stack, random_input
-    from overlapbench.run import runtime
+    from overlapbench.timing.step import BuildContext
 
     rt = runtime.init(timeout_s=60)
     stack = build_stack(shape, LAYERS, world, rank, torch.float32, rt.device, seed=0)
     outs = []
     for strategy, knobs, seq_lens in cases:
-        ctx = runtime.BuildContext(rt, stack, seq_lens, RopeTable(shape, max(seq_lens), rt.device), 64)
+        ctx = BuildContext(rt, stack, seq_lens, RopeTable(shape, max(seq_lens), rt.device), 64)
         cls = strategies.get(strategy)
         step = cls.build(ctx, cls.check_knobs(knobs, strategy))
         x = random_input(sum(seq_lens), shape.hidden, 0, torch.float32, rt.device)
@@ -218,14 +219,15 @@ def _check_all(shape: ModelShape, world: int, cases: list) -> None:
 
 def _attention_calls(rank: int, world: int, attention: str) -> list[int]:
     """Query rows of every attention call of one forward."""
+    from overlapbench.dist import runtime
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import build_stack, random_input
     from overlapbench.overlap import sequence_parallel
-    from overlapbench.run import runtime
+    from overlapbench.timing.step import BuildContext
 
     rt = runtime.init(timeout_s=60)
     stack = build_stack(TINY, LAYERS, world, rank, torch.float32, rt.device, seed=0)
-    ctx = runtime.BuildContext(rt, stack, (37,), RopeTable(TINY, 37, rt.device), 64)
+    ctx = BuildContext(rt, stack, (37,), RopeTable(TINY, 37, rt.device), 64)
     cls = strategies.get(FLASH)
     step = cls.build(ctx, cls.check_knobs({"attention": attention, "chunks_per_rank": 2}, FLASH))
     calls, attend = [], sequence_parallel.attend
@@ -269,11 +271,13 @@ def _rank_async_tp_reference(rank: int, world: int, seq_lens: tuple, micro_cases
     import torch.distributed as dist
     from torch.distributed import _symmetric_memory as symm_mem
 
+    from overlapbench.dist import runtime
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import build_stack, random_input
     from overlapbench.overlap.sequence_parallel import FusedExchange, sp_layout, sp_step
-    from overlapbench.run import micro, runtime
+    from overlapbench.run import micro
     from overlapbench.specs.points import Gemm, Point
+    from overlapbench.timing.step import BuildContext
 
     rt = runtime.init(timeout_s=60)
     ops = SimpleNamespace(
@@ -282,7 +286,7 @@ def _rank_async_tp_reference(rank: int, world: int, seq_lens: tuple, micro_cases
     )
     name = dist.group.WORLD.group_name
     stack = build_stack(TINY, LAYERS, world, rank, torch.float32, rt.device, seed=0)
-    ctx = runtime.BuildContext(rt, stack, seq_lens, RopeTable(TINY, max(seq_lens), rt.device), 64)
+    ctx = BuildContext(rt, stack, seq_lens, RopeTable(TINY, max(seq_lens), rt.device), 64)
     step = sp_step(ctx, FusedExchange(sp_layout(ctx), name, ops))
     outs = [step.to_full(step.forward(random_input(sum(seq_lens), TINY.hidden, 0, torch.float32, rt.device)))]
     for workload, m in micro_cases:
@@ -349,8 +353,8 @@ def test_symmetric_transport_gathers_and_scatters(monkeypatch, world, tokens, or
     import contextlib
     import threading
 
+    from overlapbench.dist.runtime import SymmetricBuffer
     from overlapbench.overlap import flash_overlap as fo
-    from overlapbench.run.runtime import SymmetricBuffer
 
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: _NoStream())
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())

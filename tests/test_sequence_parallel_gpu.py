@@ -14,8 +14,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from overlapbench.dist.runtime import apply_safe_env  # noqa: E402
 from overlapbench.model.models import PRESETS, ModelShape  # noqa: E402
-from overlapbench.run.runtime import apply_safe_env  # noqa: E402
 from overlapbench.specs.points import Gemm, Point  # noqa: E402
 from tests import distributed  # noqa: E402
 
@@ -78,10 +78,12 @@ def _graph_forward(step, x):
 
 def _run_cases(rank: int, world: int) -> dict:
     from overlapbench import strategies
+    from overlapbench.dist import runtime
     from overlapbench.model.layer import reference_forward
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import build_stack, random_input
-    from overlapbench.run import micro, runtime
+    from overlapbench.run import micro
+    from overlapbench.timing.step import BuildContext
 
     rt = runtime.init(timeout_s=120)
     errors: dict = {}
@@ -100,7 +102,7 @@ def _run_cases(rank: int, world: int) -> dict:
             if (shape_name, lens) not in refs:
                 refs[(shape_name, lens)] = reference_forward(shape, LAYERS, world, lens, torch.bfloat16, rt.device)
             ref = refs[(shape_name, lens)]
-            ctx = runtime.BuildContext(rt, stacks[shape_name], lens, RopeTable(shape, max(lens), rt.device), MAX_TOKENS)
+            ctx = BuildContext(rt, stacks[shape_name], lens, RopeTable(shape, max(lens), rt.device), MAX_TOKENS)
             step = build(ctx, strategy, knobs)
             x = random_input(sum(lens), shape.hidden, 0, torch.bfloat16, rt.device)
             if label.startswith("graph"):

@@ -161,10 +161,11 @@ def test_a_plan_with_a_gap_or_one_chunk_is_refused():
 
 
 def _rank_forward(rank, world, knobs, seq_lens, decode, shape, drop_chunk):
+    from overlapbench.dist import runtime
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import build_stack, random_input
     from overlapbench.overlap.split import SplitForward
-    from overlapbench.run import runtime
+    from overlapbench.timing.step import BuildContext
 
     if drop_chunk is not None:  # a wrong schedule: one chunk's reductions never run
         reduce = SplitForward._reduce
@@ -179,7 +180,7 @@ def _rank_forward(rank, world, knobs, seq_lens, decode, shape, drop_chunk):
     stack = build_stack(shape, LAYERS, world, rank, torch.float32, rt.device, 0)
     cache = build_decode_cache(shape, LAYERS, world, rank, *decode, torch.float32, rt.device, 0) if decode[0] else None
     tokens = sum(seq_lens) + decode[0]
-    ctx = runtime.BuildContext(rt, stack, seq_lens, RopeTable(shape, rope_positions(seq_lens, cache), rt.device), tokens, cache)
+    ctx = BuildContext(rt, stack, seq_lens, RopeTable(shape, rope_positions(seq_lens, cache), rt.device), tokens, cache)
     step = TOKEN_SPLIT.build(ctx, TOKEN_SPLIT.check_knobs(knobs, "token_split"))
     x = random_input(tokens, shape.hidden, 0, torch.float32, rt.device)
     first = step.to_full(step.forward(x)).clone()

@@ -132,7 +132,7 @@ def test_a_sweep_stopped_by_timeout_with_a_stuck_rank_leaves_nothing(tmp_path):
     """The reported case: `timeout` (SIGTERM to the command and its group, as a SLURM time limit's
     first signal) while a rank is stuck; the launcher ends within its grace and the kill, and no
     process of the run is left."""
-    from overlapbench.run.launch import GRACE_S as grace
+    from overlapbench.launch.launch import GRACE_S as grace
 
     child, out = start_stuck(tmp_path, "timeout", "-s", "TERM", "600")
     sent = time.monotonic()

@@ -63,7 +63,7 @@ def wait_for_event(out: Path, words: tuple[str, ...], seconds: float) -> Path:
 
 
 def test_sigterm_while_a_rank_is_stuck_leaves_no_process_on_the_gpus(tmp_path: Path):
-    from overlapbench.run.launch import GRACE_S
+    from overlapbench.launch.launch import GRACE_S
 
     before = compute_pids()
     spec = write_spec(tmp_path, "stopped", [[8192], [4096]],

@@ -16,13 +16,14 @@ LAYERS = 2
 
 def _rank_forward(rank: int, world: int, strategy: str, knobs: dict, seq_lens: tuple, shape: ModelShape, seed: int):
     from overlapbench import strategies
+    from overlapbench.dist import runtime
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import build_stack, random_input
-    from overlapbench.run import runtime
+    from overlapbench.timing.step import BuildContext
 
     rt = runtime.init(timeout_s=60)
     stack = build_stack(shape, LAYERS, world, rank, torch.float32, rt.device, seed)
-    ctx = runtime.BuildContext(rt, stack, seq_lens, RopeTable(shape, max(seq_lens), rt.device), sum(seq_lens))
+    ctx = BuildContext(rt, stack, seq_lens, RopeTable(shape, max(seq_lens), rt.device), sum(seq_lens))
     cls = strategies.get(strategy)
     step = cls.build(ctx, cls.check_knobs(knobs, strategy))
     x = random_input(sum(seq_lens), shape.hidden, seed, torch.float32, rt.device)

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import torch
 
     from overlapbench.comm.buffers import Buffers
-    from overlapbench.run.runtime import Runtime
+    from overlapbench.dist.runtime import Runtime
 
 FUSED_EPS = 1e-5
 

@@ -10,7 +10,7 @@ from overlapbench.comm.cases import Case
 from overlapbench.comm.sizes import TORCH_DTYPES
 
 if TYPE_CHECKING:
-    from overlapbench.run.runtime import Runtime, SymmetricBuffer
+    from overlapbench.dist.runtime import Runtime, SymmetricBuffer
 
 
 class Buffers:
@@ -53,7 +53,7 @@ class Buffers:
         return getattr(torch, TORCH_DTYPES[case.dtype])
 
     def symmetric(self, case: Case) -> SymmetricBuffer:
-        from overlapbench.run.runtime import symmetric_buffer
+        from overlapbench.dist.runtime import symmetric_buffer
 
         key = self._key(case)
         if key not in self._made:
@@ -66,7 +66,7 @@ class Buffers:
         import torch.distributed as dist
 
         from kernels.allreduce_norm_pull import FUSED_KERNELS
-        from overlapbench.run.runtime import symmetric_buffer
+        from overlapbench.dist.runtime import symmetric_buffer
         from overlapbench.specs.knobs import FUSED_KERNEL
 
         key = self._key(case)
@@ -81,7 +81,7 @@ class Buffers:
 
     def copy_engine_norm(self, case: Case):
         from kernels.copy_engine_norm import CopyEngineNorm
-        from overlapbench.run.runtime import symmetric_buffer
+        from overlapbench.dist.runtime import symmetric_buffer
 
         key = self._key(case)
         if key not in self._made:

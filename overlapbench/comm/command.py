@@ -21,7 +21,7 @@ from overlapbench.specs.spec_sections import CommSpec
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from overlapbench.run.runtime import Runtime
+    from overlapbench.dist.runtime import Runtime
 
 TIMEOUT_S = 600
 STUDY = "comm"  # the `spec` of this command's rows: a results file holds one study (results.ResultStore)
@@ -215,7 +215,7 @@ def _local_device_name() -> str:
 
 def main(opts: Options, console: Console, err_console: Console) -> int:
     """Started plainly: check the store, re-launch under torchrun; under torchrun: measure."""
-    from overlapbench.run import launch
+    from overlapbench.launch import launch
     from overlapbench.tuning.results import held_for_launch, kept
 
     if launch.under_torchrun():
@@ -259,17 +259,17 @@ def _refuse_if_nothing_runs(opts: Options, world: int) -> None:
 
 def run_ranks(opts: Options, console: Console) -> int:
     """The measurement on this rank: cases, the store, the rows; rank 0 prints them. The
-    runtime is closed however it ends (runtime.session): NCCL windows go before their groups."""
-    from overlapbench.run import runtime
+    runtime is closed however it ends (session): NCCL windows go before their groups."""
+    from overlapbench.launch.session import session
 
-    with runtime.session(TIMEOUT_S, nccl_tuning_log=True) as rt:  # rows of NCCL paths record its kernel and channels
+    with session(TIMEOUT_S, nccl_tuning_log=True) as rt:  # rows of NCCL paths record its kernel and channels
         _measure(opts, console, rt)
     return 0
 
 
 def _measure(opts: Options, console: Console, rt: Runtime) -> None:
     from overlapbench import printing
-    from overlapbench.run import environment
+    from overlapbench.launch import environment
     from overlapbench.tuning import results
 
     progress = printing.console(stderr=True, quiet=rt.rank != 0)

@@ -18,7 +18,7 @@ from overlapbench.errors import one_line
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from overlapbench.run.runtime import Runtime
+    from overlapbench.dist.runtime import Runtime
     from overlapbench.specs.spec import SweepSpec
     from overlapbench.tuning.results import ResultStore
 
@@ -104,7 +104,7 @@ def _nccl_kernel(rt: Runtime, case: Case, log, mark: int) -> dict:
     """What NCCL's tuning log says the case's collectives ran on (rank 0 of a communicator logs
     them; other ranks and runs without the log record nothing). A case on registered windows
     that ran anything but a symmetric kernel fails: its row would claim what did not run."""
-    from overlapbench.run.nccl_log import matching, summarize
+    from overlapbench.dist.nccl_log import matching, summarize
 
     if log is None:
         return {}

@@ -29,9 +29,9 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from overlapbench.dist.runtime import SymmetricBuffer, symmetric_buffer
 from overlapbench.overlap.sequence_parallel import RowSource
 from overlapbench.overlap.sp_schedule import Piece, Plan
-from overlapbench.run.runtime import SymmetricBuffer, symmetric_buffer
 
 Copy = Callable[[torch.Tensor, torch.Tensor], object]  # (dst, src): one transfer, on the current stream
 

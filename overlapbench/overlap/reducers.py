@@ -25,13 +25,14 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
+from overlapbench.dist.nccl_windows import NcclWindow
+from overlapbench.dist.runtime import SymmetricBuffer, symmetric_buffer
 from overlapbench.errors import UserError
 from overlapbench.model.chunks import Chunk
 from overlapbench.model.layer import LocalReducer
 from overlapbench.model.norms import add_rms_norm
-from overlapbench.run.nccl_windows import NcclWindow
-from overlapbench.run.runtime import BuildContext, SymmetricBuffer, symmetric_buffer
 from overlapbench.specs.knobs import DEFAULT, FUSED_KERNEL, SYMMETRIC_COMM
+from overlapbench.timing.step import BuildContext
 
 
 def collective(ctx: BuildContext, nccl_max_ctas=DEFAULT, high_priority: bool = False, symm: bool = False) -> LocalReducer:

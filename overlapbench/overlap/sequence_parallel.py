@@ -26,16 +26,15 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from overlapbench.dist import nccl_windows
+from overlapbench.dist.nccl_windows import NcclWindow
 from overlapbench.model.activation import swiglu
 from overlapbench.model.chunks import KVBuffer, token_range, whole_batch
 from overlapbench.model.layer import attend, rope_qkv
 from overlapbench.model.moe import moe_partial
 from overlapbench.model.norms import add_rms_norm, rms_norm
 from overlapbench.overlap.sp_schedule import ATTENTION_MODES, ShardLayout
-from overlapbench.run import nccl_windows
-from overlapbench.run.nccl_windows import NcclWindow
-from overlapbench.run.runtime import BuildContext
-from overlapbench.timing.step import Step
+from overlapbench.timing.step import BuildContext, Step
 
 ATTENTION, MLP = 0, 1  # the two blocks of a layer; an Exchange may keep separate buffers for each
 

@@ -28,8 +28,7 @@ from overlapbench.model.chunks import Chunk, KVBuffer
 from overlapbench.model.layer import Reducer, compute_block, norm_weight
 from overlapbench.model.norms import rms_norm
 from overlapbench.model.schedule import ATTENTION, COMPUTE, SIDE, Task, previous_of_chunk, split
-from overlapbench.run.runtime import BuildContext
-from overlapbench.timing.step import Step
+from overlapbench.timing.step import BuildContext, Step
 
 
 @dataclass

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from overlapbench import strategies
 from overlapbench.errors import UserError, shown
+from overlapbench.launch import environment
 from overlapbench.predict.estimate import TRANSFER_BESIDE, ComputePieces, Inputs, Skip, estimate
 from overlapbench.predict.piece_keys import batch_of
 from overlapbench.predict.summary import Summary
-from overlapbench.run import environment
 from overlapbench.run.workload import reference_setting
 from overlapbench.specs.spec import SweepSpec
 from overlapbench.tuning import results
@@ -61,7 +61,7 @@ def launch_pieces(path: Path, output: Path | None, tp: int | None) -> None:
     import typer
 
     from overlapbench import printing
-    from overlapbench.run import launch
+    from overlapbench.launch import launch
     from overlapbench.specs import spec as spec_mod
     from overlapbench.tuning.results import held_for_launch
 

@@ -27,7 +27,10 @@ from pathlib import Path
 import torch
 
 from overlapbench import printing
+from overlapbench.dist import runtime
 from overlapbench.errors import UserError
+from overlapbench.launch import environment
+from overlapbench.launch.session import session
 from overlapbench.model.chunks import KVBuffer, build_decode_cache, layout, rope_positions, token_range
 from overlapbench.model.layer import LocalReducer, attention_partial, forward_stack, mlp_partial
 from overlapbench.model.norms import add_rms_norm, rms_norm
@@ -36,10 +39,9 @@ from overlapbench.model.schedule import Rows, SequenceParts
 from overlapbench.model.weights import build_stack, random_input
 from overlapbench.overlap.split import SplitForward, SplitPlan
 from overlapbench.predict.piece_keys import WORKLOAD, wanted_pieces
-from overlapbench.run import environment, runtime
 from overlapbench.specs.spec import SweepSpec
 from overlapbench.timing import interleave, measure
-from overlapbench.timing.step import Step
+from overlapbench.timing.step import BuildContext, Step
 from overlapbench.tuning import results
 
 TARGET_MS = 1.0  # one timed sample lasts about this long (repetitions of the piece in one graph)
@@ -108,13 +110,13 @@ class BatchPieces:
         forward = SplitForward(ctx, plan, (LocalReducer(eps), LocalReducer(eps)))
         return lambda: forward(self.x)
 
-    def _context(self) -> runtime.BuildContext:
+    def _context(self) -> BuildContext:
         if self._chain_ctx is None:
             p = self.point
             stack = build_stack(p.shape, p.layers, p.tp, 0, self.dtype, self.device, p.seed)
             cache = None if p.decode is None else build_decode_cache(p.shape, p.layers, p.tp, 0, p.decode.tokens,
                                                                      p.decode.context, self.dtype, self.device, p.seed)
-            self._chain_ctx = runtime.BuildContext(self.rt, stack, p.batch, self.rope, p.tokens, cache)
+            self._chain_ctx = BuildContext(self.rt, stack, p.batch, self.rope, p.tokens, cache)
         return self._chain_ctx
 
 
@@ -145,7 +147,7 @@ def time_in_rounds(runs: list, estimates_ms: list[float], clock: interleave.Cloc
 def run(spec: SweepSpec, output: Path, tp: int) -> int:
     """Every piece of every batch of the spec at TP=tp, on this one GPU; returns rows written."""
     spec = dataclasses.replace(spec, tp=tp)
-    with runtime.session(spec.measure.timeout_s) as rt:
+    with session(spec.measure.timeout_s) as rt:
         if not rt.is_cuda or rt.world_size != 1:
             raise UserError("--pieces: times one rank's compute on one GPU; run it with --nproc 1 on a GPU machine")
         console = printing.console()

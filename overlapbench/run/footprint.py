@@ -18,6 +18,7 @@ from pathlib import Path
 from overlapbench.comm.sizes import DTYPE_BYTES
 from overlapbench.errors import UserError
 from overlapbench.model.flops import layer_flops
+from overlapbench.printing import gib
 from overlapbench.specs.points import Point
 from overlapbench.specs.spec import SweepSpec
 
@@ -44,17 +45,6 @@ class Footprint:
         tflop = f"{self.tflop:,.0f}" if self.tflop >= 100 else f"{self.tflop:.2g}"
         return (f"{self.points} points; per process about {gib(self.memory_bytes)} ({gib(self.weights_bytes)} of "
                 f"weights, {gib(self.activation_bytes)} of activations) and {tflop} TFLOP")
-
-
-def gib(n: float) -> str:
-    """Bytes in words: `12.3 GiB`, `85 MiB`, `<1 MiB`; past a TiB in the largest unit that fits
-    (`1.5 TiB`, `406.6 ZiB`), so that an absurd size reads as one."""
-    for unit, power in (("YiB", 80), ("ZiB", 70), ("EiB", 60), ("PiB", 50), ("TiB", 40)):
-        if n >= 2**power:
-            return f"{n / 2**power:,.1f} {unit}"
-    if n >= 2**30 / 10:
-        return f"{n / 2**30:.1f} GiB"
-    return f"{n / 2**20:.0f} MiB" if n >= 2**20 else "<1 MiB"
 
 
 def estimate(spec: SweepSpec, points: list[Point], cuda: bool) -> Footprint:

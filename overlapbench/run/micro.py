@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
+from overlapbench.dist.runtime import Runtime
 from overlapbench.model.weights import random_input, seeded_randn, stable_seed
 from overlapbench.overlap.sp_schedule import ShardLayout
-from overlapbench.run.runtime import Runtime
 from overlapbench.timing.step import Step
 
 WORKLOADS = ("gemm_ag", "gemm_rs")
@@ -28,7 +28,7 @@ WORKLOADS = ("gemm_ag", "gemm_rs")
 
 @dataclass
 class MicroContext:
-    """What an SP strategy needs to build a micro-workload step (cf. runtime.BuildContext)."""
+    """What an SP strategy needs to build a micro-workload step (cf. BuildContext)."""
 
     runtime: Runtime
     workload: str

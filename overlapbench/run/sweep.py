@@ -15,9 +15,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Column
 
 from overlapbench import printing, strategies
+from overlapbench.dist import runtime
+from overlapbench.launch import environment, launch_log
+from overlapbench.launch.session import session
+from overlapbench.launch.watchdog import Watchdog, interrupt_on_sigterm
 from overlapbench.model import attention, flops
-from overlapbench.run import environment, launch_log, runtime
-from overlapbench.run.watchdog import Watchdog, interrupt_on_sigterm
 from overlapbench.run.workload import Workload, build_workload, reference_setting
 from overlapbench.specs.points import Point
 from overlapbench.specs.spec import SweepSpec
@@ -211,8 +213,8 @@ def _describe(point: Point) -> str:
 
 def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = None) -> int:
     """The sweep on this rank; returns the number of rows written. The runtime is closed however
-    the sweep ends (runtime.session), so NCCL windows never outlive their communicators."""
-    with runtime.session(spec.measure.timeout_s, nccl_tuning_log=spec.comm is not None) as rt:  # comm rows: NCCL's kernel
+    the sweep ends (session), so NCCL windows never outlive their communicators."""
+    with session(spec.measure.timeout_s, nccl_tuning_log=spec.comm is not None) as rt:  # comm rows: NCCL's kernel
         return _run(rt, spec, output, resume, profile_dir)
 
 

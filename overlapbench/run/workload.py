@@ -15,15 +15,16 @@ import torch
 import torch.distributed as dist
 
 from overlapbench import strategies
+from overlapbench.dist import runtime
 from overlapbench.model import attention_kernels
 from overlapbench.model.chunks import build_decode_cache, rope_positions
 from overlapbench.model.rope import RopeTable
 from overlapbench.model.weights import Stack, build_stack, cast, random_input
-from overlapbench.run import runtime
 from overlapbench.specs.points import Point
 from overlapbench.timing import measure
 from overlapbench.timing.phases import PointFailed
 from overlapbench.timing.phases import phase as _phase
+from overlapbench.timing.step import BuildContext
 from overlapbench.tuning import analysis
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -34,7 +35,7 @@ class Workload:
     """What all strategies at one batch share: weights and context, input, and the reference
     strategy's output; `reference_error` (and no reference) where it could not be built."""
 
-    ctx: runtime.BuildContext
+    ctx: BuildContext
     x: torch.Tensor | None
     reference: torch.Tensor | None
     reference_error: str | None
@@ -112,7 +113,7 @@ def _built(rt: runtime.Runtime, what: str, build):
         raise PointFailed(failure.result | {"error": f"{what}: {failure.result['error']}"}) from None
 
 
-def _truth(ctx: runtime.BuildContext, x: torch.Tensor, point: Point) -> torch.Tensor:
+def _truth(ctx: BuildContext, x: torch.Tensor, point: Point) -> torch.Tensor:
     """The reference strategy's output in fp32, on the stack's own (rounded) weights and input."""
     attention_kernels.select(x.device, torch.float32, ctx.stack.heads, ctx.stack.kv_heads, point.shape.head_dim)
     cache = None if ctx.decode is None else ctx.decode.to(torch.float32)  # a mixed batch's KV cache too
@@ -134,7 +135,7 @@ def _inputs(rt: runtime.Runtime, point: Point, stack: Stack | None, max_tokens: 
             point.shape, point.layers, point.tp, rt.rank, point.decode.tokens, point.decode.context, dtype, rt.device,
             point.seed))
     rope = _built(rt, "the RoPE table", lambda: RopeTable(point.shape, rope_positions(point.batch, cache), rt.device))
-    ctx = runtime.BuildContext(rt, stack, point.batch, rope, max_tokens, cache)
+    ctx = BuildContext(rt, stack, point.batch, rope, max_tokens, cache)
     # The attention kernel is picked (and checked) now, never while a CUDA graph is captured.
     _built(rt, "the attention kernel", lambda: attention_kernels.select(
         rt.device, dtype, stack.heads, stack.kv_heads, point.shape.head_dim))

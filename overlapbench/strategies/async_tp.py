@@ -18,8 +18,8 @@ class AsyncTP(Strategy):
 
     @classmethod
     def build(cls, ctx, knobs):
+        from overlapbench.dist.runtime import enable_symmetric_memory
         from overlapbench.overlap.sequence_parallel import FusedExchange, sp_layout, sp_step
-        from overlapbench.run.runtime import enable_symmetric_memory
 
         group_name = enable_symmetric_memory()
         return sp_step(ctx, FusedExchange(sp_layout(ctx), group_name))

@@ -16,7 +16,7 @@ from overlapbench.timing.step import Step
 if TYPE_CHECKING:
 
     from overlapbench.model.schedule import Batch, LayerPlan
-    from overlapbench.run.runtime import BuildContext
+    from overlapbench.timing.step import BuildContext
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,11 @@ if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapben
 
 import torch
 
+from overlapbench.launch.environment import git_commit
 from overlapbench.model import attention, attention_kernels
 from overlapbench.model.chunks import KVBuffer, prefix_suffix, token_range, whole_batch
 from overlapbench.model.models import preset
 from overlapbench.overlap.balance import balanced_ratio
-from overlapbench.run.environment import git_commit
 from overlapbench.strategies import iso
 from overlapbench.strategies.token_split import split_point
 from overlapbench.timing import measure

@@ -20,9 +20,9 @@ if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapben
 
 import torch
 
+from overlapbench.launch.environment import git_commit
 from overlapbench.model import attention_kernels
 from overlapbench.model.models import preset
-from overlapbench.run.environment import git_commit
 from overlapbench.timing import measure
 from overlapbench.tuning.results import RunLog
 

@@ -27,11 +27,11 @@ import torch
 from kernels.rmsnorm import add_rmsnorm_reference, fused_add_rmsnorm, rmsnorm
 from kernels.rope import rope_qkv as rope_kernel
 from kernels.swiglu import swiglu as swiglu_kernel
+from overlapbench.launch import environment
 from overlapbench.model.activation import torch_swiglu
 from overlapbench.model.models import preset
 from overlapbench.model.norms import torch_rms_norm
 from overlapbench.model.rope import RopeTable, torch_rope_qkv
-from overlapbench.run import environment
 from overlapbench.timing import measure
 from overlapbench.tuning.results import RunLog
 

@@ -39,6 +39,7 @@ if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapben
 import torch
 
 from overlapbench.errors import UserError, one_line
+from overlapbench.launch import environment
 from overlapbench.model import attention, flops, transformers_layer
 from overlapbench.model.chunks import whole_batch
 from overlapbench.model.layer import LocalReducer, forward_stack
@@ -46,7 +47,6 @@ from overlapbench.model.models import preset
 from overlapbench.model.norms import rms_norm
 from overlapbench.model.rope import RopeTable
 from overlapbench.model.weights import build_stack, cast, random_input
-from overlapbench.run import environment
 from overlapbench.timing import interleave, measure, peak
 from overlapbench.tuning.results import RunLog
 

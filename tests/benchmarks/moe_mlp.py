@@ -22,11 +22,11 @@ if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapben
 
 import torch
 
+from overlapbench.launch.environment import git_commit
 from overlapbench.model import moe
 from overlapbench.model.activation import swiglu
 from overlapbench.model.models import preset
 from overlapbench.model.weights import build_stack
-from overlapbench.run.environment import git_commit
 from overlapbench.timing import measure
 from overlapbench.tuning.results import RunLog
 

@@ -31,14 +31,17 @@ from overlapbench import strategies
 from overlapbench.comm import buffers, paths
 from overlapbench.comm import run as comm_run
 from overlapbench.comm.cases import Case
+from overlapbench.dist import runtime
+from overlapbench.launch import environment
 from overlapbench.model.layer import reference_forward
 from overlapbench.model.models import ModelShape
 from overlapbench.model.rope import RopeTable
 from overlapbench.model.weights import build_stack, random_input
-from overlapbench.run import environment, micro, runtime
+from overlapbench.run import micro
 from overlapbench.specs.knobs import DEFAULT
 from overlapbench.specs.points import Gemm, Point
 from overlapbench.timing.measure import capture, rel_err
+from overlapbench.timing.step import BuildContext
 
 SHAPE = ModelShape(hidden=512, ffn=1024, heads=8, kv_heads=4, head_dim=64)
 BYTES = 64 * 2**20
@@ -80,7 +83,7 @@ def layers(rt: runtime.Runtime, report) -> None:
     lens = (1000, 23)
     stack = build_stack(SHAPE, 2, 1, 0, torch.bfloat16, rt.device, seed=0)
     ref = reference_forward(SHAPE, 2, 1, lens, torch.bfloat16, rt.device)
-    ctx = runtime.BuildContext(rt, stack, lens, RopeTable(SHAPE, max(lens), rt.device), 2048)
+    ctx = BuildContext(rt, stack, lens, RopeTable(SHAPE, max(lens), rt.device), 2048)
     x = random_input(sum(lens), SHAPE.hidden, 0, torch.bfloat16, rt.device)
     for name, knobs in SETTINGS:
         what = f"{name} {knobs}"

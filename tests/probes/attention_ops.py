@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-from overlapbench.run.environment import git_commit
+from overlapbench.launch.environment import git_commit
 from overlapbench.tuning.results import RunLog
 
 D = 128

@@ -32,7 +32,7 @@ import torch
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from overlapbench.run.environment import git_commit
+from overlapbench.launch.environment import git_commit
 from overlapbench.timing.measure import capture
 from overlapbench.tuning.results import new_run_id
 

@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 
-from overlapbench.run import launch_log
+from overlapbench.launch import launch_log
 
 TIMED_OUT = 3  # a worker's exit code when the time limit stopped it
 

@@ -1,7 +1,8 @@
 """Process groups, devices, streams and symmetric memory: what the strategies, the kernels and the
 communication benchmarks run on. Symmetric memory is allocated here and nowhere else, so the
 multicast refusal and the alignment checks hold for every user; so are NCCL's registered
-windows (`Runtime.window`, through overlapbench/run/nccl_windows.py), one per process group."""
+windows (`Runtime.window`, through nccl_windows.py), one per process group. The ground floor:
+it imports nothing of the package but its own folder."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ import math
 import os
 import socket
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -19,12 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from overlapbench.model.chunks import DecodeCache, decode_tokens
-from overlapbench.model.rope import RopeTable
-from overlapbench.model.schedule import Batch
-from overlapbench.model.weights import Stack
-from overlapbench.run import launch_log, nccl_log, nccl_windows
-from overlapbench.specs.knobs import DEFAULT
+from overlapbench.dist import DEFAULT, nccl_log, nccl_windows
 
 # NVLink multicast stays off unless the user explicitly turned it on: our kernels never need
 # it, and on shared hosts it can take the GPUs down.
@@ -263,42 +258,3 @@ def init(timeout_s: int, nccl_tuning_log: bool = False) -> Runtime:
         dist.init_process_group(backend, timeout=timeout, **kwargs)
     control = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
     return Runtime(rank, world, local_rank, device, backend, control, tuning_log=log)
-
-
-@contextmanager
-def session(timeout_s: int, nccl_tuning_log: bool = False) -> Iterator[Runtime]:
-    """`init`, and `Runtime.close` however the body ends: a clean close after it returns, a
-    local one (no collectives) when it raises or is interrupted."""
-    rt = init(timeout_s, nccl_tuning_log)
-    try:
-        yield rt
-    except BaseException:
-        rt.close(clean=False)
-        raise
-    launch_log.event("finished", rank=rt.rank)  # every row is written: what ends the process now ends it at exit
-    rt.close()
-
-
-@dataclass
-class BuildContext:
-    """Everything a strategy needs to build a step for one point."""
-
-    runtime: Runtime
-    stack: Stack
-    seq_lens: tuple[int, ...]  # the prefill sequences
-    rope: RopeTable
-    max_tokens: int  # the largest batch of the run: size buffers once, for all points
-    decode: DecodeCache | None = None  # a mixed batch's decode tokens (first in the layout) and their cache
-
-    @property
-    def tokens(self) -> int:
-        return sum(self.seq_lens) + decode_tokens(self.decode)
-
-    @property
-    def eps(self) -> float:
-        return self.stack.shape.eps
-
-    @property
-    def batch(self) -> Batch:
-        """What a strategy's plan depends on (model/schedule.py)."""
-        return Batch.of(self.seq_lens, self.decode, self.stack.shape, self.stack.tp)

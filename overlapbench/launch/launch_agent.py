@@ -1,6 +1,6 @@
 """The torchrun process of a relaunched command: torch.distributed.run, tied to its launcher.
 
-`python -m overlapbench.run.launch_agent TORCHRUN-ARGS` is `python -m torch.distributed.run
+`python -m overlapbench.launch.launch_agent TORCHRUN-ARGS` is `python -m torch.distributed.run
 TORCHRUN-ARGS`, except that it dies with the launcher that started it (the kernel kills it when
 the launcher dies, however the launcher died: its workers then die with it, see
 process_tree), its own messages and traceback go to the launch log rather than the
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 
-from overlapbench.run import launch_log, process_tree
+from overlapbench.launch import launch_log, process_tree
 
 LAUNCHER = "OVERLAPBENCH_LAUNCHER_PID"  # the launcher's pid, for this process to die with it
 AGENT = "OVERLAPBENCH_AGENT_PID"  # this process's pid, for the workers to die with it

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overlapbench.errors import UserError
-from overlapbench.run.footprint import gib
+from overlapbench.printing import gib
 
 MIB = 2**20
 GPU_QUERY = ["nvidia-smi", "--query-gpu=uuid,memory.total,memory.free", "--format=csv,noheader,nounits"]

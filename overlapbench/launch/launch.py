@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from overlapbench.run import gpu_sharing, launch_agent, launch_log, process_tree
+from overlapbench.launch import gpu_sharing, launch_agent, launch_log, process_tree
 
 RELAUNCHED = "OVERLAPBENCH_RELAUNCHED"  # set for the workers of `relaunch`: the parent speaks for them
 GRACE_S = 10.0  # how long a stopped run's processes get to end on their own before they are killed
@@ -96,7 +96,7 @@ def relaunch(args: list[str], nproc: int, log: Path) -> int:
     reaches this process alone: it stops relaying their stderr and passes the interrupt on; the
     workers close the results file and exit; those still running GRACE_S later are killed, and
     this raises Interrupted."""
-    from overlapbench.run.runtime import apply_safe_env
+    from overlapbench.dist.runtime import apply_safe_env
 
     env = os.environ.copy()
     apply_safe_env(env)
@@ -109,7 +109,7 @@ def relaunch(args: list[str], nproc: int, log: Path) -> int:
     if not local_gpus():
         env.setdefault("OMP_NUM_THREADS", "1")  # 2 processes on a small CPU box
     cmd = [
-        sys.executable, "-m", "overlapbench.run.launch_agent", "--standalone",
+        sys.executable, "-m", "overlapbench.launch.launch_agent", "--standalone",
         f"--nproc-per-node={nproc}", "-m", "overlapbench", *args,
     ]
     log.parent.mkdir(parents=True, exist_ok=True)
