@@ -62,8 +62,9 @@ results/h200x2/486cebf/comm-paths.txt, the same within 1-2% in 05b703a/comm-path
     32      254.9 / 259.2  271.0 / 288.8 (05b703a)      264.2 / 300.2
 
 Pull is 5-12% faster than push at every budget and size, and pull_push no better than pull (at
-16 CTAs 9-10% worse), so pull is the layer's kernel (knobs.FUSED_KERNEL = "v2pull", comm path
-fused_norm); push stays as fused_norm_push. All are exact on the integer patterns (#wrong 0).
+16 CTAs 9-10% worse), so pull is the layer's kernel (the one `comm: fused` and comm path fused_norm
+run: overlapbench/overlap/comm_methods.fused_kernel); push stays as fused_norm_push. All are
+exact on the integer patterns (#wrong 0).
 """
 
 from __future__ import annotations
@@ -203,8 +204,8 @@ class AllReduceNormPullPush(AllReduceNormPull):
     _reduce = staticmethod(partial(reduce_norm, push_out=True))
 
 
-# The fused all-reduce + norm kernels by knobs.FUSED_KERNEL's names (here, where every one of
-# them is importable): v2 (push) is the default; comm, the layer's reducers and the benchmark
+# The fused all-reduce + norm kernels by variant (here, where every one of them is importable):
+# comm's fused_norm_push, fused_norm_pull_push and fused_norm_v1 paths, the benchmark and the tests
 # take their classes from this one table.
 FUSED_KERNELS = {"v2": AllReduceNormV2, "v2pull": AllReduceNormPull, "v2pullpush": AllReduceNormPullPush,
                  "v1": AllReduceNorm}

@@ -487,25 +487,25 @@ def test_gemm_stream_counts_its_flops():
     assert gemms.flops == 2 * (4 * 8 * 16 + 4 * 16 * 8) and gemms.tflops(1.0) == gemms.flops / 1e-3 / 1e12
 
 
-@pytest.mark.parametrize("fused_kernel", ["v2", "v2pull", "v2pullpush", "v1"])
-def test_fused_paths_take_their_kernels(monkeypatch, fused_kernel):
-    """fused_norm builds knobs.FUSED_KERNEL's kernel; the other fused paths always theirs."""
+def test_fused_paths_take_their_kernels(monkeypatch):
+    """fused_norm builds the layer's kernel (the one `comm: fused` runs, comm_methods.fused_kernel);
+    the other fused paths always theirs."""
     from types import SimpleNamespace
 
-    from kernels.allreduce_norm_pull import FUSED_KERNELS
-    from overlapbench.specs import knobs
+    from kernels.allreduce_norm_pull import FUSED_KERNELS, AllReduceNormPull
+    from overlapbench.overlap import comm_methods
 
+    assert comm_methods.fused_kernel() is AllReduceNormPull
     for kernel, kind in list(FUSED_KERNELS.items()):
         monkeypatch.setitem(FUSED_KERNELS, kernel,
                             lambda group, rows, hidden, dtype, device, allocate, name=kind.__name__: (name, rows))
-    monkeypatch.setattr(knobs, "FUSED_KERNEL", fused_kernel)
+    monkeypatch.setattr(comm_methods, "fused_kernel",
+                        lambda: lambda group, rows, hidden, dtype, device, allocate: ("the layer's", rows))
     cases = [Case("all_reduce", p, "nccl", 8, 0, 3 * 1024, "bf16", 1024, buffer=p)
              for p in ("fused_norm", "fused_norm_v1", "fused_norm_push", "fused_norm_pull_push")]
     bufs = buffers.Buffers(SimpleNamespace(device=torch.device("cpu")), cases)
     made = [bufs.fused(c) for c in cases]
-    default = {"v2": "AllReduceNormV2", "v2pull": "AllReduceNormPull", "v2pullpush": "AllReduceNormPullPush",
-               "v1": "AllReduceNorm"}[fused_kernel]
-    assert made == [(default, 3), ("AllReduceNorm", 3), ("AllReduceNormV2", 3), ("AllReduceNormPullPush", 3)]
+    assert made == [("the layer's", 3), ("AllReduceNorm", 3), ("AllReduceNormV2", 3), ("AllReduceNormPullPush", 3)]
 
 
 def test_by_default_comm_runs_every_path_that_has_run_on_a_gpu_and_the_layers_copy_engine_schedule():

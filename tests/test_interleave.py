@@ -235,7 +235,7 @@ def _noisy_ratios(true: float, sd: float, n: int, seed: int) -> list[float]:
 
 
 def test_the_paired_estimate_is_not_moved_by_a_stray_round():
-    from overlapbench.tuning.analysis import paired_ci, paired_estimate
+    from overlapbench.timing.intervals import paired_ci, paired_estimate
 
     ratios = _noisy_ratios(1.05, 0.02, 100, seed=random.randrange(1 << 30))
     clean = paired_estimate(ratios)
@@ -250,7 +250,7 @@ def test_the_paired_interval_is_narrower_than_a_medians_on_gaussian_rounds():
     interval is narrower than the median's for the same rounds, so fewer rounds reach ci_target."""
     import numpy as np
 
-    from overlapbench.tuning.analysis import paired_ci
+    from overlapbench.timing.intervals import paired_ci
 
     def median_width(xs):
         x = np.asarray(xs)

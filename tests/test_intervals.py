@@ -12,7 +12,8 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from overlapbench.tuning import analysis, intervals, tune
+from overlapbench.timing import intervals
+from overlapbench.tuning import analysis, tune
 from tests import synthetic
 
 TRIALS = 2000
@@ -101,7 +102,7 @@ def test_the_paired_interval_keeps_its_coverage(n):
     misses = 0
     for _ in range(trials):
         ratios = list(np.exp(rng.normal(0, 0.02, n)))
-        lo, hi = analysis.paired_ci(ratios)
+        lo, hi = intervals.paired_ci(ratios)
         misses += not lo <= 1 <= hi
     allowed = 0.05 + (3 * math.sqrt(0.05 * 0.95 / trials)) + (0.03 if n >= intervals.BOOTSTRAP_MIN_ROUNDS else 0)
     assert misses / trials <= allowed

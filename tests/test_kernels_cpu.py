@@ -378,7 +378,7 @@ def _rank_strategies_v2(rank, variant, world, bufs, flags, max_tokens, settings,
         buf=bufs[rank], peer_off=torch.tensor([(b.data_ptr() - me) // 16 for b in bufs], dtype=torch.int64),
         flag_ptrs=torch.tensor([f.data_ptr() for f in flags], dtype=torch.int64),
         rank=rank, world=world, max_tokens=max_tokens)
-    reducers._engine = lambda ctx, comm: engine  # this process only (forked)
+    reducers._engine = lambda ctx, comm, make_kernel: engine  # this process only (forked)
     rt = Runtime(rank, world, rank, torch.device("cpu"), "gloo")
     stack = build_stack(_V2_SHAPE, 2, world, rank, torch.float32, rt.device, 0)
     ctx = BuildContext(rt, stack, _V2_SEQS, RopeTable(_V2_SHAPE, max(_V2_SEQS), rt.device), sum(_V2_SEQS))

@@ -98,12 +98,13 @@ def test_modules_are_short_or_say_why(name, path):
 
 
 def test_strategies_folder_holds_only_strategies():
-    """A newcomer opening strategies/ finds the registered strategies, the registry and the base."""
+    """A newcomer opening strategies/ finds the registered strategies, the registry, the base and
+    the knobs they declare."""
     from overlapbench.strategies import all_strategies
 
     files = {p.stem for p in (ROOT / "overlapbench" / "strategies").glob("*.py")}
     registered = {cls.__module__.rpartition(".")[2] for cls in all_strategies()}
-    assert files == registered | {"__init__", "base"}
+    assert files == registered | {"__init__", "base", "knobs"}
 
 
 def test_kernels_holds_only_kernels_the_package_runs():

@@ -16,8 +16,8 @@ from overlapbench.comm import buffers, output, paths
 from overlapbench.comm import run as comm_run
 from overlapbench.comm.cases import Case
 from overlapbench.dist import nccl_log, nccl_windows, runtime
-from overlapbench.specs.knobs import DEFAULT
 from overlapbench.specs.spec_sections import CommSpec
+from overlapbench.strategies.knobs import DEFAULT
 from tests import distributed
 
 K, M = 2**10, 2**20

@@ -21,8 +21,8 @@ torch = pytest.importorskip("torch")
 
 from overlapbench.dist.runtime import apply_safe_env  # noqa: E402
 from overlapbench.model.models import ModelShape  # noqa: E402
-from overlapbench.specs.knobs import DEFAULT  # noqa: E402
 from overlapbench.specs.points import Gemm, Point  # noqa: E402
+from overlapbench.strategies.knobs import DEFAULT  # noqa: E402
 from tests import distributed  # noqa: E402
 
 pytestmark = distributed.two_gpus()

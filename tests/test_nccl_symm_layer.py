@@ -11,7 +11,7 @@ import torch
 from overlapbench import strategies
 from overlapbench.model.layer import reference_forward
 from overlapbench.model.models import PRESETS, ModelShape
-from overlapbench.specs.knobs import DEFAULT
+from overlapbench.strategies.knobs import DEFAULT
 from tests import distributed
 
 SHAPE = PRESETS["tiny"]

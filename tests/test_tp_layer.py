@@ -109,8 +109,8 @@ def test_a_symmetric_reducer_outside_its_world_sizes_is_skipped_with_the_reason(
     from types import SimpleNamespace
 
     from overlapbench.errors import UserError
-    from overlapbench.overlap import reducers
+    from overlapbench.overlap import comm_methods
 
     ctx = SimpleNamespace(runtime=SimpleNamespace(world_size=world), stack=SimpleNamespace(shape=None), eps=1e-5)
     with pytest.raises(UserError, match=rf"comm={comm} runs its symmetric-memory kernels on 2 to 8 ranks; this run has {world}"):
-        reducers.symmetric(ctx, 16, comm)
+        comm_methods.get(comm).reducer(ctx, 16)

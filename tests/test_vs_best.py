@@ -13,6 +13,7 @@ import yaml
 from rich.console import Console
 
 from overlapbench import report
+from overlapbench.timing import intervals
 from overlapbench.tuning import analysis, tune
 from tests import synthetic
 
@@ -33,7 +34,7 @@ def paired_store(path, seed: int, split_speed: float, tokens: int = 4096, rounds
 
 
 def by_round_ratio(numerator: dict, denominator: dict) -> float:
-    return analysis.paired_estimate([a / b for a, b in zip(numerator["samples_ms"], denominator["samples_ms"])])
+    return intervals.paired_estimate([a / b for a, b in zip(numerator["samples_ms"], denominator["samples_ms"])])
 
 
 def report_records(path) -> list[dict]:

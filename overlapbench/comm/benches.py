@@ -65,7 +65,7 @@ def _empty(rt: Runtime, count: int, dtype: str) -> torch.Tensor:
 def nccl_bench(rt: Runtime, case: Case, buffers: Buffers) -> Bench:
     """NCCL (gloo on CPU) as the strategies call it; a CTA budget is a process group created
     with that `max_ctas`. All-reduce in place; all-gather and reduce-scatter out of place."""
-    from overlapbench.specs.knobs import DEFAULT
+    from overlapbench.dist import DEFAULT
 
     # Beside a GEMM stream its kernels run on a high-priority stream, as in the overlapped strategies.
     group = rt.group(case.ctas if case.ctas is not None else DEFAULT, high_priority=case.beside_gemm)
@@ -149,7 +149,7 @@ def copy_engine_bench(rt: Runtime, case: Case, buffers: Buffers) -> Bench:
 
 def fused_norm_bench(rt: Runtime, case: Case, buffers: Buffers) -> Bench:
     """A fused all-reduce + norm kernel on rows x hidden, the one of the case's path
-    (Buffers.fused: fused_norm the layer's, knobs.FUSED_KERNEL; fused_norm_push, _pull_push, _v1)."""
+    (Buffers.fused: fused_norm the layer's, comm_methods.fused_kernel; fused_norm_push, _pull_push, _v1)."""
     return _norm_bench(rt, case, buffers.fused(case))
 
 

@@ -42,7 +42,7 @@ class Buffers:
 
     def window(self, case: Case):
         """The registered NCCL window of the case's budget, sized for the largest case on it."""
-        from overlapbench.specs.knobs import DEFAULT
+        from overlapbench.dist import DEFAULT
 
         ctas = DEFAULT if case.ctas is None else case.ctas
         return self.rt.window(self._largest[self._window_key(case)], self._dtype(case), ctas, case.beside_gemm)
@@ -61,21 +61,22 @@ class Buffers:
         return self._made[key]
 
     def fused(self, case: Case):
-        """The fused kernel's buffers: path fused_norm takes the layer's kernel (knobs.FUSED_KERNEL);
-        fused_norm_push (v2), fused_norm_pull_push and fused_norm_v1 always theirs."""
+        """The fused kernel's buffers: path fused_norm takes the layer's kernel (the one `comm:
+        fused` runs, comm_methods.fused_kernel); fused_norm_push (v2), fused_norm_pull_push and
+        fused_norm_v1 always theirs."""
         import torch.distributed as dist
 
         from kernels.allreduce_norm_pull import FUSED_KERNELS
         from overlapbench.dist.runtime import symmetric_buffer
-        from overlapbench.specs.knobs import FUSED_KERNEL
+        from overlapbench.overlap.comm_methods import fused_kernel
 
         key = self._key(case)
         if key not in self._made:
             rows = self._largest[key] // case.hidden
-            kernel = {"fused_norm_v1": "v1", "fused_norm_push": "v2",
-                      "fused_norm_pull_push": "v2pullpush"}.get(case.buffer, FUSED_KERNEL)
-            self._made[key] = FUSED_KERNELS[kernel](dist.group.WORLD, rows, case.hidden, self._dtype(case), self.rt.device,
-                                                   allocate=symmetric_buffer)
+            variant = {"fused_norm_v1": "v1", "fused_norm_push": "v2", "fused_norm_pull_push": "v2pullpush"}.get(case.buffer)
+            kernel = fused_kernel() if variant is None else FUSED_KERNELS[variant]
+            self._made[key] = kernel(dist.group.WORLD, rows, case.hidden, self._dtype(case), self.rt.device,
+                                     allocate=symmetric_buffer)
         return self._made[key]
 
 

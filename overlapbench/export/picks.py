@@ -17,6 +17,7 @@ from typing import Any
 
 from overlapbench.comm.sizes import DTYPE_BYTES
 from overlapbench.errors import UserError
+from overlapbench.overlap import comm_methods
 from overlapbench.tuned import Rule, TunedConfig, write_atomic
 
 MIB = 1 << 20
@@ -42,15 +43,19 @@ class Pick:
 
 
 def kind_of(strategy: str, knobs: dict) -> str:
-    """The mechanism a strategy and its knobs run (see the module docstring)."""
+    """The mechanism a strategy and its knobs run (see the module docstring): baseline's all-reduce,
+    fused_norm's communication method (its record's engine kind, overlap/comm_methods.py), else
+    the strategy."""
     if strategy == "baseline":
         allreduce = knobs.get("allreduce") or "nccl"
         if allreduce not in ALLREDUCE:
             raise UserError(f"baseline knob allreduce: {allreduce!r} has no engine counterpart here "
                             f"({' | '.join(ALLREDUCE)})")
-        return "nccl_symm" if knobs.get("nccl_symm") and allreduce == "nccl" else allreduce
-    if strategy == "fused_norm" and knobs.get("comm", "fused") == "copy_engine":
-        return "fused_norm_copy_engine"
+        if allreduce == "nccl":
+            return comm_methods.get("nccl_symm" if knobs.get("nccl_symm") else "nccl").engine_kind
+        return allreduce
+    if strategy == "fused_norm":
+        return comm_methods.get(knobs.get("comm", "fused")).engine_kind
     return strategy
 
 

@@ -58,7 +58,8 @@ def previous_of_chunk(tasks: list[Task]) -> list[int | None]:
 @dataclass(frozen=True)
 class Transfer:
     """What one reduction sends, in the comm table's terms: an all-reduce `path` (comm/paths.py:
-    nccl, nccl_symm, symm_one_shot, symm_two_shot, fused_norm, copy_engine_norm) on `ctas` CTAs
+    nccl, nccl_symm, symm_one_shot, symm_two_shot, fused_norm, copy_engine_norm; a `comm` knob
+    value's is its method's, overlap/comm_methods.py) on `ctas` CTAs
     ('default': the path's own choice), or None for no communication (a bound); `norm`: a
     separate residual add + RMSNorm kernel follows on the same lane (the fused paths do it inside)."""
 
@@ -126,16 +127,3 @@ class Batch:
         """From a spec point's or a build's decode tokens (anything with `tokens` and `context`;
         None for a prefill-only batch)."""
         return cls(tuple(seq_lens), (0, 0) if decode is None else (decode.tokens, decode.context), shape, tp)
-
-
-# The comm table's path for each value of the split and fused strategies' `comm` knob.
-COMM_PATHS = {"nccl": "nccl", "nccl_symm": "nccl_symm", "fused": "fused_norm", "copy_engine": "copy_engine_norm"}
-
-
-def comm_transfer(comm: str, ctas: int | str | None, nccl_max_ctas: int | str = "default") -> Transfer:
-    """What a reduction of `comm` (the knob) sends: NCCL's ring under its `nccl_max_ctas` cap, the
-    CTA-budgeted paths on `ctas`; none for `comm: none` (the add + norm still runs)."""
-    if comm == "none":
-        return Transfer(None)
-    path = COMM_PATHS[comm]
-    return Transfer(path, nccl_max_ctas if comm == "nccl" else ctas, norm=comm in ("nccl", "nccl_symm"))

@@ -8,13 +8,15 @@ budget's CTAs (its own choice at `default`).
 of a rendezvoused buffer the GEMMs write into, then the fused add + RMSNorm: the peer-memory
 kernels engines run below their size limits.
 `fused`: one few-CTA Triton kernel over symmetric memory that reduces, adds and normalizes
-(knobs.FUSED_KERNEL: kernel v2's pull variant, kernels/allreduce_norm_pull.py, by default; or
-push, pull_push or v1; the residual token-sharded, except in v1);
+(comm_methods.fused_kernel: kernel v2's pull variant, kernels/allreduce_norm_pull.py; the
+residual token-sharded);
 the GEMM writes its partial straight into the symmetric buffer, so no copy is made.
 `copy_engine`: the copy engines reduce-scatter and all-gather between symmetric buffers, a
 local few-CTA kernel adds and normalizes the rank's own rows (kernels/copy_engine_norm.py, its
 chunked pipeline with the chunk count by size); the residual stays token-sharded (see
 layer.Reducer).
+
+Which of them a `comm` knob value builds is its record's (comm_methods.py).
 """
 
 from __future__ import annotations
@@ -25,13 +27,13 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
+from overlapbench.dist import DEFAULT
 from overlapbench.dist.nccl_windows import NcclWindow
 from overlapbench.dist.runtime import SymmetricBuffer, symmetric_buffer
 from overlapbench.errors import UserError
 from overlapbench.model.chunks import Chunk
 from overlapbench.model.layer import LocalReducer
 from overlapbench.model.norms import add_rms_norm
-from overlapbench.specs.knobs import DEFAULT, FUSED_KERNEL, SYMMETRIC_COMM
 from overlapbench.timing.step import BuildContext
 
 
@@ -114,10 +116,11 @@ class SymmetricReducer:
         return self.kernel(chunk.begin, chunk.end, residual, weight, self.eps, out, self.num_ctas)
 
 
-def _engine(ctx: BuildContext, comm: str):
-    """The run's symmetric buffers of `comm` (`fused`, `copy_engine`): made once, sized for its
-    largest batch. Where that batch does not fit in memory, sized for this one (and grown when
-    a later point needs more)."""
+def _engine(ctx: BuildContext, comm: str, make_kernel):
+    """The run's symmetric buffers of `comm` (`fused`, `copy_engine`), made by `make_kernel`
+    (the kernel's constructor, as `(group, tokens, hidden, dtype, device, allocate=...)`): made
+    once, sized for its largest batch. Where that batch does not fit in memory, sized for this one
+    (and grown when a later point needs more)."""
     from kernels.allreduce_norm import MAX_WORLD
 
     shape, rt = ctx.stack.shape, ctx.runtime
@@ -127,13 +130,7 @@ def _engine(ctx: BuildContext, comm: str):
 
     def make(tokens: int):
         args = (dist.group.WORLD, tokens, shape.hidden, ctx.stack.dtype, rt.device)
-        if comm == "copy_engine":
-            from kernels.copy_engine_norm import CopyEngineNorm
-
-            return lambda: CopyEngineNorm.allocate(*args, allocate=symmetric_buffer)
-        from kernels.allreduce_norm_pull import FUSED_KERNELS
-
-        return lambda: FUSED_KERNELS[FUSED_KERNEL](*args, allocate=symmetric_buffer)
+        return lambda: make_kernel(*args, allocate=symmetric_buffer)
 
     return _run_sized(ctx, key, make, lambda kernel: kernel.max_tokens)
 
@@ -155,17 +152,6 @@ def _run_sized(ctx: BuildContext, key: tuple, make, capacity):
     return rt.replace_resource(key, make(ctx.tokens))
 
 
-def symmetric(ctx: BuildContext, num_ctas: int, comm: str = "fused") -> SymmetricReducer:
-    return SymmetricReducer(_engine(ctx, comm), ctx.eps, num_ctas)
-
-
-def for_split(ctx: BuildContext, knobs: dict) -> tuple:
-    """(after attention, after MLP) reducers, as the split knobs `comm`, `comm_ctas_attn`,
-    `comm_ctas_mlp` and `nccl_max_ctas` ask; NCCL's on the high-priority communication lane."""
-    comm = knobs["comm"]
-    if comm == "nccl_symm":
-        return tuple(collective(ctx, knobs[name], high_priority=True, symm=True) for name in ("comm_ctas_attn", "comm_ctas_mlp"))
-    if comm not in SYMMETRIC_COMM:
-        reducer = LocalReducer(ctx.eps) if comm == "none" else collective(ctx, knobs["nccl_max_ctas"], high_priority=True)
-        return reducer, reducer
-    return symmetric(ctx, knobs["comm_ctas_attn"], comm), symmetric(ctx, knobs["comm_ctas_mlp"], comm)
+def symmetric(ctx: BuildContext, num_ctas: int, comm: str, make_kernel) -> SymmetricReducer:
+    """`comm`'s kernel (made by `make_kernel`, once per run) on `num_ctas` CTAs."""
+    return SymmetricReducer(_engine(ctx, comm, make_kernel), ctx.eps, num_ctas)

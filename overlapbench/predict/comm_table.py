@@ -20,12 +20,12 @@ from pathlib import Path
 
 from overlapbench.comm.sizes import bus_factor, format_bytes
 from overlapbench.errors import UserError, shown, unreadable
+from overlapbench.overlap.comm_methods import PER_ROW_PATHS
 from overlapbench.predict.notes import ASSUMED, EXTRAPOLATED, FLAGGED, INTERPOLATED, RESCALED, SUBSTITUTED, Note, joined
 from overlapbench.tuning.results import read_rows
 
 Ctas = str | int | None  # "default" (NCCL's own choice), a number of CTAs, or None (a path without a budget)
-Key = tuple[str, Ctas, int | None]  # (path, ctas, hidden); hidden only for per-row paths (fused_norm, ...)
-PER_ROW_PATHS = ("fused_norm", "copy_engine_norm")  # cost per row of `hidden`: rows carry it in their key
+Key = tuple[str, Ctas, int | None]  # (path, ctas, hidden); hidden only for per-row paths (comm_methods.PER_ROW_PATHS)
 
 
 GAP = 1.5  # sizes further apart than this many times the table's usual step leave a gap

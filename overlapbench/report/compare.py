@@ -17,7 +17,8 @@ from overlapbench.errors import UserError
 from overlapbench.report.cells import SLOWER, Grid, Shown, fmt_ms, text_cell
 from overlapbench.report.overview import column_order
 from overlapbench.report.render import emit, stderr_console
-from overlapbench.tuning import analysis, intervals
+from overlapbench.timing import intervals
+from overlapbench.tuning import analysis
 from overlapbench.tuning.analysis import Measured, Store
 
 # -- compare: NEW against OLD, point by point ----------------------------------------------

@@ -6,7 +6,7 @@ import json
 
 from overlapbench.errors import UserError, did_you_mean
 from overlapbench.report.cells import NOISY, Grid, Shown, fmt_ms, sensitivity_legend, text_cell
-from overlapbench.specs.knobs import show_value
+from overlapbench.strategies.knobs import show_value
 from overlapbench.tuning import analysis, batches, origin
 from overlapbench.tuning.analysis import Group, Measured, Store
 

@@ -20,10 +20,11 @@ from overlapbench.launch import environment, launch_log
 from overlapbench.launch.session import session
 from overlapbench.launch.watchdog import Watchdog, interrupt_on_sigterm
 from overlapbench.model import attention, flops
+from overlapbench.run import paired
 from overlapbench.run.workload import Workload, build_workload, reference_setting
 from overlapbench.specs.points import Point
 from overlapbench.specs.spec import SweepSpec
-from overlapbench.timing import interleave, measure, paired, peak
+from overlapbench.timing import interleave, measure, peak
 from overlapbench.timing.phases import PointFailed, out_of_memory
 from overlapbench.timing.phases import phase as _phase
 from overlapbench.tuning import analysis, results

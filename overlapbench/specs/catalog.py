@@ -11,8 +11,8 @@ from overlapbench import printing
 
 
 def show_strategies(console: Console) -> None:
-    from overlapbench.specs.knobs import show_value
     from overlapbench.strategies import all_strategies, load_plugins
+    from overlapbench.strategies.knobs import show_value
 
     load_plugins()
     for cls in all_strategies():

@@ -217,8 +217,8 @@ class CommSpec:
               hidden: Any, name: Callable[[str], str]) -> CommSpec:
         """Validated; `name(field)` is how an error names a field (comm.ops in a spec, --ops on
         the command line)."""
-        from overlapbench.specs.knobs import NCCL_MAX_CTAS
-        from overlapbench.specs.knobs import comm_ctas as comm_ctas_knob
+        from overlapbench.strategies.knobs import NCCL_MAX_CTAS
+        from overlapbench.strategies.knobs import comm_ctas as comm_ctas_knob
 
         ops, paths = named(ops, COMM_OPS, name("ops")), named(paths, COMM_PATHS, name("paths"))
         if not any(p in paths for op in ops for p in PATHS_BY_OP[op]):

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from overlapbench.errors import UserError, did_you_mean, field_name
-from overlapbench.specs.knobs import CTA_COMM, DEFAULT, SYMMETRIC_COMM, Knob
+from overlapbench.overlap import comm_methods
+from overlapbench.strategies.knobs import DEFAULT, Knob
 from overlapbench.timing.step import Step
 
 if TYPE_CHECKING:
@@ -112,32 +113,41 @@ class NcclStrategy(Strategy):
 
 
 class SplitStrategy(Strategy):
-    """What token_split and iso share beyond the schedule: the comm knobs' rules."""
+    """What token_split and iso share beyond the schedule: the `comm` knob's rules, each its
+    method's (overlap/comm_methods.py)."""
 
-    cta_knobs: tuple[str, ...] = ()  # the CTA budgets that only comm=fused / copy_engine / nccl_symm use
+    cta_knobs: tuple[str, ...] = ()  # the CTA budgets that only the comm_ctas methods use
 
     @classmethod
     def check_combination(cls, knobs, where):
         """Knobs that do not apply to the chosen `comm` are reset, so a grid over both comm
         paths does not measure the same setting twice."""
-        if knobs["comm"] not in CTA_COMM:
+        method = comm_methods.get(knobs["comm"])
+        if method.budget != comm_methods.COMM_CTAS:
             for name in cls.cta_knobs:
                 knobs[name] = None
-        if knobs["comm"] != "nccl":
+        if method.budget != comm_methods.NCCL_MAX_CTAS:
             knobs["nccl_max_ctas"] = DEFAULT
 
     @classmethod
     def is_checked(cls, knobs):
-        return knobs["comm"] != "none"  # comm=none is a bound, not a correct result
+        return comm_methods.get(knobs["comm"]).checked  # comm=none is a bound, not a correct result
 
     @classmethod
     def uses_nccl_windows(cls, knobs):
-        return knobs["comm"] == "nccl_symm"
+        return comm_methods.get(knobs["comm"]).windows
 
     @classmethod
     def skip_reason(cls, knobs, cuda):
-        if knobs["comm"] in SYMMETRIC_COMM and not cuda:
-            return f"comm={knobs['comm']} needs CUDA GPUs with symmetric memory"
-        if cls.uses_nccl_windows(knobs) and not cuda:
-            return "comm=nccl_symm needs NCCL on CUDA GPUs (registered symmetric windows)"
+        method = comm_methods.get(knobs["comm"])
+        if method.symmetric and not cuda:
+            return f"comm={method.name} needs CUDA GPUs with symmetric memory"
+        if method.windows and not cuda:
+            return f"comm={method.name} needs NCCL on CUDA GPUs (registered symmetric windows)"
         return None
+
+    @classmethod
+    def transfers(cls, knobs: dict, attention_ctas, mlp_ctas) -> tuple:
+        """What the reductions after attention and after the MLP send (model/schedule.Transfer)."""
+        method = comm_methods.get(knobs["comm"])
+        return method.transfer(attention_ctas, knobs["nccl_max_ctas"]), method.transfer(mlp_ctas, knobs["nccl_max_ctas"])

@@ -8,9 +8,9 @@ TensorRT-LLM run below their size limits), `nccl_symm` NCCL's symmetric kernels 
 from __future__ import annotations
 
 from overlapbench.model.schedule import LayerPlan, Rows, Transfer
-from overlapbench.specs.knobs import ALLREDUCE, DEFAULT, NCCL_MAX_CTAS, NCCL_SYMM
 from overlapbench.strategies import register
 from overlapbench.strategies.base import NcclStrategy, Step
+from overlapbench.strategies.knobs import ALLREDUCE, DEFAULT, NCCL_MAX_CTAS, NCCL_SYMM
 
 
 @register

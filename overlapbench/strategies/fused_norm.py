@@ -4,10 +4,11 @@ is one few-CTA symmetric-memory kernel that the row-parallel GEMMs write into di
 
 from __future__ import annotations
 
-from overlapbench.model.schedule import LayerPlan, Rows, comm_transfer
-from overlapbench.specs.knobs import FUSED_COMM, comm_ctas
+from overlapbench.model.schedule import LayerPlan, Rows
+from overlapbench.overlap import comm_methods
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Needs, Step, Strategy
+from overlapbench.strategies.knobs import FUSED_COMM, comm_ctas
 
 
 @register
@@ -20,15 +21,13 @@ class FusedNorm(Strategy):
 
     @classmethod
     def plan(cls, knobs, batch):
-        transfer = comm_transfer(knobs["comm"], knobs["comm_ctas"])
+        transfer = comm_methods.get(knobs["comm"]).transfer(knobs["comm_ctas"])
         return LayerPlan((Rows(0, batch.tokens),), transfer, transfer)
 
     @classmethod
     def build(cls, ctx, knobs):
         from overlapbench.model.chunks import whole_batch
         from overlapbench.model.layer import forward_stack
-        from overlapbench.overlap import reducers
-
-        reducer = reducers.symmetric(ctx, knobs["comm_ctas"], knobs["comm"])
+        reducer = comm_methods.get(knobs["comm"]).reducer(ctx, knobs["comm_ctas"])
         chunk = whole_batch(ctx.seq_lens, ctx.runtime.device, ctx.decode)
         return Step(lambda x: forward_stack(ctx.stack, x, chunk, ctx.rope, reducer))

@@ -17,11 +17,12 @@ counts them in chunk 1.
 from __future__ import annotations
 
 from overlapbench.errors import UserError
-from overlapbench.model.schedule import LayerPlan, SequenceParts, comm_transfer
+from overlapbench.model.schedule import LayerPlan, SequenceParts
 from overlapbench.overlap.balance import balanced_ratio
-from overlapbench.specs.knobs import COMM, NCCL_MAX_CTAS, comm_ctas
+from overlapbench.overlap.comm_methods import CTA_BUDGETED, listed
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Knob, SplitStrategy
+from overlapbench.strategies.knobs import COMM, NCCL_MAX_CTAS, comm_ctas
 
 ALIGN = Knob("align", int, 64, "round each sequence's cut to a multiple of this many tokens", bounds=(1, 4096))
 SPLIT_RATIO = Knob(
@@ -52,7 +53,7 @@ class Iso(SplitStrategy):
     simplicity = 30
     summary = ("ISO: every sequence cut in two chunks; chunk 2 attends to chunk 1's KV; "
                "one chunk's all-reduce overlaps the other's compute")
-    knobs = (SPLIT_RATIO, ALIGN, COMM, comm_ctas("comm_ctas", "(comm=fused, copy_engine or nccl_symm)"), NCCL_MAX_CTAS)
+    knobs = (SPLIT_RATIO, ALIGN, COMM, comm_ctas("comm_ctas", f"(comm={listed(CTA_BUDGETED)})"), NCCL_MAX_CTAS)
 
     cta_knobs = ("comm_ctas",)
 
@@ -68,15 +69,14 @@ class Iso(SplitStrategy):
         prefixes = tuple(cuts(batch.seq_lens, ratio, knobs["align"]))
         first = batch.decode[0] + sum(prefixes)
         parts = (SequenceParts(prefixes, 0, first), SequenceParts(prefixes, 1, batch.tokens - first))
-        transfer = comm_transfer(knobs["comm"], knobs["comm_ctas"], knobs["nccl_max_ctas"])
-        return LayerPlan(parts, transfer, transfer, pipelined=True)
+        return LayerPlan(parts, *cls.transfers(knobs, knobs["comm_ctas"], knobs["comm_ctas"]), pipelined=True)
 
     @classmethod
     def build(cls, ctx, knobs):
         from overlapbench.model.chunks import layout
-        from overlapbench.overlap import reducers
+        from overlapbench.overlap.comm_methods import for_split
         from overlapbench.overlap.split import SplitPlan, split_step
 
         parts, order = layout(cls.plan(knobs, ctx.batch).chunks, ctx.seq_lens, ctx.runtime.device, ctx.decode)
         cta = {"comm_ctas_attn": knobs["comm_ctas"], "comm_ctas_mlp": knobs["comm_ctas"]}
-        return split_step(ctx, SplitPlan(parts, order), reducers.for_split(ctx, knobs | cta))
+        return split_step(ctx, SplitPlan(parts, order), for_split(ctx, knobs | cta))

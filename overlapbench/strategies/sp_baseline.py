@@ -4,9 +4,9 @@ and the one that computes the micro workloads' reference."""
 
 from __future__ import annotations
 
-from overlapbench.specs.knobs import NCCL_MAX_CTAS, NCCL_SYMM
 from overlapbench.strategies import register
 from overlapbench.strategies.base import NcclStrategy, Needs
+from overlapbench.strategies.knobs import NCCL_MAX_CTAS, NCCL_SYMM
 
 SP_WORKLOADS = ("layer", "gemm_ag", "gemm_rs")  # the SP strategies also run the micro workloads
 

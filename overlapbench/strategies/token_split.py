@@ -14,11 +14,12 @@ from __future__ import annotations
 import math
 
 from overlapbench.errors import UserError
-from overlapbench.model.schedule import Batch, LayerPlan, Rows, comm_transfer
+from overlapbench.model.schedule import Batch, LayerPlan, Rows
 from overlapbench.overlap.balance import balanced_rows
-from overlapbench.specs.knobs import ALIGN, CHUNKS, COMM, NCCL_MAX_CTAS, comm_ctas
+from overlapbench.overlap.comm_methods import CTA_BUDGETED, listed
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Knob, SplitStrategy
+from overlapbench.strategies.knobs import ALIGN, CHUNKS, COMM, NCCL_MAX_CTAS, comm_ctas
 
 
 def split_point(tokens: int, align: int, offset: int = 0, ratio: float | None = None) -> int:
@@ -84,8 +85,8 @@ class TokenSplit(SplitStrategy):
              "to equal tokens)",
              choices=("balanced",), bounds=(0.05, 0.95), optional=True),
         COMM,
-        comm_ctas("comm_ctas_attn", "after attention (comm=fused, copy_engine or nccl_symm)"),
-        comm_ctas("comm_ctas_mlp", "after the MLP (comm=fused, copy_engine or nccl_symm)"),
+        comm_ctas("comm_ctas_attn", f"after attention (comm={listed(CTA_BUDGETED)})"),
+        comm_ctas("comm_ctas_mlp", f"after the MLP (comm={listed(CTA_BUDGETED)})"),
         NCCL_MAX_CTAS,
         CHUNKS,
     )
@@ -108,15 +109,14 @@ class TokenSplit(SplitStrategy):
     def plan(cls, knobs, batch):
         ends = [0, *cut_rows(batch, knobs), batch.tokens]
         return LayerPlan(tuple(Rows(lo, hi) for lo, hi in zip(ends, ends[1:])),
-                         comm_transfer(knobs["comm"], knobs["comm_ctas_attn"], knobs["nccl_max_ctas"]),
-                         comm_transfer(knobs["comm"], knobs["comm_ctas_mlp"], knobs["nccl_max_ctas"]), pipelined=True)
+                         *cls.transfers(knobs, knobs["comm_ctas_attn"], knobs["comm_ctas_mlp"]), pipelined=True)
 
     @classmethod
     def build(cls, ctx, knobs):
         from overlapbench.model.chunks import layout
-        from overlapbench.overlap import reducers
+        from overlapbench.overlap.comm_methods import for_split
         from overlapbench.overlap.split import SplitPlan, split_step
 
         # rows of the flattened batch: the decode tokens, then the sequences
         chunks, _ = layout(cls.plan(knobs, ctx.batch).chunks, ctx.seq_lens, ctx.runtime.device, ctx.decode)
-        return split_step(ctx, SplitPlan(chunks), reducers.for_split(ctx, knobs))
+        return split_step(ctx, SplitPlan(chunks), for_split(ctx, knobs))

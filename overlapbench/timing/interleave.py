@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from overlapbench.tuning.analysis import paired_ci, paired_estimate
+from overlapbench.timing.intervals import paired_ci, paired_estimate
 
 
 class Clock(Protocol):

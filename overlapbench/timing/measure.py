@@ -16,7 +16,6 @@ import torch.distributed as dist
 
 from overlapbench.errors import one_line
 from overlapbench.timing.step import Step
-from overlapbench.tuning.analysis import NOISY_CV  # noqa: F401 -- one definition, re-exported
 
 
 @dataclass

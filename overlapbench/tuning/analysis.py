@@ -11,15 +11,15 @@ only). No torch and no pandas here: `tune` and `report` must start fast.
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from overlapbench.errors import UserError
-from overlapbench.specs.knobs import DEFAULT, show_value
-from overlapbench.tuning import intervals, origin, results
+from overlapbench.strategies.knobs import DEFAULT, show_value
+from overlapbench.timing.intervals import paired_ci, paired_estimate
+from overlapbench.tuning import origin, results
 from overlapbench.tuning.batches import decode_of
 
 NOISY_CV = 0.02  # a point whose per-iteration CV exceeds this is flagged as noisy
@@ -309,7 +309,6 @@ def bound(rows: Iterable[Measured]) -> Measured | None:
 
 
 MIN_PAIRED = 3  # rounds in common before a paired ratio is trusted over the medians
-LEVEL = 0.95
 
 
 def paired_ratios(a: Measured, b: Measured) -> list[float] | None:
@@ -332,27 +331,6 @@ def stored_speedup(m: Measured, ref: Measured) -> tuple[float, tuple[float, floa
             or ref.strategy != ref.group.reference_strategy or not default_knobs(ref.knobs)):
         return None
     return m.speedup, m.speedup_ci
-
-
-def paired_estimate(ratios: list[float]) -> float:
-    """A paired speedup from its per-round ratios: their geometric mean, 10% trimmed at each tail.
-
-    On the H200 the per-round log ratios are white and near Gaussian (lag-1 autocorrelation ~0,
-    1.7% of them beyond 2.5 sd), where a mean needs ~1/1.5 the rounds a median needs for the same
-    interval; the trim keeps a stray round from moving it. Re-scored this way, the two committed
-    paired runs of sp-llama3-70b-tp2 agree within 1% at 47 of 48 points (44 with the median), and
-    their median interval at >= 4096 tokens is +-0.60% (0.66%): results/h200x2/paired/check-paired-trimmed.txt.
-    """
-    import numpy as np
-
-    return float(np.exp(intervals.trimmed_log_mean(np.log(np.asarray(ratios, dtype=float)))))
-
-
-def paired_ci(ratios: list[float], level: float = LEVEL) -> tuple[float, float]:
-    """The `level` interval of `paired_estimate`: rounds are independent draws (each ratio is
-    taken at one moment); intervals.paired_interval keeps its coverage at a few rounds too."""
-    lo, hi = intervals.paired_interval([math.log(r) for r in ratios], level)
-    return math.exp(lo), math.exp(hi)
 
 
 def speedup(m: Measured, ref: Measured | None) -> float | None:

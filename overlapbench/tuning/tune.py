@@ -44,11 +44,12 @@ from rich.text import Text
 
 from overlapbench import strategies, tuned
 from overlapbench.errors import UserError, shown
-from overlapbench.tuning import analysis, batches, intervals, origin
+from overlapbench.timing import intervals
+from overlapbench.tuning import analysis, batches, origin
 from overlapbench.tuning.analysis import Group, Measured
 from overlapbench.tuning.tuned_names import file_names
 
-LEVEL = 0.95
+LEVEL = intervals.LEVEL  # the 95% interval a challenger must clear
 # A challenger must be at least this much faster, beyond the noise, to replace a simpler choice.
 # Switching for less buys little, and the best few settings are often within 1% of each other:
 # there a rule of "beats it at all" picks by the noise. On two paired runs of sp-llama3-70b-tp2
@@ -135,8 +136,8 @@ def gain(challenger: Measured, incumbent: Measured, level: float = LEVEL) -> Gai
         return _predicted_gain(challenger, incumbent, level)
     ratios = analysis.paired_ratios(incumbent, challenger)
     if ratios is not None:  # timed in the same rounds: the drift cancels round by round
-        lo, hi = analysis.paired_ci(ratios, level)
-        return Gain(analysis.paired_estimate(ratios), lo, hi, "paired")
+        lo, hi = intervals.paired_ci(ratios, level)
+        return Gain(intervals.paired_estimate(ratios), lo, hi, "paired")
     stored = analysis.stored_speedup(challenger, incumbent)
     if stored is not None and level == LEVEL:  # paired with a re-timed reference (a resumed sweep)
         return Gain(stored[0], *stored[1], "paired")

@@ -38,8 +38,8 @@ from overlapbench.model.models import ModelShape
 from overlapbench.model.rope import RopeTable
 from overlapbench.model.weights import build_stack, random_input
 from overlapbench.run import micro
-from overlapbench.specs.knobs import DEFAULT
 from overlapbench.specs.points import Gemm, Point
+from overlapbench.strategies.knobs import DEFAULT
 from overlapbench.timing.measure import capture, rel_err
 from overlapbench.timing.step import BuildContext
 

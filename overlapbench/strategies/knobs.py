@@ -1,8 +1,9 @@
 """Knobs: a tunable parameter's name, type, domain and help, and the knobs several strategies
-share, defined once.
+share, defined once. The `comm` knob's values are the layer's communication methods
+(overlap/comm_methods.py): its choices and help are theirs.
 
-A leaf module, free of torch: spec validation, `overlapbench strategies`, the tuned-config loader
-and the strategies' declarations all read it.
+Free of torch: spec validation, `overlapbench strategies`, tune and report, and the strategies'
+declarations all read it.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from overlapbench.dist import DEFAULT  # a knob value meaning "leave it to the library"
 from overlapbench.errors import UserError, shown
-
-DEFAULT = "default"  # a knob value meaning "leave it to the library"
+from overlapbench.overlap import comm_methods
 
 
 def show_value(value: Any) -> str:
@@ -102,31 +103,8 @@ ALLREDUCE = Knob(
     "symmetric-memory all-reduce, TensorRT-LLM's ONESHOT/TWOSHOT)",
     choices=("nccl", "one_shot", "two_shot"), sparse=True,
 )
-COMM = Knob(
-    "comm", str, "nccl",
-    "nccl: async NCCL all-reduce + fused add/RMSNorm; nccl_symm: the same on a registered symmetric "
-    "window (NCCL's symmetric kernel on exactly the comm_ctas budgets); fused: one "
-    "symmetric-memory all-reduce+norm kernel; copy_engine: reduce-scatter and all-gather by the copy "
-    "engines, add+norm in a local few-CTA kernel; none: no reduction (a bound, not a correct result: "
-    "what the split alone costs)",
-    choices=("nccl", "nccl_symm", "fused", "copy_engine", "none"),
-)
-# The kernel behind comm=fused (strategies) and the comm path fused_norm: "v2pull" (kernel v2's
-# pull variant, kernels/allreduce_norm_pull.py: 5-12% more busbw than push at 4-16 CTAs on
-# 2x H200, measured there), "v2" (push, kernels/allreduce_norm_v2.py), "v2pullpush", or "v1"
-# (kernels/allreduce_norm.py, the residual replicated).
-FUSED_KERNEL = "v2pull"
-# The comm values that run on torch's symmetric memory (our kernels, the copy engines).
-SYMMETRIC_COMM = ("fused", "copy_engine")
-# The comm values whose CTA budget is a comm_ctas knob (the kernel's grid, the copy-engine path's
-# local add+norm kernel's, or NCCL's symmetric all-reduce's, exact).
-CTA_COMM = (*SYMMETRIC_COMM, "nccl_symm")
-FUSED_COMM = Knob(
-    "comm", str, "fused",
-    "fused: one symmetric-memory all-reduce+norm kernel; copy_engine: reduce-scatter and "
-    "all-gather by the copy engines, add+norm in a local few-CTA kernel",
-    choices=SYMMETRIC_COMM,
-)
+COMM = Knob("comm", str, "nccl", comm_methods.help_text(comm_methods.NAMES), choices=comm_methods.NAMES)
+FUSED_COMM = Knob("comm", str, "fused", comm_methods.help_text(comm_methods.SYMMETRIC), choices=comm_methods.SYMMETRIC)
 ALIGN = Knob("align", int, 256, "round the cut to a multiple of this many tokens", bounds=(1, 4096))
 
 
@@ -134,8 +112,10 @@ def comm_ctas(name: str, what: str) -> Knob:
     return Knob(name, int, 8, f"CTA budget of the fused all-reduce+norm kernel, of the copy-engine path's "
                 f"add+norm kernel, or of NCCL's symmetric all-reduce (exactly that many), {what}",
                 bounds=(1, MAX_COMM_CTAS))
-# issue 36 (long prompts): how many chunks a split cuts the batch into. Sparse: 2, TokenWeave's
-# schedule, keeps the point keys of the rows measured before the knob existed.
+
+
+# How many chunks a split cuts the batch into. Sparse: at 2, TokenWeave's schedule, a setting's
+# point key is the one it has without the knob.
 CHUNKS = Knob(
     "chunks", int, 2,
     "chunks the batch is cut into: 2 = TokenWeave's two halves; more: each chunk's reduction hides under "

@@ -1,0 +1,140 @@
+"""The layer's communication methods, one record each: how a chunk's partial sum becomes the next
+normed input, as the split and fused strategies' `comm` knob names it.
+
+A record says what builds its reducer (overlap/reducers.py), which `comm` path times its
+transfer (comm/paths.py: what `predict` reads from a comm table), which CTA budget it runs on,
+what it needs of the machine (torch symmetric memory, NCCL windows), and what an engine's export
+calls it (export/picks.py). The knob's choices and help, the strategies' rules, the plans'
+transfers, `predict`'s per-row paths and the exports' kinds all derive from these records.
+
+No torch at import (the knobs, spec validation and the exports read the records): a reducer's
+builder imports what it runs when it is called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from overlapbench.dist import DEFAULT
+from overlapbench.errors import UserError
+from overlapbench.model.schedule import Transfer
+
+if TYPE_CHECKING:
+    from overlapbench.model.layer import Reducer
+    from overlapbench.timing.step import BuildContext
+
+NCCL_MAX_CTAS, COMM_CTAS = "nccl_max_ctas", "comm_ctas"  # the knobs that hold a method's CTA budget
+
+
+@dataclass(frozen=True)
+class CommMethod:
+    """One value of the `comm` knob."""
+
+    name: str
+    summary: str  # what it does, in the knob's help
+    reducer: Callable[[BuildContext, int | str | None], Reducer]  # (ctx, its CTA budget) -> the chunk's reducer
+    path: str | None  # the comm path (comm/paths.py) that times its transfer; None: it sends nothing
+    budget: str | None  # the knob holding its CTA budget: NCCL_MAX_CTAS (NCCL's cap), COMM_CTAS (exactly), None
+    engine_kind: str | None  # what an engine's export calls it (export/picks.kind_of); None: no engine runs it
+    symmetric: bool = False  # runs on torch symmetric memory (our kernels, the copy engines): CUDA GPUs only
+    windows: bool = False  # runs NCCL on registered symmetric windows: NCCL on CUDA GPUs only
+    norm_after: bool = True  # a separate residual add + RMSNorm follows the transfer (a fused path norms inside)
+    checked: bool = True  # its result is the layer's (none: a bound, not a correct result)
+
+    def transfer(self, ctas: int | str | None, nccl_max_ctas: int | str = DEFAULT) -> Transfer:
+        """What one reduction sends, in the comm table's terms (model/schedule.Transfer): NCCL's
+        ring under its `nccl_max_ctas` cap, the CTA-budgeted paths on `ctas`; nothing for a
+        method that sends nothing (the add + norm still runs)."""
+        if self.path is None:
+            return Transfer(None)
+        return Transfer(self.path, nccl_max_ctas if self.budget == NCCL_MAX_CTAS else ctas, norm=self.norm_after)
+
+
+def fused_kernel():
+    """The fused all-reduce + norm kernel `comm: fused` runs and the comm path fused_norm times:
+    kernel v2's pull variant (kernels/allreduce_norm_pull.py), 5-12% more busbw than its push at
+    4-16 CTAs on 2x H200."""
+    from kernels.allreduce_norm_pull import AllReduceNormPull
+
+    return AllReduceNormPull
+
+
+def _nccl(ctx: BuildContext, ctas) -> Reducer:
+    from overlapbench.overlap import reducers
+
+    return reducers.collective(ctx, ctas, high_priority=True)
+
+
+def _nccl_symm(ctx: BuildContext, ctas) -> Reducer:
+    from overlapbench.overlap import reducers
+
+    return reducers.collective(ctx, ctas, high_priority=True, symm=True)
+
+
+def _fused(ctx: BuildContext, ctas) -> Reducer:
+    from overlapbench.overlap import reducers
+
+    return reducers.symmetric(ctx, ctas, "fused", fused_kernel())
+
+
+def _copy_engine(ctx: BuildContext, ctas) -> Reducer:
+    from kernels.copy_engine_norm import CopyEngineNorm
+    from overlapbench.overlap import reducers
+
+    return reducers.symmetric(ctx, ctas, "copy_engine", CopyEngineNorm.allocate)
+
+
+def _none(ctx: BuildContext, ctas) -> Reducer:
+    from overlapbench.model.layer import LocalReducer
+
+    return LocalReducer(ctx.eps)
+
+
+METHODS = (
+    CommMethod("nccl", "async NCCL all-reduce + fused add/RMSNorm", _nccl, "nccl", NCCL_MAX_CTAS, "nccl"),
+    CommMethod("nccl_symm", "the same on a registered symmetric window (NCCL's symmetric kernel on exactly the "
+               "comm_ctas budgets)", _nccl_symm, "nccl_symm", COMM_CTAS, "nccl_symm", windows=True),
+    CommMethod("fused", "one symmetric-memory all-reduce+norm kernel", _fused, "fused_norm", COMM_CTAS, "fused_norm",
+               symmetric=True, norm_after=False),
+    CommMethod("copy_engine", "reduce-scatter and all-gather by the copy engines, add+norm in a local few-CTA kernel",
+               _copy_engine, "copy_engine_norm", COMM_CTAS, "fused_norm_copy_engine", symmetric=True, norm_after=False),
+    CommMethod("none", "no reduction (a bound, not a correct result: what the split alone costs)", _none, None, None,
+               None, checked=False),
+)
+BY_NAME = {m.name: m for m in METHODS}
+NAMES = tuple(BY_NAME)
+SYMMETRIC = tuple(m.name for m in METHODS if m.symmetric)  # fused_norm's choices: no split, one fused kernel
+# The methods whose CTA budget is a comm_ctas knob: our kernels' grids first, then NCCL's exact budgets.
+CTA_BUDGETED = (*SYMMETRIC, *(m.name for m in METHODS if m.budget == COMM_CTAS and not m.symmetric))
+PER_ROW_PATHS = tuple(m.path for m in METHODS if m.path and not m.norm_after)  # a norm inside works on whole rows
+
+
+def get(name: str) -> CommMethod:
+    """The method a validated `comm` knob names."""
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise UserError(f"comm: {name!r} is not one of {' | '.join(NAMES)}") from None
+
+
+def help_text(names: tuple[str, ...]) -> str:
+    """`name: summary; ...` of these methods, the knob's help."""
+    return "; ".join(f"{name}: {BY_NAME[name].summary}" for name in names)
+
+
+def listed(names: tuple[str, ...]) -> str:
+    """`fused, copy_engine or nccl_symm`."""
+    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+
+
+def for_split(ctx: BuildContext, knobs: dict) -> tuple:
+    """The split's (after attention, after MLP) reducers, as its knobs `comm`, `comm_ctas_attn`,
+    `comm_ctas_mlp` and `nccl_max_ctas` ask; NCCL's on the high-priority communication lane. A
+    method without a comm_ctas budget reduces both blocks with one reducer."""
+    method = get(knobs["comm"])
+    if method.budget == COMM_CTAS:
+        return tuple(method.reducer(ctx, knobs[name]) for name in ("comm_ctas_attn", "comm_ctas_mlp"))
+    reducer = method.reducer(ctx, knobs[NCCL_MAX_CTAS])
+    return reducer, reducer
