@@ -1,9 +1,11 @@
-"""The one error type users see: a single line naming the field and the fix, exit code 2."""
+"""The one error type users see: a single line naming the field and the fix, exit code 2; and the
+checks of a spec's or an option's fields that raise it."""
 
 from __future__ import annotations
 
 import difflib
 import json
+from typing import Any
 
 
 class UserError(Exception):
@@ -59,3 +61,30 @@ def one_line(e: BaseException, limit: int = 400) -> str:
     """An exception as 'Type: first line of its message', for a result row or a log line."""
     text = f"{type(e).__name__}: {e}".strip().splitlines()
     return text[0][:limit] if text else type(e).__name__
+
+
+def positive_int(value: Any, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise UserError(f"{where}: must be a positive integer, got {shown(value)}")
+    return value
+
+
+def listed(value: Any, where: str) -> tuple:
+    """A YAML list, a scalar, or a comma-separated string, as a tuple without duplicates."""
+    if isinstance(value, str):
+        value = [int(s) if s.strip().isdigit() else s.strip() for s in value.split(",") if s.strip()]
+    items = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+    if not items:
+        raise UserError(f"{where}: empty; give at least one value")
+    repeated = [v for i, v in enumerate(items) if v in items[:i]]
+    if repeated:
+        raise UserError(f"{where}: {shown(repeated[0])} is listed twice; remove the duplicate")
+    return items
+
+
+def named(value: Any, allowed: tuple[str, ...], where: str) -> tuple[str, ...]:
+    items = listed(value, where)
+    for item in items:
+        if item not in allowed:
+            raise UserError(f"{where}: unknown {shown(item)}{did_you_mean(item, allowed)}; known: {', '.join(allowed)}")
+    return items

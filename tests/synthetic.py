@@ -1,6 +1,6 @@
 """Synthetic result rows for the tune/tuned/report tests.
 
-Rows go through the real `sweep.make_row` with a real `points.Point`, so these fixtures follow the
+Rows go through the real `rows.make_row` with a real `rows.Point`, so these fixtures follow the
 row schema as it changes. Timings are fresh random samples (never zeros) from a seeded RNG:
 random enough to exercise the statistics, reproducible enough never to flake.
 """
@@ -14,10 +14,9 @@ import random
 from pathlib import Path
 
 from overlapbench.model.models import PRESETS
-from overlapbench.run.sweep import make_row
-from overlapbench.specs.points import Decode, Gemm, Point
 from overlapbench.specs.spec import SweepSpec
 from overlapbench.timing import measure
+from overlapbench.tuning.rows import Decode, Gemm, Point, make_row
 
 DEVICE = "NVIDIA H200"
 DEFAULT_KNOBS = {"baseline": {"nccl_max_ctas": "default"}, "sp_baseline": {"nccl_max_ctas": "default"}}
@@ -77,13 +76,13 @@ def row(strategy: str, tokens: int, knobs: dict | None = None, *, samples: list[
         result |= {"timing": "interleaved", "pairing": pairing, "round_ids": list(range(len(samples)))}
     if status == "skipped":
         result = {"status": "skipped", "error": error or f"{strategy} needs CUDA GPUs"}
-    return make_row(p, result, run_id, env(device, p.tp), SPEC)
+    return make_row(p, result, run_id, env(device, p.tp), SPEC.measure)
 
 
 def failed(strategy: str, tokens: int, knobs: dict | None = None, **where) -> dict:
     """A failed row as the sweep writes it: an error and no timing."""
     p = point(strategy, tokens, knobs, **where)
-    return make_row(p, {"status": "failed", "error": "OutOfMemoryError: synthetic"}, "run1", env(DEVICE, p.tp), SPEC)
+    return make_row(p, {"status": "failed", "error": "OutOfMemoryError: synthetic"}, "run1", env(DEVICE, p.tp), SPEC.measure)
 
 
 def write(path: Path, rows: list[dict]) -> Path:

@@ -30,7 +30,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from overlapbench.dist.runtime import SAFE_ENV, symmetric_buffer  # noqa: E402
+from overlapbench.distributed.runtime import SAFE_ENV, symmetric_buffer  # noqa: E402
 from tests import distributed  # noqa: E402
 
 pytestmark = distributed.two_gpus()

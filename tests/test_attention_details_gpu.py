@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from overlapbench.dist.runtime import apply_safe_env  # noqa: E402
+from overlapbench.distributed.runtime import apply_safe_env  # noqa: E402
 from overlapbench.model.models import ModelShape  # noqa: E402
 from tests import distributed  # noqa: E402
 
@@ -67,7 +67,7 @@ def _graph_forward(step, x):
 
 def _run(rank: int, world: int) -> dict:
     from overlapbench import strategies
-    from overlapbench.dist import runtime
+    from overlapbench.distributed import runtime
     from overlapbench.model.layer import reference_forward
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import build_stack, random_input

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from overlapbench.dist.runtime import apply_safe_env  # noqa: E402
+from overlapbench.distributed.runtime import apply_safe_env  # noqa: E402
 from overlapbench.model import attention, attention_kernels  # noqa: E402
 from overlapbench.model.models import PRESETS  # noqa: E402
 from overlapbench.timing import measure  # noqa: E402
@@ -117,7 +117,7 @@ def _label(strategy, knobs, lens) -> str:
 
 def _run_strategies(rank: int, world: int) -> dict:
     from overlapbench import strategies
-    from overlapbench.dist import runtime
+    from overlapbench.distributed import runtime
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import build_stack, random_input
     from overlapbench.timing.step import BuildContext

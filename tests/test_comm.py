@@ -18,9 +18,9 @@ from overlapbench.cli import app
 from overlapbench.comm import buffers, command, output, paths, patterns, sizes
 from overlapbench.comm import run as comm_run
 from overlapbench.comm.cases import Case
+from overlapbench.comm.spec import CommSpec
 from overlapbench.errors import UserError
 from overlapbench.specs import spec
-from overlapbench.specs.spec_sections import CommSpec
 from overlapbench.tuning.results import SCHEMA, read_rows
 from tests import distributed
 
@@ -203,7 +203,7 @@ def test_count_wrong_counts_nan_and_size_mismatch():
 def _rank_check(rank: int, world: int, op: str, corrupt: str | None) -> int:
     from dataclasses import replace
 
-    from overlapbench.dist import runtime
+    from overlapbench.distributed import runtime
 
     rt = runtime.init(timeout_s=60)
     case = Case(op, "nccl", "gloo", None, 4 * K, 1024, "fp32", seed=7)

@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from kernels.copy_engine_norm import CopyEngineNorm, buffer_elems  # noqa: E402
-from overlapbench.dist.runtime import SymmetricBuffer  # noqa: E402
+from overlapbench.distributed.runtime import SymmetricBuffer  # noqa: E402
 
 EPS = 1e-5
 
@@ -265,7 +265,7 @@ def test_strategies_with_copy_engine_match_the_reference(monkeypatch, world, chu
     reducer did not update) and the output still equals the reference. chunks None: by size
     (1 here, the serial schedule); 3: the pipeline on stand-in streams."""
     from overlapbench import strategies
-    from overlapbench.dist.runtime import Runtime
+    from overlapbench.distributed.runtime import Runtime
     from overlapbench.model.layer import reference_forward
     from overlapbench.model.models import ModelShape
     from overlapbench.model.rope import RopeTable

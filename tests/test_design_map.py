@@ -1,13 +1,15 @@
 """docs/design.md opens with a map of the package: each folder, what it holds, and the folders it
-imports. These tests keep the map and the tree in step: a folder missing from the map, a map line
-with no folder behind it, or an arrow the imports do not draw (or one they draw and the map
-does not) fails, naming it."""
+imports, from the top floor down. These tests keep the map and the tree in step: a folder missing
+from the map, a map line with no folder behind it, an arrow the imports do not draw (or one they
+draw and the map does not), or an arrow that points to a folder above its own line fails, naming
+it. Imports are read at any depth (inside functions too), so the folders are layers: no folder
+cycle, however indirect."""
 
 from __future__ import annotations
 
 import re
 
-from tests.test_layout import ROOT, import_graph
+from tests.test_layout import ROOT, find_cycle, import_graph
 
 PACKAGE = "overlapbench"
 # a folder line of the map: two-space indent under overlapbench/ (or none: kernels/), the folder,
@@ -22,8 +24,9 @@ def map_block(text: str) -> list[str]:
 
 
 def parse_map(lines: list[str]) -> dict[str, set[str]]:
-    """folder -> the folders its line says it imports; kernels/ at the top level, the package's
-    folders indented under overlapbench/ (which is no entry itself)."""
+    """folder -> the folders its line says it imports, in the map's order (the top floor first);
+    kernels/ at the top level, the package's folders indented under overlapbench/ (which is no
+    entry itself)."""
     folders = {}
     for line in lines:
         match = FOLDER_LINE.match(line)
@@ -83,3 +86,30 @@ def test_the_parser_catches_a_missing_and_an_extra_folder():
     assert drawn.keys() - tree_folders() == {"nowhere"}
     assert drawn["nowhere"] == {"run"}
     assert parse_map(["  model/   the layer   -> kernels", "                  continued text"]) == {"model": {"kernels"}}
+
+
+def upward(drawn: dict[str, set[str]]) -> list[str]:
+    """The arrows of a map that point to a folder on the same line or above it (the map lists the
+    top floor first), or to a folder the map lacks."""
+    order = list(drawn)
+    return [f"{source} -> {target}" for source, targets in drawn.items() for target in sorted(targets)
+            if target not in drawn or order.index(target) <= order.index(source)]
+
+
+def test_the_map_lists_the_floors_top_down():
+    """Every folder imports only folders below its line: the map's order is the floor order."""
+    drawn = parse_map(map_block((ROOT / "docs" / "design.md").read_text()))
+    assert not upward(drawn), f"docs/design.md's map has arrows that point up: {upward(drawn)}"
+
+
+def test_no_folder_cycle():
+    """No folders import each other, however indirectly, at any depth of a module's body."""
+    cycle = find_cycle(folder_arrows())
+    assert cycle is None, "folder cycle: " + " -> ".join(cycle)
+
+
+def test_the_floor_checks_can_fail():
+    """An arrow up the map, and a cycle of folders, are caught."""
+    assert upward({"run": {"comm"}, "comm": {"run"}}) == ["comm -> run"]
+    assert upward({"run": {"comm"}, "comm": set()}) == []
+    assert find_cycle({"run": {"comm"}, "comm": {"specs"}, "specs": {"run"}}) == ["comm", "specs", "run", "comm"]

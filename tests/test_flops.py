@@ -16,8 +16,8 @@ from overlapbench.model.layer import LocalReducer, forward_stack  # noqa: E402
 from overlapbench.model.models import PRESETS, ModelShape  # noqa: E402
 from overlapbench.model.rope import RopeTable  # noqa: E402
 from overlapbench.model.weights import build_stack, random_input  # noqa: E402
-from overlapbench.specs.points import Decode  # noqa: E402
 from overlapbench.timing.peak import Peak  # noqa: E402
+from overlapbench.tuning.rows import Decode  # noqa: E402
 
 CPU = torch.device("cpu")
 

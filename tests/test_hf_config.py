@@ -201,7 +201,7 @@ def test_the_bias_is_sharded_like_wqkv_and_the_norms_replicated():
 
 def _rank_all(rank: int, world: int, shapes: dict[str, ModelShape], names: list[str]) -> dict:
     from overlapbench import strategies
-    from overlapbench.dist import runtime
+    from overlapbench.distributed import runtime
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import random_input
     from overlapbench.timing.step import BuildContext

@@ -365,7 +365,7 @@ def _rank_strategies_v2(rank, variant, world, bufs, flags, max_tokens, settings,
     """One emulated rank running the strategies with comm: fused on kernel v2 (`variant`) in the
     interpreter."""
     from overlapbench import strategies
-    from overlapbench.dist.runtime import Runtime
+    from overlapbench.distributed.runtime import Runtime
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import build_stack, random_input
     from overlapbench.overlap import reducers

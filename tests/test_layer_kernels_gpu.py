@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from kernels import rmsnorm as rmsnorm_kernel  # noqa: E402
 from kernels import rope as rope_kernel  # noqa: E402
 from kernels import swiglu as swiglu_kernel  # noqa: E402
-from overlapbench.dist.runtime import Runtime  # noqa: E402
+from overlapbench.distributed.runtime import Runtime  # noqa: E402
 from overlapbench.model import activation, norms, rope  # noqa: E402
 from overlapbench.model.chunks import build_decode_cache, rope_positions, token_range, whole_batch  # noqa: E402
 from overlapbench.model.layer import LocalReducer, forward_stack  # noqa: E402

@@ -13,7 +13,7 @@ from overlapbench.errors import UserError
 from overlapbench.overlap.sp_schedule import ShardLayout
 from overlapbench.run import micro
 from overlapbench.specs import spec
-from overlapbench.specs.points import Gemm, Point
+from overlapbench.tuning.rows import Gemm, Point
 from tests import distributed
 
 SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
@@ -138,7 +138,7 @@ CASES = [
 
 def _rank_micro(rank: int, world: int, cases: list):
     from overlapbench import strategies
-    from overlapbench.dist import runtime
+    from overlapbench.distributed import runtime
     from overlapbench.run import sweep
     from overlapbench.run.workload import build_workload
 

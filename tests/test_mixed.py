@@ -22,7 +22,7 @@ LAYERS = 2
 
 def _rank_forward(rank, world, strategy, knobs, seq_lens, decode, shape, seed):
     from overlapbench import strategies
-    from overlapbench.dist import runtime
+    from overlapbench.distributed import runtime
     from overlapbench.model.chunks import rope_positions
     from overlapbench.timing.step import BuildContext
 

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from overlapbench.dist.runtime import apply_safe_env  # noqa: E402
+from overlapbench.distributed.runtime import apply_safe_env  # noqa: E402
 from overlapbench.model import attention, attention_kernels  # noqa: E402
 from overlapbench.model.chunks import build_decode_cache, whole_batch  # noqa: E402
 from overlapbench.model.models import PRESETS  # noqa: E402
@@ -81,7 +81,7 @@ BATCH, DECODE = (2048,), (256, 4096)
 
 def _run(rank: int, world: int) -> dict:
     from overlapbench import strategies
-    from overlapbench.dist import runtime
+    from overlapbench.distributed import runtime
     from overlapbench.model.chunks import rope_positions
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import build_stack, random_input

@@ -145,7 +145,7 @@ def _rank_async_tp(rank: int, world: int, seq_lens: tuple):
     import torch.distributed as dist
     from torch.distributed import _symmetric_memory as symm_mem
 
-    from overlapbench.dist import runtime
+    from overlapbench.distributed import runtime
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import random_input
     from overlapbench.overlap.sequence_parallel import FusedExchange, sp_layout, sp_step

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 
-from overlapbench.dist import nccl_log
-from overlapbench.dist.nccl_log import Launch
+from overlapbench.distributed import nccl_log
+from overlapbench.distributed.nccl_log import Launch
 
 HEAD = "gpu-node-3:40211:40388 [0] NCCL INFO "
 SYMMETRIC_228 = HEAD + "AllReduce [Symmetric]: 67108864 Bytes -> Kernel AllReduce_RSxLD_AGxST nchannels 8 nthreads 512 nWorks 1"

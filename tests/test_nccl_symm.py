@@ -15,8 +15,8 @@ import torch.distributed as dist
 from overlapbench.comm import buffers, output, paths
 from overlapbench.comm import run as comm_run
 from overlapbench.comm.cases import Case
-from overlapbench.dist import nccl_log, nccl_windows, runtime
-from overlapbench.specs.spec_sections import CommSpec
+from overlapbench.comm.spec import CommSpec
+from overlapbench.distributed import nccl_log, nccl_windows, runtime
 from overlapbench.strategies.knobs import DEFAULT
 from tests import distributed
 

@@ -19,10 +19,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from overlapbench.dist.runtime import apply_safe_env  # noqa: E402
+from overlapbench.distributed.runtime import apply_safe_env  # noqa: E402
 from overlapbench.model.models import ModelShape  # noqa: E402
-from overlapbench.specs.points import Gemm, Point  # noqa: E402
 from overlapbench.strategies.knobs import DEFAULT  # noqa: E402
+from overlapbench.tuning.rows import Gemm, Point  # noqa: E402
 from tests import distributed  # noqa: E402
 
 pytestmark = distributed.two_gpus()
@@ -92,8 +92,8 @@ def _run_cases(rank: int, world: int, log_dir: str) -> dict:
     from overlapbench.comm import buffers, paths
     from overlapbench.comm import run as comm_run
     from overlapbench.comm.cases import Case
-    from overlapbench.dist import runtime
-    from overlapbench.dist.nccl_log import TuningLog
+    from overlapbench.distributed import runtime
+    from overlapbench.distributed.nccl_log import TuningLog
     from overlapbench.model.layer import reference_forward
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import build_stack, random_input

@@ -55,7 +55,7 @@ def test_windows_need_nccl_on_gpus(strategy, knobs):
 
 
 def _rank_forward(rank: int, world: int, strategy: str, knobs: dict, seq_lens: tuple, shape: ModelShape):
-    from overlapbench.dist import nccl_windows, runtime
+    from overlapbench.distributed import nccl_windows, runtime
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import build_stack, random_input
     from overlapbench.overlap import sequence_parallel

@@ -39,7 +39,7 @@ def test_a_piece_computes_the_layers_rows():
     from overlapbench.predict.pieces import _chunk
 
     point = _points()[0]
-    from overlapbench.dist.runtime import Runtime
+    from overlapbench.distributed.runtime import Runtime
 
     pieces = BatchPieces(point, Runtime(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo"))
     wanted = wanted_pieces(_points())
@@ -57,7 +57,7 @@ def test_a_piece_computes_the_layers_rows():
 def test_a_chain_runs_the_plan_with_its_communication_removed():
     """Each plan's chain is the real executor over the shard's stack: the pipelined chains (the
     split's and iso's lanes, norms only) compute what the serial one does."""
-    from overlapbench.dist.runtime import Runtime
+    from overlapbench.distributed.runtime import Runtime
 
     points = _points()
     rt = Runtime(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")

@@ -73,7 +73,7 @@ def test_the_real_split_runs_the_tasks_predict_plays(monkeypatch):
     """SplitForward's compute and reduce calls, recorded on CPU, are the plan's tasks in order."""
     import torch
 
-    from overlapbench.dist import runtime
+    from overlapbench.distributed import runtime
     from overlapbench.model.chunks import rope_positions
     from overlapbench.model.models import ModelShape
     from overlapbench.model.rope import RopeTable

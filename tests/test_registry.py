@@ -38,7 +38,7 @@ def _runs_on_cpu(cls, knobs: dict, world: int) -> str | None:
 
 
 def _rank_all(rank: int, world: int, names: list[str], shape: ModelShape) -> dict:
-    from overlapbench.dist import runtime
+    from overlapbench.distributed import runtime
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import build_stack, random_input
     from overlapbench.timing.step import BuildContext

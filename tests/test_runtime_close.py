@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from overlapbench.dist import nccl_windows, runtime
-from overlapbench.dist.nccl_windows import NcclWindow
+from overlapbench.distributed import nccl_windows, runtime
+from overlapbench.distributed.nccl_windows import NcclWindow
 from overlapbench.launch.session import session
 from tests import distributed
 

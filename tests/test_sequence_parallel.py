@@ -178,7 +178,7 @@ CASES_TP4 = [  # four ranks: peers at different ring distances, two ranks of pad
 
 
 def _rank_forwards(rank: int, world: int, shape: ModelShape, cases: list):
-    from overlapbench.dist import runtime
+    from overlapbench.distributed import runtime
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import build_stack, random_input
     from overlapbench.timing.step import BuildContext
@@ -219,7 +219,7 @@ def _check_all(shape: ModelShape, world: int, cases: list) -> None:
 
 def _attention_calls(rank: int, world: int, attention: str) -> list[int]:
     """Query rows of every attention call of one forward."""
-    from overlapbench.dist import runtime
+    from overlapbench.distributed import runtime
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import build_stack, random_input
     from overlapbench.overlap import sequence_parallel
@@ -271,13 +271,13 @@ def _rank_async_tp_reference(rank: int, world: int, seq_lens: tuple, micro_cases
     import torch.distributed as dist
     from torch.distributed import _symmetric_memory as symm_mem
 
-    from overlapbench.dist import runtime
+    from overlapbench.distributed import runtime
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import build_stack, random_input
     from overlapbench.overlap.sequence_parallel import FusedExchange, sp_layout, sp_step
     from overlapbench.run import micro
-    from overlapbench.specs.points import Gemm, Point
     from overlapbench.timing.step import BuildContext
+    from overlapbench.tuning.rows import Gemm, Point
 
     rt = runtime.init(timeout_s=60)
     ops = SimpleNamespace(
@@ -353,7 +353,7 @@ def test_symmetric_transport_gathers_and_scatters(monkeypatch, world, tokens, or
     import contextlib
     import threading
 
-    from overlapbench.dist.runtime import SymmetricBuffer
+    from overlapbench.distributed.runtime import SymmetricBuffer
     from overlapbench.overlap import flash_overlap as fo
 
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: _NoStream())

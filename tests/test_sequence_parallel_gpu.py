@@ -14,9 +14,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from overlapbench.dist.runtime import apply_safe_env  # noqa: E402
+from overlapbench.distributed.runtime import apply_safe_env  # noqa: E402
 from overlapbench.model.models import PRESETS, ModelShape  # noqa: E402
-from overlapbench.specs.points import Gemm, Point  # noqa: E402
+from overlapbench.tuning.rows import Gemm, Point  # noqa: E402
 from tests import distributed  # noqa: E402
 
 pytestmark = distributed.two_gpus()
@@ -78,7 +78,7 @@ def _graph_forward(step, x):
 
 def _run_cases(rank: int, world: int) -> dict:
     from overlapbench import strategies
-    from overlapbench.dist import runtime
+    from overlapbench.distributed import runtime
     from overlapbench.model.layer import reference_forward
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import build_stack, random_input

@@ -9,7 +9,7 @@ import pytest
 
 from overlapbench.errors import UserError
 from overlapbench.specs import spec
-from overlapbench.specs.points import Decode
+from overlapbench.tuning.rows import Decode
 
 GOOD = {
     "name": "t",

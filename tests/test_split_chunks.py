@@ -161,7 +161,7 @@ def test_a_plan_with_a_gap_or_one_chunk_is_refused():
 
 
 def _rank_forward(rank, world, knobs, seq_lens, decode, shape, drop_chunk):
-    from overlapbench.dist import runtime
+    from overlapbench.distributed import runtime
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import build_stack, random_input
     from overlapbench.overlap.split import SplitForward

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import torch
 
     from overlapbench.comm.buffers import Buffers
-    from overlapbench.dist.runtime import Runtime
+    from overlapbench.distributed.runtime import Runtime
 
 FUSED_EPS = 1e-5
 
@@ -65,7 +65,7 @@ def _empty(rt: Runtime, count: int, dtype: str) -> torch.Tensor:
 def nccl_bench(rt: Runtime, case: Case, buffers: Buffers) -> Bench:
     """NCCL (gloo on CPU) as the strategies call it; a CTA budget is a process group created
     with that `max_ctas`. All-reduce in place; all-gather and reduce-scatter out of place."""
-    from overlapbench.dist import DEFAULT
+    from overlapbench.distributed import DEFAULT
 
     # Beside a GEMM stream its kernels run on a high-priority stream, as in the overlapped strategies.
     group = rt.group(case.ctas if case.ctas is not None else DEFAULT, high_priority=case.beside_gemm)

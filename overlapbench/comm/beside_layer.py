@@ -37,7 +37,7 @@ from overlapbench.model.rope import RopeTable
 from overlapbench.model.weights import build_stack, random_input
 
 if TYPE_CHECKING:
-    from overlapbench.dist.runtime import Runtime
+    from overlapbench.distributed.runtime import Runtime
 
 SEED = 1
 

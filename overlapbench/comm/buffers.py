@@ -10,7 +10,7 @@ from overlapbench.comm.cases import Case
 from overlapbench.comm.sizes import TORCH_DTYPES
 
 if TYPE_CHECKING:
-    from overlapbench.dist.runtime import Runtime, SymmetricBuffer
+    from overlapbench.distributed.runtime import Runtime, SymmetricBuffer
 
 
 class Buffers:
@@ -42,7 +42,7 @@ class Buffers:
 
     def window(self, case: Case):
         """The registered NCCL window of the case's budget, sized for the largest case on it."""
-        from overlapbench.dist import DEFAULT
+        from overlapbench.distributed import DEFAULT
 
         ctas = DEFAULT if case.ctas is None else case.ctas
         return self.rt.window(self._largest[self._window_key(case)], self._dtype(case), ctas, case.beside_gemm)
@@ -53,7 +53,7 @@ class Buffers:
         return getattr(torch, TORCH_DTYPES[case.dtype])
 
     def symmetric(self, case: Case) -> SymmetricBuffer:
-        from overlapbench.dist.runtime import symmetric_buffer
+        from overlapbench.distributed.runtime import symmetric_buffer
 
         key = self._key(case)
         if key not in self._made:
@@ -67,7 +67,7 @@ class Buffers:
         import torch.distributed as dist
 
         from kernels.allreduce_norm_pull import FUSED_KERNELS
-        from overlapbench.dist.runtime import symmetric_buffer
+        from overlapbench.distributed.runtime import symmetric_buffer
         from overlapbench.overlap.comm_methods import fused_kernel
 
         key = self._key(case)
@@ -82,7 +82,7 @@ class Buffers:
 
     def copy_engine_norm(self, case: Case):
         from kernels.copy_engine_norm import CopyEngineNorm
-        from overlapbench.dist.runtime import symmetric_buffer
+        from overlapbench.distributed.runtime import symmetric_buffer
 
         key = self._key(case)
         if key not in self._made:

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 
 from overlapbench.comm.sizes import DTYPE_BYTES
-from overlapbench.dist.nccl_windows import layout
+from overlapbench.distributed.nccl_windows import layout
 
 # --beside-layer's rows by default: the studies' chunks (512-16K) and batches (1K-32K).
 DEFAULT_LAYER_TOKENS = (512, 1024, 2048, 4096, 8192, 16384, 32768)

@@ -11,17 +11,16 @@ from overlapbench.comm.cases import DEFAULT_LAYER_TOKENS, BesideLayer
 from overlapbench.comm.output import FORMATS, render, totals
 from overlapbench.comm.paths import DEFAULT_PATHS, OPS, make_cases
 from overlapbench.comm.run import RunInfo, run_cases
-from overlapbench.comm.sizes import CPU_SIZES, DTYPE_BYTES, GPU_SIZES, parse_size, size_ladder
+from overlapbench.comm.sizes import CPU_SIZES, DTYPE_BYTES, DTYPES, GPU_SIZES, parse_size, size_ladder
+from overlapbench.comm.spec import CommSpec
 from overlapbench.errors import UserError, did_you_mean, shown
 from overlapbench.model.models import PRESETS
 from overlapbench.printing import styled
-from overlapbench.specs.spec import DTYPES
-from overlapbench.specs.spec_sections import CommSpec
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from overlapbench.dist.runtime import Runtime
+    from overlapbench.distributed.runtime import Runtime
 
 TIMEOUT_S = 600
 STUDY = "comm"  # the `spec` of this command's rows: a results file holds one study (results.ResultStore)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from overlapbench.dist.runtime import Runtime
+    from overlapbench.distributed.runtime import Runtime
 
 GEMM_TOKENS = 4096  # half of an 8192-token batch: one chunk of a token split
 HIDDEN, FFN_PER_RANK = 8192, 14336  # llama3-70b, TP=2

@@ -11,15 +11,14 @@ from overlapbench.comm.benches import Bench
 from overlapbench.comm.buffers import Buffers
 from overlapbench.comm.cases import Case
 from overlapbench.comm.output import summary_line
-from overlapbench.comm.paths import PATHS_BY_NAME, build, make_cases
+from overlapbench.comm.paths import PATHS_BY_NAME, build
 from overlapbench.comm.sizes import algbw, busbw, ops_per_sample
 from overlapbench.errors import one_line
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from overlapbench.dist.runtime import Runtime
-    from overlapbench.specs.spec import SweepSpec
+    from overlapbench.distributed.runtime import Runtime
     from overlapbench.tuning.results import ResultStore
 
 
@@ -104,7 +103,7 @@ def _nccl_kernel(rt: Runtime, case: Case, log, mark: int) -> dict:
     """What NCCL's tuning log says the case's collectives ran on (rank 0 of a communicator logs
     them; other ranks and runs without the log record nothing). A case on registered windows
     that ran anything but a symmetric kernel fails: its row would claim what did not run."""
-    from overlapbench.dist.nccl_log import matching, summarize
+    from overlapbench.distributed.nccl_log import matching, summarize
 
     if log is None:
         return {}
@@ -257,18 +256,3 @@ def _gemm_stream(rt: Runtime, cases: list[Case], info: RunInfo, console: Console
     console.print(f"beside-gemm: the MLP GEMMs alone {gemms.alone_ms:.3f} ms, "
                   f"{gemms.tflops(gemms.alone_ms):.0f} TFLOP/s", highlight=False)
     return gemms
-
-
-def run_in_sweep(rt: Runtime, spec: SweepSpec, store: ResultStore | None, done: set[str],
-                 run_id: str, env: dict, console: Console) -> int:
-    """A study's `comm:` section, after its layer points, into the same store; rows written."""
-    bench = spec.comm
-    dtype = spec.resolved_dtype(rt.is_cuda)
-    cases = make_cases(bench, rt.world_size, rt.backend, dtype, bench.hidden or spec.shape.hidden, len(env["hosts"]),
-                       windows=rt.nccl_windows_unavailable())
-    m = spec.measure
-    info = RunInfo(spec.name, run_id, env, m.warmup, m.iters, m.graphs)
-    console.print(f"comm: {len(cases)} collective cases")
-    rows = run_cases(rt, cases, info, store, done, console)
-    return len(rows) if store is not None else 0
-

@@ -10,6 +10,7 @@ from typing import Any
 from overlapbench.errors import UserError, reject_unknown_keys, shown
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # the one table of a dtype's bytes per element
+DTYPES = ("auto", *DTYPE_BYTES)  # what a spec's or an option's dtype may be: auto (bf16 on GPUs, fp32 on CPU)
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # torch attribute names
 VECTOR_BYTES = 16  # symmetric-memory kernels move whole 16-byte vectors
 GPU_SIZES = ("1M", "1G")  # default -b/-e on GPUs

@@ -53,8 +53,8 @@ def versions() -> dict:
 def nccl_windows() -> str:
     """Whether NCCL's symmetric windows (comm path and knob nccl_symm) can be registered by the
     tool's runs here, which turn multicast off unless the user turned it on; in words."""
-    from overlapbench.dist.nccl_windows import missing_support
-    from overlapbench.dist.runtime import SAFE_ENV
+    from overlapbench.distributed.nccl_windows import missing_support
+    from overlapbench.distributed.runtime import SAFE_ENV
 
     reason = missing_support(SAFE_ENV | dict(os.environ))
     if reason is not None:

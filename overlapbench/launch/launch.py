@@ -96,7 +96,7 @@ def relaunch(args: list[str], nproc: int, log: Path) -> int:
     reaches this process alone: it stops relaying their stderr and passes the interrupt on; the
     workers close the results file and exit; those still running GRACE_S later are killed, and
     this raises Interrupted."""
-    from overlapbench.dist.runtime import apply_safe_env
+    from overlapbench.distributed.runtime import apply_safe_env
 
     env = os.environ.copy()
     apply_safe_env(env)

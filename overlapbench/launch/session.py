@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from overlapbench.dist.runtime import Runtime, init
+from overlapbench.distributed.runtime import Runtime, init
 from overlapbench.launch import launch_log
 
 

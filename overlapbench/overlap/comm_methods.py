@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from overlapbench.dist import DEFAULT
+from overlapbench.distributed import DEFAULT
 from overlapbench.errors import UserError
 from overlapbench.model.schedule import Transfer
 

@@ -29,7 +29,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from overlapbench.dist.runtime import SymmetricBuffer, symmetric_buffer
+from overlapbench.distributed.runtime import SymmetricBuffer, symmetric_buffer
 from overlapbench.overlap.sequence_parallel import RowSource
 from overlapbench.overlap.sp_schedule import Piece, Plan
 

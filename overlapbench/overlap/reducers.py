@@ -27,9 +27,9 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from overlapbench.dist import DEFAULT
-from overlapbench.dist.nccl_windows import NcclWindow
-from overlapbench.dist.runtime import SymmetricBuffer, symmetric_buffer
+from overlapbench.distributed import DEFAULT
+from overlapbench.distributed.nccl_windows import NcclWindow
+from overlapbench.distributed.runtime import SymmetricBuffer, symmetric_buffer
 from overlapbench.errors import UserError
 from overlapbench.model.chunks import Chunk
 from overlapbench.model.layer import LocalReducer

@@ -26,8 +26,8 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from overlapbench.dist import nccl_windows
-from overlapbench.dist.nccl_windows import NcclWindow
+from overlapbench.distributed import nccl_windows
+from overlapbench.distributed.nccl_windows import NcclWindow
 from overlapbench.model.activation import swiglu
 from overlapbench.model.chunks import KVBuffer, token_range, whole_batch
 from overlapbench.model.layer import attend, rope_qkv

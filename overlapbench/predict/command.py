@@ -25,6 +25,7 @@ from overlapbench.predict.summary import Summary
 from overlapbench.run.workload import reference_setting
 from overlapbench.specs.spec import SweepSpec
 from overlapbench.tuning import results
+from overlapbench.tuning.rows import MeasureSettings, make_row
 
 # The absolute error in speedup that the TP=2 validation supports: the 90th percentile of
 # |predicted - measured| over both models' 168 points on 2x H100 (0.059; median 0.016, worst 0.103),
@@ -133,8 +134,6 @@ def predict(spec: SweepSpec, tp: int, inputs: Inputs, output: Path, error: float
 
 
 def _row(point, found, ref, inputs: Inputs, run_id: str, env: dict, error: float) -> dict:
-    from overlapbench.run.sweep import make_row
-
     cls = strategies.get(point.strategy)
     skipped = isinstance(found, Skip)
     if skipped:
@@ -147,7 +146,7 @@ def _row(point, found, ref, inputs: Inputs, run_id: str, env: dict, error: float
                   "speedup": None if speedup is None else round(speedup, 6),
                   "speedup_ci": None if speedup is None else [round(max(speedup - error, 1e-6), 6), round(speedup + error, 6)],
                   "iters": 0}
-    row = make_row(point, result, run_id, env, _measure_stub(point))
+    row = make_row(point, result, run_id, env, MeasureSettings())  # nothing was timed
     row["predicted"] = {
         "compute": inputs.compute.sources, "compute_runs": sorted(inputs.compute.runs),
         "comm": getattr(inputs.comm, "source", None), "contention": inputs.contention is not None,
@@ -160,9 +159,3 @@ def _row(point, found, ref, inputs: Inputs, run_id: str, env: dict, error: float
         row["predicted"]["in_layer_ms"] = round(found.in_layer_ms, 6)
     return row
 
-
-def _measure_stub(point):
-    """make_row reads the spec's measurement settings; a prediction has none."""
-    from types import SimpleNamespace
-
-    return SimpleNamespace(measure=SimpleNamespace(warmup=0, warmup_s=0.0, min_time_s=0.0, iters=0, span_ms=None))

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from overlapbench import printing
-from overlapbench.dist import runtime
+from overlapbench.distributed import runtime
 from overlapbench.errors import UserError
 from overlapbench.launch import environment
 from overlapbench.launch.session import session

@@ -19,8 +19,8 @@ from overlapbench.comm.sizes import DTYPE_BYTES
 from overlapbench.errors import UserError
 from overlapbench.model.flops import layer_flops
 from overlapbench.printing import gib
-from overlapbench.specs.points import Point
 from overlapbench.specs.spec import SweepSpec
+from overlapbench.tuning.rows import Point
 
 FP32 = 4
 ATTENTION_SCORE_BYTES = 12  # CPU attention's float32 scores, their masked copy and exp, per (query, key, head)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from overlapbench.dist.runtime import Runtime
+from overlapbench.distributed.runtime import Runtime
 from overlapbench.model.weights import random_input, seeded_randn, stable_seed
 from overlapbench.overlap.sp_schedule import ShardLayout
 from overlapbench.timing.step import Step

@@ -19,10 +19,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from overlapbench.specs.points import Point
 from overlapbench.timing import interleave, measure
 from overlapbench.timing.interleave import Plan, Timed
 from overlapbench.timing.phases import PointFailed, out_of_memory, phase
+from overlapbench.tuning.rows import Point
 
 WARMUP_ITERS = 2  # per candidate, to estimate its iteration time; whole rounds warm the clocks after
 

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import gc
 import itertools
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -15,20 +13,19 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Column
 
 from overlapbench import printing, strategies
-from overlapbench.dist import runtime
+from overlapbench.distributed import runtime
 from overlapbench.launch import environment, launch_log
 from overlapbench.launch.session import session
 from overlapbench.launch.watchdog import Watchdog, interrupt_on_sigterm
-from overlapbench.model import attention, flops
+from overlapbench.model import attention
 from overlapbench.run import paired
 from overlapbench.run.workload import Workload, build_workload, reference_setting
-from overlapbench.specs.points import Point
 from overlapbench.specs.spec import SweepSpec
 from overlapbench.timing import interleave, measure, peak
 from overlapbench.timing.phases import PointFailed, out_of_memory
 from overlapbench.timing.phases import phase as _phase
-from overlapbench.tuning import analysis, results
-from overlapbench.tuning.results import SCHEMA
+from overlapbench.tuning import results
+from overlapbench.tuning.rows import Point, make_row
 
 
 def _skip_reason(cls: type[strategies.Strategy], rt: runtime.Runtime, point: Point) -> str | None:
@@ -153,58 +150,6 @@ def measure_batch(rt: runtime.Runtime, todo: list[Point], work: Workload, spec: 
     return paired.measure_batch(rt, todo, reference, prepare, plan, pairing, watchdog.guard, profile)
 
 
-def make_row(point: Point, result: dict, run_id: str, env: dict, spec: SweepSpec) -> dict:
-    row = {
-        "schema": SCHEMA,
-        "run_id": run_id,
-        "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "spec": point.spec,
-        "key": point.key(),
-        "status": result["status"],
-        "error": result.get("error"),
-        "workload": point.workload,
-        "gemm": asdict(point.gemm) if point.gemm else None,  # a micro workload's N, K
-        "strategy": point.strategy,
-        "knobs": point.knobs,
-        "model": point.model,
-        "shape": point.shape.as_dict(),
-        "layers": point.layers,
-        "dtype": point.dtype,
-        "batch": list(point.batch),  # the prefill sequences
-        "decode": point.decode.as_dict() if point.decode else None,  # a mixed batch's decode tokens
-        "tokens": point.tokens,  # prefill plus decode tokens
-        "tp": point.tp,
-        "seed": point.seed,
-        "world_size": env["world_size"],
-        "device": env["device"],
-        "backend": env["backend"],
-        "hosts": env["hosts"],
-        "nodes": env["nodes"],
-        "ranks": env["ranks"],
-        "gpus_per_host": env["gpus_per_host"],
-        "versions": env["versions"],
-        "git": env["git"],
-        "multicast_env": env["multicast_env"],
-        "warmup": spec.measure.warmup,
-        "warmup_s": spec.measure.warmup_s,
-        "min_time_s": spec.measure.min_time_s,
-        "iters": result.get("iters") or (len(result["samples_ms"]) if result.get("samples_ms") else spec.measure.iters),
-        "span_ms": spec.measure.span_ms if result.get("timing") == "interleaved" else None,
-    }
-    # checked: the output equals baseline's within tolerance (baseline itself: the reference);
-    # check: what rel_err is measured against, "baseline" or "fp32" (measure.check; the truth);
-    # False for bounds that are not correct results (no_comm, comm=none): never a tuned choice.
-    # Interleaved timing (results.py): samples_ms per round, round_ids, pairing, speedup, speedup_ci.
-    # attention: the attention kernels the forward ran ("cudnn", "cudnn+lse_merge", "sdpa", "math", ...),
-    # so a slow strategy can be told from a slow kernel without a profile; None without attention.
-    for key in ("ms", "p10_ms", "p90_ms", "iqr_ms", "cv", "graphs", "graph_error", "rel_err", "tolerance", "check", "checked",
-                "attention", "timing", "speedup", "speedup_ci", "pairing", "round_ids", "samples_ms"):
-        row[key] = result.get(key)
-    if point.workload == analysis.LAYER:  # flops, tflops, peak_frac and the device's peak (overlapbench/model/flops.py)
-        row |= flops.row_fields(point.shape, point.tp, point.batch, point.decode, row["ms"], env.get("peak"))
-    return row
-
-
 def _describe(point: Point) -> str:
     """`strategy tokens=N knob=value ...`; knobs left unset (null) are not shown."""
     knobs = " ".join(f"{k}={v}" for k, v in point.knobs.items() if v is not None)
@@ -259,7 +204,7 @@ def _run(rt: runtime.Runtime, spec: SweepSpec, output: Path, resume: bool, profi
                     measured = _one_by_one(rt, group, work, spec, watchdog, profile_dir, progress, task)
                 for point, result in measured:
                     if store is not None:
-                        store.append(make_row(point, result, run_id, env, spec))
+                        store.append(make_row(point, result, run_id, env, spec.measure))
                         written += 1
                     progress.advance(task)
                     progress.console.print(_summary_line(point, result, progress.tasks[0]))
@@ -267,14 +212,29 @@ def _run(rt: runtime.Runtime, spec: SweepSpec, output: Path, resume: bool, profi
                 del work, measured
                 _release(rt)
         if spec.comm is not None:  # the study's collective microbenchmarks, into the same store
-            from overlapbench.comm.run import run_in_sweep
-
-            written += run_in_sweep(rt, spec, store, done, run_id, env, console)
+            written += _comm_section(rt, spec, store, done, run_id, env, console)
     finally:
         if store is not None:
             store.close()
     console.print(printing.styled((f"wrote {written} rows to {output}", "bold"), f" (run {run_id})"))
     return written
+
+
+def _comm_section(rt: runtime.Runtime, spec: SweepSpec, store: results.ResultStore | None, done: set[str],
+                  run_id: str, env: dict, console) -> int:
+    """A study's `comm:` section, after its layer points, into the same store; rows written."""
+    from overlapbench.comm.paths import make_cases
+    from overlapbench.comm.run import RunInfo, run_cases
+
+    bench = spec.comm
+    dtype = spec.resolved_dtype(rt.is_cuda)
+    cases = make_cases(bench, rt.world_size, rt.backend, dtype, bench.hidden or spec.shape.hidden, len(env["hosts"]),
+                       windows=rt.nccl_windows_unavailable())
+    m = spec.measure
+    info = RunInfo(spec.name, run_id, env, m.warmup, m.iters, m.graphs)
+    console.print(f"comm: {len(cases)} collective cases")
+    rows = run_cases(rt, cases, info, store, done, console)
+    return len(rows) if store is not None else 0
 
 
 def _one_by_one(rt, group, work, spec, watchdog, profile_dir, progress, task):

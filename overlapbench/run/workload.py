@@ -15,17 +15,17 @@ import torch
 import torch.distributed as dist
 
 from overlapbench import strategies
-from overlapbench.dist import runtime
+from overlapbench.distributed import runtime
 from overlapbench.model import attention_kernels
 from overlapbench.model.chunks import build_decode_cache, rope_positions
 from overlapbench.model.rope import RopeTable
 from overlapbench.model.weights import Stack, build_stack, cast, random_input
-from overlapbench.specs.points import Point
 from overlapbench.timing import measure
 from overlapbench.timing.phases import PointFailed
 from overlapbench.timing.phases import phase as _phase
 from overlapbench.timing.step import BuildContext
 from overlapbench.tuning import analysis
+from overlapbench.tuning.rows import Point
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

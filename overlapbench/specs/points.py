@@ -1,84 +1,11 @@
 """What a sweep measures: its batches (prefill sequence lengths, and a mixed batch's decode
-tokens) as the spec gives them, and `Point`, one measurement: a batch through the stack with one
-strategy and one knob setting. No torch at import."""
+tokens) as the spec gives them; each batch through the stack with one strategy and one knob
+setting is a `Point` (tuning/rows.py), one measurement and its row. No torch at import."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
-
-from overlapbench.errors import UserError, reject_unknown_keys, shown
-from overlapbench.model import models
-from overlapbench.specs.spec_sections import positive_int
-
-
-@dataclass(frozen=True)
-class Gemm:
-    """The GEMM of a micro workload: [M, K] @ [K, N], M being the tokens."""
-
-    n: int
-    k: int
-
-
-@dataclass(frozen=True)
-class Decode:
-    """A mixed batch's decode tokens: `tokens` sequences, each decoding its next token after
-    `context` cached ones."""
-
-    tokens: int
-    context: int
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class Point:
-    """One measurement: a batch through the stack with one strategy and one knob setting."""
-
-    spec: str
-    model: str
-    shape: models.ModelShape
-    tp: int
-    dtype: str
-    layers: int
-    seed: int
-    batch: tuple[int, ...]
-    strategy: str
-    knobs: dict
-    workload: str = "layer"
-    gemm: Gemm | None = None  # a micro workload's N and K
-    decode: Decode | None = None  # a mixed batch's decode tokens (`batch`: its prefill sequences)
-
-    @property
-    def tokens(self) -> int:
-        return sum(self.batch) + (self.decode.tokens if self.decode else 0)
-
-    @property
-    def workload_key(self) -> tuple:
-        """Points sharing this key share weights, inputs and the baseline's reference output."""
-        return (self.workload, self.gemm, self.shape, self.tp, self.dtype, self.layers, self.seed, self.batch,
-                self.decode)
-
-    def key(self) -> str:
-        """Identity of the point in a results file (what `--resume` matches on)."""
-        return json.dumps(
-            {
-                "workload": self.workload,
-                **({"gemm": {"n": self.gemm.n, "k": self.gemm.k}} if self.gemm else {}),
-                "shape": self.shape.as_dict(),
-                "tp": self.tp,
-                "dtype": self.dtype,
-                "layers": self.layers,
-                "seed": self.seed,
-                "batch": list(self.batch),
-                # only mixed batches carry it, so the keys of prefill-only points stay as they were
-                **({"decode": self.decode.as_dict()} if self.decode else {}),
-                "strategy": self.strategy,
-                "knobs": self.knobs,
-            },
-            sort_keys=True,
-        )
+from overlapbench.errors import UserError, positive_int, reject_unknown_keys, shown
+from overlapbench.tuning.rows import Decode
 
 
 def _mixed(batch: dict, where: str) -> tuple[tuple[int, ...], Decode]:

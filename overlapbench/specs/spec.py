@@ -19,13 +19,15 @@ from typing import Any
 import yaml
 
 from overlapbench import strategies
-from overlapbench.errors import UserError, reject_unknown_keys, shown, unreadable
+from overlapbench.comm.sizes import DTYPES
+from overlapbench.comm.spec import CommSpec
+from overlapbench.errors import UserError, positive_int, reject_unknown_keys, shown, unreadable
 from overlapbench.model import hf_config, models
 from overlapbench.specs import yamlio
-from overlapbench.specs.points import Decode, Gemm, Point, parse_batches
-from overlapbench.specs.spec_sections import CommSpec, Measure, StrategyGrid, positive_int, strategy_grids
+from overlapbench.specs.points import parse_batches
+from overlapbench.specs.spec_sections import Measure, StrategyGrid, strategy_grids
+from overlapbench.tuning.rows import Decode, Gemm, Point
 
-DTYPES = ("auto", "bf16", "fp16", "fp32")
 DEFAULT_TOLERANCE = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}
 DEVICE_SECTIONS = ("cpu", "cuda")
 WORKLOADS = ("layer", "gemm_ag", "gemm_rs")  # the layer stack, or one GEMM with its all-gather / reduce-scatter

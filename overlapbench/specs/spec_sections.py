@@ -1,52 +1,18 @@
-"""The sections of a sweep spec that stand alone: `measure` (how points are timed and checked),
-`strategies` (each strategy's knob grid) and `comm` (the collective microbenchmarks after the
-layer points), each validated beside its dataclass so a field's rule is found next to the field;
-and the field checks the other spec modules share. No torch at import."""
+"""The sections of a sweep spec that stand alone: `measure` (how points are timed and checked) and
+`strategies` (each strategy's knob grid), each validated beside its dataclass so a field's rule is
+found next to the field. The `comm` section is comm's own (comm/spec.py). No torch at import."""
 
 from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
 from overlapbench import strategies
-from overlapbench.comm.paths import DEFAULT_PATHS as COMM_DEFAULT_PATHS
-from overlapbench.comm.paths import OPS as COMM_OPS
-from overlapbench.comm.paths import PATHS as COMM_PATHS
-from overlapbench.comm.paths import PATHS_BY_OP
-from overlapbench.comm.sizes import comm_sizes
-from overlapbench.errors import UserError, did_you_mean, field_name, reject_unknown_keys, shown
+from overlapbench.errors import UserError, field_name, positive_int, reject_unknown_keys, shown
 
 CHECKS = ("auto", "baseline", "fp32")  # measure.check
-
-
-def positive_int(value: Any, where: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise UserError(f"{where}: must be a positive integer, got {shown(value)}")
-    return value
-
-
-def listed(value: Any, where: str) -> tuple:
-    """A YAML list, a scalar, or a comma-separated string, as a tuple without duplicates."""
-    if isinstance(value, str):
-        value = [int(s) if s.strip().isdigit() else s.strip() for s in value.split(",") if s.strip()]
-    items = tuple(value) if isinstance(value, (list, tuple)) else (value,)
-    if not items:
-        raise UserError(f"{where}: empty; give at least one value")
-    repeated = [v for i, v in enumerate(items) if v in items[:i]]
-    if repeated:
-        raise UserError(f"{where}: {shown(repeated[0])} is listed twice; remove the duplicate")
-    return items
-
-
-def named(value: Any, allowed: tuple[str, ...], where: str) -> tuple[str, ...]:
-    items = listed(value, where)
-    for item in items:
-        if item not in allowed:
-            raise UserError(f"{where}: unknown {shown(item)}{did_you_mean(item, allowed)}; known: {', '.join(allowed)}")
-    return items
 
 
 @dataclass(frozen=True)
@@ -194,54 +160,3 @@ def strategy_grids(data: Any) -> tuple[StrategyGrid, ...]:
         else:
             grids.append(_grid(name, knobs or {}, where))
     return tuple(grids)
-
-
-@dataclass(frozen=True)
-class CommSpec:
-    """Collective microbenchmarks (`overlapbench comm`, overlapbench/comm.py) that a study runs
-    after its layer points, into the same results file."""
-
-    ops: tuple[str, ...]
-    paths: tuple[str, ...]
-    sizes: tuple[int, ...]  # bytes
-    nccl_max_ctas: tuple  # NCCL CTA budgets: "default" or ints
-    comm_ctas: tuple[int, ...]  # the fused kernel's CTA budgets
-    hidden: int | None = None  # fused_norm measures rows x hidden; None: the study's hidden
-
-    KEYS = ("ops", "paths", "sizes", "nccl_max_ctas", "comm_ctas", "hidden")
-    DEFAULT_NCCL_MAX_CTAS = (strategies.DEFAULT, 4, 8, 16, 32)
-    DEFAULT_COMM_CTAS = (1, 2, 4, 8, 16, 32, 64)
-
-    @classmethod
-    def build(cls, *, ops: Any, paths: Any, sizes: tuple[int, ...], nccl_max_ctas: Any, comm_ctas: Any,
-              hidden: Any, name: Callable[[str], str]) -> CommSpec:
-        """Validated; `name(field)` is how an error names a field (comm.ops in a spec, --ops on
-        the command line)."""
-        from overlapbench.strategies.knobs import NCCL_MAX_CTAS
-        from overlapbench.strategies.knobs import comm_ctas as comm_ctas_knob
-
-        ops, paths = named(ops, COMM_OPS, name("ops")), named(paths, COMM_PATHS, name("paths"))
-        if not any(p in paths for op in ops for p in PATHS_BY_OP[op]):
-            runs = "; ".join(f"{op}: {', '.join(PATHS_BY_OP[op])}" for op in ops)
-            raise UserError(f"{name('paths')}: none of {', '.join(paths)} runs the chosen ops ({runs})")
-        budget = comm_ctas_knob("comm_ctas", "")
-        nccl = tuple(NCCL_MAX_CTAS.check(v, name("nccl_max_ctas")) for v in listed(nccl_max_ctas, name("nccl_max_ctas")))
-        fused = tuple(budget.check(v, name("comm_ctas")) for v in listed(comm_ctas, name("comm_ctas")))
-        if hidden is not None:
-            positive_int(hidden, name("hidden"))
-        return cls(ops, paths, tuple(sizes), nccl, fused, hidden)
-
-    @classmethod
-    def from_yaml(cls, data: Any, cuda: bool) -> CommSpec:
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise UserError(f"comm: must be a mapping with any of {', '.join(cls.KEYS)} ({{}} for the defaults)")
-        reject_unknown_keys(data, cls.KEYS, "comm")
-        return cls.build(
-            ops=data.get("ops", COMM_OPS), paths=data.get("paths", COMM_DEFAULT_PATHS),
-            sizes=comm_sizes(data.get("sizes"), cuda, "comm.sizes"),
-            nccl_max_ctas=data.get("nccl_max_ctas", cls.DEFAULT_NCCL_MAX_CTAS),
-            comm_ctas=data.get("comm_ctas", cls.DEFAULT_COMM_CTAS), hidden=data.get("hidden"),
-            name=lambda field: f"comm.{field}",
-        )

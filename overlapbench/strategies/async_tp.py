@@ -18,7 +18,7 @@ class AsyncTP(Strategy):
 
     @classmethod
     def build(cls, ctx, knobs):
-        from overlapbench.dist.runtime import enable_symmetric_memory
+        from overlapbench.distributed.runtime import enable_symmetric_memory
         from overlapbench.overlap.sequence_parallel import FusedExchange, sp_layout, sp_step
 
         group_name = enable_symmetric_memory()

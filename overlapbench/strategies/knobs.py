@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from overlapbench.dist import DEFAULT  # a knob value meaning "leave it to the library"
+from overlapbench.distributed import DEFAULT  # a knob value meaning "leave it to the library"
 from overlapbench.errors import UserError, shown
 from overlapbench.overlap import comm_methods
 

@@ -13,7 +13,7 @@ from overlapbench.model.schedule import Batch
 if TYPE_CHECKING:
     import torch
 
-    from overlapbench.dist.runtime import Runtime
+    from overlapbench.distributed.runtime import Runtime
     from overlapbench.model.chunks import DecodeCache
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import Stack

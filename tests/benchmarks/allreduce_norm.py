@@ -22,7 +22,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapbench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from overlapbench.dist.runtime import SAFE_ENV
+from overlapbench.distributed.runtime import SAFE_ENV
 
 os.environ.update(SAFE_ENV)  # before NCCL or symmetric memory start: no NVLink multicast, ever
 
@@ -35,7 +35,7 @@ from kernels.allreduce_norm_pull import FUSED_KERNELS
 from kernels.copy_engine_norm import CopyEngineNorm
 from kernels.rmsnorm import fused_add_rmsnorm
 from overlapbench.comm.sizes import busbw
-from overlapbench.dist import runtime
+from overlapbench.distributed import runtime
 from overlapbench.launch.environment import git_commit
 from overlapbench.tuning.results import RunLog
 

@@ -21,7 +21,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapbench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from overlapbench.dist.runtime import SAFE_ENV
+from overlapbench.distributed.runtime import SAFE_ENV
 from tests.benchmarks.allreduce_norm import timed_graph
 
 os.environ.update(SAFE_ENV)
@@ -32,7 +32,7 @@ from kernels.copy_engine_norm import CopyEngineNorm
 from kernels.rmsnorm import add_rmsnorm_reference
 from overlapbench.comm.patterns import count_wrong, pattern, pattern_sum
 from overlapbench.comm.sizes import busbw
-from overlapbench.dist import runtime
+from overlapbench.distributed import runtime
 from overlapbench.launch.environment import git_commit
 from overlapbench.tuning.results import RunLog
 

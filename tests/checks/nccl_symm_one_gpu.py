@@ -31,17 +31,17 @@ from overlapbench import strategies
 from overlapbench.comm import buffers, paths
 from overlapbench.comm import run as comm_run
 from overlapbench.comm.cases import Case
-from overlapbench.dist import runtime
+from overlapbench.distributed import runtime
 from overlapbench.launch import environment
 from overlapbench.model.layer import reference_forward
 from overlapbench.model.models import ModelShape
 from overlapbench.model.rope import RopeTable
 from overlapbench.model.weights import build_stack, random_input
 from overlapbench.run import micro
-from overlapbench.specs.points import Gemm, Point
 from overlapbench.strategies.knobs import DEFAULT
 from overlapbench.timing.measure import capture, rel_err
 from overlapbench.timing.step import BuildContext
+from overlapbench.tuning.rows import Gemm, Point
 
 SHAPE = ModelShape(hidden=512, ffn=1024, heads=8, kv_heads=4, head_dim=64)
 BYTES = 64 * 2**20

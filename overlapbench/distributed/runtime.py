@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from overlapbench.dist import DEFAULT, nccl_log, nccl_windows
+from overlapbench.distributed import DEFAULT, nccl_log, nccl_windows
 
 # NVLink multicast stays off unless the user explicitly turned it on: our kernels never need
 # it, and on shared hosts it can take the GPUs down.
