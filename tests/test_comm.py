@@ -348,7 +348,7 @@ def test_bad_options_are_one_line_exit_2(args, message):
 
 
 def test_options_forward_explicitly_to_the_ranks():
-    opts = command.Options.parse(min_bytes=None, max_bytes="512K", factor=4, ops="all_reduce", paths=None,
+    opts = command.Plan.parse(min_bytes=None, max_bytes="512K", factor=4, ops="all_reduce", paths=None,
                               dtype="auto", nccl_max_ctas="default,8", comm_ctas=None, hidden=8192, iters=3,
                               warmup=1, graphs=False, fmt="csv", output=None, resume=True, nproc=None)
     assert opts.sizes(cuda=True) == (512 * K,)  # -b defaults to 1M on GPUs, moved down to meet -e
@@ -461,7 +461,7 @@ def test_ce_chunks_parse_forward_and_show():
 
     from overlapbench.comm import output
 
-    opts = command.Options.parse(min_bytes=None, max_bytes="512K", factor=4, ops="all_reduce", paths=None,
+    opts = command.Plan.parse(min_bytes=None, max_bytes="512K", factor=4, ops="all_reduce", paths=None,
                                  dtype="auto", nccl_max_ctas="default", comm_ctas="4", hidden=8192, iters=3,
                                  warmup=1, graphs=True, fmt="table", output=None, resume=False, nproc=None,
                                  ce_chunks="1, auto,4,1")
@@ -514,7 +514,7 @@ def test_by_default_comm_runs_every_path_that_has_run_on_a_gpu_and_the_layers_co
     --paths (or a spec's comm.paths) names it. copy_engine_norm's chunks default to the layer's
     (by size)."""
     def parsed(paths_arg):
-        return command.Options.parse(min_bytes=None, max_bytes="64K", factor=4, ops=None, paths=paths_arg,
+        return command.Plan.parse(min_bytes=None, max_bytes="64K", factor=4, ops=None, paths=paths_arg,
                                      dtype="auto", nccl_max_ctas="default", comm_ctas=None, hidden=64, iters=1,
                                      warmup=0, graphs=False, fmt="csv", output=None, resume=False, nproc=None)
 

@@ -27,11 +27,11 @@ from overlapbench.tuning.results import ResultStore, read_rows
 ROOT = Path(__file__).parents[1]
 
 
-def parse(**given) -> command.Options:
+def parse(**given) -> command.Plan:
     options = dict(min_bytes=None, max_bytes=None, factor=2, ops=None, paths=None, dtype="auto", nccl_max_ctas="default,16",
                    comm_ctas="16,32", hidden=None, iters=10, warmup=3, graphs=True, fmt="csv", output=None,
                    resume=False, nproc=None)
-    return command.Options.parse(**(options | given))
+    return command.Plan.parse(**(options | given))
 
 
 def test_the_sizes_are_the_reductions_of_the_tokens_rows_and_forward_to_the_ranks():
@@ -42,7 +42,7 @@ def test_the_sizes_are_the_reductions_of_the_tokens_rows_and_forward_to_the_rank
     hidden = PRESETS[model].hidden
     assert opts.ops == ("all_reduce",) and opts.hidden == hidden
     assert opts.sizes(cuda=True) == opts.sizes(cuda=False) == tuple(n * hidden * 2 for n in tokens)
-    again = command.Options.parse(**_back(opts.argv(cuda=True, output=Path("o.jsonl"))))
+    again = command.Plan.parse(**_back(opts.argv(cuda=True, output=Path("o.jsonl"))))
     assert again.beside_layer == model and again.tokens == opts.tokens and again.layer_tp == opts.layer_tp
     assert again.sizes(cuda=True) == opts.sizes(cuda=True)
     assert parse(beside_layer=model).tokens == DEFAULT_LAYER_TOKENS

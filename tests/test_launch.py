@@ -193,10 +193,10 @@ def test_what_is_kept_is_said_truly(tmp_path):
 
 
 def test_interrupted_with_no_rows_promises_nothing():
-    from overlapbench.cli import _interrupted
+    from overlapbench.run.command import interrupted
 
     missing = Path("/nonexistent/r.jsonl")
-    assert _interrupted(None, missing) == f"interrupted; no rows were written to {missing}"
+    assert interrupted(None, missing) == f"interrupted; no rows were written to {missing}"
 
 
 # -- a study too big for the machine is refused before it starts ----------------------------------

@@ -10,9 +10,9 @@ import pytest
 from rich.console import Console
 
 from overlapbench import strategies
-from overlapbench.predict import piece_keys
 from overlapbench.predict.comm_table import CommTable
 from overlapbench.predict.estimate import ComputePieces, Inputs, estimate
+from overlapbench.run import piece_keys
 from overlapbench.specs import spec as spec_mod
 
 SPEC = {

@@ -7,8 +7,8 @@ import json
 
 import torch
 
-from overlapbench.predict.piece_keys import wanted_pieces
-from overlapbench.predict.pieces import BatchPieces
+from overlapbench.run.piece_keys import wanted_pieces
+from overlapbench.run.pieces import BatchPieces
 from overlapbench.specs import spec as spec_mod
 
 SPEC = {
@@ -36,7 +36,7 @@ def test_each_piece_is_wanted_once_per_batch():
 
 def test_a_piece_computes_the_layers_rows():
     from overlapbench.model.layer import attention_partial
-    from overlapbench.predict.pieces import _chunk
+    from overlapbench.run.pieces import _chunk
 
     point = _points()[0]
     from overlapbench.distributed.runtime import Runtime
@@ -73,7 +73,7 @@ def test_a_chain_runs_the_plan_with_its_communication_removed():
 def test_pieces_are_timed_in_the_sweeps_rounds(monkeypatch):
     """Every piece gets one sample per round, ROUNDS of them after the warm-up, and a piece that
     does more work measures slower (on CPU, by the wall clock)."""
-    from overlapbench.predict import pieces
+    from overlapbench.run import pieces
     from overlapbench.timing.interleave import WallClock
 
     monkeypatch.setattr(pieces, "WARMUP_S", 0.01)

@@ -19,7 +19,8 @@ from overlapbench import report, strategies
 from overlapbench.cli import app
 from overlapbench.errors import UserError
 from overlapbench.printing import gib
-from overlapbench.specs import catalog, spec
+from overlapbench.specs import spec
+from overlapbench.strategies.command import show_strategies
 from overlapbench.tuning import results, tune
 from overlapbench.tuning.results import read_rows
 from tests import synthetic
@@ -124,7 +125,7 @@ def test_every_list_of_strategies_is_in_the_registrys_order():
     docs = re.findall(r"^\| `(\w+)` \|", (ROOT / "docs/workload.md").read_text(), re.M)
     assert docs[:len(order)] == order
     out = io.StringIO()
-    catalog.show_strategies(Console(file=out, width=200))
+    show_strategies(Console(file=out, width=200))
     assert [line.split(":")[0] for line in out.getvalue().splitlines() if line.split(":")[0] in order] == order
     with pytest.raises(UserError) as info:
         strategies.get("bsaeline")

@@ -1,11 +1,14 @@
-"""`overlapbench comm`: the options, the re-launch under torchrun, and the per-rank main."""
+"""`overlapbench comm`: the options (`Options` as the command line gives them, `Plan` once they
+are checked), the re-launch under torchrun, and the per-rank measurement."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
+
+import typer
 
 from overlapbench.comm.cases import DEFAULT_LAYER_TOKENS, BesideLayer
 from overlapbench.comm.output import FORMATS, render, totals
@@ -15,6 +18,7 @@ from overlapbench.comm.sizes import CPU_SIZES, DTYPE_BYTES, DTYPES, GPU_SIZES, p
 from overlapbench.comm.spec import CommSpec
 from overlapbench.errors import UserError, did_you_mean, shown
 from overlapbench.model.models import PRESETS
+from overlapbench.printing import console as new_console
 from overlapbench.printing import styled
 
 if TYPE_CHECKING:
@@ -26,8 +30,43 @@ TIMEOUT_S = 600
 STUDY = "comm"  # the `spec` of this command's rows: a results file holds one study (results.ResultStore)
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True)
 class Options:
+    """Collective microbenchmarks in nccl-tests' terms: size, count, type, time, algbw, busbw,
+    #wrong, for NCCL under CTA budgets, symmetric-memory one-/two-shot all-reduce, the fused
+    all-reduce + RMSNorm kernel, and a copy-engine all-gather. Each size is checked (#wrong,
+    exact integer inputs) before it is timed; rows go to a results file like sweep's."""
+
+    min_bytes: Annotated[str | None, typer.Option("-b", "--min-bytes", help="Smallest size, bytes or with K/M/G (binary). Default: 1M on GPUs, 1K on CPU.")] = None
+    max_bytes: Annotated[str | None, typer.Option("-e", "--max-bytes", help="Largest size. Default: 1G on GPUs, 64K on CPU.")] = None
+    factor: Annotated[int, typer.Option("-f", "--factor", help="Each size is the previous one times this.")] = 2
+    ops: Annotated[str | None, typer.Option("--ops", help="Comma list of all_reduce, all_gather, reduce_scatter. Default: all.")] = None
+    paths: Annotated[str | None, typer.Option("--paths", help="Comma list of nccl (gloo on CPU), symm_one_shot, symm_two_shot, fused_norm (the layer's fused kernel: v2 pull), fused_norm_push and fused_norm_pull_push (v2's other variants), fused_norm_v1, copy_engine, copy_engine_norm, nccl_symm (NCCL's symmetric kernels on registered windows, NCCL 2.27+). Default: all.")] = None
+    dtype: Annotated[str, typer.Option("--dtype", help="auto (bf16 on GPUs, fp32 on CPU) | bf16 | fp16 | fp32.")] = "auto"
+    nccl_max_ctas: Annotated[str | None, typer.Option("--nccl-max-ctas", help="NCCL CTA budgets (max_ctas; nccl_symm: exactly that many, min_ctas = max_ctas), 'default' or 1..64. Default: default,4,8,16,32.")] = None
+    comm_ctas: Annotated[str | None, typer.Option("--comm-ctas", help="CTA budgets of the fused all-reduce+RMSNorm kernel and of the copy-engine path's add+norm kernel. Default: 1,2,4,8,16,32,64.")] = None
+    hidden: Annotated[int | None, typer.Option("--hidden", help="fused_norm measures rows x hidden: a size becomes size / (hidden x dtype bytes) rows. Default: 8192 (with --beside-layer: the model's).")] = None
+    iters: Annotated[int, typer.Option("--iters", help="Timed samples per size (small sizes repeat the op within a sample).")] = 20
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed samples first.")] = 5
+    graphs: Annotated[bool, typer.Option("--graphs/--no-graphs", help="Time CUDA-graph replays (falls back to eager where capture fails).")] = True
+    fmt: Annotated[str, typer.Option("--format", help="table | csv | json (to stdout; progress goes to stderr).")] = "table"
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Results file (.jsonl). Default: results/comm-{device}-{world}.jsonl.")] = None
+    resume: Annotated[bool, typer.Option("--resume", help="Continue: skip the cases already in the results file.")] = False
+    nproc: Annotated[int | None, typer.Option("--nproc", help="Processes to launch when not under torchrun. Default: all local GPUs, or 2 on CPU.")] = None
+    ce_chunks: Annotated[str | None, typer.Option("--ce-chunks", help="copy_engine_norm: comma list of chunk counts its rows are cut into (1: the serial schedule) or auto (by size, as the layer). Default: auto.")] = None
+    beside_gemm: Annotated[bool, typer.Option("--beside-gemm", help="Also time each case while llama3-70b TP=2 MLP GEMMs (4096 tokens, bf16) run on another stream: the path's time and busbw beside them and the GEMMs' TFLOP/s loss. GPUs only.")] = False
+    beside_layer: Annotated[str | None, typer.Option("--beside-layer", metavar="MODEL", help="Also time each all-reduce beside one rank's shard of MODEL's layer (a preset: its attention, then its MLP, on the rows the all-reduce carries): the compute's loss, the transfer's stretch, and the all-reduce's extra cost in line with the layer. The sizes come from --tokens. GPUs only.")] = None
+    layer_tp: Annotated[int | None, typer.Option("--tp", help="With --beside-layer: the TP degree of the layer shard. Default: the world size.")] = None
+    tokens: Annotated[str | None, typer.Option("--tokens", help="With --beside-layer: comma list of the layer's row counts; each case's all-reduce carries that many rows (rows x hidden x 2 bytes). Default: 512,1024,...,32768.")] = None
+
+
+def main(options: Options) -> int:
+    """The options checked (`Plan`), then `run`: its exit code."""
+    return run(Plan.parse(**asdict(options)), new_console(), new_console(stderr=True))
+
+
+@dataclass(frozen=True)
+class Plan:
     """One `overlapbench comm` invocation, validated before any process starts."""
 
     min_bytes: int | None  # None: by device (GPU_SIZES / CPU_SIZES)
@@ -59,7 +98,7 @@ class Options:
               paths: str | None, dtype: str, nccl_max_ctas: str, comm_ctas: str, hidden: int | None,
               iters: int, warmup: int, graphs: bool, fmt: str, output: Path | None, resume: bool,
               nproc: int | None, beside_gemm: bool = False, ce_chunks: str | None = None,
-              beside_layer: str | None = None, layer_tp: int | None = None, tokens: str | None = None) -> Options:
+              beside_layer: str | None = None, layer_tp: int | None = None, tokens: str | None = None) -> Plan:
         if fmt not in FORMATS:
             raise UserError(f"--format: {shown(fmt)} is not one of {', '.join(FORMATS)}")
         if dtype not in DTYPES:
@@ -212,7 +251,7 @@ def _local_device_name() -> str:
     return torch.cuda.get_device_properties(0).name if torch.cuda.is_available() else "cpu"
 
 
-def main(opts: Options, console: Console, err_console: Console) -> int:
+def run(opts: Plan, console: Console, err_console: Console) -> int:
     """Started plainly: check the store, re-launch under torchrun; under torchrun: measure."""
     from overlapbench.launch import launch
     from overlapbench.tuning.results import held_for_launch, kept
@@ -240,7 +279,7 @@ def main(opts: Options, console: Console, err_console: Console) -> int:
     return code
 
 
-def _refuse_if_nothing_runs(opts: Options, world: int) -> None:
+def _refuse_if_nothing_runs(opts: Plan, world: int) -> None:
     """On a machine without GPUs, refuse up front what would only skip: every case needs CUDA."""
     if opts.beside_gemm:
         raise UserError("--beside-gemm: times each path beside a bf16 GEMM stream on CUDA GPUs, and this machine "
@@ -256,7 +295,7 @@ def _refuse_if_nothing_runs(opts: Options, world: int) -> None:
                         f"only the nccl path (gloo) runs")
 
 
-def run_ranks(opts: Options, console: Console) -> int:
+def run_ranks(opts: Plan, console: Console) -> int:
     """The measurement on this rank: cases, the store, the rows; rank 0 prints them. The
     runtime is closed however it ends (session): NCCL windows go before their groups."""
     from overlapbench.launch.session import session
@@ -266,7 +305,7 @@ def run_ranks(opts: Options, console: Console) -> int:
     return 0
 
 
-def _measure(opts: Options, console: Console, rt: Runtime) -> None:
+def _measure(opts: Plan, console: Console, rt: Runtime) -> None:
     from overlapbench import printing
     from overlapbench.launch import environment
     from overlapbench.tuning import results

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Annotated
 
+import typer
 import yaml
 from rich.console import Console
 from rich.text import Text
 
-from overlapbench import tuned
+from overlapbench import printing, tuned
 from overlapbench.errors import UserError
 from overlapbench.export import defaults, sglang, tokenweave, trtllm, vllm
 from overlapbench.export.picks import write
@@ -23,6 +25,29 @@ from overlapbench.tuning.analysis import Measured
 
 EXPORTERS = {"tokenweave": tokenweave.export, "vllm": vllm.export, "sglang": sglang.export, "trtllm": trtllm.export}
 ENGINES = tuple(EXPORTERS)
+
+
+@dataclass(kw_only=True)
+class Options:
+    """Write the tuned choice as the files and flags an engine reads: TokenWeave's config JSON,
+    vLLM's --compilation-config and env lines, SGLang's flags, TensorRT-LLM's YAML. vLLM, SGLang and
+    TensorRT-LLM get the fastest setting they can express by the rows behind the config, never slower
+    than their own defaults; each file's header says what it changes, what the host needs, what the
+    engine cannot run and what that would add."""
+
+    inputs: Annotated[list[Path], typer.Argument(metavar="TUNED.yaml|RESULTS.jsonl", help="Tuned configs, or results files to tune here (nothing else written).")]
+    engine: Annotated[str, typer.Option("--engine", help="tokenweave | vllm | sglang | trtllm (any case).")]
+    engine_version: Annotated[str | None, typer.Option("--engine-version", metavar="V", help="The engine release whose key names and defaults to judge against (vllm: 0.31.0 or 0.33.0, the default; sglang: 0.5.23; a leading v is fine). One whose code was not read is refused.")] = None
+    out: Annotated[Path, typer.Option("--out", help="Folder; each config's files go to OUT/ENGINE/CONFIG-NAME/.")] = Path("results/exports")
+    show_defaults: Annotated[bool, typer.Option("--defaults", help="Instead: per measured batch, what the engine's defaults run, what the export runs and the tuned pick, from the rows behind each config (markdown).")] = False
+
+
+def main(options: Options) -> int:
+    """`run`, saying each file written."""
+    console = printing.console()
+    for path in run(options.inputs, options.engine, options.engine_version, options.out, options.show_defaults, console):
+        console.print(f"wrote {path}")
+    return 0
 
 
 @dataclass(frozen=True)

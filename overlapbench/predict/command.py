@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
-from overlapbench import strategies
+import typer
+
+from overlapbench import printing, strategies
 from overlapbench.errors import UserError, shown
 from overlapbench.launch import environment
 from overlapbench.predict.estimate import TRANSFER_BESIDE, ComputePieces, Inputs, Skip, estimate
-from overlapbench.predict.piece_keys import batch_of
 from overlapbench.predict.summary import Summary
-from overlapbench.run.workload import reference_setting
+from overlapbench.run.piece_keys import batch_of
 from overlapbench.specs.spec import SweepSpec
 from overlapbench.tuning import results
 from overlapbench.tuning.rows import MeasureSettings, make_row
@@ -33,12 +36,38 @@ from overlapbench.tuning.rows import MeasureSettings, make_row
 ERROR = 0.06
 
 
-def main(spec_path: Path, tp: int, comm: list[Path], compute: list[Path] | None, output: Path | None,
-         busbw: float | None, transfer_beside: str, error: float | None) -> tuple[Path, list[str]]:
-    """`overlapbench predict`: the options checked, the inputs read, the rows written; their path
-    and the summary's lines (what was extrapolated, interpolated, substituted or skipped)."""
+@dataclass(kw_only=True)
+class Options:
+    """Predict a study at TP=K from one GPU's compute pieces and a table of collectives: rows in
+    the sweep's schema (timing "predicted"), which `tune` and `report` read as they are."""
+
+    spec: Annotated[Path, typer.Argument(metavar="SPEC.yaml", help="The study to predict: every strategy, knob setting and batch of it.")]
+    tp: Annotated[int, typer.Option("--tp", help="The TP degree to predict.")]
+    comm: Annotated[list[Path], typer.Option("--comm", metavar="TABLE", help="The all-reduce table: `overlapbench comm` rows (.jsonl; its --beside-layer or --beside-gemm rows give the contention), or nccl-tests all_reduce_perf output (.txt). Repeat for several files; tables of another world size are rescaled to --tp's (docs/predict.md).")]
+    compute: Annotated[list[Path] | None, typer.Option("--compute", metavar="ROWS", help="The shard's compute pieces, timed on one GPU by `overlapbench sweep SPEC --pieces --tp K`. Default: results/{name}-pieces-tp{K}.jsonl.")] = None
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Where the predicted rows go (.jsonl). Default: results/{name}-predicted-tp{K}.jsonl.")] = None
+    busbw: Annotated[float | None, typer.Option("--busbw", metavar="GB/S", help="Rescale the tables of other world sizes to this all-reduce bus bandwidth at 1 GiB at --tp's world size (a table measured on fewer GPUs, to predict more). Default: match them to a --tp table's NCCL ring.")] = None
+    transfer_beside: Annotated[str, typer.Option("--transfer-beside", help="auto | alone | measured: a transfer beside compute runs as slowed as measured beside the layer (--beside-layer rows) and as fast as alone where only --beside-gemm rows measured it (auto); always as fast as alone; or as slowed as either measured it.")] = "auto"
+    error: Annotated[float | None, typer.Option("--error", metavar="ABS", help="The error of a predicted speedup, absolute: the rows' interval. Default: what the TP=2 validation supports (docs/predict.md).")] = None
+
+
+def main(options: Options) -> int:
+    """`run`, then where the rows went and the summary's lines, at the terminal."""
+    out, summary = run(options)
+    console = printing.console()
+    console.print(f"wrote predicted rows to {out}", soft_wrap=True, highlight=False)
+    for line in summary:
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
+    return 0
+
+
+def run(options: Options) -> tuple[Path, list[str]]:
+    """The options checked, the inputs read, the rows written; their path and the summary's
+    lines (what was extrapolated, interpolated, substituted or skipped)."""
     from overlapbench.specs import spec as spec_mod
 
+    spec_path, tp, comm, compute, output = options.spec, options.tp, options.comm, options.compute, options.output
+    busbw, transfer_beside, error = options.busbw, options.transfer_beside, options.error
     if transfer_beside not in TRANSFER_BESIDE:
         raise UserError(f"--transfer-beside: one of {', '.join(TRANSFER_BESIDE)}, got {shown(transfer_beside)}")
     if tp < 1:
@@ -55,34 +84,6 @@ def main(spec_path: Path, tp: int, comm: list[Path], compute: list[Path] | None,
     predict(loaded, tp, load_inputs(comm, compute, transfer_beside, tp, busbw, loaded.model), out,
             ERROR if error is None else error, summary)
     return out, summary.lines()
-
-
-def launch_pieces(path: Path, output: Path | None, tp: int | None) -> None:
-    """`sweep --pieces`: one process on one GPU times the shard layer's pieces (pieces.py)."""
-    import typer
-
-    from overlapbench import printing
-    from overlapbench.launch import launch
-    from overlapbench.specs import spec as spec_mod
-    from overlapbench.tuning.results import held_for_launch
-
-    if launch.local_gpus() == 0:
-        raise UserError("--pieces: times one rank's compute on a GPU, and this machine has none; run it on one GPU")
-    loaded = spec_mod.load(path, cuda=True)
-    tp = tp or (loaded.tp if isinstance(loaded.tp, int) else None)
-    if tp is None or tp < 1:
-        raise UserError("--tp: give the TP degree whose shard to time (the spec says tp: auto)")
-    loaded.check_tp(tp)
-    out = output or Path("results") / f"{loaded.name}-pieces-tp{tp}.jsonl"
-    with held_for_launch(out, False, loaded.name):  # a second run into `out` is refused from here on
-        sharing = launch.gpu_sharing_check(1, None, False)
-        if sharing:
-            printing.console(stderr=True).print(f"warning: {sharing}")
-        code, what = launch.run_into(out, ["sweep", str(path), "--pieces", "--tp", str(tp), "--output", str(out)], 1)
-    if what is not None:
-        printing.console(stderr=True).print(f"sweep --pieces failed: {what}")
-    if code:
-        raise typer.Exit(code)
 
 
 def load_inputs(comm: list[Path], compute: list[Path], stretch: str, tp: int, busbw: float | None = None,
@@ -109,6 +110,8 @@ def predict(spec: SweepSpec, tp: int, inputs: Inputs, output: Path, error: float
     store = results.ResultStore(output)
     store.open(resume=False, study=spec.name)
     run_id, written = results.new_run_id(), 0
+    from overlapbench.run.workload import reference_setting  # imports torch: not at the command line's start
+
     reference = reference_setting("layer")
     summary = summary if summary is not None else Summary()
     summary.inputs += inputs.comm.notes + (inputs.contention.notes if inputs.contention else [])

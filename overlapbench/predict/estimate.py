@@ -12,12 +12,12 @@ from overlapbench import strategies
 from overlapbench.comm.sizes import DTYPE_BYTES
 from overlapbench.errors import UserError
 from overlapbench.model.schedule import ATTENTION, COMPUTE, Batch, LayerPlan
-from overlapbench.predict import piece_keys
 from overlapbench.predict.comm_table import NotInTable
 from overlapbench.predict.contention import LAYER
 from overlapbench.predict.notes import ASSUMED, SKIPPED, Note
 from overlapbench.predict.timeline import COMPUTE as COMPUTE_PHASE
 from overlapbench.predict.timeline import NORM, TRANSFER, Phase, Played, play
+from overlapbench.run import piece_keys
 from overlapbench.tuning.results import read_rows
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
+import typer
 from rich.console import Console
 
 from overlapbench import printing
@@ -28,9 +30,48 @@ PLOT_METRICS = ("ms", "speedup")
 # -- the command ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True)
 class Options:
-    """The report command's options, checked together because they constrain each other."""
+    """Compare strategies per token count, a table per group (layer, or a micro workload's
+    GEMM): ms per layer (per GEMM), speedup over the reference (baseline; micro: sp_baseline),
+    share of the exposed communication hidden; the winner marked, noisy cells flagged."""
+
+    results: Annotated[list[Path] | None, typer.Argument(metavar="RESULTS.jsonl", help="Results files, read in order (a later row for a point wins). Default: the newest in results/ holding a sweep's rows (layer or micro), else the newest.")] = None
+    fmt: Annotated[str, typer.Option("--format", help="table | markdown | csv | json (csv/json: one record per cell, to stdout).")] = "table"
+    sensitivity: Annotated[str | None, typer.Option("--sensitivity", metavar="STRATEGY", help="Show one strategy's knob grid (ms per setting) at --tokens.")] = None
+    tokens: Annotated[int | None, typer.Option("--tokens", metavar="N", help="The token count for --sensitivity.")] = None
+    plot: Annotated[Path | None, typer.Option("--plot", metavar="FILE.png", help="Also draw time per layer (micro: per GEMM) vs tokens to a PNG (needs the 'plot' extra: matplotlib).")] = None
+    plot_metric: Annotated[str, typer.Option("--plot-metric", help="ms | speedup: what --plot draws.")] = "ms"
+    compare: Annotated[tuple[Path, Path] | None, typer.Option("--compare", metavar="OLD NEW", help="Per point (matched by key) the ratio NEW/OLD of ms per layer (micro: per GEMM).")] = None
+    fail_above: Annotated[float | None, typer.Option("--fail-above", metavar="PCT", help="With --compare: exit 1 when any point got slower by more than PCT percent.")] = None
+    across_devices: Annotated[bool, typer.Option("--across-devices", help="With --compare: compare OLD and NEW of different devices, or measured against predicted (refused without it: the difference is not the code's).")] = False
+    profile: Annotated[Path | None, typer.Option("--profile", metavar="DIR", help="Where each point's GPU time goes: the kernel tables `sweep --profile DIR` wrote, by kind of kernel, per layer, beside no_comm's.")] = None
+    rounds: Annotated[bool, typer.Option("--rounds", help="How noisy the paired timing's rounds were, per batch: rounds, the sd of per-round ratios, the widest interval.")] = False
+
+
+def main(options: Options) -> int:
+    """The files named (or the newest sweep's), then `run`: its exit code."""
+    from overlapbench.tuning import results as results_mod
+    from overlapbench.tuning.rows import WORKLOADS
+
+    err_console = printing.console(stderr=True)
+
+    def file_of(path: Path | None) -> Path:
+        return results_mod.given_or_newest(path, WORKLOADS, lambda text: err_console.print(text, soft_wrap=True),
+                                           fallback=True)
+
+    o = options
+    paths = [file_of(p) for p in o.results] if o.results else ([] if o.compare else [file_of(None)])
+    compare_paths = None if o.compare is None else (file_of(o.compare[0]), file_of(o.compare[1]))
+    return run(paths, o.fmt, printing.console(), sensitivity=o.sensitivity, tokens=o.tokens, plot_path=o.plot,
+               plot_metric=o.plot_metric, compare_paths=compare_paths, fail_above=o.fail_above, profile_dir=o.profile,
+               rounds=o.rounds, across_devices=o.across_devices)
+
+
+@dataclass(frozen=True)
+class View:
+    """Which view of the rows, in which format: the options checked together because they
+    constrain each other."""
 
     fmt: str = "table"
     sensitivity: str | None = None
@@ -72,7 +113,7 @@ class Options:
 COMM = "comm"  # the workload of `overlapbench comm` rows
 
 
-def comm_report(rows: list[dict], fmt: str, console: Console, opts: Options) -> int:
+def comm_report(rows: list[dict], fmt: str, console: Console, opts: View) -> int:
     """A results file of collective microbenchmarks: comm's own nccl-tests table (no strategies
     to compare, so no overview)."""
     from overlapbench.comm import output as comm
@@ -97,9 +138,9 @@ def _require_measured(store: Store) -> None:
 
 def run(paths: Iterable[Path], fmt: str = "table", console: Console | None = None, **options) -> int:
     """The report command; returns the exit code (1: a regression above --fail-above).
-    `options`: the fields of Options (sensitivity, tokens, plot_path, plot_metric,
+    `options`: the fields of View (sensitivity, tokens, plot_path, plot_metric,
     compare_paths, fail_above, profile_dir, rounds, across_devices)."""
-    console, paths, opts = console or printing.console(), list(paths), Options(fmt, **options)
+    console, paths, opts = console or printing.console(), list(paths), View(fmt, **options)
     opts.check(paths)
     if opts.compare_paths is not None:
         return compare(*opts.compare_paths, fmt, console, opts.fail_above, opts.across_devices)

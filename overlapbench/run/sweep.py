@@ -1,4 +1,4 @@
-"""The point loop, on every rank: build the workload, check each strategy, time it, store a row."""
+"""The point loop, on every rank: build each batch's workload, check each point, time it, store its row."""
 
 from __future__ import annotations
 
@@ -14,14 +14,13 @@ from rich.table import Column
 
 from overlapbench import printing, strategies
 from overlapbench.distributed import runtime
-from overlapbench.launch import environment, launch_log
-from overlapbench.launch.session import session
-from overlapbench.launch.watchdog import Watchdog, interrupt_on_sigterm
+from overlapbench.launch import launch_log
+from overlapbench.launch.watchdog import Watchdog
 from overlapbench.model import attention
 from overlapbench.run import paired
 from overlapbench.run.workload import Workload, build_workload, reference_setting
 from overlapbench.specs.spec import SweepSpec
-from overlapbench.timing import interleave, measure, peak
+from overlapbench.timing import interleave, measure
 from overlapbench.timing.phases import PointFailed, out_of_memory
 from overlapbench.timing.phases import phase as _phase
 from overlapbench.tuning import results
@@ -157,27 +156,13 @@ def _describe(point: Point) -> str:
     return f"{point.strategy} tokens={point.tokens}{decode} {knobs}".strip()
 
 
-def run(spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None = None) -> int:
-    """The sweep on this rank; returns the number of rows written. The runtime is closed however
-    the sweep ends (session), so NCCL windows never outlive their communicators."""
-    with session(spec.measure.timeout_s, nccl_tuning_log=spec.comm is not None) as rt:  # comm rows: NCCL's kernel
-        return _run(rt, spec, output, resume, profile_dir)
-
-
-def _run(rt: runtime.Runtime, spec: SweepSpec, output: Path, resume: bool, profile_dir: Path | None) -> int:
-    interrupt_on_sigterm()
-    watchdog = Watchdog(spec.measure.timeout_s, rt.rank)
+def measure_points(rt: runtime.Runtime, spec: SweepSpec, todo: list[Point], max_tokens: int,
+                   store: results.ResultStore | None, run_id: str, env: dict, watchdog: Watchdog,
+                   profile_dir: Path | None = None) -> int:
+    """The point loop on this rank: per batch, its workload built once, its points checked and
+    timed (interleaved on GPUs, one by one on CPU), a row each into `store` (rank 0's; None on
+    the others); the rows written. `max_tokens`: the run's largest batch (buffers are sized once)."""
     console = printing.console(quiet=rt.rank != 0)
-    env = environment.run_environment(rt) | {"peak": peak.dense_peak(rt.device)}  # rows' peak_frac: against it
-    points = spec.points(rt.world_size, rt.is_cuda)
-
-    store, done, run_id = results.open_on_ranks(output, resume, rt.rank, spec.name)
-    todo = [p for p in points if p.key() not in done]
-    if done:
-        console.print(f"resuming {output}: {len(points) - len(todo)} of {len(points)} points already done")
-    console.print(_header(spec, len(todo), rt, output))
-    max_tokens = max(p.tokens for p in points)
-
     written = 0
     # The status line stays 2 columns short of the terminal: the ^C a terminal echoes then never
     # wraps it onto a second line, which the display would not know to clear when it stops.
@@ -186,55 +171,31 @@ def _run(rt: runtime.Runtime, spec: SweepSpec, output: Path, resume: bool, profi
     columns = (TextColumn("{task.description}", markup=False, table_column=description), BarColumn(bar_width=20),
                MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("eta"), TimeRemainingColumn())
-    try:
-        with Progress(*columns, console=status_console, transient=True) as progress:
-            task = progress.add_task("sweep", total=len(todo))
-            stacks: dict = {}  # the current shape's layer stack (workload.weights)
-            for batch, (_, group) in enumerate(itertools.groupby(todo, key=lambda p: p.workload_key)):
-                group = list(group)
-                first = group[0]
-                progress.update(task, description=f"building the workload: {first.tokens} tokens", refresh=True)
-                with watchdog.guard(f"building the workload of {_describe(first)}"):
-                    truth = spec.measure.checks_against_fp32(first.tp, first.shape.moe, first.dtype)
-                    work = build_workload(rt, first, stacks, max_tokens, truth)
-                if spec.measure.interleaved(rt.is_cuda):
-                    progress.update(task, description=f"{first.tokens} tokens: {len(group)} points interleaved", refresh=True)
-                    measured = measure_batch(rt, group, work, spec, f"{run_id}/{batch}", watchdog, profile_dir)
-                else:
-                    measured = _one_by_one(rt, group, work, spec, watchdog, profile_dir, progress, task)
-                for point, result in measured:
-                    if store is not None:
-                        store.append(make_row(point, result, run_id, env, spec.measure))
-                        written += 1
-                    progress.advance(task)
-                    progress.console.print(_summary_line(point, result, progress.tasks[0]))
-                    _release(rt)
-                del work, measured
+    with Progress(*columns, console=status_console, transient=True) as progress:
+        task = progress.add_task("sweep", total=len(todo))
+        stacks: dict = {}  # the current shape's layer stack (workload.weights)
+        for batch, (_, group) in enumerate(itertools.groupby(todo, key=lambda p: p.workload_key)):
+            group = list(group)
+            first = group[0]
+            progress.update(task, description=f"building the workload: {first.tokens} tokens", refresh=True)
+            with watchdog.guard(f"building the workload of {_describe(first)}"):
+                truth = spec.measure.checks_against_fp32(first.tp, first.shape.moe, first.dtype)
+                work = build_workload(rt, first, stacks, max_tokens, truth)
+            if spec.measure.interleaved(rt.is_cuda):
+                progress.update(task, description=f"{first.tokens} tokens: {len(group)} points interleaved", refresh=True)
+                measured = measure_batch(rt, group, work, spec, f"{run_id}/{batch}", watchdog, profile_dir)
+            else:
+                measured = _one_by_one(rt, group, work, spec, watchdog, profile_dir, progress, task)
+            for point, result in measured:
+                if store is not None:
+                    store.append(make_row(point, result, run_id, env, spec.measure))
+                    written += 1
+                progress.advance(task)
+                progress.console.print(_summary_line(point, result, progress.tasks[0]))
                 _release(rt)
-        if spec.comm is not None:  # the study's collective microbenchmarks, into the same store
-            written += _comm_section(rt, spec, store, done, run_id, env, console)
-    finally:
-        if store is not None:
-            store.close()
-    console.print(printing.styled((f"wrote {written} rows to {output}", "bold"), f" (run {run_id})"))
+            del work, measured
+            _release(rt)
     return written
-
-
-def _comm_section(rt: runtime.Runtime, spec: SweepSpec, store: results.ResultStore | None, done: set[str],
-                  run_id: str, env: dict, console) -> int:
-    """A study's `comm:` section, after its layer points, into the same store; rows written."""
-    from overlapbench.comm.paths import make_cases
-    from overlapbench.comm.run import RunInfo, run_cases
-
-    bench = spec.comm
-    dtype = spec.resolved_dtype(rt.is_cuda)
-    cases = make_cases(bench, rt.world_size, rt.backend, dtype, bench.hidden or spec.shape.hidden, len(env["hosts"]),
-                       windows=rt.nccl_windows_unavailable())
-    m = spec.measure
-    info = RunInfo(spec.name, run_id, env, m.warmup, m.iters, m.graphs)
-    console.print(f"comm: {len(cases)} collective cases")
-    rows = run_cases(rt, cases, info, store, done, console)
-    return len(rows) if store is not None else 0
 
 
 def _one_by_one(rt, group, work, spec, watchdog, profile_dir, progress, task):
@@ -261,7 +222,7 @@ def _release(rt: runtime.Runtime) -> None:
         torch.cuda.empty_cache()
 
 
-def _header(spec: SweepSpec, count: int, rt: runtime.Runtime, out: Path):
+def header(spec: SweepSpec, count: int, rt: runtime.Runtime, out: Path):
     """What is about to run: points, processes, where the rows go."""
     where = "GPUs" if rt.is_cuda else "CPU processes"
     return printing.styled((spec.name, "bold"), f": {count} points on {rt.world_size} {where} ({rt.backend}); rows go to {out}")

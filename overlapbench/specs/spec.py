@@ -26,11 +26,10 @@ from overlapbench.model import hf_config, models
 from overlapbench.specs import yamlio
 from overlapbench.specs.points import parse_batches
 from overlapbench.specs.spec_sections import Measure, StrategyGrid, strategy_grids
-from overlapbench.tuning.rows import Decode, Gemm, Point
+from overlapbench.tuning.rows import WORKLOADS, Decode, Gemm, Point
 
 DEFAULT_TOLERANCE = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}
 DEVICE_SECTIONS = ("cpu", "cuda")
-WORKLOADS = ("layer", "gemm_ag", "gemm_rs")  # the layer stack, or one GEMM with its all-gather / reduce-scatter
 
 
 @dataclass(frozen=True)

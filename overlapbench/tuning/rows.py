@@ -12,6 +12,8 @@ from overlapbench.model import flops, models
 from overlapbench.tuning.analysis import LAYER
 from overlapbench.tuning.results import SCHEMA
 
+WORKLOADS = (LAYER, "gemm_ag", "gemm_rs")  # a point runs the layer stack, or one GEMM with its all-gather / reduce-scatter
+
 
 @dataclass(frozen=True)
 class Gemm:

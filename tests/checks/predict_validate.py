@@ -178,7 +178,8 @@ def run(study: Study, rows_dir: Path) -> Outcome:
     predicted = rows_dir / f"predicted-{study.model}-tp{study.tp}.jsonl"
     predicted.unlink(missing_ok=True)
     comm = [found[n] for n in study.tables if found[n] is not None] + ([found[contention]] if contention else [])
-    _, out.summary = command.main(ROOT / study.spec, study.tp, comm, [found[study.pieces]], predicted, None, "auto", None)
+    _, out.summary = command.run(command.Options(spec=ROOT / study.spec, tp=study.tp, comm=comm, compute=[found[study.pieces]],
+                                                 output=predicted))
     rows = read_rows(predicted)
     for title, paths in measured:
         named = f"{title} ({', '.join(_rel(p) for p in paths)}, runs {', '.join(_runs(paths))})"

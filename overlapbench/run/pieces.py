@@ -38,7 +38,7 @@ from overlapbench.model.rope import RopeTable
 from overlapbench.model.schedule import Rows, SequenceParts
 from overlapbench.model.weights import build_stack, random_input
 from overlapbench.overlap.split import SplitForward, SplitPlan
-from overlapbench.predict.piece_keys import WORKLOAD, wanted_pieces
+from overlapbench.run.piece_keys import WORKLOAD, wanted_pieces
 from overlapbench.specs.spec import SweepSpec
 from overlapbench.timing import interleave, measure
 from overlapbench.timing.step import BuildContext, Step

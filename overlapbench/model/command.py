@@ -1,37 +1,33 @@
-"""What a spec may name, as `overlapbench strategies` and `overlapbench models` list it: the
-strategies with their knobs, the model presets, and the shape read from a config.json."""
+"""`overlapbench models`: the model presets and their shapes, or the shape read from a Hugging Face
+config.json (what `model: FILE.json` in a spec measures)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
+import typer
 from rich.console import Console
 
 from overlapbench import printing
 
 
-def show_strategies(console: Console) -> None:
-    from overlapbench.strategies import all_strategies, load_plugins
-    from overlapbench.strategies.knobs import show_value
+@dataclass(kw_only=True)
+class Options:
+    """List the model presets and their shapes (the attention details and MoE fields beside
+    the sizes); with --config, the shape of one Hugging Face config.json."""
 
-    load_plugins()
-    for cls in all_strategies():
-        needs = cls.needs
-        where = "CUDA" if needs.cuda else "CPU (gloo) and CUDA"
-        if needs.symmetric_memory:
-            where += ", symmetric memory"
-        if needs.min_world_size > 1:
-            where += f", >= {needs.min_world_size} ranks"
-        # prose: wrapped at words to the width (a pipe: 80 columns)
-        console.print(printing.styled((cls.name, "bold"), f": {cls.summary}"), soft_wrap=False)
-        console.print(printing.styled((f"runs on {where}; workloads: {', '.join(needs.workloads)}", "dim")), soft_wrap=False)
-        table = printing.table("knob", "domain", "default", "what it does", keep=("knob",), show_edge=False)
-        for knob in cls.knobs:
-            table.add_row(knob.name, knob.domain(), show_value(knob.default), knob.help)
-        if not cls.knobs:
-            table.add_row("-", "-", "-", "no knobs")
-        console.print(table)  # long help wraps at the width (a pipe: 80 columns), never cut
-        console.print()
+    config: Annotated[Path | None, typer.Option("--config", metavar="FILE.json", help="Show the shape read from a Hugging Face config.json (what `model: FILE.json` in a spec measures): each field, the JSON field it came from, and what is not modelled.")] = None
+
+
+def main(options: Options) -> int:
+    console = printing.console()
+    if options.config is None:
+        show_models(console)
+    else:
+        show_config(console, options.config)
+    return 0
 
 
 def show_models(console: Console) -> None:
