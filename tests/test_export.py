@@ -18,7 +18,17 @@ from typer.testing import CliRunner
 from overlapbench import tuned
 from overlapbench.cli import app
 from overlapbench.errors import UserError
-from overlapbench.export import defaults, sglang, sglang_engine, tokenweave, tokenweave_facts, vllm, vllm_engine, vllm_facts
+from overlapbench.export import (
+    defaults,
+    engines,
+    sglang,
+    sglang_engine,
+    tokenweave,
+    tokenweave_facts,
+    vllm,
+    vllm_engine,
+    vllm_facts,
+)
 from overlapbench.export.picks import MIB, write
 from tests import synthetic
 from tests.export_rows import BASE, config, measured, rule
@@ -193,7 +203,7 @@ def test_defaults_table_and_export_agree_row_by_row(tmp_path):
         1023 * 4096 * 2 / MIB)
     assert "export VLLM_ALLREDUCE_USE_SYMM_MEM=0\n" in export.files["serve.sh"]
     assert any(w.startswith("4097..16384 tokens: fused_norm") and "vLLM can run it, but" in w for w in export.warnings)
-    table = defaults.markdown("vllm", cfg, rows, "synthetic.yaml")
+    table = defaults.markdown(engines.get("vllm"), cfg, rows, "synthetic.yaml")
     body = [line for line in table.splitlines() if line.startswith("| 1")]
     assert len(body) == 2
     assert body[0].startswith("| 1024 | FlashInfer all-reduce + RMSNorm fusion | fused_norm comm=fused comm_ctas=64: ")
@@ -205,10 +215,10 @@ def test_defaults_table_and_export_agree_row_by_row(tmp_path):
 def test_a_default_without_its_stand_in_row_says_so(tmp_path):
     rows = measured(tmp_path, {1024: {"nccl": 1.0}, 4096: {"nccl": 4.0}})
     cfg = config([rule(1, 4096, "nccl")])
-    table = defaults.markdown("sglang", cfg, rows, "s")
+    table = defaults.markdown(engines.get("sglang"), cfg, rows, "s")
     assert "| 1024 | custom all-reduce (8 MiB) | - (rows hold no symmetric-memory all-reduce" in table
     assert "| 4096 | NCCL all-reduce (32 MiB) | baseline: " in table
-    tw = defaults.markdown("tokenweave", cfg, rows, "s")
+    tw = defaults.markdown(engines.get("tokenweave"), cfg, rows, "s")
     assert "TokenWeave ships no llama_config_2.json" in tw and "cannot be priced" in tw
 
 

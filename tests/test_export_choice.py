@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from overlapbench.export import defaults, sglang, sglang_engine, trtllm, vllm, vllm_engine
+from overlapbench.export import engines, sglang, sglang_engine, trtllm, vllm, vllm_engine
 from overlapbench.export.choice import choose
 from overlapbench.export.stand_ins import Path, stand_in
 from tests.export_rows import config, measured, rule
@@ -39,7 +39,7 @@ def test_the_export_is_never_slower_than_the_default_at_any_measured_count(tmp_p
     cfg = config([rule(1, 3000, "split"), rule(3001, 16384, rng.choice(["fused", "nccl", "two_shot"]))],
                  hidden=rng.choice([4096, 8192]), tp=rng.choice([2, 4, 8]))
     rows = measured(tmp_path, medians, seed)
-    model = defaults.model(engine, cfg, None)
+    model = engines.get(engine).model(cfg, None)
     choice = choose(model, cfg, rows)
     never_slower(choice)
     for t in COUNTS:  # and on a host without NVLink multicast

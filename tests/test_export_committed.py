@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from overlapbench import tuned
-from overlapbench.export import defaults, sglang, trtllm, vllm
+from overlapbench.export import defaults, engines, sglang, trtllm, vllm
 from overlapbench.export.command import Input, rows_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +45,7 @@ def test_no_export_of_a_committed_config_is_slower_than_the_engine_default(engin
         if line.chosen != line.default:
             assert line.default_row is not None and line.chosen_row is not None, line
             assert line.chosen_row.ms <= line.default_row.ms, (line.label, line.chosen.text, line.default.text)
-    again = defaults.choice(engine, config, rows, None)  # what --defaults shows
+    again = defaults.choice(engines.get(engine), config, rows, None)  # what --defaults shows
     assert again.setting == export.choice.setting
     assert [(ln.label, ln.chosen, ln.default) for ln in again.lines] == [
         (ln.label, ln.chosen, ln.default) for ln in export.choice.lines]
@@ -77,7 +77,7 @@ EXPECTED = {
 @pytest.mark.parametrize("engine, path", sorted(EXPECTED))
 def test_the_default_paths_at_tp_2_4_and_8_are_the_engines_code(engine, path):
     config = tuned.load(ROOT / path)
-    by_tokens = {line.tokens: line.default.text for line in defaults.choice(engine, config, _rows(path), None).lines}
+    by_tokens = {line.tokens: line.default.text for line in defaults.choice(engines.get(engine), config, _rows(path), None).lines}
     for tokens, text in EXPECTED[(engine, path)].items():
         assert by_tokens[tokens] == text, tokens
 
@@ -85,6 +85,6 @@ def test_the_default_paths_at_tp_2_4_and_8_are_the_engines_code(engine, path):
 def test_without_multicast_vllm_at_tp4_runs_its_custom_all_reduce_or_nccl():
     """PyTorch symmetric memory turns itself off without a multicast pointer, and without NVSwitch
     TP=4 has no all-to-all NVLink for the custom all-reduce: pynccl."""
-    model = defaults.model("vllm", tuned.load(ROOT / PREDICTED.format(tp=4)), None)
+    model = engines.get("vllm").model(tuned.load(ROOT / PREDICTED.format(tp=4)), None)
     assert model.runs(model.default(), 1024, False).text == "pynccl all-reduce (16 MiB)"
     assert model.runs(model.default(), 1024, True).needs_multicast

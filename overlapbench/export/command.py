@@ -18,13 +18,10 @@ from rich.text import Text
 
 from overlapbench import printing, tuned
 from overlapbench.errors import UserError
-from overlapbench.export import defaults, sglang, tokenweave, trtllm, vllm
+from overlapbench.export import defaults, engines
 from overlapbench.export.picks import write
 from overlapbench.tuning import analysis, results, tune
 from overlapbench.tuning.analysis import Measured
-
-EXPORTERS = {"tokenweave": tokenweave.export, "vllm": vllm.export, "sglang": sglang.export, "trtllm": trtllm.export}
-ENGINES = tuple(EXPORTERS)
 
 
 @dataclass(kw_only=True)
@@ -36,7 +33,7 @@ class Options:
     engine cannot run and what that would add."""
 
     inputs: Annotated[list[Path], typer.Argument(metavar="TUNED.yaml|RESULTS.jsonl", help="Tuned configs, or results files to tune here (nothing else written).")]
-    engine: Annotated[str, typer.Option("--engine", help="tokenweave | vllm | sglang | trtllm (any case).")]
+    engine: Annotated[str, typer.Option("--engine", help=f"{engines.CHOICES} (any case).")]
     engine_version: Annotated[str | None, typer.Option("--engine-version", metavar="V", help="The engine release whose key names and defaults to judge against (vllm: 0.31.0 or 0.33.0, the default; sglang: 0.5.23; a leading v is fine). One whose code was not read is refused.")] = None
     out: Annotated[Path, typer.Option("--out", help="Folder; each config's files go to OUT/ENGINE/CONFIG-NAME/.")] = Path("results/exports")
     show_defaults: Annotated[bool, typer.Option("--defaults", help="Instead: per measured batch, what the engine's defaults run, what the export runs and the tuned pick, from the rows behind each config (markdown).")] = False
@@ -58,14 +55,6 @@ class Input:
     source: str
     name: str
     rows: list[Measured] | None = None
-
-
-def check_engine(engine: str) -> str:
-    """The engine's name as given, in any case (`VLLM` is vllm)."""
-    name = engine.strip().lower()
-    if name not in EXPORTERS:
-        raise UserError(f"--engine: {engine!r} is not one of {' | '.join(ENGINES)}")
-    return name
 
 
 def release(version: str | None) -> str | None:
@@ -178,18 +167,17 @@ def run(paths: list[Path], engine: str, version: str | None, out_dir: Path, show
         console: Console) -> list[Path]:
     """Write each config's export (or print the defaults tables), each judged from the rows
     behind its config; return the paths written."""
-    engine, version = check_engine(engine), release(version)
+    record, version = engines.get(engine), release(version)
     items = inputs(paths, console)
     if show_defaults:
         for item in items:
-            console.print(defaults.markdown(engine, item.config, _judged_rows(item), item.source, version))
+            console.print(defaults.markdown(record, item.config, _judged_rows(item), item.source, version))
         return []
-    exports = [(item, EXPORTERS[engine](item.config, [] if engine == "tokenweave" else _judged_rows(item), item.source,
-                                        version))
-               for item in items]  # all made (and checked) before any is written; TokenWeave's file is not judged
+    exports = [(item, record.export(item.config, _judged_rows(item) if record.judged else [], item.source, version))
+               for item in items]  # all made (and checked) before any is written
     written = []
     for item, export in exports:
         for warning in export.warnings:
             console.print(Text(f"{item.name}: {warning}", style="yellow"))
-        written += write(export, Path(out_dir) / engine / item.name)
+        written += write(export, Path(out_dir) / record.name / item.name)
     return written

@@ -11,46 +11,32 @@ here): its table shows the default against the tuned pick only.
 
 from __future__ import annotations
 
-from overlapbench.errors import UserError
-from overlapbench.export import sglang_engine, tokenweave, trtllm, trtllm_engine, vllm_engine
 from overlapbench.export.choice import Choice, Line, choose
 from overlapbench.export.notes import gain_text
+from overlapbench.export.picks import Engine
 from overlapbench.export.stand_ins import missing
 from overlapbench.tuned import TunedConfig
 from overlapbench.tuning.analysis import Measured
 
 
-def model(engine: str, config: TunedConfig, version: str | None):
-    """The engine's model for the config at the release asked for (a UserError for one not read)."""
-    if engine == "vllm":
-        return vllm_engine.Model(config, vllm_engine.check_release(version))
-    if engine == "sglang":
-        return sglang_engine.Model(config, sglang_engine.check_release(version))
-    if engine == "trtllm":
-        trtllm.check_version(version)
-        return trtllm_engine.Model(config)
-    if version is not None:
-        raise UserError("--engine-version: TokenWeave has no releases; omit --engine-version")
-    return tokenweave.Model(config)
+def choice(engine: Engine, config: TunedConfig, rows: list[Measured], version: str | None) -> Choice:
+    return choose(engine.model(config, version), config, rows)
 
 
-def choice(engine: str, config: TunedConfig, rows: list[Measured], version: str | None) -> Choice:
-    return choose(model(engine, config, version), config, rows)
-
-
-def markdown(engine: str, config: TunedConfig, rows: list[Measured], source: str, version: str | None = None) -> str:
-    """The table for one tuned config, with the rows it came from named."""
-    engine_model = model(engine, config, version)
+def markdown(engine: Engine, config: TunedConfig, rows: list[Measured], source: str, version: str | None = None) -> str:
+    """The table for one tuned config, with the rows it came from named; an engine whose export
+    is not judged (TokenWeave) against its default only."""
+    engine_model = engine.model(config, version)
     chosen = choose(engine_model, config, rows)
     release = f" {engine_model.version}" if engine_model.version else ""
-    versus = "defaults vs tuned" if engine == "tokenweave" else "defaults vs export vs tuned"
-    head = (f"### {engine}{release} {versus}: {config.model} TP={config.tp} {config.device} {config.dtype}\n\n"
+    versus = "defaults vs export vs tuned" if engine.judged else "defaults vs tuned"
+    head = (f"### {engine.name}{release} {versus}: {config.model} TP={config.tp} {config.device} {config.dtype}\n\n"
             f"Tuned config: {source}; rows: {', '.join(sorted({m.source for m in rows}))}; the engine's defaults: "
-            f"overlapbench/export/{engine}_facts.py.")
+            f"overlapbench/export/{engine.name}_facts.py.")
     cap = engine_model.step_cap()
     if cap is not None:
         head += f" Counts above {cap} (its default step cap on this GPU) run only with a larger cap."
-    if engine == "tokenweave":
+    if not engine.judged:
         return head + (" Its default cannot be priced, so its export is not judged against it.\n\n"
                        "| tokens | engine default | our stand-in | ms | tuned pick | ms | default costs |\n"
                        "|---|---|---|---|---|---|---|\n") + "".join(_tokenweave_row(line) for line in chosen.lines)

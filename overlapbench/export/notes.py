@@ -5,10 +5,8 @@ and whether the rows can stand for a GPU engine at all."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from overlapbench.export.choice import Choice, Line
-from overlapbench.export.picks import Pick, capability, picks
+from overlapbench.export.picks import Engine, capability, picks
 from overlapbench.export.stand_ins import missing
 from overlapbench.tuned import TunedConfig
 from overlapbench.tuning import origin, tune
@@ -56,18 +54,17 @@ def _ms(path, row) -> str:
     return f"{row.describe()}: {row.ms:.4g} ms" if row is not None else f"no stand-in: {missing(path)}"
 
 
-def not_followed(config: TunedConfig, choice: Choice, engine: str,
-                 cannot: Callable[[Pick], str | None]) -> list[str]:
+def not_followed(config: TunedConfig, choice: Choice, engine: Engine, version: str | None) -> list[str]:
     """A warning per tuned range whose pick the export does not run where it measured faster: why
-    (`cannot(pick)`: the engine has no such thing; else no setting that runs it stays no slower
+    (`engine.why_not`: the engine has no such thing; else no setting that runs it stays no slower
     than the default everywhere), and what it would add at each measured count of the range."""
     out = []
     for p in picks(config):
         inside = [line for line in choice.lines if p.lo <= line.tokens <= p.hi and _faster(line)]
         if not inside:
             continue
-        why = cannot(p) or (f"{engine} can run it, but no setting that does stays no slower than {engine}'s "
-                            f"default at every measured count")
+        why = engine.why_not(p, version) or (f"{engine.title} can run it, but no setting that does stays no slower "
+                                             f"than {engine.title}'s default at every measured count")
         adds = "; ".join(f"{line.label}: {gain_text(line.beyond, line.tuned_row)}" for line in inside)
         out.append(f"{p.text()}: {why}; it would be faster than what the export runs by {adds}")
     return out

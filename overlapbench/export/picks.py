@@ -11,14 +11,18 @@ symmetric-memory all-reduce), `fused_norm` (one all-reduce + add + RMSNorm kerne
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from overlapbench.comm.sizes import DTYPE_BYTES
 from overlapbench.errors import UserError
 from overlapbench.overlap import comm_methods
 from overlapbench.tuned import Rule, TunedConfig, write_atomic
+
+if TYPE_CHECKING:
+    from overlapbench.tuning.analysis import Measured
 
 MIB = 1 << 20
 SP_FAMILY = ("sp_baseline", "async_tp", "flash_agrs")
@@ -92,6 +96,30 @@ def capability(device: str) -> int | None:
 
 
 
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine an export is written for, declared by its module (export/engines.py lists them):
+    the name `--engine` takes, how it is judged, and the picks it runs. The command, `--defaults`
+    and the command line's choices read these records."""
+
+    name: str  # --engine's value (any case)
+    title: str  # how the files and warnings name it
+    export: Callable[[TunedConfig, list[Measured], str, str | None], Export]  # (config, rows, source, release)
+    model: Callable[[TunedConfig, str | None], Any]  # what its code runs at a release: choice.py and --defaults read it
+    runs: tuple[str, ...]  # the pick kinds (kind_of) it can run; every other kind has a reason in `cannot`
+    cannot: Callable[[Pick, str | None], str | None]  # (pick, release) -> why the engine cannot run it, or None
+    judged: bool = True  # its export is judged from the rows against its defaults (TokenWeave's file is not)
+
+    def why_not(self, pick: Pick, version: str | None = None) -> str | None:
+        """Why the engine does not run `pick`, None where it can: its module's reason, or, for a
+        kind its record does not know (a strategy added after it), that it is not exported."""
+        why = self.cannot(pick, version)
+        if why is None and pick.kind not in self.runs:
+            return (f"{self.title}'s export knows no counterpart of {pick.kind} (overlapbench/export/{self.name}.py says "
+                    f"which picks {self.title} runs): not exported")
+        return why
 
 
 @dataclass

@@ -9,11 +9,12 @@ from overlapbench.export import notes, sglang_engine
 from overlapbench.export import sglang_facts as facts
 from overlapbench.export.choice import Choice, choose
 from overlapbench.export.facts import find
-from overlapbench.export.picks import SP_FAMILY, Export, Pick, comment, provenance
+from overlapbench.export.picks import SP_FAMILY, Engine, Export, Pick, comment, provenance
 from overlapbench.tuned import TunedConfig
 from overlapbench.tuning.analysis import Measured
 
-ENGINE = "sglang"
+NAME = "sglang"
+RUNS = ("nccl", "nccl_symm", "two_shot", "fused_norm")  # the pick kinds SGLang has a counterpart of
 STANDS_FOR = [
     "stand-ins: our fused_norm (one all-reduce + add + RMSNorm kernel on PyTorch symmetric memory) for FlashInfer's "
     "all-reduce fusion; baseline (NCCL) for NCCL; baseline allreduce=two_shot for --enable-torch-symm-mem at TP 2 "
@@ -66,12 +67,12 @@ def export(config: TunedConfig, rows: list[Measured], source: str, version: str 
     version = sglang_engine.check_release(version)
     model = sglang_engine.Model(config, version)
     choice = choose(model, config, rows)
-    result = Export(ENGINE, version, source)
+    result = Export(NAME, version, source)
     result.warnings += notes.rows_warnings(config, "SGLang")
-    result.warnings += notes.not_followed(config, choice, "SGLang", cannot)
+    result.warnings += notes.not_followed(config, choice, ENGINE, version)
     cap = find(facts.FACTS, "STEP_CAP_H100")
     result.header = [
-        *provenance(config, source, ENGINE, version),
+        *provenance(config, source, NAME, version),
         f"judged against sglang {version}'s defaults as its code has them (overlapbench/export/sglang_facts.py: file "
         f"and line of each), from the rows behind the tuned config; never slower than them at any measured count",
         *changes(choice, version),
@@ -85,3 +86,10 @@ def export(config: TunedConfig, rows: list[Measured], source: str, version: str 
     result.files["launch.sh"] = "#!/bin/sh\n" + comment(result.notes()) + line + "\n"
     result.choice = choice
     return result
+
+
+def model(config: TunedConfig, version: str | None) -> sglang_engine.Model:
+    return sglang_engine.Model(config, sglang_engine.check_release(version))
+
+
+ENGINE = Engine(NAME, "SGLang", export, model, RUNS, lambda p, version: cannot(p))

@@ -12,12 +12,13 @@ import json
 
 from overlapbench.errors import UserError
 from overlapbench.export import tokenweave_facts as facts
-from overlapbench.export.picks import Export, Pick, comment, picks, provenance
+from overlapbench.export.picks import Engine, Export, Pick, comment, picks, provenance
 from overlapbench.export.stand_ins import Path
 from overlapbench.tuned import TunedConfig
 from overlapbench.tuning.analysis import Measured
 
-ENGINE = "tokenweave"
+NAME = "tokenweave"
+RUNS = ("token_split", "fused_norm")  # its split, and its fuse-only path below the switch (entry_for)
 STANDS_FOR = [
     "our token_split (comm=fused) stands for TokenWeave's split: the same cut ((n+255)&~255)//2 + split_offset with "
     "align 256, comm_ctas_attn/comm_ctas_mlp for attention_ctas/mlp_ctas; our fused all-reduce + add + RMSNorm kernel "
@@ -109,7 +110,7 @@ class Model:
     built-in CTAs; above, its shipped file's split (not priced), or no file at a TP it ships none
     for. Its only setting is the file itself, which the export writes."""
 
-    engine = "tokenweave"
+    engine = NAME
     version = None
 
     def __init__(self, config: TunedConfig):
@@ -142,7 +143,7 @@ def export(config: TunedConfig, rows: list[Measured], source: str, version: str 
         raise UserError(f"{source}: tuned up to {config.max_tokens} tokens, below TokenWeave's split switch at "
                         f"{facts.SPLIT_FROM[family]}: nothing for its config file; tune with larger batches")
     name = file_name(config)
-    result = Export(ENGINE, None, source, warnings=warnings)
+    result = Export(NAME, None, source, warnings=warnings)
     offsets = {e["split_offset"] for e in table.values()}
     if offsets - {0} and not config.model.startswith(facts.RUNNER_MODEL_NAMES[family].lower()):
         warnings.append(
@@ -150,7 +151,7 @@ def export(config: TunedConfig, rows: list[Measured], source: str, version: str 
             f"its attention split takes {facts.SPLIT_OFFSET_ENV} (one value) while the model file reads each entry's "
             f"split_offset: the two cuts disagree where the offsets vary ({sorted(offsets)})")
     result.header = [
-        *provenance(config, source, ENGINE, None),
+        *provenance(config, source, NAME, None),
         f"facts from {facts.SOURCE}",
         "not judged against TokenWeave's defaults: it ships no file for TP 2 and its shipped entries are not priced "
         "here; this file is what its split needs to run the tuned ranges",
@@ -165,3 +166,18 @@ def export(config: TunedConfig, rows: list[Measured], source: str, version: str 
     result.files[name] = render(table)
     result.files[name.replace(".json", ".notes.txt")] = comment(result.notes())
     return result
+
+
+def model(config: TunedConfig, version: str | None) -> Model:
+    if version is not None:
+        raise UserError("--engine-version: TokenWeave has no releases; omit --engine-version")
+    return Model(config)
+
+
+def _cannot(p: Pick, version: str | None) -> str | None:
+    return None if p.kind in RUNS else f"{p.strategy} picked; TokenWeave cannot run it"
+
+
+# Not judged: it ships no file for TP 2 and its shipped entries are not priced, so its export is
+# the file its split needs, written from the tuned picks alone (entry_for).
+ENGINE = Engine(NAME, "TokenWeave", export, model, RUNS, _cannot, judged=False)

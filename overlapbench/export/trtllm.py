@@ -13,11 +13,12 @@ from overlapbench.errors import UserError
 from overlapbench.export import notes, trtllm_engine
 from overlapbench.export import trtllm_facts as facts
 from overlapbench.export.choice import choose
-from overlapbench.export.picks import SP_FAMILY, Export, Pick, comment, provenance
+from overlapbench.export.picks import SP_FAMILY, Engine, Export, Pick, comment, provenance
 from overlapbench.tuned import TunedConfig
 from overlapbench.tuning.analysis import Measured
 
-ENGINE = "trtllm"
+NAME = "trtllm"
+RUNS = ("nccl", "nccl_symm", "fused_norm")  # the pick kinds TensorRT-LLM has a counterpart of
 STANDS_FOR = [
     "stand-ins: our fused_norm (reduce own rows, add + RMSNorm, gather: two-shot shaped) for TWOSHOT with the "
     "RESIDUAL_RMS_NORM fusion; baseline (NCCL) for NCCL; baseline nccl_symm=true for NCCL_SYMMETRIC; none for "
@@ -48,12 +49,12 @@ def export(config: TunedConfig, rows: list[Measured], source: str, version: str 
     model = trtllm_engine.Model(config)
     choice = choose(model, config, rows)
     strategy = choice.setting.strategy
-    result = Export(ENGINE, None, source)
+    result = Export(NAME, None, source)
     result.warnings += notes.rows_warnings(config, "TensorRT-LLM")
-    result.warnings += notes.not_followed(config, choice, "TensorRT-LLM", cannot)
+    result.warnings += notes.not_followed(config, choice, ENGINE, version)
     kept = strategy == facts.FACTS["DEFAULT_STRATEGY"].value
     result.header = [
-        *provenance(config, source, ENGINE, None),
+        *provenance(config, source, NAME, None),
         f"judged against TensorRT-LLM's default ({facts.OPTION}: AUTO, the autotuner on) as its source has it "
         f"(overlapbench/export/trtllm_facts.py: {facts.SOURCE}), from the rows behind the tuned config",
         ("keeps AUTO: it times its candidates at warm-up and runs the fastest, so no strategy forced in its place "
@@ -70,3 +71,11 @@ def export(config: TunedConfig, rows: list[Measured], source: str, version: str 
     result.files["serve.sh"] = "#!/bin/sh\n" + head + facts.SERVE.format(tp=config.tp) + "\n"
     result.choice = choice
     return result
+
+
+def model(config: TunedConfig, version: str | None) -> trtllm_engine.Model:
+    check_version(version)
+    return trtllm_engine.Model(config)
+
+
+ENGINE = Engine(NAME, "TensorRT-LLM", export, model, RUNS, lambda p, version: cannot(p))

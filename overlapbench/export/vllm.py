@@ -16,11 +16,12 @@ from overlapbench.export import notes, vllm_engine
 from overlapbench.export import vllm_facts as facts
 from overlapbench.export.choice import Choice, choose
 from overlapbench.export.facts import find
-from overlapbench.export.picks import MIB, SP_FAMILY, Export, Pick, comment, provenance
+from overlapbench.export.picks import MIB, SP_FAMILY, Engine, Export, Pick, comment, provenance
 from overlapbench.tuned import TunedConfig
 from overlapbench.tuning.analysis import Measured
 
-ENGINE = "vllm"
+NAME = "vllm"
+RUNS = ("nccl", "nccl_symm", "two_shot", "fused_norm")  # the pick kinds vLLM has a counterpart of
 STANDS_FOR = [
     "stand-ins: our fused_norm (one all-reduce + add + RMSNorm kernel on PyTorch symmetric memory, peer loads, "
     "two-shot shaped) for FlashInfer's all-reduce fusion; baseline (NCCL, then add + RMSNorm) for pynccl; "
@@ -134,14 +135,14 @@ def export(config: TunedConfig, rows: list[Measured], source: str, version: str 
     keys = facts.VERSIONS[version]
     model = vllm_engine.Model(config, version)
     choice = choose(model, config, rows)
-    result = Export(ENGINE, version, source)
+    result = Export(NAME, version, source)
     result.warnings += notes.rows_warnings(config, "vLLM")
-    result.warnings += notes.not_followed(config, choice, "vLLM", lambda p: cannot(p, keys))
+    result.warnings += notes.not_followed(config, choice, ENGINE, version)
     env, flags = backend(choice.setting)
     compilation = {"pass_config": pass_config(model, choice.setting, keys)}
     cap_fact = find(facts.FACTS, "STEP_CAP_SERVE")
     result.header = [
-        *provenance(config, source, ENGINE, version),
+        *provenance(config, source, NAME, version),
         f"judged against vllm {version}'s defaults as its code has them (overlapbench/export/vllm_facts.py: file and "
         f"line of each), from the rows behind the tuned config; never slower than them at any measured count",
         *changes(model, choice, keys),
@@ -161,3 +162,14 @@ def export(config: TunedConfig, rows: list[Measured], source: str, version: str 
     result.files["serve.sh"] = "#!/bin/sh\n" + head + exports + serve_line(config, flags) + "\n"
     result.choice = choice
     return result
+
+
+def model(config: TunedConfig, version: str | None) -> vllm_engine.Model:
+    return vllm_engine.Model(config, vllm_engine.check_release(version))
+
+
+def _cannot(p: Pick, version: str | None) -> str | None:
+    return cannot(p, facts.VERSIONS[vllm_engine.check_release(version)])
+
+
+ENGINE = Engine(NAME, "vLLM", export, model, RUNS, _cannot)

@@ -46,8 +46,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from overlapbench import tuned  # noqa: E402
-from overlapbench.export import tokenweave, tokenweave_facts  # noqa: E402
-from overlapbench.export.command import EXPORTERS, Input, rows_of  # noqa: E402
+from overlapbench.export import (  # noqa: E402
+    engines,
+    tokenweave,
+    tokenweave_facts,
+)
+from overlapbench.export.command import Input, rows_of  # noqa: E402
 from overlapbench.export.picks import picks, write  # noqa: E402
 from tests.checks import engine_kernels, engine_parsers  # noqa: E402
 from tests.export_rows import config, measured, rule  # noqa: E402
@@ -257,7 +261,7 @@ def main() -> int:
     exports = {}
     for venv, (engine, version, _) in VENVS.items():
         for name, (cfg, rows) in configs.items():
-            exports[venv, name] = EXPORTERS[engine](cfg, rows, name, version)
+            exports[venv, name] = engines.get(engine).export(cfg, rows, name, version)
             write(exports[venv, name], scratch / venv / name)
     log = [f"engine_exports.py, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; exports of "
            + ", ".join(configs)]
@@ -266,7 +270,7 @@ def main() -> int:
                "(not installed: a vLLM fork built from source)")
     for name, (cfg, _) in configs.items():
         try:
-            write(EXPORTERS["tokenweave"](cfg, [], name, None), scratch / "tokenweave" / name)
+            write(engines.get("tokenweave").export(cfg, [], name, None), scratch / "tokenweave" / name)
             results[f"tokenweave/{name}"] = check_tokenweave(scratch / "tokenweave" / name, cfg)
         except Exception as e:  # a config TokenWeave cannot take: said so, not a failure of the check
             results[f"tokenweave/{name}"] = {"ok": None, "refused": str(e)}

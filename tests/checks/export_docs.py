@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from overlapbench import tuned  # noqa: E402
-from overlapbench.export import defaults, sglang, tokenweave, trtllm, vllm  # noqa: E402
+from overlapbench.export import defaults, engines, sglang, tokenweave, trtllm, vllm  # noqa: E402
 from overlapbench.export.command import Input, rows_of  # noqa: E402
 
 PAGE = ROOT / "docs/export.md"
@@ -62,7 +62,7 @@ def _section() -> str:
     tables += [("vllm", PREDICTED.format(tp=tp)) for tp in (4, 8)]
     for engine, path in tables:
         item = Input(tuned.load(ROOT / path), path, Path(path).stem)
-        parts.append("\n" + defaults.markdown(engine, item.config, rows_of(item), path))
+        parts.append("\n" + defaults.markdown(engines.get(engine), item.config, rows_of(item), path))
     return "".join(parts)
 
 
