@@ -20,9 +20,10 @@ is a failed row, never a timing. Rows go to the same JSONL store as `sweep` (wor
 
 One module per concern: `sizes` (the -b/-e/-f ladder and the bandwidth formulas), `patterns`
 (verifiable inputs), `cases` (what one row measures), `paths` (one record per path: its ops, CTA
-settings, unit and skip rules), `benches` (a case made runnable, one builder per path), `buffers`
-(the run's symmetric allocations), `run` (check, time, agree, rows), `output` (nccl-tests'
-columns as a table, CSV or JSON) and `command` (options, launch, the per-rank main).
+settings, unit and skip rules, beside the builder that makes a case runnable on it), `spec` (what
+a run measures: the options or a study's `comm:` section, checked), `buffers` (the run's symmetric
+allocations), `run` (check, time, agree, rows), `output` (nccl-tests' columns as a table, CSV or
+JSON) and `command` (options, launch, the per-rank main).
 
 No torch at module top: `--help` and spec validation stay fast.
 """

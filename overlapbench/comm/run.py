@@ -7,11 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from overlapbench.comm.benches import Bench
 from overlapbench.comm.buffers import Buffers
 from overlapbench.comm.cases import Case
 from overlapbench.comm.output import summary_line
-from overlapbench.comm.paths import PATHS_BY_NAME, build
+from overlapbench.comm.paths import PATHS_BY_NAME, Bench, build
 from overlapbench.comm.sizes import algbw, busbw, ops_per_sample
 from overlapbench.errors import one_line
 
