@@ -116,7 +116,7 @@ def command():
     `<bool>` placeholder (typer prints one beside every flag, --help included); an argument's
     name (SPEC.yaml, RESULTS.jsonl) says what it takes, without a `<list[Path]>` type beside it.
 
-    Through typer's own API only: typer 0.29 carries its own copy of click and no longer installs
+    Through typer's own API only: typer 0.29 carries its own copy of click and does not install
     the `click` package, so nothing here may import it."""
     root = typer.main.get_command(app)
     for cmd in [root, *getattr(root, "commands", {}).values()]:

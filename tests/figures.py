@@ -82,7 +82,7 @@ def picks(store: str, min_gain: float = tune.MIN_GAIN) -> dict[tuple[str, int], 
 def agreement(a: str, b: str, min_tokens: int = 4096) -> dict[str, int]:
     """How two runs of one spec agree: points in common, those whose speedups differ by at most 1%
     and 0.5%, paired intervals at `min_tokens` and above and those within +-0.5%, token counts
-    and those where tune picks the same (the acceptance of paired timing, issue 17)."""
+    and those where tune picks the same (the acceptance of paired timing)."""
     sa, sb = speedups(a), speedups(b)
     common = set(sa) & set(sb)
     diffs = [abs(sa[k][0] / sb[k][0] - 1) for k in common]

@@ -419,7 +419,7 @@ def test_fuzzed_comm_sections_fail_only_with_a_clean_error():
 def test_beside_gemm_keys_and_cpu_skip():
     plain = paths.make_cases(bench(), world=2, backend="gloo", dtype="fp32", hidden=1024)
     beside = paths.make_cases(bench(), world=2, backend="gloo", dtype="fp32", hidden=1024, beside_gemm=True)
-    assert all("beside_gemm" not in json.loads(c.key()) for c in plain), "keys of plain runs stay as they were"
+    assert all("beside_gemm" not in json.loads(c.key()) for c in plain), "the keys of plain runs do not name beside_gemm"
     assert all(json.loads(c.key())["beside_gemm"] is True for c in beside)
     assert all(c.skip and "CUDA" in c.skip for c in beside)
 
@@ -452,7 +452,7 @@ def test_ce_chunks_make_a_case_block_each_with_keys_only_where_asked():
     assert [c.chunks for c in ce[:3 * len(bench().sizes)]] == [1] * 4 + [None] * 4 + [4] * 4  # per budget: a block each
     assert len(ce) == 3 * len([c for c in plain if c.path == "copy_engine_norm"])
     assert {c.chunks for c in chunked if c.path != "copy_engine_norm"} == {None}
-    assert all("chunks" not in json.loads(c.key()) for c in plain), "keys of plain runs stay as they were"
+    assert all("chunks" not in json.loads(c.key()) for c in plain), "the keys of plain runs do not name chunks"
     assert len({c.key() for c in ce}) == len(ce) and json.loads(ce[0].key())["chunks"] == 1
 
 

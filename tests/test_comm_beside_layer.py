@@ -116,7 +116,7 @@ def test_cases_carry_the_layer_in_their_keys_and_skip_on_gloo():
                              beside_layer=layer)
     plain = paths.make_cases(opts.bench(cuda=True), world=2, backend="gloo", dtype="bf16", hidden=opts.hidden)
     assert cases and all(json.loads(c.key())["beside_layer"] == "llama3-8b tp=2" for c in cases)
-    assert all("beside_layer" not in json.loads(c.key()) for c in plain), "keys of plain runs stay as they were"
+    assert all("beside_layer" not in json.loads(c.key()) for c in plain), "the keys of plain runs do not name beside_layer"
     assert all(c.skip for c in cases) and any("--beside-layer needs CUDA GPUs" in c.skip for c in cases)
     assert sorted({layer.rows(c.nbytes, c.dtype) for c in cases}) == [512, 1024]
 

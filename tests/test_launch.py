@@ -1,4 +1,4 @@
-"""Running things (issue 34, part A): workers die with their launcher; a dying worker is one true
+"""Running things: workers die with their launcher; a dying worker is one true
 paragraph; a study too big for the machine is refused before it starts; a command that would do
 nothing says so; one results file holds one study; nothing is left beside the results."""
 

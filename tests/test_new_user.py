@@ -1,6 +1,6 @@
-"""What a new user's first afternoon tripped over (issue 18), each through the command line
-where they met it: literal text, tables at any width, an installed package, the files commands
-read and write, progress and Ctrl-C, help text."""
+"""What a new user meets first, each through the command line where they meet it: literal text,
+tables at any width, an installed package, the files commands read and write, progress and
+Ctrl-C, help text."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ RESULTS = "docs/results-h200.md"
 # -- the README's table -----------------------------------------------------------------------
 
 
-README_70B = ("results/h100x2/331cb63/llama3-70b-tp2.jsonl",)  # the TP=2 re-run on 2x H100 (issue 33)
+README_70B = ("results/h100x2/331cb63/llama3-70b-tp2.jsonl",)  # the TP=2 run on 2x H100
 
 
 def _table_row(tokens: int) -> dict:

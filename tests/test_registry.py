@@ -19,7 +19,7 @@ MOE = ModelShape(hidden=64, ffn=128, heads=8, kv_heads=4, head_dim=8, experts=4,
 
 
 def _at(shape: ModelShape, world: int) -> ModelShape:
-    """The shape with as many kv heads as ranks where it has fewer (TP=8 on CPU: issue 20)."""
+    """The shape with as many kv heads as ranks where it has fewer (TP=8 on CPU)."""
     return dataclasses.replace(shape, kv_heads=world) if shape.kv_heads % world else shape
 
 LAYERS = 2

@@ -1,4 +1,4 @@
-"""token_split's long-prompt knobs (issue 36): `split_ratio: balanced` (equal FLOPs per chunk,
+"""token_split's long-prompt knobs: `split_ratio: balanced` (equal FLOPs per chunk,
 causal attention counted) and `chunks` > 2 (the split schedule pipelined over N chunks).
 
 The cuts are checked against a row-by-row count of the FLOPs, the chunks against the layout they
@@ -229,7 +229,7 @@ def test_more_chunks_of_decode_tokens_and_of_a_moe_stack(knobs, seq_lens, decode
 @pytest.mark.slow
 @pytest.mark.parametrize("drop_chunk", [2, 3])
 def test_a_schedule_that_drops_a_chunks_reduction_is_caught(drop_chunk):
-    """The check can fail: a schedule that reduced only the first two chunks (the two-chunk loop
-    left as it was) is far from the reference."""
+    """The check can fail: a schedule that reduces only the first two chunks (a two-chunk loop
+    over more chunks) is far from the reference."""
     errs = _errors({"chunks": 4, "align": 1}, (24, 13, 5), drop_chunk=drop_chunk)
     assert min(errs) > 1e-3, errs

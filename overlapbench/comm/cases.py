@@ -80,7 +80,7 @@ class Case:
         key = {"workload": "comm", "op": self.op, "strategy": self.strategy, "ctas": self.ctas,
                "bytes": self.nbytes, "below_unit": None if self.count else self.size,
                "dtype": self.dtype, "hidden": self.hidden}
-        if self.beside_gemm:  # only then: keys of runs without it stay as they were
+        if self.beside_gemm:  # only then: the key of a run without it does not name it
             key["beside_gemm"] = True
         if self.beside_layer is not None:  # likewise
             key["beside_layer"] = self.beside_layer.label()

@@ -5,7 +5,7 @@ way, since every rank holds the same normed input. Each expert's FFN is sharded 
 ranks exactly as the dense FFN is: its gate|up column-parallel ([experts, 2 * expert_ffn / tp,
 hidden]), its down row-parallel ([experts, hidden, expert_ffn / tp]). So a rank's output is a
 partial sum of every token's expert outputs, reduced by the same one all-reduce (or
-reduce-scatter) that reduces the dense MLP's partial: a strategy's schedule is unchanged.
+reduce-scatter) that reduces the dense MLP's partial: a strategy's schedule is the dense one's.
 
 Routing. softmax over all experts (in fp32), the top_k, and those k weights renormalized to
 sum to 1: what Mixtral does, and Qwen3-MoE with `norm_topk_prob: true` (its MoE configs).

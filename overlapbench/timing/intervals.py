@@ -2,8 +2,8 @@
 
 Percentile bootstraps undercover at few samples: fed rounds of one distribution, the paired
 bootstrap of a 95% interval missed the truth in 20% of trials at 4 rounds and 13% at 8; the
-moving-block bootstrap of a ratio of medians, at "99%", in 43% at 5 samples a side and 5.5% at 20
-(issue 34). So:
+moving-block bootstrap of a ratio of medians, at "99%", in 43% at 5 samples a side and 5.5% at 20.
+So:
 
 - paired rounds (each a ratio taken at one moment): below BOOTSTRAP_MIN_ROUNDS, the
   Tukey-McLaughlin trimmed-t interval of the trimmed mean of log ratios (winsorized variance,

@@ -75,7 +75,7 @@ class Point:
                 "layers": self.layers,
                 "seed": self.seed,
                 "batch": list(self.batch),
-                # only mixed batches carry it, so the keys of prefill-only points stay as they were
+                # only mixed batches carry it: a prefill-only point's key does not name decode tokens
                 **({"decode": self.decode.as_dict()} if self.decode else {}),
                 "strategy": self.strategy,
                 "knobs": self.knobs,

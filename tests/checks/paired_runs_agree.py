@@ -1,4 +1,4 @@
-"""Do two runs of one spec agree? The acceptance check of paired timing (issue 17).
+"""Do two runs of one spec agree? The acceptance check of paired timing.
 
     PYTHONPATH=. python tests/checks/paired_runs_agree.py A.jsonl B.jsonl [--sequential SEQ.jsonl]
 

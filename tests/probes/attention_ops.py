@@ -1,4 +1,4 @@
-"""GPU facts for issue 15 (attention of a chunk that continues a sequence), on one GPU.
+"""GPU facts about the attention of a chunk that continues a sequence, on one GPU.
 
     python tests/probes/attention_ops.py --out $OUT
 
