@@ -20,9 +20,8 @@ from typing import Any
 
 import yaml
 
-from overlapbench import strategies
+from overlapbench import strategies, yamlio
 from overlapbench.errors import UserError, shown, unreadable
-from overlapbench.specs import yamlio
 
 SCHEMA = "overlapbench/tuned-v1"
 HEADER = (

@@ -279,7 +279,7 @@ def test_strategies_with_copy_engine_match_the_reference(monkeypatch, world, chu
     handle = _FakeHandle(bufs, world)
     engines = [CopyEngineNorm(SymmetricBuffer(bufs[r], handle, "fake", r, world, 0), tokens, shape.hidden, chunks,
                               streams=_SimStreams(r) if chunks else None) for r in range(world)]
-    monkeypatch.setattr(reducers, "_engine", lambda ctx, comm: engines[ctx.runtime.rank])
+    monkeypatch.setattr(reducers, "_engine", lambda ctx, comm, make_kernel: engines[ctx.runtime.rank])
     settings = [("fused_norm", {"comm": "copy_engine", "comm_ctas": 4}),
                 ("token_split", {"comm": "copy_engine", "comm_ctas_attn": 4, "comm_ctas_mlp": 16}),
                 ("iso", {"comm": "copy_engine", "comm_ctas": 4})]

@@ -18,12 +18,11 @@ from typing import Any
 
 import yaml
 
-from overlapbench import strategies
+from overlapbench import strategies, yamlio
 from overlapbench.comm.sizes import DTYPES
 from overlapbench.comm.spec import CommSpec
 from overlapbench.errors import UserError, positive_int, reject_unknown_keys, shown, unreadable
 from overlapbench.model import hf_config, models
-from overlapbench.specs import yamlio
 from overlapbench.specs.points import parse_batches
 from overlapbench.specs.spec_sections import Measure, StrategyGrid, strategy_grids
 from overlapbench.tuning.rows import WORKLOADS, Decode, Gemm, Point
