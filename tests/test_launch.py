@@ -8,6 +8,7 @@ import json
 import os
 import random
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -316,12 +317,14 @@ def test_tune_reads_the_newest_sweep_not_a_newer_comm_file(tmp_path):
     assert "holds comm rows, which tune does not choose from" in line and "overlapbench report" in line
 
 
-def test_the_lock_goes_with_the_store_and_still_excludes(tmp_path):
+def test_the_lock_goes_with_the_store_and_still_excludes(tmp_path, monkeypatch):
     out = tmp_path / "r.jsonl"
+    monkeypatch.setattr(sys, "argv", ["overlapbench", "sweep", "my spec.yaml", "-o", str(out)])  # the holder's command
     first = ResultStore(out)
     first.open(resume=False)
     assert first.lock_path.exists()
-    holder = rf"\(pid {os.getpid()}: overlapbench .*, since \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\)"
+    command = re.escape(shlex.join(["overlapbench", "sweep", "my spec.yaml", "-o", str(out)]))
+    holder = rf"\(pid {os.getpid()}: {command}, since \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\)"
     with pytest.raises(UserError, match=rf"output: {re.escape(str(out))} is being written by another run {holder}; "
                                         rf"wait for it to end, or choose another --output"):
         ResultStore(out).open(resume=False)
@@ -339,9 +342,11 @@ def test_a_second_run_into_a_busy_file_is_refused_at_once_naming_the_first(tmp_p
     from overlapbench.tuning.results import HELD_FOR, held_for_launch
 
     out = tmp_path / "r.jsonl"
+    monkeypatch.setattr(sys, "argv", ["overlapbench", "sweep", "first.yaml", "-o", str(out)])  # the holder's command
     with held_for_launch(out, resume=False, study="long"):
         line = one_line_error(overlapbench("sweep", str(write_spec(tmp_path)), "-o", str(out)))
-        assert f"output: {out} is being written by another run (pid {os.getpid()}: overlapbench " in line
+        command = shlex.join(["overlapbench", "sweep", "first.yaml", "-o", str(out)])
+        assert f"output: {out} is being written by another run (pid {os.getpid()}: {command}, since " in line
         assert "wait for it to end, or choose another --output" in line
         worker = ResultStore(out)  # as a worker of this launcher opens it: HELD_FOR names the lock
         assert os.environ[HELD_FOR] == str(worker.lock_path.resolve())
