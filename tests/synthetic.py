@@ -15,7 +15,7 @@ from pathlib import Path
 
 from overlapbench.model.models import PRESETS
 from overlapbench.specs.spec import SweepSpec
-from overlapbench.timing import measure
+from overlapbench.timing import bench
 from overlapbench.tuning.rows import Decode, Gemm, Point, make_row
 
 DEVICE = "NVIDIA H200"
@@ -66,7 +66,7 @@ def row(strategy: str, tokens: int, knobs: dict | None = None, *, samples: list[
     p = point(strategy, tokens, knobs, **where)
     if samples is None:
         samples = draw(median, spread, rng or random.Random(f"{strategy}-{tokens}-{median}"))
-    result = measure.summarize(samples) | {
+    result = bench.summarize(samples) | {
         "status": status, "error": error if status == "ok" else (error or "synthetic failure"),
         "samples_ms": samples if keep_samples else None, "graphs": True, "graph_error": None,
         "checked": strategy != "no_comm",

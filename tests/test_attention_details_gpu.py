@@ -50,7 +50,7 @@ def cases(world: int) -> list[tuple[str, str, dict, tuple[int, ...]]]:
 
 def _graph_forward(step, x):
     """The step's output from a CUDA-graph replay (eager where the step is not graphable)."""
-    from overlapbench.timing.measure import capture
+    from overlapbench.timing.cuda_graph import capture
 
     if not step.graphable:
         return step.forward(x)

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 from overlapbench.distributed.runtime import apply_safe_env  # noqa: E402
 from overlapbench.model import attention, attention_kernels  # noqa: E402
 from overlapbench.model.models import PRESETS  # noqa: E402
-from overlapbench.timing import measure  # noqa: E402
+from overlapbench.timing.cuda_graph import capture  # noqa: E402
 from tests import distributed  # noqa: E402
 from tests.test_attention import iso_split, reference, token_split  # noqa: E402
 
@@ -89,7 +89,7 @@ def test_split_chunks_match_masked_softmax(model, split, graph):
             attention.causal_attention(c.attention, cq, ck, cv, kv.k, kv.v, out=o)
 
     if graph:  # as the sweep times it: warmed on a side stream, captured, replayed
-        g = measure.capture(step, warmup=1)
+        g = capture(step, warmup=1)
         for o in outs:
             o.zero_()
         g.replay()

@@ -23,6 +23,7 @@ from overlapbench.model.rope import RopeTable  # noqa: E402
 from overlapbench.model.weights import build_stack, cast, random_input  # noqa: E402
 from overlapbench.overlap.split import SplitForward, SplitPlan  # noqa: E402
 from overlapbench.timing import measure  # noqa: E402
+from overlapbench.timing.cuda_graph import capture  # noqa: E402
 from overlapbench.timing.step import BuildContext  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.one_gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -124,7 +125,7 @@ def test_kernels_replay_from_a_graph_on_a_side_stream_with_new_inputs():
 
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        graph = measure.capture(step)
+        graph = capture(step)
     for seed in (1, 2):
         g = _gen(100 + seed)
         qkv.copy_(torch.randn(qkv.shape, generator=g, device=CUDA))
@@ -176,7 +177,7 @@ def test_the_bf16_layer_matches_its_float32_truth_eager_and_replayed(name, batch
     tolerance = TOLERANCE.get(name, BF16_TOL)
     assert rel_err(eager, truth) < tolerance
     out = {}
-    graph = measure.capture(lambda: out.__setitem__("y", forward_stack(stack, x, chunk, rope_table, LocalReducer(shape.eps))))
+    graph = capture(lambda: out.__setitem__("y", forward_stack(stack, x, chunk, rope_table, LocalReducer(shape.eps))))
     graph.replay()
     torch.cuda.synchronize()
     assert rel_err(out["y"], truth) < tolerance  # not bit-equal to eager: a capture may take other kernels
@@ -198,7 +199,7 @@ def test_a_split_on_one_gpu_matches_the_truth(name, batch, decode, cuts):
     plan = SplitPlan(tuple(token_range(batch, lo, hi, CUDA, cache) for lo, hi in zip(ends, ends[1:])))
     split = SplitForward(ctx, plan, (LocalReducer(shape.eps), LocalReducer(shape.eps)))
     assert rel_err(split(x), truth) < BF16_TOL
-    graph = measure.capture(lambda: split(x))
+    graph = capture(lambda: split(x))
     graph.replay()
     torch.cuda.synchronize()
     assert rel_err(split.normed, truth) < BF16_TOL

@@ -11,7 +11,7 @@ from tests import distributed
 
 
 def _warm_up_counts(rank: int, world: int) -> int:
-    from overlapbench.timing import measure
+    from overlapbench.timing import bench, measure
 
     calls = 0
 
@@ -20,7 +20,7 @@ def _warm_up_counts(rank: int, world: int) -> int:
         calls += 1
         time.sleep(0.002 * (1 + 2 * rank))
 
-    measure._warm_up(run, warmup=2, warmup_s=0.15, synchronize=lambda: None)
+    bench.warm_up(run, warmup=2, warmup_ms=150.0, clock=bench.WallClock(), agree=measure.agreed_count)
     return calls
 
 
@@ -30,15 +30,43 @@ def test_ranks_warm_up_for_the_same_count():
     assert fast == slow and fast >= 2 + 0.15 / 0.006 - 1, (fast, slow)
 
 
-def _iteration_counts(rank: int, world: int, per_iter_s: float) -> int:
-    from overlapbench.timing import measure
+def _iteration_counts(rank: int, world: int, per_iter_ms: float) -> int:
+    from overlapbench.timing import bench, measure
 
-    return measure._iterations(5, min_time_s=0.1, per_iter_s=per_iter_s * (1 + rank))
+    return measure.agreed_count(bench.samples_for(5, rep_ms=100.0, per_sample_ms=per_iter_ms * (1 + rank)))
 
 
 def test_timed_counts_agree_and_fill_the_minimum_time():
-    counts = distributed.run(_iteration_counts, 0.001, world=2)
+    counts = distributed.run(_iteration_counts, 1.0, world=2)
     assert counts[0] == counts[1] == 101  # the slower rank needs 51, the faster 101: the max
+
+
+def _time_step_samples(rank: int, world: int, warmup: int, iters: int, seed: int) -> tuple[int, int]:
+    import torch
+
+    from overlapbench.timing import measure
+    from overlapbench.timing.step import Step
+
+    calls = 0
+    g = torch.Generator().manual_seed(seed + rank)
+    a, b = torch.randn(48, 64, generator=g), torch.randn(64, 32, generator=g)
+
+    def forward(x):
+        nonlocal calls
+        calls += 1
+        return x @ b
+
+    timing = measure.time_step(Step(forward), a, warmup, iters, graphs=True, warmup_s=5.0, min_time_s=5.0)
+    assert not timing.graphs and all(s > 0 for s in timing.samples_ms)
+    return calls, len(timing.samples_ms)
+
+
+def test_time_step_on_cpu_runs_exactly_the_counts_it_is_given():
+    """On CPU the sequential mode runs `warmup` + `iters` forwards on every rank, the budgets of
+    time aside (they are for GPU clocks), and a sample per iteration."""
+    warmup, iters = random.randrange(0, 4), random.randrange(1, 6)
+    got = distributed.run(_time_step_samples, warmup, iters, random.randrange(1 << 20), world=2)
+    assert got == [(warmup + iters, iters)] * 2
 
 
 class _Graph:
@@ -84,7 +112,7 @@ def test_a_failed_capture_is_ended_and_its_pool_given_back_exactly_once(monkeypa
     graph that owns its pool releases it itself: a second release would be a double free."""
     import random
 
-    from overlapbench.timing.measure import _abandon
+    from overlapbench.timing.cuda_graph import _abandon
 
     pool = (0, random.randrange(1, 1 << 20))
     calls = _allocator(monkeypatch, underway=True)

@@ -11,7 +11,8 @@ import statistics
 import pytest
 
 from overlapbench.specs.spec_sections import Measure
-from overlapbench.timing import interleave, measure
+from overlapbench.timing import bench, interleave
+from overlapbench.timing.cuda_graph import capture
 from overlapbench.timing.interleave import Plan
 
 pytestmark = pytest.mark.gpu
@@ -30,22 +31,14 @@ def gemm_chain(length: int, m: int = 2048, n: int = 8192, k: int = 8192):
         for _ in range(length):
             torch.matmul(a, w, out=out)
 
-    graph = measure.capture(chain, warmup=1)
+    graph = capture(chain, warmup=1)
     return graph.replay, (a, w, out, graph)
 
 
 def long_run_ms(run, seconds: float, per_iter_ms: float) -> float:
     """Mean ms per iteration over a run of `seconds`, after the host sync a sequential mode has."""
-    import torch
-
-    clock, count = interleave.CudaClock(), max(1, round(seconds * 1e3 / per_iter_ms))
-    torch.cuda.synchronize()
-    start = clock.mark()
-    for _ in range(count):
-        run()
-    end = clock.mark()
-    clock.wait(end)
-    return clock.elapsed_ms(start, end) / count
+    count = max(1, round(seconds * 1e3 / per_iter_ms))
+    return bench.bench(run, 0.0, 0.0, iters=1, calls_per_sample=count, clock=bench.CudaClock()).samples_ms[0]
 
 
 def test_the_paired_ratio_is_the_ratio_of_long_runs():
@@ -61,7 +54,7 @@ def test_the_paired_ratio_is_the_ratio_of_long_runs():
     # The sweep's default span (spec_sections.Measure.span_ms): the span under test. A 200 ms span measured
     # [1.1348, 1.1476] against long runs at 1.1414-1.1484 on 2x H200 (too wide to decide).
     plan = Plan(span_ms=Measure.span_ms, max_rounds=100, ci_target=0.002, warmup_s=1.0)
-    ref, other = interleave.time_rounds([a, b], [per["A"], per["B"]], 0, plan, interleave.CudaClock())
+    ref, other = interleave.time_rounds([a, b], [per["A"], per["B"]], 0, plan, bench.CudaClock())
     lo, hi = other.speedup_ci
     print(f"paired A/B {other.speedup:.4f} [{lo:.4f}, {hi:.4f}] over {len(other.samples_ms)} rounds; "
           f"long runs {statistics.median(long):.4f} ({', '.join(f'{x:.4f}' for x in long)})")

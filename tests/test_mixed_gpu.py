@@ -17,7 +17,7 @@ from overlapbench.distributed.runtime import apply_safe_env  # noqa: E402
 from overlapbench.model import attention, attention_kernels  # noqa: E402
 from overlapbench.model.chunks import build_decode_cache, whole_batch  # noqa: E402
 from overlapbench.model.models import PRESETS  # noqa: E402
-from overlapbench.timing import measure  # noqa: E402
+from overlapbench.timing.cuda_graph import capture  # noqa: E402
 from tests import distributed  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.one_gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -61,7 +61,7 @@ def test_batched_decode_attention_equals_per_token_attention_and_replays(model, 
     assert err < TOL, f"{ran}: rel err {err:.3g}"
     assert torch.equal(cache.k[0][:, context], k)  # the new token's key went into its slot
 
-    graph = measure.capture(run)
+    graph = capture(run)
     for t in (q, k, v):  # new inputs in place: the replay must read them
         t.copy_(torch.randn(t.shape, generator=g, device="cuda").bfloat16())
     out.zero_()

@@ -12,7 +12,7 @@ import torch
 from overlapbench.model.models import ModelShape
 from overlapbench.model.moe import moe_partial, reference_moe
 from overlapbench.model.weights import build_stack
-from overlapbench.timing import measure
+from overlapbench.timing.cuda_graph import capture
 from tests import distributed
 
 pytestmark = [pytest.mark.gpu, pytest.mark.one_gpu]
@@ -59,7 +59,7 @@ def test_graph_replay_routes_new_inputs(shape, tokens):
     w = _layer(s, torch.bfloat16)
     x = _x(tokens, s.hidden, torch.bfloat16)
     out = torch.empty(tokens, s.hidden, dtype=torch.bfloat16, device="cuda")
-    graph = measure.capture(lambda: moe_partial(x, w.router, w.w_gate_up, w.w_down, s.top_k, out=out))
+    graph = capture(lambda: moe_partial(x, w.router, w.w_gate_up, w.w_down, s.top_k, out=out))
     for seed in (1, 2):  # new tokens: new routing, new group sizes
         x.copy_(_x(tokens, s.hidden, torch.bfloat16, seed=100 * seed))
         out.fill_(float("nan"))

@@ -61,8 +61,8 @@ COLLECTIVE_CASES = [(f"{op} {ctas}", op, ctas) for op in ("all_reduce", "all_gat
 
 
 def _graph_forward(step, x):
-    """The step's output from a CUDA-graph replay (measure.capture: warmed up on a side stream)."""
-    from overlapbench.timing.measure import capture
+    """The step's output from a CUDA-graph replay (cuda_graph.capture: warmed up on a side stream)."""
+    from overlapbench.timing.cuda_graph import capture
 
     out = {}
     graph = capture(lambda: out.update(y=step.forward(x)))

@@ -74,7 +74,7 @@ def test_pieces_are_timed_in_the_sweeps_rounds(monkeypatch):
     """Every piece gets one sample per round, ROUNDS of them after the warm-up, and a piece that
     does more work measures slower (on CPU, by the wall clock)."""
     from overlapbench.run import pieces
-    from overlapbench.timing.interleave import WallClock
+    from overlapbench.timing.bench import WallClock
 
     monkeypatch.setattr(pieces, "WARMUP_S", 0.01)
     a, b = torch.randn(64, 64), torch.randn(256, 256)

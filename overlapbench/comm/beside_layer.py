@@ -21,7 +21,6 @@ blocking transfer of a serial plan (predict/contention.py).
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -111,7 +110,7 @@ class LayerStream:
             run()
 
         timing = measure.time_step(Step(in_line), self.normed, warmup, iters, True)
-        return statistics.median(timing.samples_ms), timing.graphs
+        return timing.median_ms, timing.graphs
 
 
 @dataclass

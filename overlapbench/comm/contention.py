@@ -84,15 +84,16 @@ def compute_loss(alone_ms: float, beside_ms: float) -> float:
 
 
 def _elapsed_ms(stream, fn: Callable[[], None]) -> Callable[[], float]:
-    """Run `fn` on `stream` between two events; returns a reader of their elapsed time."""
+    """Run `fn` on `stream` between two marks (bench.timed_span); returns a reader of their
+    elapsed time, for once the work is done."""
     import torch
 
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    from overlapbench.timing.bench import CudaClock, timed_span
+
+    clock = CudaClock()
     with torch.cuda.stream(stream):
-        start.record()
-        fn()
-        end.record()
-    return lambda: start.elapsed_time(end)
+        span = timed_span(clock, fn)
+    return lambda: clock.elapsed_ms(*span)
 
 
 def _sync(rt: Runtime) -> None:
@@ -104,23 +105,21 @@ def _sync(rt: Runtime) -> None:
 
 
 def time_alone(rt: Runtime, stream, iters: int) -> float:
-    """Median ms of one pass of a compute stream alone (warmed up); max over ranks."""
-    import torch
+    """Median ms of one pass of a compute stream alone (two passes to warm; each pass from an
+    idle device, after the ranks meet); max over ranks."""
+    from overlapbench.timing.bench import CudaClock, bench
 
-    stream.run(2)
-    samples = []
-    for _ in range(iters):
-        _sync(rt)
-        read = _elapsed_ms(torch.cuda.current_stream(), stream.run)
-        torch.cuda.synchronize()
-        samples.append(read())
-    return rt.max_over_ranks(statistics.median(samples))
+    timed = bench(stream.run, 0.0, 0.0, warmup=2, iters=iters, clock=CudaClock(), before_each=lambda: _sync(rt))
+    return rt.max_over_ranks(timed.median_ms)
 
 
 def measure_beside(rt: Runtime, run: Callable[[], None], op_ms: float, compute, iters: int) -> tuple[float, float]:
     """The path's `run` (one op, `op_ms` alone) beside a compute stream `compute` (run(passes),
     alone_ms): (the path's ms per op beside it, one compute pass's ms beside the path), medians,
-    each the max over ranks."""
+    each the max over ranks.
+
+    Its own loop, not `bench`: a sample is two windows, each marking a span on one stream while
+    the other stream keeps the device busy around it; the spans are bench.timed_span's."""
     import torch
 
     main = torch.cuda.current_stream()

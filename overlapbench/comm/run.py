@@ -77,7 +77,7 @@ def measure_case(rt: Runtime, case: Case, buffers: Buffers, info: RunInfo, strea
         reps = ops_per_sample(case.nbytes, rt.is_cuda)
         step = Step(lambda _x: _repeat(bench.run, reps))
         timing = measure.time_step(step, bench.out(), info.warmup, info.iters, info.graphs)
-        stats = measure.summarize(timing.samples_ms, per=reps)
+        stats = timing.summary(per=reps)
         beside = _beside(rt, case, bench, stats["ms"], streams, layer, info)
     except Exception as e:
         return {"status": "failed", "error": one_line(e)}

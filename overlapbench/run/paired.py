@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from overlapbench.timing import interleave, measure
+from overlapbench.timing import bench, interleave
 from overlapbench.timing.interleave import Plan, Timed
 from overlapbench.timing.phases import PointFailed, out_of_memory, phase
 from overlapbench.tuning.rows import Point
@@ -99,17 +99,15 @@ def _time_group(rt, ref: Prepared, group: list[Prepared], plan: Plan, pairing: s
     (point, result); or the failure of the timing as a result. Each candidate is warmed up on its
     own first: one that fails there (out of memory, a kernel error) is its own failed row, and
     the others are timed without it."""
-    cuda = rt.is_cuda
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
     agree = _max_over_ranks(rt)
     align = _barrier(rt)
-    clock = interleave.CudaClock() if cuda else interleave.WallClock()
+    clock = bench.clock_for(rt.is_cuda)
     members, per_iter, dropped = [], [], []
     try:
         for c in [ref, *group]:
             try:
                 with guard(f"warming up {_describe(c.point)}"):
-                    per_iter.append(phase(rt, lambda c=c: measure._warm_up(c.run, WARMUP_ITERS, 0.0, sync) * 1e3))
+                    per_iter.append(phase(rt, lambda c=c: bench.warm_up(c.run, WARMUP_ITERS, 0.0, clock)))
                 members.append(c)
             except PointFailed as failure:
                 if c is ref:
@@ -135,7 +133,7 @@ def _fields(c: Prepared, t: Timed, pairing: str) -> dict:
     sequential mode, and the speedup over the reference in the same rounds."""
     per_layer = [s / c.point.layers for s in t.samples_ms]
     ci = None if t.speedup_ci is None else [round(v, 6) for v in t.speedup_ci]
-    return c.fields | measure.summarize(per_layer) | {
+    return c.fields | bench.summarize(per_layer) | {
         "status": "ok", "error": None, "samples_ms": [round(s, 6) for s in per_layer], "iters": t.iters,
         "timing": "interleaved", "pairing": pairing, "round_ids": list(t.round_ids),
         "speedup": None if t.speedup is None else round(t.speedup, 6), "speedup_ci": ci,

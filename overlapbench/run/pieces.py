@@ -40,7 +40,7 @@ from overlapbench.model.weights import build_stack, random_input
 from overlapbench.overlap.split import SplitForward, SplitPlan
 from overlapbench.run.piece_keys import WORKLOAD, wanted_pieces
 from overlapbench.specs.spec import SweepSpec
-from overlapbench.timing import interleave, measure
+from overlapbench.timing import bench, interleave, measure
 from overlapbench.timing.step import BuildContext, Step
 from overlapbench.tuning import results
 
@@ -120,23 +120,16 @@ class BatchPieces:
         return self._chain_ctx
 
 
-def _repeated(fn, device) -> tuple[Step, int, float]:
+def _repeated(fn) -> tuple[Step, int, float]:
     """A step of enough repetitions of `fn` to last about TARGET_MS, the count, and the step's
-    estimated ms."""
-    fn()
-    torch.cuda.synchronize(device)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(3):
-        fn()
-    end.record()
-    torch.cuda.synchronize(device)
-    once = max(start.elapsed_time(end) / 3, 1e-3)
+    estimated ms (one call to warm, then three timed as one sample)."""
+    timed = bench.bench(fn, 0.0, 0.0, warmup=1, iters=1, calls_per_sample=3, clock=bench.CudaClock())
+    once = max(timed.samples_ms[0], 1e-3)
     reps = max(1, min(200, round(TARGET_MS / once)))
     return Step(lambda x: [fn() for _ in range(reps)]), reps, reps * once
 
 
-def time_in_rounds(runs: list, estimates_ms: list[float], clock: interleave.Clock) -> list[list[float]]:
+def time_in_rounds(runs: list, estimates_ms: list[float], clock: bench.Clock) -> list[list[float]]:
     """Samples (ms) of each of `runs` (what one sample runs; `estimates_ms` its time), timed
     interleaved by the sweep's own rounds (interleave.time_rounds): whole warm-up rounds for
     WARMUP_S, then ROUNDS rounds, each run once per round in a shuffled order, none leaving early."""
@@ -161,14 +154,14 @@ def run(spec: SweepSpec, output: Path, tp: int) -> int:
                 group = list(group)
                 first, wanted = group[0], wanted_pieces(group)
                 batch = BatchPieces(first, rt)
-                steps = {key: _repeated(batch.run(*what), rt.device) for key, what in wanted.items()}
+                steps = {key: _repeated(batch.run(*what)) for key, what in wanted.items()}
                 runs = {key: measure.runner(step, batch.x, True) for key, (step, _, _) in steps.items()}
                 samples = time_in_rounds([run for run, _, _ in runs.values()], [ms for _, _, ms in steps.values()],
-                                         interleave.CudaClock())
+                                         bench.CudaClock())
                 for (key, (piece, rows, _, _)), (_, reps, _), (_, graphs, error), taken in zip(
                         wanted.items(), steps.values(), runs.values(), samples):
                     per_piece = [t / reps for t in taken]
-                    timing = measure.Timing(per_piece, graphs, error)
+                    timing = bench.Timing(per_piece, graphs, error)
                     store.append(_row(first, key, piece, rows, per_piece, timing, run_id, env, reps))
                     written += 1
                 console.print(f"{first.tokens} tokens: {len(wanted)} pieces timed")
@@ -192,5 +185,5 @@ def _row(point, key: str, piece: str, rows: int, samples: list[float], timing, r
         "tokens": point.tokens, "seed": point.seed, "world_size": 1, "device": env["device"],
         "versions": env["versions"], "git": env["git"], "multicast_env": env["multicast_env"],
         "graphs": timing.graphs, "graph_error": timing.graph_error, "repetitions": reps,
-        **measure.summarize(samples), "samples_ms": [round(s, 6) for s in samples],
+        **bench.summarize(samples), "samples_ms": [round(s, 6) for s in samples],
     }

@@ -20,7 +20,7 @@ from overlapbench.model import attention
 from overlapbench.run import paired
 from overlapbench.run.workload import Workload, build_workload, reference_setting
 from overlapbench.specs.spec import SweepSpec
-from overlapbench.timing import interleave, measure
+from overlapbench.timing import bench, interleave, measure
 from overlapbench.timing.phases import PointFailed, out_of_memory
 from overlapbench.timing.phases import phase as _phase
 from overlapbench.tuning import results
@@ -106,7 +106,7 @@ def measure_point(rt: runtime.Runtime, point: Point, work: Workload, spec: Sweep
     except PointFailed as failure:
         return fields | failure.result
     per_layer = [s / point.layers for s in timing.samples_ms]
-    return fields | measure.summarize(per_layer) | {
+    return fields | bench.summarize(per_layer) | {
         "status": "ok",
         "error": None,
         "samples_ms": [round(s, 6) for s in per_layer],

@@ -19,60 +19,22 @@ already queued when it left does not count (it would move the interval it left w
 stays to the end. Rounds stop at the plan's budget of time. Everything
 device-specific is in the `Clock` and the `agree` and `align` functions, so the scheduler runs
 on a fake clock, and fake ranks, in the tests.
+
+A candidate's span is `bench.timed_span` on bench's clocks, but the rounds do not call
+`bench.bench`: it waits for its own samples before it returns, where a round's spans are read
+only once the next round is queued behind them (the device never idles between candidates).
 """
 
 from __future__ import annotations
 
 import math
 import random
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
 
+from overlapbench.timing.bench import Clock, timed_span
 from overlapbench.timing.intervals import paired_ci, paired_estimate
-
-
-class Clock(Protocol):
-    """Marks on the device's timeline: where the work queued so far ends."""
-
-    def mark(self) -> Any: ...
-
-    def elapsed_ms(self, start: Any, end: Any) -> float: ...
-
-    def wait(self, mark: Any) -> None:
-        """Block the host until the work before `mark` is done."""
-
-
-class WallClock:
-    """CPU: work runs as it is issued, so a mark is the host's time."""
-
-    def mark(self) -> float:
-        return time.perf_counter()
-
-    def elapsed_ms(self, start: float, end: float) -> float:
-        return (end - start) * 1e3
-
-    def wait(self, mark: float) -> None:
-        pass
-
-
-class CudaClock:
-    """GPU: CUDA events on the current stream."""
-
-    def mark(self):
-        import torch
-
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def elapsed_ms(self, start, end) -> float:
-        return start.elapsed_time(end)
-
-    def wait(self, mark) -> None:
-        mark.synchronize()
 
 
 @dataclass(frozen=True)
@@ -157,10 +119,7 @@ def time_rounds(
         spans = []
         for i in order:
             align()
-            start = clock.mark()
-            for _ in range(reps[i]):
-                runs[i]()
-            spans.append((start, clock.mark()))
+            spans.append(timed_span(clock, runs[i], reps[i]))
         return order, spans
 
     def next_round_ms() -> float:  # ranks agree on `active`, so on this too

@@ -19,13 +19,12 @@ the layer. On CPU there is none.
 from __future__ import annotations
 
 import functools
-import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 
-from overlapbench.timing.measure import capture
+from overlapbench.timing.bench import CudaClock, bench
+from overlapbench.timing.cuda_graph import capture
 
 SIZE = 8192
 MEASURED = f"measured: bf16 GEMM {SIZE}^3 on random data, median of 10 after 3 warm-ups, at this process's start"
@@ -53,16 +52,6 @@ def _tflops(ms: float) -> float:
     return round(2 * SIZE**3 / ms / 1e9, 1)
 
 
-def _timed(fn, times: int = 1) -> float:
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(times):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) / times
-
-
 @functools.cache
 def _measure(device: torch.device) -> Peak:
     with torch.cuda.device(device):
@@ -81,13 +70,9 @@ def _rates(device: torch.device) -> tuple[float, float]:
     a, b = (torch.randn(SIZE, SIZE, generator=g, device=device).bfloat16() for _ in range(2))
     out = torch.empty(SIZE, SIZE, dtype=torch.bfloat16, device=device)
     product = lambda: torch.mm(a, b, out=out)
-    for _ in range(3):
-        product()
-    torch.cuda.synchronize()
-    burst = statistics.median(_timed(product) for _ in range(10))
+    one_by_one = dict(clock=CudaClock(), before_each=torch.cuda.synchronize)  # each sample from an idle GPU
+    burst = bench(product, 0.0, 0.0, warmup=3, iters=10, **one_by_one).median_ms
     graph = capture(lambda: [product() for _ in range(20)], warmup=0)  # warm already
-    end = time.perf_counter() + 1.0
-    while time.perf_counter() < end:
-        graph.replay()
-        torch.cuda.synchronize()
-    return burst, statistics.median(_timed(graph.replay) / 20 for _ in range(5))
+    # after a second of replays, each waited for: the card holds its power limit
+    sustained = bench(graph.replay, 1000.0, 0.0, iters=5, **one_by_one)
+    return burst, sustained.median_ms / 20

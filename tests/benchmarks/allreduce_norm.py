@@ -37,6 +37,8 @@ from kernels.rmsnorm import fused_add_rmsnorm
 from overlapbench.comm.sizes import busbw
 from overlapbench.distributed import runtime
 from overlapbench.launch.environment import git_commit
+from overlapbench.timing.bench import bench
+from overlapbench.timing.cuda_graph import capture
 from overlapbench.tuning.results import RunLog
 
 EPS = 1e-5
@@ -59,28 +61,17 @@ def parse_args() -> argparse.Namespace:
 
 
 def timed_graph(step, refill, iters: int, warmup: int) -> torch.Tensor:
-    """Per-iteration ms of one replay of `step` captured as a graph, max over ranks."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        refill()
-        step()  # compile and warm NCCL outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    dist.barrier()
-    torch.cuda._sleep(2_000_000)  # the CPU queues ahead while the GPU waits, so no launch gap is timed
-    for i in range(warmup + iters):
-        refill()
-        if i >= warmup:
-            events[i - warmup][0].record()
-        graph.replay()
-        if i >= warmup:
-            events[i - warmup][1].record()
-    torch.cuda.synchronize()
-    ms = torch.tensor([s.elapsed_time(e) for s, e in events], device="cuda")
+    """Per-iteration ms of one replay of `step` captured as a graph (its inputs refilled before
+    every replay, outside the timed span), max over ranks."""
+    refill()
+    graph = capture(step, warmup=1)  # compile and warm NCCL outside the capture
+
+    def queue_ahead():  # the CPU queues ahead while the GPU waits, so no launch gap is timed
+        dist.barrier()
+        torch.cuda._sleep(2_000_000)
+
+    timed = bench(graph.replay, 0.0, 0.0, warmup=warmup, iters=iters, before_each=refill, before_loop=queue_ahead)
+    ms = torch.tensor(timed.samples_ms, device="cuda")
     dist.all_reduce(ms, op=dist.ReduceOp.MAX)
     return ms.cpu()
 

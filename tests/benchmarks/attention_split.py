@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `kernels` and `overlapbench` importable
@@ -32,7 +31,8 @@ from overlapbench.model.models import preset
 from overlapbench.overlap.balance import balanced_ratio
 from overlapbench.strategies import iso
 from overlapbench.strategies.token_split import split_point
-from overlapbench.timing import measure
+from overlapbench.timing.bench import bench
+from overlapbench.timing.cuda_graph import capture
 from overlapbench.tuning.results import RunLog
 
 TP = 2
@@ -64,26 +64,12 @@ def parse_args() -> argparse.Namespace:
 def timed_graph(fn, iters: int, warmup: int) -> tuple[float, float, float]:
     """(median, p10, p90) ms of one replay of fn captured as a CUDA graph (on CPU, of fn: a
     smoke test of the script, not a measurement)."""
-    if not torch.cuda.is_available():
-        times = []
-        for _ in range(iters):
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
-        ms = torch.tensor(times)
-        return ms.median().item(), ms.quantile(0.1).item(), ms.quantile(0.9).item()
-    graph = measure.capture(fn, warmup=1)
-    for _ in range(warmup):
-        graph.replay()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    torch.cuda.synchronize()
-    torch.cuda._sleep(1_000_000)  # the CPU queues ahead, so no launch gap is timed
-    for start, end in events:
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    ms = torch.tensor([s.elapsed_time(e) for s, e in events])
+    if torch.cuda.is_available():
+        timed = bench(capture(fn, warmup=1).replay, 0.0, 0.0, warmup=warmup, iters=iters,
+                      before_loop=lambda: torch.cuda._sleep(1_000_000))  # the CPU queues ahead: no launch gap is timed
+    else:
+        timed = bench(fn, 0.0, 0.0, iters=iters)
+    ms = torch.tensor(timed.samples_ms)
     return ms.median().item(), ms.quantile(0.1).item(), ms.quantile(0.9).item()
 
 

@@ -23,22 +23,16 @@ import torch
 from overlapbench.launch.environment import git_commit
 from overlapbench.model import attention_kernels
 from overlapbench.model.models import preset
-from overlapbench.timing import measure
+from overlapbench.timing.bench import bench
 from overlapbench.tuning.results import RunLog
 
 TP = 2
 
 
 def replay_ms(fn, tensors, iters: int) -> float:
-    """Milliseconds per call of fn(*tensors), replayed from a CUDA graph."""
-    graph = measure.capture(lambda: fn(*tensors))
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+    """Milliseconds per call of fn(*tensors), replayed from a CUDA graph: one sample of `iters`
+    replays back to back."""
+    return bench(lambda: fn(*tensors), 0.0, 0.0, graphs=True, iters=1, calls_per_sample=iters).samples_ms[0]
 
 
 def main() -> None:

@@ -15,7 +15,6 @@ TFLOP/s, and the 8192^3 GEMM's burst and sustained rates (overlapbench/timing/pe
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -32,24 +31,17 @@ from overlapbench.model.activation import torch_swiglu
 from overlapbench.model.models import preset
 from overlapbench.model.norms import torch_rms_norm
 from overlapbench.model.rope import RopeTable, torch_rope_qkv
-from overlapbench.timing import measure
+from overlapbench.timing.bench import bench
 from overlapbench.tuning.results import RunLog
 
 CUDA = torch.device("cuda")
 
 
 def replay_ms(fn, rounds: int = 7, reps: int = 20) -> float:
-    graph = measure.capture(fn)
-    times = []
-    for _ in range(rounds):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            graph.replay()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) / reps)
-    return statistics.median(times)
+    """Median over `rounds` samples (each from an idle GPU) of ms per replay of fn's CUDA graph,
+    a sample being `reps` replays back to back."""
+    timed = bench(fn, 0.0, 0.0, graphs=True, iters=rounds, calls_per_sample=reps, before_each=torch.cuda.synchronize)
+    return timed.median_ms
 
 
 def pieces(shape, tokens: int):

@@ -47,7 +47,8 @@ from overlapbench.model.models import preset
 from overlapbench.model.norms import rms_norm
 from overlapbench.model.rope import RopeTable
 from overlapbench.model.weights import build_stack, cast, random_input
-from overlapbench.timing import interleave, measure, peak
+from overlapbench.timing import bench, interleave, measure, peak
+from overlapbench.timing.cuda_graph import capture
 from overlapbench.tuning.results import RunLog
 
 IMPLS = ("overlapbench", "hf_eager", "hf_compiled")
@@ -183,7 +184,7 @@ def measure_point(stacks: Stacks, impls: list[str], tokens: int, args, common: d
                 row["attention"] = attention.describe(names)
                 if args.profile is not None and (args.profile_tokens is None or tokens in args.profile_tokens):
                     row["profile_error"] = profile(fn, stacks.layers, args.profile, f"{label}-{impl}", profiles)
-                graphs[impl], forwards[impl] = measure.capture(fn), fn
+                graphs[impl], forwards[impl] = capture(fn), fn
         except Exception as e:  # one impl's failure is a row, not the end of the run
             row |= {"status": "failed", "error": one_line(e, limit=300)}
         rows[impl] = row
@@ -195,7 +196,7 @@ def measure_point(stacks: Stacks, impls: list[str], tokens: int, args, common: d
     for impl, row in rows.items():
         t = timed.get(impl)
         per_layer = [] if t is None else [s / stacks.layers for s in t.samples_ms]
-        summary = measure.summarize(per_layer) if per_layer else {"ms": None}
+        summary = bench.summarize(per_layer) if per_layer else {"ms": None}
         row |= summary | {"samples_ms": [round(s, 5) for s in per_layer], "rounds": len(per_layer)}
         if t is not None and REFERENCE in timed:  # paired, round by round: t_impl / t_hf_compiled
             row |= {"vs_compiled": 1 / t.speedup, "vs_compiled_ci": [1 / t.speedup_ci[1], 1 / t.speedup_ci[0]]}
@@ -207,17 +208,13 @@ def time_interleaved(replays: list, reference: int, args) -> list:
     """interleave.time_rounds over the graphs' replays: rounds of about span_ms each, in a shuffled
     order, until each impl's ratio to the reference is known within +-ci_target (95%), or the
     time budget is spent (interleave.Timed per replay)."""
-    per_call = []
+    clock, per_call = bench.CudaClock(), []
     for replay in replays:
-        replay()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        replay()
-        torch.cuda.synchronize()
-        per_call.append((time.perf_counter() - t0) * 1e3)
+        replay()  # untimed: the estimate is of a replay after the first
+        per_call.append(bench.warm_up(replay, 1, 0.0, clock))
     plan = interleave.Plan(args.span_ms, args.rounds, args.ci_target, warmup_s=0.5, min_rounds=20,
                            min_time_s=args.min_time_s, budget_factor=3.0)
-    return interleave.time_rounds(replays, per_call, reference, plan, interleave.CudaClock())
+    return interleave.time_rounds(replays, per_call, reference, plan, clock)
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ printed are a table.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from overlapbench.model import moe
 from overlapbench.model.activation import swiglu
 from overlapbench.model.models import preset
 from overlapbench.model.weights import build_stack
-from overlapbench.timing import measure
+from overlapbench.timing.bench import bench
 from overlapbench.tuning.results import RunLog
 
 
@@ -43,20 +44,13 @@ def parse_args() -> argparse.Namespace:
 
 
 def time_graph(fn, iters: int) -> float:
-    """Median ms of one replay of fn's CUDA graph."""
-    graph = measure.capture(fn)
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+    """Median ms (the upper one of an even count) of one replay of fn's CUDA graph, each replay
+    from an idle GPU."""
+    timed = bench(fn, 0.0, 0.0, graphs=True, iters=iters, before_each=torch.cuda.synchronize)
+    return statistics.median_high(timed.samples_ms)
 
 
-def bench(model: str, tokens: int, tp: int, iters: int) -> list[dict]:
+def point_rows(model: str, tokens: int, tp: int, iters: int) -> list[dict]:
     shape = preset(model)
     w = build_stack(shape, 1, tp, 0, torch.bfloat16, torch.device("cuda")).layers[0]
     g = torch.Generator(device="cuda").manual_seed(tokens)
@@ -93,7 +87,7 @@ def main() -> None:
     rows = []
     for model in args.models:
         for tokens in args.tokens:
-            rows += [log.write(row) for row in bench(model, tokens, args.tp, args.iters)]
+            rows += [log.write(row) for row in point_rows(model, tokens, args.tp, args.iters)]
             torch.cuda.empty_cache()
     print(f"{'model':<15} {'tokens':>6} {'moe ms':>8} {'experts ms':>10} {'dense ms':>8} {'moe TF/s':>8} {'moe/dense':>9}")
     for model in args.models:

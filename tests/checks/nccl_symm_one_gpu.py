@@ -39,7 +39,8 @@ from overlapbench.model.rope import RopeTable
 from overlapbench.model.weights import build_stack, random_input
 from overlapbench.run import micro
 from overlapbench.strategies.knobs import DEFAULT
-from overlapbench.timing.measure import capture, rel_err
+from overlapbench.timing.cuda_graph import capture
+from overlapbench.timing.measure import rel_err
 from overlapbench.timing.step import BuildContext
 from overlapbench.tuning.rows import Gemm, Point
 
@@ -53,7 +54,7 @@ SETTINGS = [
 
 
 def graph_replay(fn):
-    """fn's result from a CUDA-graph replay (measure.capture: warmed up on a side stream)."""
+    """fn's result from a CUDA-graph replay (cuda_graph.capture: warmed up on a side stream)."""
     out = {}
     graph = capture(lambda: out.update(y=fn()))
     graph.replay()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 import traceback
 from pathlib import Path
@@ -40,6 +41,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 from overlapbench.launch.environment import git_commit
+from overlapbench.timing.bench import bench
 from overlapbench.tuning.results import RunLog
 
 D = 128
@@ -400,7 +402,7 @@ def overlapbench_path_for(model: str, hq: int, hkv: int) -> None:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                step()  # warm on a side stream, as measure.py does
+                step()  # warm on a side stream, as cuda_graph.capture does
             torch.cuda.current_stream().wait_stream(side)
             with torch.cuda.graph(graph):
                 step()
@@ -426,16 +428,8 @@ def overlapbench_path() -> None:
 
 
 def median_ms(fn, iters: int = 20, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return sorted(s.elapsed_time(e) for s, e in events)[iters // 2]
+    """The median (the upper one of an even count) of `iters` calls timed one by one, back to back."""
+    return statistics.median_high(bench(fn, 0.0, 0.0, warmup=warmup, iters=iters).samples_ms)
 
 
 def time_variants(variants: dict, res: dict) -> None:

@@ -33,7 +33,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from overlapbench.launch.environment import git_commit
-from overlapbench.timing.measure import capture
+from overlapbench.timing.bench import CudaClock, bench, timed_span, warm_up
+from overlapbench.timing.cuda_graph import capture
 from overlapbench.tuning.results import new_run_id
 
 
@@ -133,28 +134,14 @@ def build(length: int, m: int, n: int, k: int, dev) -> tuple[torch.cuda.CUDAGrap
 
 
 def per_replay_ms(graph, seconds: float) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    n = 0
-    while time.perf_counter() - t0 < seconds:
-        for _ in range(4):
-            graph.replay()
-        n += 4
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e3 / n
+    """Replays for `seconds` (the host waiting every 4), and the mean ms of one."""
+    return warm_up(graph.replay, 4, seconds * 1e3, CudaClock())
 
 
 def timed_run(graph, count: int) -> tuple[float, list[float]]:
     """`count` back-to-back replays after an idle host sync: mean ms and per-replay ms."""
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(count + 1)]
-    torch.cuda.synchronize()
-    events[0].record()
-    for i in range(count):
-        graph.replay()
-        events[i + 1].record()
-    torch.cuda.synchronize()
-    each = [events[i].elapsed_time(events[i + 1]) for i in range(count)]
-    return events[0].elapsed_time(events[-1]) / count, each
+    each = bench(graph.replay, 0.0, 0.0, iters=count, clock=CudaClock()).samples_ms
+    return statistics.fmean(each), each
 
 
 def sequential(graphs, per_ms, seq_s: float, pairs: int, sampler) -> dict:
@@ -178,22 +165,16 @@ def interleaved(graphs, per_ms, span_ms: float, rounds: int, rng: random.Random)
     round r+1 is queued before the host waits on round r, so the GPU never idles."""
     names = list(graphs)
     counts = {nm: max(1, round(span_ms / per_ms[nm])) for nm in names}
-    pending, ratios = None, []
+    clock, pending, ratios = CudaClock(), None, []
 
-    def enqueue():
+    def enqueue():  # the spans are bench.timed_span's; read a round later, so not bench.bench
         order = names[:]
         rng.shuffle(order)
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(len(order) + 1)]
-        events[0].record()
-        for i, nm in enumerate(order):
-            for _ in range(counts[nm]):
-                graphs[nm].replay()
-            events[i + 1].record()
-        return order, events
+        return order, [timed_span(clock, graphs[nm].replay, counts[nm]) for nm in order]
 
-    def collect(order, events):
-        events[-1].synchronize()
-        ms = {nm: events[i].elapsed_time(events[i + 1]) / counts[nm] for i, nm in enumerate(order)}
+    def collect(order, spans):
+        clock.wait(spans[-1][1])
+        ms = {nm: clock.elapsed_ms(*span) / counts[nm] for nm, span in zip(order, spans)}
         ratios.append(ms["B"] / ms["A"])
 
     torch.cuda.synchronize()
