@@ -21,9 +21,10 @@ class Fault(Strategy):
         Knob("mode", str, "raise", "what goes wrong: at build (raise, crash, hang, oom; oom_once: the first time it is "
              "built only), or in its forwards after the check's (stuck_later; oom_in_warmup: on every rank), or inside "
              "a CUDA-graph capture (oom_in_capture: more memory than the GPU has free; invalid_capture: a synchronize, "
-             "which CUDA forbids there and answers by invalidating the capture)",
+             "which CUDA forbids there and answers by invalidating the capture), or while its output is checked "
+             "(oom_in_check)",
              choices=("raise", "crash", "hang", "oom", "oom_once", "stuck_later", "oom_in_warmup", "oom_in_capture",
-                      "invalid_capture")),
+                      "invalid_capture", "oom_in_check")),
         Knob("at_tokens", int, 1, "the token count where it strikes", bounds=(1, 1 << 30)),
         Knob("on_rank", int, 1, "the rank it strikes on", bounds=(0, 1024)),
     )
@@ -40,6 +41,10 @@ class Fault(Strategy):
             return step
         if mode in FORWARD_FAULTS:
             return _wrapped(step, FORWARD_FAULTS[mode])
+        if mode == "oom_in_check":
+            to_full = step.to_full
+            step.to_full = lambda out: to_full(out).as_subclass(_out_of_memory_when_read())
+            return step
         if mode == "oom_once":
             if ctx.tokens in _STRUCK:
                 return step
@@ -66,6 +71,21 @@ def _wrapped(step, strike):
 
     step.forward = run
     return step
+
+
+def _out_of_memory_when_read():
+    import torch
+
+    class OutOfMemoryWhenRead(torch.Tensor):
+        """An output whose check runs out of memory, as the fp32 copies of a 64K-token output can."""
+
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func in (torch.Tensor.reshape, torch.Tensor.float, torch.Tensor.sub, torch.Tensor.__sub__):
+                raise torch.OutOfMemoryError("CUDA out of memory (injected in the check by the fault plugin)")
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    return OutOfMemoryWhenRead
 
 
 def _stuck_later(call: int, x) -> None:

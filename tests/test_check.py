@@ -73,3 +73,18 @@ def test_a_bf16_sweep_checked_against_the_fp32_truth(tmp_path):
     split = rows["token_split"]
     assert split["tolerance"] == pytest.approx(max(1e-2, FLOOR_FACTOR * floor)) and split["rel_err"] <= split["tolerance"]
     assert rows["no_comm"]["rel_err"] is None  # a bound is not checked
+
+
+def test_rel_err_summed_over_slices_equals_the_whole_tensor_norm(monkeypatch):
+    from overlapbench.timing import measure
+
+    g = torch.Generator().manual_seed(torch.seed() % (1 << 31))
+    ref = torch.randn(37, 53, generator=g).bfloat16()
+    out = (ref.float() + 0.02 * torch.randn(37, 53, generator=g)).bfloat16()
+    whole = (torch.linalg.vector_norm(out.float() - ref.float()) / torch.linalg.vector_norm(ref.float())).item()
+    monkeypatch.setattr(measure, "REL_ERR_CHUNK", 97)  # slices that cut rows, the last one short
+    assert measure.rel_err(out, ref) == pytest.approx(whole, rel=1e-5)
+    out[3, 7] = float("nan")
+    assert measure.rel_err(out, ref) == float("inf")
+    with pytest.raises(ValueError, match="shape"):
+        measure.rel_err(out[:-1], ref)

@@ -38,17 +38,19 @@ def sweep(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_a_failing_point_is_a_row_and_the_sweep_goes_on(tmp_path: Path):
-    grid = {"baseline": {}, "fault": {"mode": ["raise", "oom"], "at_tokens": 29}, "token_split": {"align": 8}}
+    grid = {"baseline": {}, "fault": {"mode": ["raise", "oom", "oom_in_check"], "at_tokens": 29}, "token_split": {"align": 8}}
     path = write_spec(tmp_path, grid)
     out = tmp_path / "r.jsonl"
     done = sweep(str(path), "--output", str(out))
     assert done.returncode == 0, done.stderr
     rows = read_rows(out)
-    assert len(rows) == 3 * 4
+    assert len(rows) == 3 * 5
     failed = [r for r in rows if r["status"] != "ok"]
-    assert [(r["strategy"], r["knobs"]["mode"], r["tokens"]) for r in failed] == [("fault", "raise", 29), ("fault", "oom", 29)]
+    assert [(r["strategy"], r["knobs"]["mode"], r["tokens"]) for r in failed] == [
+        ("fault", "raise", 29), ("fault", "oom", 29), ("fault", "oom_in_check", 29)]
     assert failed[0]["error"] == "rank 1: RuntimeError: injected kernel error"
     assert "OutOfMemoryError" in failed[1]["error"] and failed[0]["ms"] is None
+    assert failed[2]["error"].startswith("rank 1: OutOfMemoryError") and "in the check" in failed[2]["error"]
     assert all(r["status"] == "ok" for r in rows if r["tokens"] == 40)  # and it went on
 
 

@@ -65,7 +65,8 @@ def prepare_point(rt: runtime.Runtime, point: Point, work: Workload, spec: Sweep
             out = _phase(rt, lambda: step.to_full(step.forward(work.x)))
         fields["attention"] = attention.describe(ran)
         if checked and (not is_reference or work.truth is not None):
-            fields["rel_err"], fields["tolerance"] = work.check(out, rt, tolerance)
+            local_err, fields["tolerance"] = _phase(rt, lambda out=out: work.local_check(out, tolerance))
+            fields["rel_err"] = rt.max_over_ranks(local_err)
         del out
         tolerance = fields["tolerance"]
         if fields["rel_err"] is not None and not fields["rel_err"] <= tolerance:
