@@ -145,7 +145,8 @@ def _worker(rank: int, world: int, port: int, fn, args, queue, backend: str) -> 
             torch.cuda.set_device(rank)
         dist.init_process_group(backend, rank=rank, world_size=world)
         result = fn(rank, world, *args)
-        dist.destroy_process_group()
+        if dist.is_initialized():  # a sweep's rank code (run/command.work) leaves the group itself
+            dist.destroy_process_group()
         queue.put((rank, "ok", pickle.dumps(result)))  # by value: no shared-memory handles
     except BaseException:
         queue.put((rank, "error", traceback.format_exc()))

@@ -14,9 +14,10 @@ from overlapbench import printing
 from overlapbench.errors import UserError, did_you_mean
 from overlapbench.report.cells import legend
 from overlapbench.report.compare import compare
+from overlapbench.report.exposed_view import emit_sections, sections
 from overlapbench.report.overview import footer, overview, overview_grid
 from overlapbench.report.plot import plot
-from overlapbench.report.profile import profile_view
+from overlapbench.report.profile import accounts, profile_view
 from overlapbench.report.render import emit, stderr_console
 from overlapbench.report.rounds import rounds_view
 from overlapbench.report.sensitivity import sensitivity_view
@@ -45,7 +46,7 @@ class Options:
     compare: Annotated[tuple[Path, Path] | None, typer.Option("--compare", metavar="OLD NEW", help="Per point (matched by key) the ratio NEW/OLD of ms per layer (micro: per GEMM).")] = None
     fail_above: Annotated[float | None, typer.Option("--fail-above", metavar="PCT", help="With --compare: exit 1 when any point got slower by more than PCT percent.")] = None
     across_devices: Annotated[bool, typer.Option("--across-devices", help="With --compare: compare OLD and NEW of different devices, or measured against predicted (refused without it: the difference is not the code's).")] = False
-    profile: Annotated[Path | None, typer.Option("--profile", metavar="DIR", help="Where each point's GPU time goes: the kernel tables `sweep --profile DIR` wrote, by kind of kernel, per layer, beside no_comm's.")] = None
+    profile: Annotated[Path | None, typer.Option("--profile", metavar="DIR", help="Where each point's GPU time goes: the kernel tables `sweep --profile DIR` wrote, by kind of kernel, per layer, beside no_comm's; then, from each point's timeline, its exposed communication (which transfer runs with no compute, after which kernel).")] = None
     rounds: Annotated[bool, typer.Option("--rounds", help="How noisy the paired timing's rounds were, per batch: rounds, the sd of per-round ratios, the widest interval.")] = False
 
 
@@ -145,9 +146,16 @@ def run(paths: Iterable[Path], fmt: str = "table", console: Console | None = Non
     if opts.compare_paths is not None:
         return compare(*opts.compare_paths, fmt, console, opts.fail_above, opts.across_devices)
     store = analysis.read(paths, require_ok=False)
-    if opts.profile_dir is not None or opts.rounds:  # views of one run's rows, not of strategies compared
-        grids, records, note = rounds_view(store.rows) if opts.rounds else profile_view(store.rows, opts.profile_dir)
+    if opts.rounds:  # views of one run's rows, not of strategies compared
+        grids, records, note = rounds_view(store.rows)
         emit(grids, records, fmt, console, note)
+        return 0
+    if opts.profile_dir is not None:  # the kernel tables, then each point's exposed communication
+        found = accounts(store.rows, opts.profile_dir)
+        grids, records, note = profile_view(found)
+        parts, exposure = sections(found, opts.profile_dir)
+        emit(grids, [r | exposure[r["table"]] for r in records], fmt, console, note)
+        emit_sections(parts, fmt, console)
         return 0
     comm_rows = [r for r in store.rows if analysis.workload_of(r) == COMM]
     if not store.measured and comm_rows:

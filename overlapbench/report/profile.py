@@ -6,7 +6,8 @@ merge, norms, other elementwise work (RoPE, SwiGLU), copies, communication (NCCL
 kernels, the copy engines' peer copies, the symmetric-memory barriers). Per layer, per token
 count, with what each point adds per kind over `no_comm`, and the kernels' sum beside the row's
 graph-replayed time: what is left is launch gaps and idle (graphs remove most of it), or overlap
-(kernels on side streams make the sum exceed the time).
+(kernels on side streams make the sum exceed the time). Why communication stays exposed, from
+each point's timeline: exposed_view.py.
 """
 
 from __future__ import annotations
@@ -100,10 +101,10 @@ def accounts(rows: list[dict], folder: Path) -> dict[tuple[str, int], list[Accou
     return {t: sorted(a, key=lambda a: (not a.name.startswith(f"{analysis.BOUND}-"), a.name)) for t, a in sorted(found.items())}
 
 
-def profile_view(rows: list[dict], folder: Path) -> tuple[list[Grid], list[dict], str]:
-    """One grid per group and token count: a line per profiled point, a column per kind of kernel."""
+def profile_view(found: dict[tuple[str, int], list[Account]]) -> tuple[list[Grid], list[dict], str]:
+    """One grid per group and token count (`accounts`): a line per profiled point, a column per kind of kernel."""
     grids, records = [], []
-    for (group, tokens), points in accounts(rows, folder).items():
+    for (group, tokens), points in found.items():
         bound = next((a for a in points if a.name.startswith(f"{analysis.BOUND}-")), None)
         grid_rows = []
         for a in points:

@@ -37,7 +37,7 @@ class Options:
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Results file (.jsonl). Default: the spec's 'output', else a new results/{name}-{time}.jsonl.")] = None
     resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted sweep (the --output file, else the newest results/{name}-*.jsonl): skip points already done.")] = False
     nproc: Annotated[int | None, typer.Option("--nproc", help="Processes to launch when not under torchrun. Default: all local GPUs, or 2 on CPU.")] = None
-    profile: Annotated[Path | None, typer.Option("--profile", help="Also profile each point: a kernel table per point into this folder (needs CUDA GPUs).")] = None
+    profile: Annotated[Path | None, typer.Option("--profile", help="Also profile each point: its kernel table and one forward's kernel timeline into this folder (needs CUDA GPUs; read with report --profile).")] = None
     force: Annotated[bool, typer.Option("--force", help="Run even when a check before the launch refuses: a spec estimated to need more host memory than this machine has, a GPU-sized spec (no cpu: section) on a machine without GPUs, or one that would fit a GPU but not what other processes leave free on it.")] = False
     pieces: Annotated[bool, typer.Option("--pieces", help="Instead: time the compute pieces of one TP=--tp rank's layer on one GPU (what `overlapbench predict --compute` reads).")] = False
     tp: Annotated[int | None, typer.Option("--tp", help="With --pieces: the TP degree whose shard is timed. Default: the spec's.")] = None

@@ -118,8 +118,10 @@ def measure_point(rt: runtime.Runtime, point: Point, work: Workload, spec: Sweep
 
 
 def _profile(rt: runtime.Runtime, point: Point, step, work: Workload, profile_dir: Path | None) -> dict | None:
-    """With --profile on GPUs, a kernel table of the point; a failure as a result, else None."""
-    if profile_dir is None or not rt.is_cuda:
+    """With --profile, the point's kernel table and timeline (measure.profile_step); a failure as
+    a result, else None. The command refuses --profile on CPU; the rank code profiles any device
+    (on CPU: host ops, a timeline without device kernels)."""
+    if profile_dir is None:
         return None
     name = results.profile_name(point.strategy, point.tokens, point.knobs, point.decode.as_dict() if point.decode else None)
     path = profile_dir / f"{name}.txt" if rt.rank == 0 else None

@@ -110,14 +110,22 @@ def _max_over_ranks(local: torch.Tensor) -> list[float]:
 
 
 def profile_step(step: Step, x: torch.Tensor, path, iterations: int = 3) -> None:
-    """A few eager forwards under torch.profiler; the kernel table (by device time) to `path`
-    (None: profile, but write nothing: the other ranks join the collectives)."""
+    """A few eager forwards under torch.profiler, their kernel table (by device time) to `path`;
+    then one more forward's timeline (its device kernels, timeline.py) beside it. `path` None:
+    profile, but write nothing (the other ranks join the forwards' collectives)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    from overlapbench.timing import timeline
+
+    cuda = x.device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         for _ in range(iterations):
             step.forward(x)
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
     if path is not None:
         table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=90)
         path.write_text(f"{iterations} eager forwards\n{table}\n")
+    kernels = timeline.record(lambda: step.forward(x), cuda)
+    if path is not None:
+        timeline.write(kernels, timeline.beside(path))
