@@ -71,7 +71,13 @@ def entry_for(p: Pick) -> tuple[dict, str | None]:
                 f"only: entry keeps the cut (split_offset) and holds its built-in {facts.BUILTIN_CTAS} CTAs")
         if p.knobs.get("split_ratio") is not None:
             return builtin, "token_split with split_ratio picked; TokenWeave cuts at half plus an offset only: built-in entry"
+        if p.knobs.get("chunks", 2) > 2:
+            return builtin, (f"token_split with chunks={p.knobs['chunks']} picked; TokenWeave cuts the batch in two: "
+                             "built-in entry")
         entry = _entry(p.knobs.get("comm_ctas_attn", 8), p.knobs.get("comm_ctas_mlp", 8), p.knobs.get("split_offset", 0))
+        if p.knobs.get("gemm_carveout", 0):
+            return entry, (f"token_split with gemm_carveout={p.knobs['gemm_carveout']} picked; TokenWeave's GEMMs use "
+                           "every SM: the entry keeps the CTAs and the cut, not the carveout")
         align = p.knobs.get("align", facts.SPLIT_ALIGN)
         if align != facts.SPLIT_ALIGN:
             return entry, f"token_split align={align} picked; TokenWeave rounds the cut to {facts.SPLIT_ALIGN}"

@@ -20,6 +20,8 @@ keys and values where a sequence straddles a cut. Strategies differ only in how 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +43,7 @@ class SplitPlan:
 
     chunks: tuple[Chunk, ...]
     order: torch.Tensor | None = None
+    gemm_carveout: int = 0  # SMs the GEMMs leave free while the forward runs (gemm_sm_carveout)
 
     def __post_init__(self) -> None:
         ends = [c.end for c in self.chunks]
@@ -116,6 +119,10 @@ class SplitForward:
         self._reducer(task)(partial, chunk, self.residual[rows], norm_weight(self.ctx.stack, task), self.normed[rows])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        with gemm_sm_carveout(self.plan.gemm_carveout):
+            return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         stack, order = self.ctx.stack, self.plan.order
         self.residual.copy_(x if order is None else x[order])
         rms_norm(self.residual, stack.layers[0].attn_norm, stack.shape.eps, out=self.normed)
@@ -132,6 +139,22 @@ class SplitForward:
         out = torch.empty_like(self.normed)
         out[order] = self.normed
         return out
+
+
+@contextmanager
+def gemm_sm_carveout(sms: int) -> Iterator[None]:
+    """cuBLAS's GEMMs launched (or captured) inside leave `sms` SMs free: torch's SM carveout,
+    which sets cuBLAS's SM count target to the device's SMs minus `sms`. The setting is the
+    process's; it is restored on the way out, so no other point's GEMMs see it."""
+    if not sms:
+        yield
+        return
+    before = torch._C._get_sm_carveout_experimental()
+    torch._C._set_sm_carveout_experimental(sms)
+    try:
+        yield
+    finally:
+        torch._C._set_sm_carveout_experimental(before)
 
 
 def split_step(ctx: BuildContext, plan: SplitPlan, reducers: tuple[Reducer, Reducer]) -> Step:

@@ -122,3 +122,14 @@ CHUNKS = Knob(
     "the next chunk's compute, and the exposed tail (the last chunk's MLP reduction) shrinks to 1/chunks",
     bounds=(2, 16), sparse=True,
 )
+
+# SMs the main lane's GEMMs leave to the communication lane. Sparse: at 0 a setting's point key is
+# the one it has without the knob.
+GEMM_CARVEOUT = Knob(
+    "gemm_carveout", int, 0,
+    "SMs that the main lane's GEMMs leave free for the communication lane's kernels (cuBLAS's SM count "
+    "target: the device's SMs minus this, through torch's experimental SM carveout); 0: every SM. A "
+    "persistent GEMM holds its SMs to its end, so a reduction kernel queued beside it waits for the next "
+    "kernel boundary unless SMs are left free",
+    bounds=(0, 64), sparse=True,
+)

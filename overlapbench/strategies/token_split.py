@@ -19,7 +19,7 @@ from overlapbench.overlap.balance import balanced_rows
 from overlapbench.overlap.comm_methods import CTA_BUDGETED, listed
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Knob, SplitStrategy
-from overlapbench.strategies.knobs import ALIGN, CHUNKS, COMM, NCCL_MAX_CTAS, comm_ctas
+from overlapbench.strategies.knobs import ALIGN, CHUNKS, COMM, GEMM_CARVEOUT, NCCL_MAX_CTAS, comm_ctas
 
 
 def split_point(tokens: int, align: int, offset: int = 0, ratio: float | None = None) -> int:
@@ -89,6 +89,7 @@ class TokenSplit(SplitStrategy):
         comm_ctas("comm_ctas_mlp", f"after the MLP (comm={listed(CTA_BUDGETED)})"),
         NCCL_MAX_CTAS,
         CHUNKS,
+        GEMM_CARVEOUT,
     )
 
     cta_knobs = ("comm_ctas_attn", "comm_ctas_mlp")
@@ -119,4 +120,4 @@ class TokenSplit(SplitStrategy):
 
         # rows of the flattened batch: the decode tokens, then the sequences
         chunks, _ = layout(cls.plan(knobs, ctx.batch).chunks, ctx.seq_lens, ctx.runtime.device, ctx.decode)
-        return split_step(ctx, SplitPlan(chunks), for_split(ctx, knobs))
+        return split_step(ctx, SplitPlan(chunks, gemm_carveout=knobs.get("gemm_carveout", 0)), for_split(ctx, knobs))
