@@ -15,7 +15,6 @@ from overlapbench.timing.bench import CudaClock, Timing, WallClock, bench
 from overlapbench.timing.cuda_graph import capture
 from overlapbench.timing.step import Step
 
-
 REL_ERR_CHUNK = 1 << 24  # elements per fp32 slice: 64 MiB, whatever the output's size
 
 
