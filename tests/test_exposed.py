@@ -113,6 +113,28 @@ class Trace:
                                      activity="gpu_user_annotation"))
 
 
+def test_a_kernel_linked_to_the_profiler_s_buffer_request_is_the_enclosing_op_s():
+    """The forward's first kernel as torch.profiler gave it on H100s: linked, not to its aten op,
+    to CUPTI's "Activity Buffer Request" opened inside that op with the launch's id."""
+    rng = random.Random()  # fresh: seeded from the OS
+    trace = Trace(origin_ns=rng.randrange(10**12, 10**13))
+    flops = 2 * rng.randrange(1, 64) * 8192 * 8192
+    trace.add(Planned(GEMM, MAIN, 0, rng.randrange(50, 500), flops=flops))
+    op = next(e for e in trace.events if e.label == "aten::mm")
+    trace.events.append(Event("Activity Buffer Request", DeviceType.CPU, op.start + 2, op.start + 8, corr=op.corr))
+    data = timeline.from_events(trace.events, "cuda")
+    (kernel,) = data["kernels"]
+    assert data["ops"][kernel["op"]]["name"] == "aten::mm" and data["ops"][kernel["op"]]["flops"] == flops
+    alone = Trace(origin_ns=rng.randrange(10**12, 10**13))  # the id taken by the request alone
+    alone.add(Planned(GEMM, MAIN, 0, rng.randrange(50, 500), flops=flops))
+    op = next(e for e in alone.events if e.label == "aten::mm")
+    request = Event("Activity Buffer Request", DeviceType.CPU, op.start + 2, op.start + 8, corr=op.corr)
+    op.corr = 10**6
+    alone.events.append(request)
+    data = timeline.from_events(alone.events, "cuda")
+    assert data["ops"][data["kernels"][0]["op"]]["name"] == "aten::mm"
+
+
 def timeline_of(kernels: list[Planned], rng: random.Random) -> dict:
     trace = Trace(origin_ns=rng.randrange(10**12, 10**13))
     for k in rng.sample(kernels, len(kernels)):  # the profiler's order is no order

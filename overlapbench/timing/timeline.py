@@ -39,6 +39,10 @@ SUFFIX = ".timeline.json"
 TABLE_SUFFIX = ".txt"
 NOT_WORK = ("gpu_user_annotation", "user_annotation", "cuda_sync", "cuda_profiler_range")  # device events that run nothing
 _BYTES = re.compile(r'"bytes"\s*:\s*(\d+)')
+# The profiler's own host events: CUPTI's buffer request, opened inside the op whose launch it
+# interrupts, can carry that launch's correlation id (seen on H100s, torch 2.11: the forward's
+# first kernel linked to it). A kernel linked to one is the enclosing op's.
+PROFILER_EVENTS = frozenset({"Activity Buffer Request"})
 
 
 def beside(table: Path) -> Path:
@@ -123,7 +127,8 @@ def from_events(events: Iterable, device: str) -> dict:
     kernels = sorted((e for e in events if _is_kernel(e)), key=lambda e: (e.start_ns(), e.end_ns()))
     host = [e for e in events if not _is_device(e) and _call(e, "linked_correlation_id", 0) == 0
             and not _call(e, "is_async", False)]
-    by_correlation = {e.correlation_id(): e for e in host}
+    by_correlation = {e.correlation_id(): e for e in host if e.name() not in PROFILER_EVENTS}
+    internal = {e.correlation_id(): e for e in host if e.name() in PROFILER_EVENTS}
     parent = _enclosing(host)
     names: list[str] = []
     name_index: dict[str, int] = {}
@@ -139,7 +144,10 @@ def from_events(events: Iterable, device: str) -> dict:
         entry: dict[str, Any] = {"name": name_index[name], "stream": int(k.device_resource_id()),
                                  "start": round((k.start_ns() - origin) / 1e3, 3),
                                  "dur": round((k.end_ns() - k.start_ns()) / 1e3, 3), "op": None}
-        launcher = by_correlation.get(_call(k, "linked_correlation_id", 0))
+        linked = _call(k, "linked_correlation_id", 0)
+        launcher = by_correlation.get(linked)
+        if launcher is None and linked in internal:
+            launcher = parent.get(id(internal[linked]))
         if launcher is not None:
             op = _op_record(launcher, parent)
             key = json.dumps(op, sort_keys=True)
