@@ -1,1 +1,2 @@
-"""Timing a step: the Step contract, CUDA graphs and events, paired and interleaved rounds, the device's peak."""
+"""Timing: the Step contract, the one timing primitive (bench) and CUDA-graph capture, the sequential
+mode, paired and interleaved rounds, the device's peak."""
