@@ -218,7 +218,7 @@ def predict(
     compute: list[Path] | None = typer.Option(None, "--compute", metavar="ROWS", help="The shard's compute pieces, timed on one GPU by `overlapbench sweep SPEC --pieces --tp K`. Default: results/{name}-pieces-tp{K}.jsonl."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Where the predicted rows go (.jsonl). Default: results/{name}-predicted-tp{K}.jsonl."),
     busbw: float | None = typer.Option(None, "--busbw", metavar="GB/S", help="Rescale the tables of other world sizes to this all-reduce bus bandwidth at 1 GiB at --tp's world size (a table measured on fewer GPUs, to predict more). Default: match them to a --tp table's NCCL ring."),
-    transfer_beside: str = typer.Option("auto", "--transfer-beside", help="auto | alone | measured: a transfer beside compute runs as slowed as measured beside the layer (--beside-layer rows) and as fast as alone where only --beside-gemm rows measured it (auto); always as fast as alone; or as slowed as either measured it."),
+    transfer_beside: str = typer.Option("auto", "--transfer-beside", help="auto | alone | measured: a transfer beside compute runs as slowed as measured beside the layer (--beside-layer rows), as fast as alone where only --beside-gemm rows measured it, and a copy-engine one as fast as alone taking nothing from the compute (auto); always as fast as alone; or as slowed as either measured it."),
     error: float | None = typer.Option(None, "--error", metavar="ABS", help="The error of a predicted speedup, absolute: the rows' interval. Default: what the TP=2 validation supports (docs/predict.md)."),
 ) -> None:
     """Predict a study at TP=K from one GPU's compute pieces and a table of collectives: rows in
