@@ -80,9 +80,9 @@ TRANSFER_BESIDE = (AUTO, ALONE, MEASURED)
 # barriers, a few-CTA add + norm per chunk of rows), each of which waits for SMs until a kernel
 # of the compute beside it ends (the layer's GEMMs and attention hold every SM to their end).
 # Rows timed beside compute measure that waiting: `comm --beside-layer` issues the calls back to
-# back beside a layer pass, and copy_engine_norm took 3.4-26x its time alone there, more the more
-# kernels a call has (70B TP=2, 32 CTAs: 3.4x with 1 chunk, 6.9x with 2, 9-24x with 4), 0.6-1
-# layer pass per call from 8K tokens. A split issues each reduction as the compute beside it
+# back beside a layer pass, and copy_engine_norm took 3.4-26x its time alone beside llama3-70b's
+# TP=2 shard, more the more kernels a call has (32 CTAs: 3.4x with 1 chunk, 6.9x with 2, 9.4-24x
+# with 4), 0.6-1 layer pass per call from 8K tokens. A split issues each reduction as the compute beside it
 # starts: its kernels run at that compute's kernel boundaries and it ends inside it, the compute
 # never waiting for it. So AUTO runs these transfers at their time alone and takes nothing from
 # the compute: at 70B TP=2 1K-8K the studies' copy-engine splits measured 0.00-0.03 below the
