@@ -18,7 +18,9 @@ from overlapbench.specs import spec as spec_mod
 SPEC = {
     "name": "predicted", "shape": {"hidden": 64, "ffn": 128, "heads": 4, "kv_heads": 2, "head_dim": 16},
     "tp": 2, "layers": 3, "dtype": "bf16", "tokens": [512, 4096],
-    "strategies": {"baseline": {}, "no_comm": {}, "token_split": [{"comm": "nccl"}, {"comm": "none"}]},
+    "strategies": {"baseline": {}, "no_comm": {}, "fused_norm": {"comm": "copy_engine", "comm_ctas": 16},
+                   "token_split": [{"comm": "nccl"}, {"comm": "none"},
+                                   {"comm": "copy_engine", "comm_ctas_attn": 16, "comm_ctas_mlp": 16}]},
 }
 
 
@@ -28,7 +30,8 @@ def _points():
 
 def _inputs(seed: int, scale: float = 1.0, comm_ms: float = 0.05) -> Inputs:
     """Random piece times (ms per row, so bigger pieces cost more); chains `scale` times the
-    isolated pieces' serial sum; all-reduce time linear in bytes from `comm_ms` at 1 MiB."""
+    isolated pieces' serial sum; all-reduce time linear in bytes from `comm_ms` at 1 MiB (NCCL's
+    ring, and the copy-engine path on 16 CTAs at the spec's hidden)."""
     rng = random.Random(seed)
     per_row = {"attention": rng.uniform(1e-4, 3e-4), "mlp": rng.uniform(3e-4, 6e-4), "norm": rng.uniform(1e-6, 1e-5),
                "entry": rng.uniform(1e-6, 1e-5)}
@@ -43,7 +46,9 @@ def _inputs(seed: int, scale: float = 1.0, comm_ms: float = 0.05) -> Inputs:
             table[((tokens,), None, piece_keys.chain_key(plan, tokens, 3))] = (3 * alone + per_row["entry"] * tokens) * scale
     compute = ComputePieces(table, "GPU", 2)
     sizes = [1 << 16, 1 << 20, 1 << 24]
-    comm = CommTable({("nccl", "default", None): [(b, comm_ms * b / (1 << 20)) for b in sizes]}, 2, "GPU", "synthetic")
+    linear = [(b, comm_ms * b / (1 << 20)) for b in sizes]
+    comm = CommTable({("nccl", "default", None): linear, ("copy_engine_norm", 16, SPEC["shape"]["hidden"]): linear},
+                     2, "GPU", "synthetic")
     return Inputs(compute, comm, None)
 
 

@@ -1,6 +1,7 @@
 """predict's contention from `comm --beside-layer` rows: preferred over beside-GEMM rows per path,
-both terms (the compute's loss, the transfer's stretch) charged to a split, and the in-layer term
-charged to every blocking all-reduce of a serial plan. Synthetic rows with random values."""
+both terms (the compute's loss, the transfer's stretch) charged to a split, except to a
+copy-engine transfer under `auto`, and the in-layer term charged to every blocking all-reduce of
+a serial plan. Synthetic rows with random values."""
 
 from __future__ import annotations
 
@@ -107,3 +108,30 @@ def test_a_split_is_slowed_by_the_layer_stretch_unless_told_alone(layer):
         timed[mode] = _predict(_at(4096, "token_split", "nccl"), inputs).ms
     assert timed[MEASURED] > timed[ALONE] * 1.001
     assert timed[AUTO] == (pytest.approx(timed[MEASURED]) if layer else pytest.approx(timed[ALONE]))
+
+
+def test_a_copy_engine_split_runs_as_alone_and_takes_nothing_under_auto():
+    """auto: a copy-engine transfer beside a split's compute runs at its time alone and costs the
+    compute nothing, whatever loss and stretch its rows measured (the prediction is the one made
+    without contention); alone charges it the measured loss, measured the loss and the stretch; a
+    serial plan on the copy engines still pays the in-layer term per blocking all-reduce."""
+    rng = random.Random()
+    seed = rng.randrange(1000)
+    loss, stretch, extra = rng.uniform(0.05, 0.3), rng.uniform(2, 12), rng.uniform(0.01, 0.05)
+    rows = [layer_row("copy_engine_norm", 16, b, 1.0, loss, stretch, extra) for b in (1 << 16, 1 << 20, 1 << 24)]
+    bare = _inputs(seed, comm_ms=0.2)
+    split, serial = _at(4096, "token_split", "copy_engine"), _at(4096, "fused_norm")
+    without = _predict(split, bare)
+    found = {}
+    for mode in (AUTO, ALONE, MEASURED):
+        inputs = _inputs(seed, comm_ms=0.2)
+        inputs.contention, inputs.stretch = Contention.from_rows(rows, "rows", model="predicted", tp=2), mode
+        found[mode] = (_predict(split, inputs), _predict(serial, inputs))
+    auto, in_line = found[AUTO]
+    assert auto.ms == pytest.approx(without.ms) and auto.played.exposed_ms == pytest.approx(without.played.exposed_ms)
+    assert any(n.kind == ASSUMED and "copy_engine_norm beside a split's compute: as fast as alone" in n.text
+               for n in auto.notes)
+    assert found[ALONE][0].ms > auto.ms * 1.0001 and found[MEASURED][0].ms > found[ALONE][0].ms * 1.0001
+    assert not any("as fast as alone" in n.text for n in found[MEASURED][0].notes)
+    assert in_line.ms == pytest.approx(_predict(serial, bare).ms + 2 * extra)
+    assert in_line.in_layer_ms == pytest.approx(2 * extra)

@@ -70,9 +70,24 @@ class ComputePieces:
 # How a transfer beside compute runs (`--transfer-beside`): AUTO slows it by the stretch measured
 # beside the layer (its own kernels) and runs it as fast as alone where only the beside-GEMM
 # stretch exists (a persistent GEMM stream holds the SMs far longer than a layer: 2-12x, which
-# made the TP=2 validation worse); ALONE never slows it; MEASURED slows it by either stretch.
+# made the TP=2 validation worse), except a copy-engine transfer (below), which it runs as fast
+# as alone and charges the compute nothing for; ALONE never slows a transfer; MEASURED slows it
+# by either stretch. ALONE and MEASURED charge every path the compute loss measured.
 AUTO, ALONE, MEASURED = "auto", "alone", "measured"
 TRANSFER_BESIDE = (AUTO, ALONE, MEASURED)
+
+# Paths whose bytes the copy engines move; their SM work is a few short kernels per call (one-CTA
+# barriers, a few-CTA add + norm per chunk of rows), each of which waits for SMs until a kernel
+# of the compute beside it ends (the layer's GEMMs and attention hold every SM to their end).
+# Rows timed beside compute measure that waiting: `comm --beside-layer` issues the calls back to
+# back beside a layer pass, and copy_engine_norm took 3.4-26x its time alone beside llama3-70b's
+# TP=2 shard, more the more kernels a call has (32 CTAs: 3.4x with 1 chunk, 6.9x with 2, 9.4-24x
+# with 4), 0.6-1 layer pass per call from 8K tokens. A split issues each reduction as the compute beside it
+# starts: its kernels run at that compute's kernel boundaries and it ends inside it, the compute
+# never waiting for it. So AUTO runs these transfers at their time alone and takes nothing from
+# the compute: at 70B TP=2 1K-8K the studies' copy-engine splits measured 0.00-0.03 below the
+# comm=none split, where the rows' stretch and loss put them 0.04-0.08 below (docs/predict.md).
+COPY_ENGINE_PATHS = frozenset({"copy_engine_norm"})
 
 
 @dataclass
@@ -155,17 +170,27 @@ def _phases(plan: LayerPlan, task, batch: Batch, dtype: str, inputs: Inputs, not
         notes += found.notes
         loss, stretch, extra = 0.0, 1.0, 0.0
         if inputs.contention is not None and plan.pipelined:
-            beside = inputs.contention.at(transfer.path, transfer.ctas, nbytes)
-            notes += beside.notes
-            loss = beside.gemm_loss
-            slowed = inputs.stretch == MEASURED or (inputs.stretch == AUTO and beside.beside == LAYER)
-            stretch = beside.transfer_stretch if slowed else 1.0
+            loss, stretch = _beside_compute(transfer.path, inputs.contention.at(transfer.path, transfer.ctas, nbytes),
+                                            inputs.stretch, notes)
         elif inputs.contention is not None:
             extra = _in_layer(transfer, nbytes, inputs, notes)
         out.append(Phase(TRANSFER, max(0.0, found.ms + extra), max(0.0, min(loss, 0.9)), max(1.0, stretch), extra))
     if transfer.norm:
         out.append(Phase(NORM, inputs.compute.get(batch, piece_keys.piece_key("norm", chunk.size))))
     return out
+
+
+def _beside_compute(path: str, beside, mode: str, notes: list[Note]) -> tuple[float, float]:
+    """What a split's transfer on `path` costs the compute beside it and how much slower it runs
+    there, as `mode` (TRANSFER_BESIDE) charges the lookup `beside` (contention.ContentionLookup):
+    (loss, stretch). Says in `notes` what was charged."""
+    if mode == AUTO and path in COPY_ENGINE_PATHS:
+        notes.append(Note(ASSUMED, f"{path} beside a split's compute: as fast as alone, taking nothing from it (its "
+                                   f"kernels wait for the compute's; --transfer-beside measured charges the rows)"))
+        return 0.0, 1.0
+    notes += beside.notes
+    slowed = mode == MEASURED or (mode == AUTO and beside.beside == LAYER)
+    return beside.gemm_loss, beside.transfer_stretch if slowed else 1.0
 
 
 def _in_layer(transfer, nbytes: int, inputs: Inputs, notes: list[Note]) -> float:
