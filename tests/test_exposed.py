@@ -426,3 +426,20 @@ def test_a_cpu_sweep_with_a_profile_folder_writes_timelines_the_report_reads(tmp
         name = profile_name(r["strategy"], r["tokens"], r["knobs"])
         assert re.search(rf"{re.escape(name)}: no device kernels in its timeline \(profiled on cpu: \d+ host ops\)",
                          result.stdout), result.stdout
+
+
+def test_the_wall_time_over_no_comm_splits_into_compute_exposed_and_idle():
+    from overlapbench.report.exposed_view import against_line
+
+    rng = random.Random()
+    def totals():
+        compute, exposed_, idle = (rng.uniform(1e3, 1e5) for _ in range(3))
+        return exposed.Exposure(compute + exposed_ + idle, compute, exposed_ + rng.uniform(0, 1e4), 0.0, exposed_, idle,
+                                2, 10, ())
+    e, bound = totals(), totals()
+    line = against_line(e, bound)
+    numbers = [float(x) for x in re.findall(r"[+-]\d+\.\d+", line)]
+    wall, parts = numbers[0], numbers[1:]
+    assert len(parts) == 3 and abs(wall - sum(parts)) <= 0.002  # each shown to 3 decimals
+    assert wall == pytest.approx((e.wall - bound.wall) / 1e3, abs=5e-4)
+    assert parts[1] == pytest.approx((e.exposed - bound.exposed) / 1e3, abs=5e-4)

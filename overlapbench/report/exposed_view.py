@@ -1,8 +1,9 @@
 """`report --profile DIR`'s second part: per profiled point, why its communication stays exposed.
 
 After the kernel tables (profile.py), each profiled point whose timeline lies beside its table
-(`<point>.timeline.json`, timing/timeline.py) gets a totals line and a table of its longest
-exposed intervals, as report/exposed.py defines them; a point profiled before timelines were
+(`<point>.timeline.json`, timing/timeline.py) gets a totals line, where its group holds a
+`no_comm` point the split of its extra wall time into compute, exposed transfers and idle time,
+and a table of its longest exposed intervals, as report/exposed.py defines them; a point profiled before timelines were
 kept, or on CPU (no device kernels), gets a line saying so.
 """
 
@@ -76,6 +77,20 @@ def totals_line(name: str, e: exposed.Exposure) -> str:
             f"{e.kernels} kernels on {e.streams} streams · {count} exposed interval{'s' if count != 1 else ''}")
 
 
+BOUND = "no_comm"  # the point whose forward runs the same compute with no communication
+
+
+def against_line(e: exposed.Exposure, bound: exposed.Exposure) -> str:
+    """Where a point's wall time over no_comm's went: wall = compute busy + exposed + idle in each
+    forward, so the difference splits exactly into compute busy (the compute's own kernels
+    slowed by the transfers beside them, or more of them: a split's smaller GEMMs), exposed
+    transfers, and idle time."""
+    d = lambda a, b: f"{(a - b) / 1e3:+.3f}"
+    return (f"  against {BOUND}: wall {d(e.wall, bound.wall)} ms = compute busy {d(e.compute, bound.compute)} "
+            f"(contention, and the compute a strategy adds) + exposed {d(e.exposed, bound.exposed)} "
+            f"+ idle {d(e.idle, bound.idle)}")
+
+
 def intervals_grid(name: str, e: exposed.Exposure) -> Grid:
     shown = e.intervals[:LONGEST]
     rows = []
@@ -95,6 +110,7 @@ def sections(found: dict[tuple[str, int], list[Account]], folder: Path) -> tuple
     ms, the shares, and the LONGEST intervals; null without device kernels)."""
     parts, records = [], {}
     for points in found.values():
+        bound = next((_analyzed(folder, a) for a in points if a.name.split("-", 1)[0] == BOUND), None)
         for a in points:
             path = folder / f"{a.name}{SUFFIX}"
             record = {"timeline": None, "exposure": None}
@@ -110,9 +126,17 @@ def sections(found: dict[tuple[str, int], list[Account]], folder: Path) -> tuple
                 else:
                     record["exposure"] = result.as_dict(top=LONGEST)
                     grid = intervals_grid(a.name, result) if result.intervals else None
-                    parts.append(Section(totals_line(a.name, result), grid))
+                    line = totals_line(a.name, result)
+                    if bound is not None and a.name.split("-", 1)[0] != BOUND:
+                        line += "\n" + against_line(result, bound)
+                    parts.append(Section(line, grid))
             records[a.name] = record
     return parts, records
+
+
+def _analyzed(folder: Path, a: Account) -> exposed.Exposure | None:
+    path = folder / f"{a.name}{SUFFIX}"
+    return exposed.analyze(exposed.read(path).kernels) if path.is_file() else None
 
 
 def emit_sections(parts: list[Section], fmt: str, console: Console) -> None:
