@@ -302,3 +302,55 @@ def test_strategies_with_copy_engine_match_the_reference(monkeypatch, world, chu
         for (name, _), out in zip(settings, outs):
             err = ((out - ref).norm() / ref.norm()).item()
             assert err < 1e-5, f"{name} on rank {rank}: rel err {err:.2e}"
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ce_chunks_cut_every_call_and_settings_of_different_counts_share_one_buffer(monkeypatch, world):
+    """The run's one copy-engine kernel (its own count by size: 1 here) serves settings whose
+    `ce_chunks` differ, back to back, on stand-in streams: every call of a setting is cut into
+    its count (one channel-1 barrier per piece after the call's channel-0 barrier, on every
+    rank), and every output equals the reference."""
+    from overlapbench import strategies
+    from overlapbench.distributed.runtime import Runtime
+    from overlapbench.model.layer import reference_forward
+    from overlapbench.model.models import ModelShape
+    from overlapbench.model.rope import RopeTable
+    from overlapbench.model.weights import build_stack, random_input
+    from overlapbench.overlap import reducers
+    from overlapbench.timing.step import BuildContext
+
+    shape, layers, seq_lens = ModelShape(hidden=64, ffn=128, heads=8, kv_heads=4, head_dim=8), 2, (45, 22)
+    tokens = sum(seq_lens)
+    bufs = [torch.full((buffer_elems(tokens, shape.hidden, world),), float("nan")) for _ in range(world)]
+    handle = _FakeHandle(bufs, world)
+    engines = [CopyEngineNorm(SymmetricBuffer(bufs[r], handle, "fake", r, world, 0), tokens, shape.hidden,
+                              streams=_SimStreams(r + 11)) for r in range(world)]
+    monkeypatch.setattr(reducers, "_engine", lambda ctx, comm, make_kernel: engines[ctx.runtime.rank])
+    settings = [("token_split", {"comm": "copy_engine", "comm_ctas_attn": 4, "comm_ctas_mlp": 16, "ce_chunks": 3}),
+                ("token_split", {"comm": "copy_engine", "ce_chunks": 1}),
+                ("iso", {"comm": "copy_engine", "comm_ctas": 4, "ce_chunks": 2}),
+                ("fused_norm", {"comm": "copy_engine", "comm_ctas": 4, "ce_chunks": 4}),
+                ("token_split", {"comm": "copy_engine", "split_ratio": "balanced", "chunks": 3, "ce_chunks": 2})]
+
+    def rank_main(rank):
+        rt = Runtime(rank, world, rank, torch.device("cpu"), "gloo")
+        stack = build_stack(shape, layers, world, rank, torch.float32, rt.device, 0)
+        ctx = BuildContext(rt, stack, seq_lens, RopeTable(shape, max(seq_lens), rt.device), tokens)
+        x = random_input(tokens, shape.hidden, 0, torch.float32, rt.device)
+        outs = []
+        for name, knobs in settings:
+            cls = strategies.get(name)
+            step = cls.build(ctx, cls.check_knobs(knobs, name))
+            logged = len(handle.log[rank])
+            out = step.to_full(step.forward(x)).clone()
+            calls = "".join(map(str, handle.log[rank][logged:])).split("0")[1:]  # each call: "0" then one "1" a piece
+            outs.append((out, {len(c) for c in calls}, len(calls)))
+        return outs
+
+    rank_main.handle = handle
+    ref = reference_forward(shape, layers, world, seq_lens, seed=0)
+    for rank, outs in enumerate(_run_ranks(world, rank_main)):
+        for (name, knobs), (out, pieces, calls) in zip(settings, outs):
+            err = ((out - ref).norm() / ref.norm()).item()
+            assert err < 1e-5, f"{name} {knobs} on rank {rank}: rel err {err:.2e}"
+            assert pieces == {knobs["ce_chunks"]} and calls >= 2 * layers, (name, knobs, pieces, calls)

@@ -148,6 +148,13 @@ def test_tokenweave_keeps_the_cut_of_a_split_it_reduces_differently():
     assert json.loads(export.files["llama_config_2.json"])["9000"] == {"attention_ctas": 16, "mlp_ctas": 16,
                                                                        "split_offset": 256}
     assert any("comm=copy_engine" in w and "keeps the cut" in w for w in export.warnings)
+    assert not any("ce_chunks" in w for w in export.warnings)  # auto: left out of the pick, nothing to say
+    chunked = tokenweave.export(config([(1, 9000, "token_split", knobs | {"ce_chunks": 2})]), [], "s", None)
+    assert chunked.files["llama_config_2.json"] == export.files["llama_config_2.json"]  # the count has no place in it
+    assert [w for w in chunked.warnings if "ce_chunks" in w] == [
+        "1024..9000 tokens: token_split with comm=copy_engine picked; TokenWeave reduces with its fused kernel only: "
+        "entry keeps the cut (split_offset) and holds its built-in 16 CTAs; its ce_chunks=2 (the copy-engine path's "
+        "pieces per reduction) has no counterpart either"]
 
 
 def test_tokenweave_says_which_split_knobs_it_has_no_entry_for():

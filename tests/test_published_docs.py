@@ -334,7 +334,26 @@ def _margin_agreement() -> dict:
     return {"none": agree(0.0), "with": agree(0.01), "n": len(f.picks(a))}
 
 
+def _ce_pieces() -> dict:
+    """The copy-engine path by piece count: busbw alone at 64 MiB on 32 CTAs (2x H200, its bench's
+    rows, `out` copied by the copy engine), and its time beside llama3-70b's layer over its time
+    alone (2x H100, 16-64 CTAs) at 16 MiB (1 piece), 32 MiB (2) and 64-512 MiB (4)."""
+    bench = [json.loads(line) for line in f.path(R + "486cebf/bench_copy_engine_norm.jsonl").read_text().splitlines()]
+    alone = {r["chunks"]: r["busbw_gbps"] for r in bench
+             if r["mib"] == 64 and r["ctas"] == 32 and r["sm_out"] is False and r["chunks"] in (1, 2, 4)}
+    beside = [r for r in f.rows("results/h100x2/4bb9524/comm-beside-layer-llama3-70b.jsonl")
+              if r["strategy"] == "copy_engine_norm" and r["status"] == "ok" and r["knobs"]["ctas"] in (16, 32, 64)]
+    stretch = lambda lo, hi: bounds(r["beside_ms"] / r["ms"] for r in beside if lo << 20 <= r["bytes"] <= hi << 20)
+    return {"a1": alone[1], "a2": alone[2], "a4": alone[4],
+            "s1": stretch(16, 16), "s2": stretch(32, 32), "s4": stretch(64, 512)}
+
+
 DOCS_CLAIMS = [
+    Claim("docs/workload.md", "the path moved {a1:.0f} GB/s (busbw) in one piece (`ce_chunks: 1`, the serial schedule: no "
+                              "side streams), {a2:.0f} in 2 and {a4:.0f} in 4", _ce_pieces),
+    Claim("docs/workload.md", "{s1[lo]:.1f}-{s1[hi]:.1f}x its time alone beside llama3-70b's layer in one piece (16 MiB), "
+                              "{s2[lo]:.1f}-{s2[hi]:.1f}x in 2 (32 MiB) and {s4[lo]:.0f}-{s4[hi]:.0f}x in 4 (64-512 MiB)",
+          _ce_pieces),
     Claim("docs/timing.md", "reference is {a[lo]:.1f}-{a[hi]:.1f}% at 1-4K tokens, {b[lo]:.1f}-{b[hi]:.1f}% at 8K and "
                             "{c[lo]:.1f}-{c[hi]:.1f}% at 16-32K, and little of it is shared by candidates of one round, so "
                             "+-0.5% took {n[lo]:.0f}-{n[hi]:.0f} rounds at 1-4K tokens", _round_spread),

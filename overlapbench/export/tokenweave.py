@@ -66,9 +66,12 @@ def entry_for(p: Pick) -> tuple[dict, str | None]:
     builtin = _entry(facts.BUILTIN_CTAS, facts.BUILTIN_CTAS, 0)
     if p.kind == "token_split":
         if p.knobs.get("comm", "nccl") != "fused":
+            pieces = p.knobs.get("ce_chunks")  # present only where not auto (a sparse knob)
+            pieces = "" if pieces is None else (f"; its ce_chunks={pieces} (the copy-engine path's pieces per reduction) "
+                                                "has no counterpart either")
             return builtin | {"split_offset": p.knobs.get("split_offset", 0)}, (
                 f"token_split with comm={p.knobs.get('comm', 'nccl')} picked; TokenWeave reduces with its fused kernel "
-                f"only: entry keeps the cut (split_offset) and holds its built-in {facts.BUILTIN_CTAS} CTAs")
+                f"only: entry keeps the cut (split_offset) and holds its built-in {facts.BUILTIN_CTAS} CTAs{pieces}")
         if p.knobs.get("split_ratio") is not None:
             return builtin, "token_split with split_ratio picked; TokenWeave cuts at half plus an offset only: built-in entry"
         if p.knobs.get("chunks", 2) > 2:

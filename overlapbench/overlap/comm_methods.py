@@ -3,9 +3,10 @@ normed input, as the split and fused strategies' `comm` knob names it.
 
 A record says what builds its reducer (overlap/reducers.py), which `comm` path times its
 transfer (comm/paths.py: what `predict` reads from a comm table), which CTA budget it runs on,
-what it needs of the machine (torch symmetric memory, NCCL windows), and what an engine's export
-calls it (export/picks.py). The knob's choices and help, the strategies' rules, the plans'
-transfers, `predict`'s per-row paths and the exports' kinds all derive from these records.
+whether it cuts a call's rows into `ce_chunks` pieces, what it needs of the machine (torch
+symmetric memory, NCCL windows), and what an engine's export calls it (export/picks.py). The
+knobs' choices and help, the strategies' rules, the plans' transfers, `predict`'s per-row paths
+and the exports' kinds all derive from these records.
 
 No torch at import (the knobs, spec validation and the exports read the records): a reducer's
 builder imports what it runs when it is called.
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from overlapbench.timing.step import BuildContext
 
 NCCL_MAX_CTAS, COMM_CTAS = "nccl_max_ctas", "comm_ctas"  # the knobs that hold a method's CTA budget
+CE_CHUNKS, AUTO = "ce_chunks", "auto"  # the knob of a chunked method's chunk count; auto: chosen by size
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,8 @@ class CommMethod:
 
     name: str
     summary: str  # what it does, in the knob's help
-    reducer: Callable[[BuildContext, int | str | None], Reducer]  # (ctx, its CTA budget) -> the chunk's reducer
+    # (ctx, its CTA budget) -> the chunk's reducer; a chunked method's also takes chunks= (None: by size)
+    reducer: Callable[..., Reducer]
     path: str | None  # the comm path (comm/paths.py) that times its transfer; None: it sends nothing
     budget: str | None  # the knob holding its CTA budget: NCCL_MAX_CTAS (NCCL's cap), COMM_CTAS (exactly), None
     engine_kind: str | None  # what an engine's export calls it (export/picks.kind_of); None: no engine runs it
@@ -42,6 +45,16 @@ class CommMethod:
     windows: bool = False  # runs NCCL on registered symmetric windows: NCCL on CUDA GPUs only
     norm_after: bool = True  # a separate residual add + RMSNorm follows the transfer (a fused path norms inside)
     checked: bool = True  # its result is the layer's (none: a bound, not a correct result)
+    chunked: bool = False  # cuts a call's rows into pieces, one add + norm kernel each: the ce_chunks knob applies
+
+    def build(self, ctx: BuildContext, budget: int | str | None, knobs: dict) -> Reducer:
+        """Its reducer on `budget` (the value of its budget knob), cutting each call into the
+        setting's `ce_chunks` pieces where it is chunked (`auto` or absent: the kernel's count by
+        size)."""
+        if not self.chunked:
+            return self.reducer(ctx, budget)
+        chunks = knobs.get(CE_CHUNKS, AUTO)
+        return self.reducer(ctx, budget, chunks=None if chunks == AUTO else chunks)
 
     def transfer(self, ctas: int | str | None, nccl_max_ctas: int | str = DEFAULT) -> Transfer:
         """What one reduction sends, in the comm table's terms (model/schedule.Transfer): NCCL's
@@ -79,11 +92,11 @@ def _fused(ctx: BuildContext, ctas) -> Reducer:
     return reducers.symmetric(ctx, ctas, "fused", fused_kernel())
 
 
-def _copy_engine(ctx: BuildContext, ctas) -> Reducer:
+def _copy_engine(ctx: BuildContext, ctas, chunks: int | None = None) -> Reducer:
     from kernels.copy_engine_norm import CopyEngineNorm
     from overlapbench.overlap import reducers
 
-    return reducers.symmetric(ctx, ctas, "copy_engine", CopyEngineNorm.allocate)
+    return reducers.symmetric(ctx, ctas, "copy_engine", CopyEngineNorm.allocate, chunks)
 
 
 def _none(ctx: BuildContext, ctas) -> Reducer:
@@ -99,7 +112,8 @@ METHODS = (
     CommMethod("fused", "one symmetric-memory all-reduce+norm kernel", _fused, "fused_norm", COMM_CTAS, "fused_norm",
                symmetric=True, norm_after=False),
     CommMethod("copy_engine", "reduce-scatter and all-gather by the copy engines, add+norm in a local few-CTA kernel",
-               _copy_engine, "copy_engine_norm", COMM_CTAS, "fused_norm_copy_engine", symmetric=True, norm_after=False),
+               _copy_engine, "copy_engine_norm", COMM_CTAS, "fused_norm_copy_engine", symmetric=True, norm_after=False,
+               chunked=True),
     CommMethod("none", "no reduction (a bound, not a correct result: what the split alone costs)", _none, None, None,
                None, checked=False),
 )
@@ -108,6 +122,7 @@ NAMES = tuple(BY_NAME)
 SYMMETRIC = tuple(m.name for m in METHODS if m.symmetric)  # fused_norm's choices: no split, one fused kernel
 # The methods whose CTA budget is a comm_ctas knob: our kernels' grids first, then NCCL's exact budgets.
 CTA_BUDGETED = (*SYMMETRIC, *(m.name for m in METHODS if m.budget == COMM_CTAS and not m.symmetric))
+CHUNKED = tuple(m.name for m in METHODS if m.chunked)  # the methods the ce_chunks knob applies to
 PER_ROW_PATHS = tuple(m.path for m in METHODS if m.path and not m.norm_after)  # a norm inside works on whole rows
 
 
@@ -131,10 +146,10 @@ def listed(names: tuple[str, ...]) -> str:
 
 def for_split(ctx: BuildContext, knobs: dict) -> tuple:
     """The split's (after attention, after MLP) reducers, as its knobs `comm`, `comm_ctas_attn`,
-    `comm_ctas_mlp` and `nccl_max_ctas` ask; NCCL's on the high-priority communication lane. A
-    method without a comm_ctas budget reduces both blocks with one reducer."""
+    `comm_ctas_mlp`, `nccl_max_ctas` and `ce_chunks` ask; NCCL's on the high-priority
+    communication lane. A method without a comm_ctas budget reduces both blocks with one reducer."""
     method = get(knobs["comm"])
     if method.budget == COMM_CTAS:
-        return tuple(method.reducer(ctx, knobs[name]) for name in ("comm_ctas_attn", "comm_ctas_mlp"))
-    reducer = method.reducer(ctx, knobs[NCCL_MAX_CTAS])
+        return tuple(method.build(ctx, knobs[name], knobs) for name in ("comm_ctas_attn", "comm_ctas_mlp"))
+    reducer = method.build(ctx, knobs[NCCL_MAX_CTAS], knobs)
     return reducer, reducer

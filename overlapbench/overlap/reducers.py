@@ -13,8 +13,9 @@ residual token-sharded);
 the GEMM writes its partial straight into the symmetric buffer, so no copy is made.
 `copy_engine`: the copy engines reduce-scatter and all-gather between symmetric buffers, a
 local few-CTA kernel adds and normalizes the rank's own rows (kernels/copy_engine_norm.py, its
-chunked pipeline with the chunk count by size); the residual stays token-sharded (see
-layer.Reducer).
+chunked pipeline: the chunk count by size, or the `ce_chunks` knob's, passed with every call,
+so reducers of different counts share the run's one buffer); the residual stays token-sharded
+(see layer.Reducer).
 
 Which of them a `comm` knob value builds is its record's (comm_methods.py).
 """
@@ -101,11 +102,16 @@ def symm_mem(ctx: BuildContext, kind: str) -> SymmMemReducer:
 
 @dataclass
 class SymmetricReducer:
-    """A symmetric-memory all-reduce + residual + RMSNorm on `num_ctas` CTAs."""
+    """A symmetric-memory all-reduce + residual + RMSNorm on `num_ctas` CTAs; `chunks`: the
+    pieces the copy-engine kernel cuts each call's rows into (None: the kernel's own count; the
+    fused kernel takes none). The count goes with every call, not into the kernel object, which
+    the run's reducers share: every rank issues the same calls with the same count, so the
+    kernel's barriers pair up."""
 
     kernel: object  # kernels.allreduce_norm.AllReduceNorm or kernels.copy_engine_norm.CopyEngineNorm
     eps: float
     num_ctas: int
+    chunks: int | None = None
 
     def out_buffer(self, chunk: Chunk) -> torch.Tensor:
         return self.kernel.partial(chunk.begin, chunk.end)
@@ -113,7 +119,8 @@ class SymmetricReducer:
     def __call__(self, partial, chunk, residual, weight, out=None):
         if out is None and not getattr(self.kernel, "returns_view", False):
             out = torch.empty_like(residual)
-        return self.kernel(chunk.begin, chunk.end, residual, weight, self.eps, out, self.num_ctas)
+        asked = {} if self.chunks is None else {"chunks": self.chunks}
+        return self.kernel(chunk.begin, chunk.end, residual, weight, self.eps, out, self.num_ctas, **asked)
 
 
 def _engine(ctx: BuildContext, comm: str, make_kernel):
@@ -152,6 +159,7 @@ def _run_sized(ctx: BuildContext, key: tuple, make, capacity):
     return rt.replace_resource(key, make(ctx.tokens))
 
 
-def symmetric(ctx: BuildContext, num_ctas: int, comm: str, make_kernel) -> SymmetricReducer:
-    """`comm`'s kernel (made by `make_kernel`, once per run) on `num_ctas` CTAs."""
-    return SymmetricReducer(_engine(ctx, comm, make_kernel), ctx.eps, num_ctas)
+def symmetric(ctx: BuildContext, num_ctas: int, comm: str, make_kernel, chunks: int | None = None) -> SymmetricReducer:
+    """`comm`'s kernel (made by `make_kernel`, once per run) on `num_ctas` CTAs, each call cut
+    into `chunks` pieces (None: the kernel's own count)."""
+    return SymmetricReducer(_engine(ctx, comm, make_kernel), ctx.eps, num_ctas, chunks)

@@ -112,6 +112,14 @@ class NcclStrategy(Strategy):
         return None
 
 
+def reset_ce_chunks(knobs: dict) -> None:
+    """`ce_chunks` back to auto (and so out of the point key) where the `comm` method does not cut
+    its calls into pieces (its record's `chunked`): a grid over comm methods does not measure the
+    same setting twice."""
+    if comm_methods.CE_CHUNKS in knobs and not comm_methods.get(knobs["comm"]).chunked:
+        knobs[comm_methods.CE_CHUNKS] = comm_methods.AUTO
+
+
 class SplitStrategy(Strategy):
     """What token_split and iso share beyond the schedule: the `comm` knob's rules, each its
     method's (overlap/comm_methods.py)."""
@@ -128,6 +136,7 @@ class SplitStrategy(Strategy):
                 knobs[name] = None
         if method.budget != comm_methods.NCCL_MAX_CTAS:
             knobs["nccl_max_ctas"] = DEFAULT
+        reset_ce_chunks(knobs)
 
     @classmethod
     def is_checked(cls, knobs):

@@ -1,14 +1,15 @@
 """`fused_norm` (TokenWeave's fuse-only): no split; every all-reduce + residual add + RMSNorm
 is one few-CTA symmetric-memory kernel that the row-parallel GEMMs write into directly
-(`comm: fused`), or copy-engine transfers around a few-CTA local add+norm (`comm: copy_engine`)."""
+(`comm: fused`), or copy-engine transfers around a few-CTA local add+norm (`comm: copy_engine`,
+each call's rows in `ce_chunks` pieces)."""
 
 from __future__ import annotations
 
 from overlapbench.model.schedule import LayerPlan, Rows
 from overlapbench.overlap import comm_methods
 from overlapbench.strategies import register
-from overlapbench.strategies.base import Needs, Step, Strategy
-from overlapbench.strategies.knobs import FUSED_COMM, comm_ctas
+from overlapbench.strategies.base import Needs, Step, Strategy, reset_ce_chunks
+from overlapbench.strategies.knobs import CE_CHUNKS, FUSED_COMM, comm_ctas
 
 
 @register
@@ -16,8 +17,12 @@ class FusedNorm(Strategy):
     name = "fused_norm"
     simplicity = 10
     summary = "no split; each all-reduce fused with residual add + RMSNorm in one few-CTA kernel"
-    knobs = (FUSED_COMM, comm_ctas("comm_ctas", "(every reduction)"))
+    knobs = (FUSED_COMM, comm_ctas("comm_ctas", "(every reduction)"), CE_CHUNKS)
     needs = Needs(cuda=True, symmetric_memory=True)
+
+    @classmethod
+    def check_combination(cls, knobs, where):
+        reset_ce_chunks(knobs)
 
     @classmethod
     def plan(cls, knobs, batch):
@@ -28,6 +33,6 @@ class FusedNorm(Strategy):
     def build(cls, ctx, knobs):
         from overlapbench.model.chunks import whole_batch
         from overlapbench.model.layer import forward_stack
-        reducer = comm_methods.get(knobs["comm"]).reducer(ctx, knobs["comm_ctas"])
+        reducer = comm_methods.get(knobs["comm"]).build(ctx, knobs["comm_ctas"], knobs)
         chunk = whole_batch(ctx.seq_lens, ctx.runtime.device, ctx.decode)
         return Step(lambda x: forward_stack(ctx.stack, x, chunk, ctx.rope, reducer))

@@ -123,6 +123,18 @@ CHUNKS = Knob(
     bounds=(2, 16), sparse=True,
 )
 
+# How many pieces the copy-engine path cuts each call's rows into (kernels/copy_engine_norm.py).
+# Sparse: at auto (the kernel's count by size) a setting's point key is the one it has without
+# the knob. The `comm` methods it applies to are their records' (comm_methods.CHUNKED).
+CE_CHUNKS = Knob(
+    comm_methods.CE_CHUNKS, int, comm_methods.AUTO,
+    f"comm={comm_methods.listed(comm_methods.CHUNKED)} only: pieces each reduction's rows are cut into, one "
+    "add + norm kernel each beside the copy engines' pulls (1: the serial schedule, no side streams); auto: by "
+    "size (the kernel's own count, as `comm --ce-chunks auto`). Each piece's kernel waits for "
+    "SMs held by the layer's GEMMs and attention, so fewer pieces queue fewer times beside the layer",
+    choices=(comm_methods.AUTO,), bounds=(1, 16), sparse=True,
+)
+
 # SMs the main lane's GEMMs leave to the communication lane. Sparse: at 0 a setting's point key is
 # the one it has without the knob.
 GEMM_CARVEOUT = Knob(

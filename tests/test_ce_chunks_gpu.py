@@ -1,0 +1,129 @@
+"""`ce_chunks` on 2 and 4 GPUs (NCCL, bf16): token_split with comm=copy_engine at ce_chunks 1
+(the serial schedule), 2 and 4 and auto, and iso and fused_norm at one count each, match the
+single-GPU reference eager and replayed from a CUDA graph; every call of the copy-engine kernel
+runs the count asked (the pieces its plan is cut into), `auto` the kernel's own count by size.
+All settings run back to back in one set of processes, so they share the run's one copy-engine
+buffer, as a sweep's points do.
+
+At the small shape a call's rows are far below the automatic count's 8 MiB pieces, so `auto` is
+1 there; the llama3-8b cases (8192 tokens cut in equal halves: 16 MiB of a rank's rows per call
+at 2 ranks) make it 2.
+
+One set of processes per world size runs every case in lockstep and reports per case, so each
+case fails on its own; a hang fails them all at the timeout. The protocol on CPU threads is
+tests/test_copy_engine_norm.py's, the knob's rules tests/test_ce_chunks.py's.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from overlapbench.distributed.runtime import apply_safe_env  # noqa: E402
+from overlapbench.model.models import PRESETS, ModelShape  # noqa: E402
+from tests import distributed  # noqa: E402
+
+pytestmark = distributed.two_gpus()
+
+apply_safe_env()  # no NVLink multicast, in the spawned processes too
+LAYERS = 2
+MAX_TOKENS = 8192  # sizes the copy-engine buffer once for every case
+SHAPES = {"small": ModelShape(hidden=512, ffn=1024, heads=8, kv_heads=4, head_dim=64), "llama3-8b": PRESETS["llama3-8b"]}
+SPLIT = {"comm": "copy_engine", "comm_ctas_attn": 32, "comm_ctas_mlp": 32}
+
+# (shape, seq_lens, strategy, knobs)
+SETTINGS = [
+    *(("small", lens, "token_split", SPLIT | {"ce_chunks": c}) for lens in [(1023,), (300, 257, 5)] for c in (1, 2, 4, "auto")),
+    ("small", (1023,), "token_split", SPLIT | {"split_ratio": "balanced", "ce_chunks": 2}),
+    ("small", (1023,), "token_split", SPLIT | {"split_ratio": "balanced", "chunks": 4, "ce_chunks": 4}),
+    ("small", (300, 257, 5), "iso", {"comm": "copy_engine", "comm_ctas": 16, "ce_chunks": 2}),
+    ("small", (1023,), "fused_norm", {"comm": "copy_engine", "comm_ctas": 16, "ce_chunks": 1}),
+    *(("llama3-8b", (8192,), "token_split", SPLIT | {"ce_chunks": c}) for c in (1, 4, "auto")),
+]
+CASES = [(f"{shape} {lens} {strategy} {knobs}", shape, lens, strategy, knobs) for shape, lens, strategy, knobs in SETTINGS]
+LABELS = [c[0] for c in CASES]
+
+
+def _graph_forward(step, x):
+    """The step's output from a CUDA-graph replay (cuda_graph.capture: warmed up on a side stream)."""
+    from overlapbench.timing.cuda_graph import capture
+
+    out = {}
+    graph = capture(lambda: out.update(y=step.forward(x)))
+    graph.replay()
+    torch.cuda.synchronize()
+    return out["y"]
+
+
+def _run_cases(rank: int, world: int) -> dict:
+    from kernels.copy_engine_norm import CopyEngineNorm
+    from overlapbench import strategies
+    from overlapbench.distributed import runtime
+    from overlapbench.model.layer import reference_forward
+    from overlapbench.model.rope import RopeTable
+    from overlapbench.model.weights import build_stack, random_input
+    from overlapbench.timing.step import BuildContext
+
+    pieces: list[tuple[int, int]] = []  # every call of the copy-engine kernel: (its chunk count, the count by size)
+    plan = CopyEngineNorm._plan
+
+    def recorded(self, row_start, row_end, chunks):
+        pieces.append((chunks, self.chunk_count(row_end - row_start)))
+        return plan(self, row_start, row_end, chunks)
+
+    CopyEngineNorm._plan = recorded
+    rt = runtime.init(timeout_s=120)
+    out: dict = {}
+    stacks: dict = {}
+    for label, shape_name, lens, strategy, knobs in CASES:
+        try:
+            shape = SHAPES[shape_name]
+            if shape_name not in stacks:
+                stacks.clear()  # one model's weights at a time
+                stacks[shape_name] = build_stack(shape, LAYERS, world, rank, torch.bfloat16, rt.device, seed=0)
+            ref = reference_forward(shape, LAYERS, world, lens, torch.bfloat16, rt.device)
+            ctx = BuildContext(rt, stacks[shape_name], lens, RopeTable(shape, max(lens), rt.device), MAX_TOKENS)
+            cls = strategies.get(strategy)
+            step = cls.build(ctx, cls.check_knobs(knobs, strategy))
+            x = random_input(sum(lens), shape.hidden, 0, torch.bfloat16, rt.device)
+            pieces.clear()
+            y = step.forward(x)
+            torch.cuda.synchronize()
+            out[f"pieces {label}"] = sorted(set(pieces))
+            errors = [distributed.rel_err(step.to_full(y), ref), distributed.rel_err(step.to_full(step.forward(x)), ref)]
+            out[label] = max(errors)
+            out[f"graph {label}"] = distributed.rel_err(step.to_full(_graph_forward(step, x)), ref)
+        except Exception as e:
+            out[label] = distributed.error_text(e)
+        torch.cuda.synchronize()
+    return out
+
+
+@pytest.fixture(scope="module")
+def results() -> distributed.Launches:
+    return distributed.Launches(lambda world: distributed.run(_run_cases, world=world, timeout=600, backend="nccl"))
+
+
+@pytest.mark.parametrize(("world", "label"), distributed.world_params(LABELS))
+def test_copy_engine_settings_match_the_reference_eager_and_replayed(results, world, label):
+    tol = distributed.bf16_tolerance(world)
+    for rank, found in enumerate(results(world)):
+        for key in (label, f"graph {label}"):
+            err = found[key]
+            assert isinstance(err, float), f"rank {rank}, {key}: {err}"
+            assert err < tol, f"rank {rank}, {key}: rel err {err:.3g} >= {tol:.3g}"
+
+
+@pytest.mark.parametrize(("world", "label"), distributed.world_params(LABELS))
+def test_every_call_runs_the_count_asked(results, world, label):
+    asked = next(c[4] for c in CASES if c[0] == label)["ce_chunks"]
+    for rank, found in enumerate(results(world)):
+        calls = found.get(f"pieces {label}")
+        assert calls, f"rank {rank}: no call of the copy-engine kernel recorded ({found[label]})"
+        if asked == "auto":
+            assert all(used == by_size for used, by_size in calls), f"rank {rank}: {calls}"
+            if label.startswith("llama3-8b") and world == 2:
+                assert {used for used, _ in calls} == {2}, f"rank {rank}: {calls}"  # 16 MiB of own rows a call
+        else:
+            assert {used for used, _ in calls} == {asked}, f"rank {rank}: {calls}"
