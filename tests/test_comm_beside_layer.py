@@ -15,9 +15,11 @@ import torch
 from rich.console import Console
 
 from overlapbench.comm import command, output, paths
-from overlapbench.comm.beside_layer import BesideStreams, LayerStream, inline_extra_ms
+from overlapbench.comm.beside_layer import BesideStreams, LayerStream
 from overlapbench.comm.cases import DEFAULT_LAYER_TOKENS, BesideLayer
 from overlapbench.comm.contention import GemmStream, compute_loss
+from overlapbench.comm.in_layer import FIELDS as IN_LAYER_FIELDS
+from overlapbench.comm.in_layer import InLayer
 from overlapbench.comm.run import BESIDE_LAYER_FIELDS, RunInfo, make_row
 from overlapbench.errors import UserError
 from overlapbench.model.layer import attention_partial, mlp_partial
@@ -126,12 +128,15 @@ def _layer_row(rng: random.Random, tokens: int) -> tuple[dict, dict]:
     case = paths.make_cases(parse(beside_layer="llama3-8b", tokens=str(tokens), paths="nccl_symm").bench(cuda=True),
                             world=2, backend="nccl", dtype="bf16", hidden=4096, beside_layer=layer)[0]
     alone, beside, op = rng.uniform(0.5, 5), rng.uniform(5, 9), rng.uniform(0.05, 0.4)
-    inline = alone + 2 * op + rng.uniform(-0.01, 0.1)
+    rounds = rng.randrange(3, 15)
+    passes = [alone * rng.uniform(0.95, 1.05) for _ in range(rounds)]
+    ops = [2 * op * rng.uniform(0.95, 1.05) for _ in range(rounds)]
+    in_layer = InLayer(tuple(p + o + rng.uniform(-0.01, 0.1) for p, o in zip(passes, ops)), tuple(passes), tuple(ops),
+                       replays=rng.randrange(1, 20), graphs=True)
     result = {"status": "ok", "error": None, "ms": op, "p10_ms": op, "p90_ms": op, "iqr_ms": 0.0, "cv": 0.01, "wrong": 0,
               "algbw": 1.0, "busbw": 1.0, "graphs": True, "beside_ms": op * 1.3, "beside_busbw": 0.8,
               "compute_ms_alone": alone, "compute_ms_beside": beside, "compute_loss": compute_loss(alone, beside),
-              "compute_graphs": True, "inline_ms": inline, "inline_extra_ms": inline_extra_ms(inline, alone, op),
-              "inline_graphs": True, "beside_layer": {"model": "llama3-8b", "tp": 2, "tokens": tokens}}
+              "compute_graphs": True, **in_layer.fields(), "beside_layer": {"model": "llama3-8b", "tp": 2, "tokens": tokens}}
     env = {"world_size": 2, "device": "Test GPU", "hosts": ["h"], "nodes": 1, "ranks": [], "gpus_per_host": 2,
            "backend": "nccl", "versions": {}, "git": "abc", "multicast_env": {}}
     return make_row(case, result, RunInfo("comm", "r1", env, 3, 10, True)), result
@@ -141,26 +146,33 @@ def test_a_beside_layer_row_holds_its_fields_and_reads_back(tmp_path):
     rng = random.Random()
     row, result = _layer_row(rng, rng.choice([512, 2048]))
     assert row["beside_layer"] == result["beside_layer"] and "beside_gemm" not in row
-    assert all(row[k] == result[k] for k in BESIDE_LAYER_FIELDS)
+    assert set(IN_LAYER_FIELDS) <= set(BESIDE_LAYER_FIELDS) and all(row[k] == result[k] for k in BESIDE_LAYER_FIELDS)
+    assert "inline_extra_ms" not in row and "inline_ms" not in row  # the measurement before: not written
     store = ResultStore(tmp_path / "c.jsonl")
     store.open(resume=False, study="comm")
     store.append(row)
     store.close()
-    assert read_rows(tmp_path / "c.jsonl")[0]["compute_loss"] == row["compute_loss"]
+    back = read_rows(tmp_path / "c.jsonl")[0]
+    assert back["compute_loss"] == row["compute_loss"]
+    assert all(back[k] == pytest.approx(row[k]) for k in IN_LAYER_FIELDS if row[k] is not None)
     record = output.record(row)
     assert record["layer_tokens"] == row["beside_layer"]["tokens"] and record["compute_loss"] == pytest.approx(
         row["compute_loss"], rel=1e-3)
+    assert record["in_layer_extra_us"] == pytest.approx(row["in_layer_extra_ms"] * 1e3, abs=1e-3)
     console = Console(width=250, record=True)
     console.print(output.to_table([row]))
     text = console.export_text()
     assert "beside layer (us)" in text and "compute loss" in text and f"{row['compute_loss']:.1%}" in text
-    assert f"compute loss {row['compute_loss']:.1%}" in str(output.summary_line(row))
+    assert f"{row['in_layer_extra_ms'] * 1e3:+.1f}" in text
+    line = str(output.summary_line(row))
+    lo, hi = row["in_layer_extra_ci_ms"]
+    assert f"compute loss {row['compute_loss']:.1%}" in line
+    assert f"in line {row['in_layer_extra_ms'] * 1e3:+.1f} us [{lo * 1e3:+.1f}, {hi * 1e3:+.1f}]" in line
 
 
-def test_the_arithmetic_of_the_three_numbers():
+def test_the_arithmetic_of_the_contention():
     rng = random.Random()
-    alone, op, extra = rng.uniform(1, 10), rng.uniform(0.01, 1), rng.uniform(-0.01, 0.05)
-    assert inline_extra_ms(alone + 2 * op + 2 * extra, alone, op) == pytest.approx(extra)
+    alone = rng.uniform(1, 10)
     beside = alone * rng.uniform(1.0, 2.0)
     assert compute_loss(alone, beside) == pytest.approx(1 - alone / beside) and compute_loss(alone, alone) == 0
     gemms = GemmStream.make("cpu", [(4, 8, 16)])
@@ -195,3 +207,43 @@ def test_the_layer_stream_runs_the_shards_attention_then_mlp():
     stream.alone_ms = random.uniform(0.5, 2)
     assert stream.fields(2.5) == {"compute_ms_alone": stream.alone_ms, "compute_ms_beside": 2.5,
                                   "compute_loss": pytest.approx(1 - stream.alone_ms / 2.5), "compute_graphs": False}
+
+
+def test_the_in_layer_rounds_run_the_three_graphs_eagerly_on_cpu(monkeypatch):
+    """The in-layer term's wiring, on CPU: no graphs (all three eager), the wall clock for CUDA's,
+    one rank. Attention, MLP and the all-reduce stand in as busy waits of known lengths (the layer
+    itself runs interpreted here, too slowly and unevenly to time): the in-line pass runs the
+    all-reduce twice, the two all-reduces alone twice, the pass never, each as often per round;
+    the term is near 0 (the in-line pass is the pass and its two all-reduces), not +-d/2 (one
+    missed or doubled)."""
+    import time
+
+    from overlapbench.comm.in_layer import MIN_ROUNDS, TERM
+    from overlapbench.timing import bench, interleave
+
+    rng = random.Random()
+    attention_ms, mlp_ms, wait_ms = rng.uniform(1, 3), rng.uniform(1, 3), rng.uniform(4, 6)
+    calls = []
+
+    def busy(ms: float, counted: bool = False):
+        def run() -> None:
+            calls.extend([1] if counted else [])
+            end = time.perf_counter() + ms / 1e3
+            while time.perf_counter() < end:
+                pass
+        return run
+
+    monkeypatch.setattr(bench, "CudaClock", bench.WallClock)
+    monkeypatch.setattr(interleave, "ranks_max", lambda rt: lambda values: values)
+    stream = LayerStream(PRESETS["tiny"], 2, 0, rng.randrange(16, 64), torch.float32, "cpu")
+    stream.attention, stream.mlp = busy(attention_ms), busy(mlp_ms)
+    rt = SimpleNamespace(world_size=1, rank=0, device=torch.device("cpu"))
+    fields = stream.in_layer(rt, busy(wait_ms, counted=True), iters=rng.randrange(1, MIN_ROUNDS)).fields()
+    assert not fields["in_layer_graphs"] and fields["in_layer_rounds"] == MIN_ROUNDS
+    assert abs(fields[TERM]) < wait_ms / 4, fields
+    # a busy wait never ends early (a busy machine may end it late, in every graph alike)
+    assert fields["in_layer_pass_ms"] >= attention_ms + mlp_ms and fields["in_layer_ops_ms"] >= 2 * wait_ms
+    assert fields["in_layer_inline_ms"] >= attention_ms + mlp_ms + 2 * wait_ms
+    replays = fields["in_layer_replays"]
+    warm = 2  # bench.warm_up's calls of the in-line pass, before the rounds
+    assert (len(calls) - 2 * warm) % (4 * replays) == 0  # per round: 2 all-reduces x replays, in line and alone

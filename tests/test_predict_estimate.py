@@ -3,6 +3,7 @@ serial and pipelined plans, the in-context scaling, and rows that `tune` and `re
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import random
 
@@ -129,3 +130,35 @@ def test_the_command_refuses_what_it_cannot_use_in_one_line(tmp_path):
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and field in done.stderr, done.stderr
     assert out.read_text() == before
+
+
+def test_a_point_with_gemm_carveout_is_a_skipped_row_naming_the_knob(tmp_path):
+    """The pieces are timed with every SM: a split that leaves SMs free to its transfers is not
+    predicted as if the knob did nothing, but skipped, saying which knob and why; its setting
+    without the knob is predicted as ever, and the batch's speedups stand."""
+    from overlapbench.predict.command import predict
+    from overlapbench.predict.estimate import Skip
+    from overlapbench.predict.summary import Summary
+    from overlapbench.tuning.results import read_rows
+
+    rng = random.Random()
+    carveout = rng.randrange(1, 65)
+    comm = rng.choice(["nccl", "copy_engine"])
+    setting = {"comm": comm} | ({"comm_ctas_attn": 16, "comm_ctas_mlp": 16} if comm == "copy_engine" else {})
+    spec = SPEC | {"strategies": SPEC["strategies"] | {"token_split": [setting, setting | {"gemm_carveout": carveout}]}}
+    loaded = spec_mod.from_dict(spec, "predicted", cuda=True)
+    inputs = _inputs(rng.randrange(100))
+    out, summary = tmp_path / "predicted.jsonl", Summary()
+    predict(loaded, 2, inputs, out, summary=summary)
+    rows = [r for r in read_rows(out) if r["strategy"] == "token_split"]
+    carved = [r for r in rows if r["knobs"].get("gemm_carveout")]
+    plain = [r for r in rows if not r["knobs"].get("gemm_carveout")]
+    assert len(carved) == len(plain) == 2  # one per token count
+    assert all(r["status"] == "skipped" and r["error"].startswith(f"gemm_carveout={carveout} is not predicted: ")
+               and "timed with every SM" in r["error"] for r in carved)
+    assert all(r["status"] == "ok" and r["speedup"] for r in plain)
+    assert summary.points - summary.ok == 2 and not summary.no_speedup
+    point = next(p for p in loaded.points(2, cuda=True) if p.knobs.get("gemm_carveout"))
+    assert isinstance(_predict(point, inputs), Skip)
+    at_default = dataclasses.replace(point, knobs=point.knobs | {"gemm_carveout": 0})
+    assert not isinstance(_predict(at_default, inputs), Skip)  # at its default the knob is nothing to model

@@ -12,17 +12,20 @@ import pytest
 
 from overlapbench.predict.contention import GEMM, LAYER, NONE, Contention
 from overlapbench.predict.estimate import ALONE, AUTO, MEASURED
-from overlapbench.predict.notes import ASSUMED, SUBSTITUTED
+from overlapbench.predict.notes import ASSUMED, FLAGGED, SUBSTITUTED
 from overlapbench.predict.notes import MEASURED as MEASURED_NOTE
 from tests.test_predict_comm import SIZES, comm_row
 from tests.test_predict_estimate import _at, _inputs, _predict
 
 
-def layer_row(path, ctas, nbytes, ms, loss, stretch, extra, model="llama3-70b", tp=2, world=2) -> dict:
+def layer_row(path, ctas, nbytes, ms, loss, stretch, extra, model="llama3-70b", tp=2, world=2, paired=True) -> dict:
+    """A beside-layer row; `paired`: its in-layer term timed in paired rounds (`in_layer_extra_ms`),
+    else as rows were made before them (`inline_extra_ms`, which predict does not charge)."""
     row = comm_row(path, ctas, nbytes, ms, world=world)
     key = json.loads(row["key"]) | {"beside_layer": f"{model} tp={tp}"}
+    term = {"in_layer_extra_ms": extra} if paired else {"inline_extra_ms": extra, "inline_ms": 1.0}
     return row | {"key": json.dumps(key, sort_keys=True), "beside_ms": ms * stretch, "compute_loss": loss,
-                  "inline_extra_ms": extra, "beside_layer": {"model": model, "tp": tp, "tokens": nbytes // 16384}}
+                  **term, "beside_layer": {"model": model, "tp": tp, "tokens": nbytes // 16384}}
 
 
 def _rows(rng: random.Random, sizes=SIZES[::2]):
@@ -135,3 +138,41 @@ def test_a_copy_engine_split_runs_as_alone_and_takes_nothing_under_auto():
     assert not any("as fast as alone" in n.text for n in found[MEASURED][0].notes)
     assert in_line.ms == pytest.approx(_predict(serial, bare).ms + 2 * extra)
     assert in_line.in_layer_ms == pytest.approx(2 * extra)
+
+
+def test_rows_of_the_two_harness_measurement_give_their_contention_but_not_their_in_layer_term():
+    """Beside-layer rows made before the paired rounds: their loss and stretch are charged as
+    ever, their in-layer term is not (a flagged note names the rows, their runs and why; each
+    serial point says it charged none); where paired rows of a point are there too, theirs is
+    the term."""
+    rng = random.Random()
+    sizes = [1 << 16, 1 << 20, 1 << 24]
+    truth = {b: (rng.uniform(0.05, 0.3), rng.uniform(1.1, 3.0), rng.uniform(0.01, 0.05)) for b in sizes}
+    old = [layer_row("nccl", "default", b, 1.0, *truth[b], paired=False) | {"run_id": "oldrun", "git": "abc1234"}
+           for b in sizes]
+    other_layer = [layer_row("nccl", "default", b, 1.0, 0.5, 5.0, 1.0, model="llama3-8b", paired=False) for b in sizes]
+    contention = Contention.from_rows(old + other_layer, "rows", model="llama3-70b", tp=2)
+    assert contention.stale == len(sizes) and not contention.inline
+    flagged = [n.text for n in contention.notes if n.kind == FLAGGED]
+    assert len(flagged) == 1 and flagged[0].startswith(f"the in-layer term of {len(sizes)} beside-layer rows of "
+                                                      f"llama3-70b TP=2 (runs oldrun, git abc1234) not used")
+    assert "inline_extra_ms" in flagged[0] and "overlapbench comm --beside-layer llama3-70b" in flagged[0]
+    assert f"the {len(sizes)} beside-layer rows' was measured before the paired rounds" in contention.described()
+    for b, (loss, stretch, _) in truth.items():
+        got = contention.at("nccl", "default", b)
+        assert (got.beside, got.gemm_loss, got.transfer_stretch) == (LAYER, pytest.approx(loss), pytest.approx(stretch))
+        assert contention.in_layer("nccl", "default", b) is None
+
+    seed = rng.randrange(100)
+    bare, inputs = _inputs(seed), _inputs(seed)
+    inputs.contention = contention
+    for tokens in (512, 4096):
+        base = _predict(_at(tokens, "baseline"), inputs)
+        assert base.ms == pytest.approx(_predict(_at(tokens, "baseline"), bare).ms) and base.in_layer_ms == 0
+        assert any(n.kind == ASSUMED and "measured before the paired rounds and is not used" in n.text for n in base.notes)
+
+    extra = rng.uniform(0.01, 0.05)
+    new = [layer_row("nccl", "default", b, 1.0, *truth[b][:2], extra) for b in sizes[:2]]
+    mixed = Contention.from_rows(old + new, "rows", model="llama3-70b", tp=2)
+    assert mixed.stale == len(sizes) and mixed.in_layer("nccl", "default", sizes[0])[0] == pytest.approx(extra)
+    assert mixed.in_layer("nccl", "default", sizes[-1])[0] == pytest.approx(extra)  # held at the largest paired size

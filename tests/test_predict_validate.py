@@ -78,3 +78,32 @@ def test_the_newest_match_of_a_pattern_is_used(tmp_path, monkeypatch):
     newest = times.index(max(times))
     assert pv.Need("table", "m/*/comm.jsonl").found() == Path(f"m/{newest}/comm.jsonl")
     assert pv.Need("table", "m/*/none.jsonl").found() is None
+
+
+@pytest.mark.parametrize("paired", [False, True])
+def test_beside_layer_rows_without_the_paired_term_are_listed_to_make_again(tmp_path, monkeypatch, paired):
+    """A committed beside-layer file whose ok rows all lack `in_layer_extra_ms` (the two-harness
+    measurement before it) is still found and used, and `--missing` lists its device call to make
+    it again; one with the term is current."""
+    monkeypatch.setattr(pv, "ROOT", tmp_path)
+    rng = random.Random()
+    folder = tmp_path / "m" / f"{rng.randrange(1 << 24):06x}"
+    folder.mkdir(parents=True)
+    term = {"in_layer_extra_ms": rng.uniform(-0.01, 0.05)} if paired else {"inline_extra_ms": rng.uniform(0, 1)}
+    rows = [{"schema": SCHEMA, "time": "2026-01-01T00:00:00", "status": "ok", **term} for _ in range(rng.randrange(1, 5))]
+    rows.append({"schema": SCHEMA, "time": "2026-01-01T00:00:00", "status": "failed"})
+    (folder / "comm-beside-layer-x.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    need = pv.Need("beside-layer rows", "m/*/comm-beside-layer-x.jsonl", "h100x2-layer", required=False,
+                   current=pv.IN_LAYER)
+    study = next(s for s in pv.STUDIES["h100"] if s.tp == 2)
+    study = pv.Study(study.device, study.model, study.tp, study.spec, study.pieces, study.tables, (need,), ())
+    assert need.found() is not None and need.outdated() is not paired
+    outcome = pv._wanted(study)
+    assert need not in outcome.missing and (need in outcome.outdated) is not paired
+    lines = [line for line in pv.missing_lines([outcome]) if "h100x2" in line or "nvidia-h100-x2" in line]
+    if paired:
+        assert not lines
+    else:
+        kind, command = pv.CALLS["h100x2-layer"]
+        assert lines == [f"- on `{kind}`: `{command}`; makes h100 {study.title}: beside-layer rows again: "
+                         f"{need.found()} lacks the in-layer term timed in paired rounds (`in_layer_extra_ms`)"]

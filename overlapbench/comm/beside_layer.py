@@ -11,9 +11,9 @@ one more):
 - the compute's loss: 1 - one pass's time alone / beside the path (`compute_loss`);
 - the transfer's stretch: its time beside the compute / alone (`beside_ms` / `ms`);
 - the blocking all-reduce's extra cost inside the layer: attention, the all-reduce, the MLP, the
-  all-reduce, in line on one stream (as the baseline runs them), captured in one graph, against
-  the pass and two all-reduces timed apart (`inline_extra_ms`, per all-reduce). The layer's
-  graph measured 20-50 us per all-reduce more than `comm` alone at TP=2 (docs/predict.md).
+  all-reduce, in line on one stream (as the baseline runs them), against the same pass without
+  the all-reduces and the two all-reduces alone, the three captured alike and timed in the same
+  interleaved rounds (`in_layer_extra_ms`, per all-reduce: comm/in_layer.py).
 
 `predict` charges the first two to a split's transfers beside compute and the third to every
 blocking transfer of a serial plan (predict/contention.py).
@@ -28,6 +28,7 @@ import torch
 
 from overlapbench.comm.cases import BesideLayer, Case
 from overlapbench.comm.contention import compute_loss, time_alone
+from overlapbench.comm.in_layer import INLINE, OPS, PASS, InLayer, time_paired
 from overlapbench.model.chunks import rope_positions, token_range
 from overlapbench.model.layer import attention_partial, mlp_partial
 from overlapbench.model.models import preset
@@ -39,13 +40,6 @@ if TYPE_CHECKING:
     from overlapbench.distributed.runtime import Runtime
 
 SEED = 1
-
-
-def inline_extra_ms(inline_ms: float, alone_ms: float, op_ms: float) -> float:
-    """What each of the two blocking all-reduces of a pass cost in line beyond its time alone:
-    (in line - the pass alone - 2 x the all-reduce alone) / 2. Negative where the pass and its
-    all-reduces ran faster together, which noise allows."""
-    return (inline_ms - alone_ms - 2 * op_ms) / 2
 
 
 class LayerStream:
@@ -96,21 +90,38 @@ class LayerStream:
         return {"compute_ms_alone": self.alone_ms, "compute_ms_beside": beside_ms,
                 "compute_loss": compute_loss(self.alone_ms, beside_ms), "compute_graphs": self.graphs}
 
-    def inline_ms(self, run, warmup: int, iters: int) -> tuple[float, bool]:
+    def in_line(self, run) -> None:
         """One pass with the all-reduce `run` after its attention and after its MLP, in line on
-        this stream as the baseline runs them (a CUDA graph where it captures): median ms, max
-        over ranks, and whether it was a graph."""
-        from overlapbench.timing import measure
+        this stream, as the baseline runs them."""
+        self.attention()
+        run()
+        self.mlp()
+        run()
+
+    def in_layer(self, rt: Runtime, run, iters: int) -> InLayer:
+        """The in-line pass, the pass alone (its graph from `prepare`) and the two all-reduces
+        alone, captured alike (all three graphs, or all three eager where one fails to capture) and
+        timed in the same interleaved rounds, each replayed as often per round (comm/in_layer.py).
+        Collective: every rank calls it for the same case, after `prepare`."""
+        from overlapbench.timing import bench, interleave, measure
         from overlapbench.timing.step import Step
 
-        def in_line(_x):
-            self.attention()
+        def ops() -> None:
             run()
-            self.mlp()
             run()
 
-        timing = measure.time_step(Step(in_line), self.normed, warmup, iters, True)
-        return timing.median_ms, timing.graphs
+        eager = {INLINE: lambda: self.in_line(run), PASS: self.once, OPS: ops}
+        graphs, error = self.graphs, self.graph_error
+        captured = {PASS: self._pass}
+        for which in (INLINE, OPS):
+            fn = eager[which]
+            captured[which], used, why = measure.runner(Step(lambda _x, fn=fn: fn()), self.normed, graphs)
+            graphs, error = graphs and used, error or why
+        runs = [captured[i] if graphs else eager[i] for i in (INLINE, PASS, OPS)]
+        clock = bench.CudaClock()
+        agree = interleave.ranks_max(rt)
+        per_replay = agree([bench.warm_up(runs[INLINE], 2, 0.0, clock)])[0]
+        return time_paired(runs, per_replay, iters, clock, agree, interleave.ranks_barrier(rt), graphs, error)
 
 
 @dataclass
@@ -137,14 +148,12 @@ class BesideStreams:
         return self.layers[rows]
 
 
-def layer_fields(rt: Runtime, case: Case, run, op_ms: float, stream: LayerStream, warmup: int, iters: int) -> dict:
+def layer_fields(rt: Runtime, case: Case, run, op_ms: float, stream: LayerStream, iters: int) -> dict:
     """The contention fields of a --beside-layer case: the path beside the layer's pass, the pass
-    beside the path, and the all-reduce in line with the pass."""
+    beside the path, and the all-reduce in line with the pass (comm/in_layer.py's fields)."""
     from overlapbench.comm.contention import measure_beside
 
     stream.prepare(rt, max(5, iters))
     beside_ms, compute_ms = measure_beside(rt, run, op_ms, stream, iters)
-    inline, inline_graphs = stream.inline_ms(run, warmup, iters)
-    return {"beside_ms": beside_ms, **stream.fields(compute_ms), "inline_ms": inline,
-            "inline_extra_ms": inline_extra_ms(inline, stream.alone_ms, op_ms), "inline_graphs": inline_graphs,
+    return {"beside_ms": beside_ms, **stream.fields(compute_ms), **stream.in_layer(rt, run, iters).fields(),
             "beside_layer": {"model": case.beside_layer.model, "tp": case.beside_layer.tp, "tokens": stream.tokens}}

@@ -7,6 +7,8 @@ import io
 import json
 from typing import TYPE_CHECKING
 
+from overlapbench.comm.in_layer import TERM as IN_LAYER_TERM
+
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
@@ -29,14 +31,21 @@ def summary_line(row: dict) -> Text:
     layer = ""
     if row.get("compute_loss") is not None:
         layer = (f"; beside the layer ({row['beside_layer']['tokens']} rows): {row['beside_ms'] * 1e3:.1f} us, "
-                 f"compute loss {row['compute_loss']:.1%}, in line {row['inline_extra_ms'] * 1e3:+.1f} us")
+                 f"compute loss {row['compute_loss']:.1%}, in line {_in_layer_us(row)}")
     return styled("  ", (f"{'ok':>7}", "green"), f" {what}: {row['ms'] * 1e3:.1f} us, "
                   f"busbw {row['busbw']:.1f} GB/s, cv {row['cv']:.1%}{kernel}{layer}")
 
 
+def _in_layer_us(row: dict) -> str:
+    """The in-layer term per all-reduce with its 95% interval: +12.3 us [+9.8, +14.1]."""
+    lo, hi = row.get("in_layer_extra_ci_ms") or (None, None)
+    interval = "" if lo is None else f" [{lo * 1e3:+.1f}, {hi * 1e3:+.1f}]"
+    return f"{row[IN_LAYER_TERM] * 1e3:+.1f} us{interval}" if row.get(IN_LAYER_TERM) is not None else "-"
+
+
 COLUMNS = ("size", "count", "type", "op", "path", "ctas", "time_us", "algbw", "busbw", "wrong",
            "p10_us", "p90_us", "cv", "status", "error", "beside_us", "beside_busbw", "gemm_loss", "chunks",
-           "nccl_kernel", "nccl_channels", "layer_tokens", "compute_loss", "inline_extra_us")
+           "nccl_kernel", "nccl_channels", "layer_tokens", "compute_loss", "in_layer_extra_us")
 
 
 def nccl_kernel(row: dict) -> str:
@@ -67,9 +76,9 @@ def record(row: dict) -> dict:
         # NCCL paths: the kernel and channels its tuning log showed (a symmetric kernel's name, or algo/proto)
         "nccl_kernel": row.get("nccl_kernel"), "nccl_channels": row.get("nccl_channels"),
         # --beside-layer: the layer's rows, the share of its throughput the path took, and what
-        # the blocking all-reduce cost in line with it beyond its time alone
+        # the blocking all-reduce cost in line with it beyond its time alone (comm/in_layer.py)
         "layer_tokens": (row.get("beside_layer") or {}).get("tokens"), "compute_loss": sig(row.get("compute_loss")),
-        "inline_extra_us": us(row.get("inline_extra_ms")),
+        "in_layer_extra_us": us(row.get(IN_LAYER_TERM)),
     }
 
 
@@ -117,7 +126,7 @@ def _cells(row: dict, names: tuple[str, ...]) -> dict[str, str | Text]:
         "GEMM loss": "-" if row.get("gemm_loss") is None else f"{row['gemm_loss']:.1%}",
         "beside layer (us)": "-" if b is None else f"{b * 1e3:.2f}",
         "compute loss": "-" if row.get("compute_loss") is None else f"{row['compute_loss']:.1%}",
-        "in line +us": "-" if row.get("inline_extra_ms") is None else f"{row['inline_extra_ms'] * 1e3:+.1f}",
+        "in line +us": "-" if row.get(IN_LAYER_TERM) is None else f"{row[IN_LAYER_TERM] * 1e3:+.1f}",
     }
     return {name: cells[name] for name in names}
 

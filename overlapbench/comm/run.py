@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from overlapbench.comm.buffers import Buffers
 from overlapbench.comm.cases import Case
+from overlapbench.comm.in_layer import FIELDS as IN_LAYER_FIELDS
 from overlapbench.comm.output import summary_line
 from overlapbench.comm.paths import PATHS_BY_NAME, Bench, build
 from overlapbench.comm.sizes import algbw, busbw, ops_per_sample
@@ -125,7 +126,7 @@ def _beside(rt: Runtime, case: Case, bench: Bench, op_ms: float, streams, layer,
         beside_ms, gemm_ms = measure_beside(rt, bench.run, op_ms, streams.gemms, info.iters)
         fields = {"beside_ms": beside_ms} | streams.gemms.fields(gemm_ms)
     elif layer is not None:
-        fields = layer_fields(rt, case, bench.run, op_ms, layer, info.warmup, info.iters)
+        fields = layer_fields(rt, case, bench.run, op_ms, layer, info.iters)
     else:
         return {}
     return fields | {"beside_busbw": busbw(case.op, case.nbytes, fields["beside_ms"] / 1e3, rt.world_size)}
@@ -214,9 +215,11 @@ def make_row(case: Case, result: dict, info: RunInfo) -> dict:
     return row
 
 
-# A --beside-layer row's own fields (comm.beside_layer), beside `beside_layer` (the model, TP and rows).
+# A --beside-layer row's own fields (comm.beside_layer), beside `beside_layer` (the model, TP and
+# rows): the contention, then the in-layer term's (comm.in_layer.FIELDS; rows made before it hold
+# `inline_ms`, `inline_extra_ms` and `inline_graphs` instead, which predict does not charge).
 BESIDE_LAYER_FIELDS = ("beside_ms", "beside_busbw", "compute_ms_alone", "compute_ms_beside", "compute_loss",
-                       "compute_graphs", "inline_ms", "inline_extra_ms", "inline_graphs")
+                       "compute_graphs", *IN_LAYER_FIELDS)
 
 
 def run_cases(rt: Runtime, cases: list[Case], info: RunInfo, store: ResultStore | None,

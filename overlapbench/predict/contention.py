@@ -6,7 +6,11 @@ stretch, its time beside the compute over its time alone):
 
 - `comm --beside-layer MODEL` rows: beside one rank's own layer kernels (attention, then MLP, on
   the rows the all-reduce carries): `compute_loss`, `beside_ms / ms`; and the all-reduce's extra
-  cost in line with the layer (`inline_extra_ms`, the in-layer term of a serial plan);
+  cost in line with the layer (`in_layer_extra_ms`, the in-layer term of a serial plan, timed in
+  interleaved rounds beside the pass: comm/in_layer.py). Rows made before that measurement hold
+  `inline_extra_ms` instead, the in-line pass less the pass timed by another harness, which read
+  the pass's two timings rather than the all-reduce (from 4K tokens at llama3-70b TP=2): their loss
+  and stretch are used, their in-layer term is not (a flagged note names the rows);
 - `comm --beside-gemm` rows: beside a stream of persistent GEMMs: `gemm_loss`, `beside_ms / ms`.
 
 Where a path has rows of both, the layer's are used: they are the kernels a split runs its
@@ -24,9 +28,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from overlapbench.comm.in_layer import BEFORE as IN_LAYER_BEFORE
+from overlapbench.comm.in_layer import TERM as IN_LAYER_TERM
 from overlapbench.errors import UserError
 from overlapbench.predict.comm_table import Ctas, is_beside, nearest_budget, one_world_size, point_key
-from overlapbench.predict.notes import ASSUMED, MEASURED, SUBSTITUTED, Note, joined
+from overlapbench.predict.notes import ASSUMED, FLAGGED, MEASURED, SUBSTITUTED, Note, joined
 from overlapbench.tuning.results import read_rows
 
 BudgetKey = tuple[str, Ctas]  # (path, ctas)
@@ -59,6 +65,7 @@ class Contention:
     inline: dict[BudgetKey, list[tuple[int, float]]] = field(default_factory=dict)
     layer_of: tuple[str, int] | None = None  # (model, tp) of the layer the `layer` rows ran beside
     notes: list[Note] = field(default_factory=list)  # what choosing the rows assumed
+    stale: int = 0  # the layer's rows whose in-layer term was measured before the paired rounds: not used
 
     @classmethod
     def read(cls, paths: Iterable[str | Path], model: str | None = None, tp: int | None = None) -> Contention:
@@ -86,12 +93,17 @@ class Contention:
                             f"--beside-layer MODEL` (or --beside-gemm) for them")
         layer_of, notes = _chosen_layer(sorted(layers), model, tp)
         pairs, inline = defaultdict(lambda: defaultdict(list)), defaultdict(lambda: defaultdict(list))
+        stale = []
         for row in layers.get(layer_of, []):
             path, ctas, _ = point_key(row)
             pairs[(path, ctas)][row["bytes"]].append((row["compute_loss"], row["beside_ms"] / row["ms"]))
-            if row.get("inline_extra_ms") is not None:
-                inline[(path, ctas)][row["bytes"]].append(row["inline_extra_ms"])
+            if row.get(IN_LAYER_TERM) is not None:
+                inline[(path, ctas)][row["bytes"]].append(row[IN_LAYER_TERM])
+            elif row.get(IN_LAYER_BEFORE) is not None:
+                stale.append(row)
             layer_worlds.add(row.get("world_size"))
+        if stale:
+            notes.append(stale_note(stale, layer_of))
         if gemm:
             world = one_world_size(worlds, f"{source}: beside-GEMM rows", "give one world size")
         if layer_of:
@@ -100,7 +112,7 @@ class Contention:
             notes.append(Note(SUBSTITUTED, f"contention measured on {world} ranks, predicting {tp}: used as it is"))
         return cls(_medians(gemm), world, source, _medians(pairs),
                    {key: [(b, statistics.median(v)) for b, v in sorted(by.items())] for key, by in inline.items()},
-                   layer_of, notes)
+                   layer_of, notes, len(stale))
 
     def described(self) -> str:
         """Which paths' contention was measured beside what, in one line."""
@@ -111,8 +123,13 @@ class Contention:
         gemm_only = [k for k in self.entries if k[0] not in {p for p, _ in self.layer}]
         if gemm_only:
             parts.append(f"beside the GEMM stream for {said(gemm_only)}")
-        parts.append(f"in-layer term of blocking all-reduces for {said(self.inline)}" if self.inline else
-                     "no in-layer term (no --beside-layer rows): blocking all-reduces cost their time alone")
+        if self.inline:
+            parts.append(f"in-layer term of blocking all-reduces for {said(self.inline)}")
+        elif self.stale:
+            parts.append(f"no in-layer term (the {self.stale} beside-layer rows' was measured before the paired rounds, "
+                         f"not used): blocking all-reduces cost their time alone")
+        else:
+            parts.append("no in-layer term (no --beside-layer rows): blocking all-reduces cost their time alone")
         return "; ".join(parts)
 
     def mean_loss(self) -> float:
@@ -162,6 +179,17 @@ class Contention:
         measured = Note(MEASURED, f"{path}{budget}: {extra * 1e3:+.1f} us per blocking all-reduce in line with "
                                   f"{self.layer_of[0]} TP={self.layer_of[1]}'s layer")
         return extra, ((Note(SUBSTITUTED, said),) if said else ()) + (measured,)
+
+
+def stale_note(rows: list[dict], layer: tuple[str, int]) -> Note:
+    """Which beside-layer rows' in-layer term is not used, and why (flagged: an input to make again)."""
+    runs = ", ".join(sorted({str(r.get("run_id")) for r in rows}))
+    gits = ", ".join(sorted({str(r.get("git")) for r in rows}))
+    return Note(FLAGGED, f"the in-layer term of {len(rows)} beside-layer rows of {layer[0]} TP={layer[1]} (runs {runs}, "
+                         f"git {gits}) not used: their `{IN_LAYER_BEFORE}` is the in-line pass less the pass timed by "
+                         f"another harness, which measured the pass's two timings, not the all-reduce, from 4K tokens "
+                         f"at llama3-70b TP=2 (docs/predict.md); `overlapbench comm --beside-layer {layer[0]}` "
+                         f"measures it again in paired rounds (`{IN_LAYER_TERM}`)")
 
 
 def _chosen_layer(held: list[tuple[str, int]], model: str | None, tp: int | None) -> tuple[tuple[str, int] | None, list[Note]]:

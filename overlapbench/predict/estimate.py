@@ -18,6 +18,7 @@ from overlapbench.predict.notes import ASSUMED, SKIPPED, Note
 from overlapbench.predict.timeline import COMPUTE as COMPUTE_PHASE
 from overlapbench.predict.timeline import NORM, TRANSFER, Phase, Played, play
 from overlapbench.run import piece_keys
+from overlapbench.strategies.knobs import GEMM_CARVEOUT
 from overlapbench.tuning.results import read_rows
 
 
@@ -89,6 +90,14 @@ TRANSFER_BESIDE = (AUTO, ALONE, MEASURED)
 # comm=none split, where the rows' stretch and loss put them 0.04-0.08 below (docs/predict.md).
 COPY_ENGINE_PATHS = frozenset({"copy_engine_norm"})
 
+# Knobs whose effect no input holds, one record each: (the knob, why). A point that sets one off
+# its default is a skipped row naming it; predicted as if the knob did nothing, it would be a
+# number for a setting that was never modelled.
+UNMODELLED = (
+    (GEMM_CARVEOUT, "the compute pieces are timed with every SM (`sweep --pieces`), so neither the GEMMs' "
+                    "slowdown on fewer SMs nor what the SMs left free give the transfers is in the inputs"),
+)
+
 
 @dataclass
 class Inputs:
@@ -120,8 +129,13 @@ class Skip:
 
 
 def estimate(strategy: str, knobs: dict, batch: Batch, layers: int, dtype: str, inputs: Inputs) -> Estimate | Skip:
-    """The point's time per layer, or why it is not predicted (its strategy gives no plan, or the
-    comm table lacks a path it sends)."""
+    """The point's time per layer, or why it is not predicted (it sets a knob no input models, its
+    strategy gives no plan, or the comm table lacks a path it sends)."""
+    for knob, why in UNMODELLED:
+        value = knobs.get(knob.name, knob.default)
+        if value != knob.default:
+            reason = f"{knob.name}={value} is not predicted: {why}; measure the point with `overlapbench sweep`"
+            return Skip(reason, [Note(SKIPPED, reason)])
     plan = strategies.get(strategy).plan(knobs, batch)
     if plan is None:
         reason = f"{strategy} has no schedule to predict (its plan() gives none)"
@@ -195,11 +209,15 @@ def _beside_compute(path: str, beside, mode: str, notes: list[Note]) -> tuple[fl
 
 def _in_layer(transfer, nbytes: int, inputs: Inputs, notes: list[Note]) -> float:
     """A blocking all-reduce's measured extra cost in line with the layer (ms), from the
-    beside-layer rows; 0 where they lack the path (said where they hold others)."""
+    beside-layer rows; 0 where they lack the path (said where they hold others, or hold only
+    rows of the measurement before the paired rounds)."""
     found = inputs.contention.in_layer(transfer.path, transfer.ctas, nbytes)
     if found is None:
         if inputs.contention.inline:
             notes.append(Note(ASSUMED, f"{transfer.path}: no in-layer term measured (beside-layer rows), 0 used"))
+        elif inputs.contention.stale:
+            notes.append(Note(ASSUMED, "no in-layer term: the beside-layer rows' was measured before the paired "
+                                       "rounds and is not used (flagged), 0 used"))
         return 0.0
     extra, said = found
     notes += said

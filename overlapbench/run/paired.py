@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from overlapbench.timing import bench, interleave
 from overlapbench.timing.interleave import Plan, Timed
@@ -99,8 +98,8 @@ def _time_group(rt, ref: Prepared, group: list[Prepared], plan: Plan, pairing: s
     (point, result); or the failure of the timing as a result. Each candidate is warmed up on its
     own first: one that fails there (out of memory, a kernel error) is its own failed row, and
     the others are timed without it."""
-    agree = _max_over_ranks(rt)
-    align = _barrier(rt)
+    agree = interleave.ranks_max(rt)
+    align = interleave.ranks_barrier(rt)
     clock = bench.clock_for(rt.is_cuda)
     members, per_iter, dropped = [], [], []
     try:
@@ -138,28 +137,6 @@ def _fields(c: Prepared, t: Timed, pairing: str) -> dict:
         "timing": "interleaved", "pairing": pairing, "round_ids": list(t.round_ids),
         "speedup": None if t.speedup is None else round(t.speedup, 6), "speedup_ci": ci,
     }
-
-
-def _max_over_ranks(rt) -> Callable[[list[float]], list[float]]:
-    """Elementwise max over the ranks, on the CPU control group: it never waits for queued GPU
-    work, so the next round stays queued while the host reads this one."""
-
-    def agree(values: list[float]) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=rt.control)
-        return t.tolist()
-
-    return agree
-
-
-def _barrier(rt) -> Callable[[], None]:
-    """The ranks meet before each candidate (interleave.py says why): a one-element all-reduce,
-    queued on the device like the work around it, so the host does not wait for it (on CPUs,
-    where work runs as it is issued, it is a barrier of the host)."""
-    if rt.world_size == 1:
-        return lambda: None
-    token = torch.zeros(1, dtype=torch.int32, device=rt.device)
-    return lambda: dist.all_reduce(token, op=dist.ReduceOp.MAX)
 
 
 def _release(rt) -> None:

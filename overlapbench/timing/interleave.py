@@ -18,7 +18,8 @@ once that interval is within +-`ci_target` of its speedup (after `min_rounds`), 
 already queued when it left does not count (it would move the interval it left with); the reference
 stays to the end. Rounds stop at the plan's budget of time. Everything
 device-specific is in the `Clock` and the `agree` and `align` functions, so the scheduler runs
-on a fake clock, and fake ranks, in the tests.
+on a fake clock, and fake ranks, in the tests; `ranks_max` and `ranks_barrier` are those of a
+run's ranks (run/paired.py and comm/beside_layer.py time with them).
 
 A candidate's span is `bench.timed_span` on bench's clocks, but the rounds do not call
 `bench.bench`: it waits for its own samples before it returns, where a round's spans are read
@@ -180,3 +181,31 @@ def _narrow(t: Timed, target: float, min_rounds: int) -> bool:
         return False
     lo, hi = t.speedup_ci
     return (hi - lo) / 2 <= target * t.speedup
+
+
+def ranks_max(rt) -> Callable[[list[float]], list[float]]:
+    """`time_rounds`' agree for the ranks of the runtime `rt`: the elementwise max, on the CPU
+    control group: it never waits for queued GPU work, so the next round stays queued while the
+    host reads this one."""
+    import torch
+    import torch.distributed as dist
+
+    def agree(values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=rt.control)
+        return t.tolist()
+
+    return agree
+
+
+def ranks_barrier(rt) -> Callable[[], None]:
+    """`time_rounds`' align for the ranks of `rt` (the module says why they meet before each
+    candidate): a one-element all-reduce, queued on the device like the work around it, so the
+    host does not wait for it (on CPUs, where work runs as it is issued, it is a barrier of the host)."""
+    if rt.world_size == 1:
+        return lambda: None
+    import torch
+    import torch.distributed as dist
+
+    token = torch.zeros(1, dtype=torch.int32, device=rt.device)
+    return lambda: dist.all_reduce(token, op=dist.ReduceOp.MAX)

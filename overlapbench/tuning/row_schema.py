@@ -53,6 +53,8 @@ DECODE = Kind('{"tokens": N, "context": N}, whole numbers >= 1',
 GEMM = Kind('{"n": N, "k": N}, whole numbers >= 1',
             lambda x: isinstance(x, dict) and COUNT.ok(x.get("n")) and COUNT.ok(x.get("k")))
 FINITE = Kind("a finite number", lambda x: _number(x) and math.isfinite(x))
+SPREAD = Kind("[lo, hi], finite numbers with lo <= hi",
+              lambda x: isinstance(x, list) and len(x) == 2 and all(FINITE.ok(v) for v in x) and x[0] <= x[1])
 
 # Every field a reader computes with or groups by (docs/design.md, "Result rows"); others pass as they are.
 FIELDS: dict[str, Kind] = {
@@ -70,7 +72,9 @@ FIELDS: dict[str, Kind] = {
     "beside_ms": POSITIVE, "beside_busbw": NON_NEGATIVE, "gemm_loss": FINITE,
     # comm --beside-layer rows (predict's contention)
     "beside_layer": MAPPING, "compute_ms_alone": POSITIVE, "compute_ms_beside": POSITIVE, "compute_loss": FINITE,
-    "inline_ms": POSITIVE, "inline_extra_ms": FINITE,
+    "in_layer_extra_ms": FINITE, "in_layer_extra_ci_ms": SPREAD, "in_layer_inline_ms": POSITIVE,
+    "in_layer_pass_ms": POSITIVE, "in_layer_ops_ms": POSITIVE, "in_layer_rounds": COUNT, "in_layer_replays": COUNT,
+    "inline_ms": POSITIVE, "inline_extra_ms": FINITE,  # rows made before the in-layer term's paired rounds
 }
 
 

@@ -11,7 +11,9 @@ so; a study whose inputs name two kinds is refused): the pieces (`sweep --pieces
 all-reduce table at the study's TP, the contention (`comm --beside-layer` rows, else
 `--beside-gemm` rows), the measured study. A pattern's newest match is used (by its rows' time).
 A study whose required inputs are not committed is not validated: the file says which are
-missing and the device call that makes them; `--missing` prints the same.
+missing and the device call that makes them; `--missing` prints the same. An input committed
+from an older measurement (its rows lack a field it has now: the beside-layer rows before the
+in-layer term's paired rounds) is used as predict uses it, and listed as one to make again.
 
 The device calls that make what is missing are CALLS below (each inside one 600 s call; OUT is
 the call's output folder, <commit> the code's; commit what comes back under
@@ -38,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from overlapbench.comm.in_layer import TERM as IN_LAYER_TERM  # noqa: E402
 from overlapbench.tuning.results import read_rows  # noqa: E402
 from tests.checks.predict_validation import compare, markdown  # noqa: E402
 
@@ -54,6 +57,7 @@ CALLS = {
     "h200x4-layer": ("nvidia-h200-x4", f"{GIT} TP=4 STEPS=beside-layer bash tests/checks/tp_gpu.sh"),
 }
 GPU_NAMES = {"h100": "H100", "h200": "H200"}
+IN_LAYER = (IN_LAYER_TERM, "the in-layer term timed in paired rounds")  # beside-layer rows' current field
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,9 @@ class Need:
     pattern: str
     call: str | None = None  # a key of CALLS; None: committed already, nothing to run
     required: bool = True
+    # (a field, what it holds): the ok rows of a match made by today's measurement carry it; a
+    # match whose ok rows all lack it is of an older measurement, listed to make again
+    current: tuple[str, str] | None = None
 
     def found(self) -> Path | None:
         """The newest committed match, relative to the repository root (the working directory)."""
@@ -74,6 +81,15 @@ class Need:
     def wanted(self) -> bool:
         """Listed where not committed: required, or made by a device call still to run."""
         return self.required or self.call is not None
+
+    def outdated(self) -> bool:
+        """Whether the newest match is of an older measurement: none of its ok rows has the
+        `current` field."""
+        found = self.found()
+        if self.current is None or found is None:
+            return False
+        rows = [r for r in read_rows(ROOT / found) if r.get("status") == "ok"]
+        return bool(rows) and all(r.get(self.current[0]) is None for r in rows)
 
 
 @dataclass(frozen=True)
@@ -110,14 +126,14 @@ def _h100(model: str, short: str) -> list[Study]:
               Need("the TP=2 pieces on one H100", f"results/h100x1/d604491/pieces-{model}-tp2-tp2.jsonl"),
               (Need("the 2x H100 all-reduce table", f"{x2}/cc10b27/comm.jsonl"),) + (h4096 if short == "8b" else ()),
               (Need("beside-layer rows (2x H100)", f"{x2}/*/comm-beside-layer-{model}.jsonl", "h100x2-layer",
-                    required=False),
+                    required=False, current=IN_LAYER),
                Need("beside-GEMM rows (2x H100)", f"{x2}/cc10b27/comm-beside.jsonl", required=False)),
               tuple(tp2_measured)),
         Study("h100", model, 4, f"sweeps/{model}-tp4.yaml",
               Need("the TP=4 pieces on one H100", f"results/h100x1/d6478c6/pieces-{model}-tp4-tp4.jsonl"),
               (Need("the 4x H100 all-reduce table", f"{x4}/*/comm.jsonl", "h100x4-table"),),
               (Need("beside-layer rows (4x H100)", f"{x4}/*/comm-beside-layer-{model}.jsonl", "h100x4-table",
-                    required=False),),
+                    required=False, current=IN_LAYER),),
               ((f"{model} TP=4, measured on 4x H100",
                 (Need("the TP=4 study on 4x H100", f"{x4}/*/{model}-tp4.jsonl", f"h100x4-{short}"),)),)),
     ]
@@ -129,7 +145,7 @@ def _h200(model: str) -> list[Study]:
                   Need("the TP=4 pieces on one H200", f"results/h200/*/pieces-{model}-tp4-tp4.jsonl", "h200-pieces"),
                   (Need("the 4x H200 all-reduce table", f"{x4}/c1821fe/comm.jsonl"),),
                   (Need("beside-layer rows (4x H200)", f"{x4}/*/comm-beside-layer-{model}.jsonl",
-                        "h200x4-layer", required=False),),
+                        "h200x4-layer", required=False, current=IN_LAYER),),
                   ((f"{model} TP=4, measured on 4x H200",
                     (Need("the TP=4 study on 4x H200", f"{x4}/c1821fe/{model}-tp4.jsonl"),)),))]
 
@@ -152,6 +168,7 @@ STUDIES = {"h100": _h100("llama3-70b", "70b") + _h100("llama3-8b", "8b"),
 class Outcome:
     study: Study
     missing: list[Need] = field(default_factory=list)
+    outdated: list[Need] = field(default_factory=list)  # committed, of an older measurement: to make again
     refused: str | None = None  # inputs of another device kind
     sections: list[tuple[str, dict]] = field(default_factory=list)  # (title, predict_validation.compare)
     summary: list[str] = field(default_factory=list)  # predict's summary lines
@@ -163,7 +180,7 @@ def run(study: Study, rows_dir: Path) -> Outcome:
     from overlapbench.predict import command
 
     needs = _needs(study)
-    out = Outcome(study, [n for n in needs if n.wanted and n.found() is None])
+    out = _wanted(study)
     if any(n.required for n in out.missing):
         return out
     found = {n: n.found() for n in needs}
@@ -225,6 +242,9 @@ def missing_lines(outcomes: list[Outcome]) -> list[str]:
         for need in o.missing:
             then = "" if need.required else ", optional"
             by_call.setdefault(need.call, []).append(f"{o.study.device} {o.study.title}: {need.what}{then}")
+        for need in o.outdated:
+            again = f"{need.what} again: {need.found()} lacks {need.current[1]} (`{need.current[0]}`)"
+            by_call.setdefault(need.call, []).append(f"{o.study.device} {o.study.title}: {again}")
     lines = []
     for call, made in by_call.items():
         kind, command = CALLS[call] if call else ("no device call known", "-")
@@ -262,8 +282,8 @@ def report(device: str, outcomes: list[Outcome], diagnostic: Path | None = None)
                        f"{r['picks_same']} | {r['picks_agree']} | {o.contention} |")
     lines = missing_lines(outcomes)
     if lines and not diagnostic:
-        out += ["", "## Inputs not committed yet", "", "Each is made by the device call named (tests/checks/README.md):", "",
-                *lines]
+        out += ["", "## Inputs not committed yet, or to make again", "",
+                "Each is made by the device call named (tests/checks/README.md):", "", *lines]
     for o in outcomes:
         if o.summary:
             out += ["", f"## {o.study.title}: what `predict` said", "", "```", *o.summary, "```"]
@@ -282,8 +302,7 @@ def main() -> None:
     os.chdir(ROOT)  # inputs are named from the repository root, as the rows and the file say them
     with tempfile.TemporaryDirectory() as rows:
         if args.missing:
-            outcomes = [Outcome(s, [n for n in _needs(s) if n.wanted and n.found() is None])
-                        for d in sorted(STUDIES) for s in STUDIES[d]]
+            outcomes = [_wanted(s) for d in sorted(STUDIES) for s in STUDIES[d]]
             print("\n".join(missing_lines(outcomes)) or "every input is committed")
             return
         if args.diagnostic:
@@ -302,6 +321,12 @@ def main() -> None:
     (folder / "validation.md").write_text(report(args.device, outcomes))
     print(f"wrote {folder / 'validation.md'}")
     print("\n".join(missing_lines(outcomes)))
+
+
+def _wanted(study: Study) -> Outcome:
+    """The study with the inputs it lacks and those committed from an older measurement."""
+    needs = _needs(study)
+    return Outcome(study, [n for n in needs if n.wanted and n.found() is None], [n for n in needs if n.outdated()])
 
 
 def _needs(study: Study) -> list[Need]:

@@ -13,8 +13,8 @@
 # beside-layer: for each model of $LAYER_MODELS (default llama3-70b llama3-8b), the all-reduce paths
 #         and CTA budgets the layer strategies send, each beside one rank's shard of the model's
 #         layer at TP=$TP on the rows it carries ($LAYER_TOKENS, default 512-32768): the compute's
-#         loss, the transfer's stretch, the in-line extra (`predict`'s contention and in-layer
-#         term)                                             -> comm-beside-layer-<model>.{jsonl,csv,out}
+#         loss, the transfer's stretch, the in-line extra in paired rounds (`predict`'s contention
+#         and in-layer term)                                -> comm-beside-layer-<model>.{jsonl,csv,out}
 # tests:  the whole GPU test suite (pytest -m gpu), with the 25 slowest tests  -> gpu-tests.log
 #         listed: on 4 GPUs the cases whose subject depends on the world size run at 2 and 4
 #         ranks (ids ws2-... and ws4-...). TESTS_SELECT, a pytest -k expression, runs a part

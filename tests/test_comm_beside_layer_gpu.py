@@ -1,0 +1,62 @@
+"""`comm --beside-layer` on 2 GPUs: every case's row holds the in-layer term timed in paired rounds
+(comm/in_layer.py): the three graphs captured (the in-line pass, the pass, the two all-reduces),
+the same rounds for each, the term the trimmed mean of the rounds' extras, inside its interval,
+and the old two-harness fields not written. One run of two paths at two row counts of llama3-8b
+(its TP=2 shard), shared by the tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from overlapbench.comm.in_layer import FIELDS, MIN_ROUNDS, TERM, InLayer
+from overlapbench.tuning.results import read_rows
+from tests import distributed
+
+pytestmark = distributed.two_gpus()
+REPO = Path(__file__).resolve().parent.parent
+TOKENS = (512, 4096)
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory) -> list[dict]:
+    out = tmp_path_factory.mktemp("beside-layer") / "comm.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "overlapbench", "comm", "--beside-layer", "llama3-8b", "--tokens",
+         ",".join(map(str, TOKENS)), "--paths", "nccl,symm_two_shot", "--nccl-max-ctas", "default", "--iters", "3",
+         "--warmup", "1", "--nproc", "2", "--format", "csv", "--output", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=REPO, env=os.environ | {"PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return read_rows(out)
+
+
+def test_every_case_holds_the_paired_term_and_not_the_two_harness_one(rows):
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert len(ok) == 2 * len(TOKENS), [(r["strategy"], r["status"], r.get("error")) for r in rows]
+    for row in ok:
+        assert all(name in row for name in FIELDS), row.keys()
+        assert "inline_extra_ms" not in row and "inline_ms" not in row
+        assert row["in_layer_graphs"] is True and row["in_layer_graph_error"] is None
+        assert row["in_layer_rounds"] == MIN_ROUNDS == len(row["in_layer_extra_samples_ms"])  # --iters 3 < the minimum
+        assert row["in_layer_replays"] >= 1
+        lo, hi = row["in_layer_extra_ci_ms"]
+        assert lo <= row[TERM] <= hi
+
+
+def test_the_term_is_made_of_its_rounds_and_the_graphs_times_are_sane(rows):
+    for row in (r for r in rows if r["status"] == "ok"):
+        extras = row["in_layer_extra_samples_ms"]
+        ones = tuple(1.0 for _ in extras)  # any rounds with these extras give the same term
+        again = InLayer(tuple(2 + 2 * e for e in extras), ones, ones, 1, True).fields()[TERM]
+        assert row[TERM] == pytest.approx(again, abs=1e-5)
+        inline, alone, ops = row["in_layer_inline_ms"], row["in_layer_pass_ms"], row["in_layer_ops_ms"]
+        assert inline > alone > 0 and ops > 0
+        assert inline < 2 * (alone + ops)  # the in-line pass is the pass and its all-reduces, not two of them
+        # the two all-reduces alone in the rounds: of the order of the case's own time, twice (timed
+        # apart, in a graph of several; a graph of two adds its launch per replay)
+        assert row["ms"] < ops < 6 * row["ms"]
