@@ -136,7 +136,8 @@ def test_predicted_records_carry_no_measured_statistics():
     assert predicted and measured and {r["device"] for r in predicted} == {f"{H100_NAME} (predicted)"}
     assert all(r[k] is None for r in predicted for k in ("p10_ms", "p90_ms", "cv", "noisy"))
     assert all(r["cv"] is not None and r["p10_ms"] < r["p90_ms"] for r in measured)
-    assert all(r["run_id"] == "c88aa0021214" for r in predicted) and all(r["run_id"] == "a29ad33dda64" for r in measured)
+    run_ids = lambda path: {json.loads(line)["run_id"] for line in (ROOT / path).read_text().splitlines()}
+    assert {r["run_id"] for r in predicted} == run_ids(PREDICTED) and {r["run_id"] for r in measured} == run_ids(MEASURED)
 
 
 def test_a_predicted_table_says_so_in_its_heading_and_legend():
@@ -151,7 +152,8 @@ def test_export_defaults_labels_a_predicted_cost_predicted(tmp_path):
     out = io.StringIO()
     export_mod.run([ROOT / PREDICTED], "vllm", None, tmp_path, True, Console(file=out, width=400))
     predicted = out.getvalue()
-    assert "(predicted, ±6.0%)" in predicted and "(paired)" not in predicted
+    errors = {json.loads(line)["predicted"]["error"] for line in (ROOT / PREDICTED).read_text().splitlines()}
+    assert len(errors) == 1 and f"(predicted, ±{errors.pop():.1%})" in predicted and "(paired)" not in predicted
     out = io.StringIO()
     export_mod.run([ROOT / MEASURED], "vllm", None, tmp_path, True, Console(file=out, width=400))
     assert "(paired)" in out.getvalue() and "predicted" not in out.getvalue()
@@ -167,13 +169,18 @@ def test_export_defaults_never_takes_another_devices_rows(tmp_path):
 
 
 def test_tune_decides_predicted_rows_alike_with_or_without_their_old_percentiles(tmp_path):
-    """Rows `predict` wrote before held p10/p90 of the model's error; now those are null and the
-    error is taken from the row's `predicted.error`: the same picks either way."""
+    """Rows `predict` wrote before held p10/p90 of the model's error (ms -+ half of it); now those
+    are null and the error is taken from the row's `predicted.error`: the same picks either way."""
     rows = [json.loads(line) for line in (ROOT / PREDICTED).read_text().splitlines()]
-    assert all(r["p10_ms"] is not None for r in rows if r["status"] == "ok")
-    stripped = [r | {"p10_ms": None, "p90_ms": None, "cv": None, "iqr_ms": None} for r in rows]
-    synthetic.write(tmp_path / "stripped.jsonl", stripped)
-    tuned_in(tmp_path / "old", [PREDICTED])
+    assert all(r["p10_ms"] is None for r in rows)  # the committed rows: today's format
+    def with_percentiles(r: dict) -> dict:
+        if r["ms"] is None:
+            return r
+        half = r["ms"] * r["predicted"]["error"] / 2
+        return r | {"p10_ms": r["ms"] - half, "p90_ms": r["ms"] + half, "iqr_ms": half, "cv": 0.0}
+    synthetic.write(tmp_path / "old.jsonl", [with_percentiles(r) for r in rows])
+    synthetic.write(tmp_path / "stripped.jsonl", rows)
+    tune.run([tmp_path / "old.jsonl"], tmp_path / "old", Console(file=io.StringIO()))
     tune.run([tmp_path / "stripped.jsonl"], tmp_path / "new", Console(file=io.StringIO()))
     assert decisions(tmp_path / "old") == decisions(tmp_path / "new")
     store = analysis.read([tmp_path / "stripped.jsonl"])

@@ -162,3 +162,23 @@ def test_a_point_with_gemm_carveout_is_a_skipped_row_naming_the_knob(tmp_path):
     assert isinstance(_predict(point, inputs), Skip)
     at_default = dataclasses.replace(point, knobs=point.knobs | {"gemm_carveout": 0})
     assert not isinstance(_predict(at_default, inputs), Skip)  # at its default the knob is nothing to model
+
+
+def test_a_copy_engine_point_with_ce_chunks_is_a_skipped_row_naming_the_knob(tmp_path):
+    """The copy-engine rows are timed at the kernel's own piece count and a plan's transfers carry
+    none: a set `ce_chunks` is skipped with the reason; `auto` is predicted as ever."""
+    from overlapbench.predict.command import predict
+    from overlapbench.predict.summary import Summary
+    from overlapbench.tuning.results import read_rows
+
+    rng = random.Random()
+    pieces = rng.randrange(1, 17)
+    setting = {"comm": "copy_engine", "comm_ctas_attn": 16, "comm_ctas_mlp": 16}
+    spec = SPEC | {"strategies": SPEC["strategies"] | {"token_split": [setting, setting | {"ce_chunks": pieces}]}}
+    out, summary = tmp_path / "predicted.jsonl", Summary()
+    predict(spec_mod.from_dict(spec, "predicted", cuda=True), 2, _inputs(rng.randrange(100)), out, summary=summary)
+    rows = [r for r in read_rows(out) if r["strategy"] == "token_split"]
+    cut = [r for r in rows if "ce_chunks" in r["knobs"]]
+    assert len(cut) == 2 and all(r["status"] == "skipped" and r["error"].startswith(f"ce_chunks={pieces} is not predicted: ")
+                                 for r in cut)
+    assert all(r["status"] == "ok" for r in rows if "ce_chunks" not in r["knobs"])

@@ -18,7 +18,7 @@ from overlapbench.predict.notes import ASSUMED, SKIPPED, Note
 from overlapbench.predict.timeline import COMPUTE as COMPUTE_PHASE
 from overlapbench.predict.timeline import NORM, TRANSFER, Phase, Played, play
 from overlapbench.run import piece_keys
-from overlapbench.strategies.knobs import GEMM_CARVEOUT
+from overlapbench.strategies.knobs import CE_CHUNKS, GEMM_CARVEOUT
 from overlapbench.tuning.results import read_rows
 
 
@@ -96,6 +96,8 @@ COPY_ENGINE_PATHS = frozenset({"copy_engine_norm"})
 UNMODELLED = (
     (GEMM_CARVEOUT, "the compute pieces are timed with every SM (`sweep --pieces`), so neither the GEMMs' "
                     "slowdown on fewer SMs nor what the SMs left free give the transfers is in the inputs"),
+    (CE_CHUNKS, "a plan's transfers carry no piece count and the comm table's copy-engine rows are timed at the "
+                "kernel's own count, so what fewer or more pieces change is not in the inputs"),
 )
 
 
