@@ -1,11 +1,14 @@
 """`comm --beside-layer` on 2 GPUs: every case's row holds the in-layer term timed in paired rounds
 (comm/in_layer.py): the three graphs captured (the in-line pass, the pass, the two all-reduces),
 the same rounds for each, the term the trimmed mean of the rounds' extras, inside its interval,
-and the old two-harness fields not written. One run of two paths at two row counts of llama3-8b
-(its TP=2 shard), shared by the tests."""
+and the old two-harness fields not written; and the compute's loss paired in its own rounds
+(comm/paired_loss.py), finite, inside its interval, its key naming the measurement. One run of
+two paths at two row counts of llama3-8b (its TP=2 shard), shared by the tests."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import subprocess
 import sys
@@ -13,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from overlapbench.comm.cases import BESIDE_MEASURE
 from overlapbench.comm.in_layer import FIELDS, MIN_ROUNDS, TERM, InLayer
+from overlapbench.comm.paired_loss import LAYER, PairedLoss, paired_fields
 from overlapbench.tuning.results import read_rows
 from tests import distributed
 
@@ -60,3 +65,20 @@ def test_the_term_is_made_of_its_rounds_and_the_graphs_times_are_sane(rows):
         # the two all-reduces alone in the rounds: of the order of the case's own time, twice (timed
         # apart, in a graph of several; a graph of two adds its launch per replay)
         assert row["ms"] < ops < 6 * row["ms"]
+
+
+def test_every_case_holds_the_paired_compute_loss(rows):
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert ok
+    loss, ci, samples, alone = paired_fields(LAYER)
+    for row in ok:
+        assert json.loads(row["key"])["beside_measure"] == BESIDE_MEASURE
+        assert all(row.get(name) is not None for name in paired_fields(LAYER)), row.keys()
+        lo, hi = row[ci]
+        assert all(math.isfinite(v) for v in (row[loss], lo, hi, row[alone], *row[samples]))
+        assert lo <= row[loss] <= hi and -0.5 < row[loss] < 1
+        assert len(row[samples]) == MIN_ROUNDS  # --iters 3 < the minimum
+        ones = tuple(1.0 for _ in row[samples])  # any rounds with these losses give the same loss
+        again = PairedLoss(ones, tuple(1 / (1 - x) for x in row[samples])).loss()
+        assert row[loss] == pytest.approx(again, abs=1e-5)
+        assert row[alone] > 0 and row["compute_loss"] is not None  # the two-harness loss still written

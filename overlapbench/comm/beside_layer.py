@@ -8,7 +8,9 @@ GEMM), on as many rows as the all-reduce carries, replayed from a CUDA graph (ea
 fails; the row says which). Each case gives three numbers (comm.contention's two windows, and
 one more):
 
-- the compute's loss: 1 - one pass's time alone / beside the path (`compute_loss`);
+- the compute's loss: 1 - one pass's time alone / beside the path, paired in the same rounds
+  (`compute_loss_paired`: comm/paired_loss.py), and against the pass timed alone by its own
+  harness (`compute_loss`, what rows made before hold);
 - the transfer's stretch: its time beside the compute / alone (`beside_ms` / `ms`);
 - the blocking all-reduce's extra cost inside the layer: attention, the all-reduce, the MLP, the
   all-reduce, in line on one stream (as the baseline runs them), against the same pass without
@@ -29,6 +31,7 @@ import torch
 from overlapbench.comm.cases import BesideLayer, Case
 from overlapbench.comm.contention import compute_loss, time_alone
 from overlapbench.comm.in_layer import INLINE, OPS, PASS, InLayer, time_paired
+from overlapbench.comm.paired_loss import LAYER
 from overlapbench.model.chunks import rope_positions, token_range
 from overlapbench.model.layer import attention_partial, mlp_partial
 from overlapbench.model.models import preset
@@ -44,7 +47,9 @@ SEED = 1
 
 class LayerStream:
     """One rank's shard of the layer on `tokens` rows (one causal sequence), with random
-    operands (never zeros): a compute stream of comm.contention (run, alone_ms, fields)."""
+    operands (never zeros): a compute stream of comm.contention (run, alone_ms, fields, prefix)."""
+
+    prefix = LAYER  # of its paired loss's fields (comm/paired_loss.py)
 
     def __init__(self, shape, tp: int, rank: int, tokens: int, dtype: torch.dtype, device, stack=None) -> None:
         self.tokens = tokens
@@ -150,10 +155,11 @@ class BesideStreams:
 
 def layer_fields(rt: Runtime, case: Case, run, op_ms: float, stream: LayerStream, iters: int) -> dict:
     """The contention fields of a --beside-layer case: the path beside the layer's pass, the pass
-    beside the path, and the all-reduce in line with the pass (comm/in_layer.py's fields)."""
+    beside the path (and alone, in the same rounds), and the all-reduce in line with the pass (comm/in_layer.py's fields)."""
     from overlapbench.comm.contention import measure_beside
 
     stream.prepare(rt, max(5, iters))
-    beside_ms, compute_ms = measure_beside(rt, run, op_ms, stream, iters)
-    return {"beside_ms": beside_ms, **stream.fields(compute_ms), **stream.in_layer(rt, run, iters).fields(),
+    beside_ms, compute_ms, paired = measure_beside(rt, run, op_ms, stream, iters)
+    return {"beside_ms": beside_ms, **stream.fields(compute_ms), **paired.fields(stream.prefix),
+            **stream.in_layer(rt, run, iters).fields(),
             "beside_layer": {"model": case.beside_layer.model, "tp": case.beside_layer.tp, "tokens": stream.tokens}}

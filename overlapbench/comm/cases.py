@@ -8,6 +8,11 @@ from dataclasses import dataclass
 from overlapbench.comm.sizes import DTYPE_BYTES
 from overlapbench.distributed.nccl_windows import layout
 
+# What a case timed beside compute measures, in its key: 2 (the compute's loss also paired in the
+# same rounds, comm/paired_loss.py); keys without it are of rows made before, which `--resume`
+# measures again.
+BESIDE_MEASURE = 2
+
 # --beside-layer's rows by default: the studies' chunks (512-16K) and batches (1K-32K).
 DEFAULT_LAYER_TOKENS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 
@@ -84,6 +89,8 @@ class Case:
             key["beside_gemm"] = True
         if self.beside_layer is not None:  # likewise
             key["beside_layer"] = self.beside_layer.label()
+        if self.beside_gemm or self.beside_layer is not None:
+            key["beside_measure"] = BESIDE_MEASURE
         if self.chunks is not None:  # likewise
             key["chunks"] = self.chunks
         return json.dumps(key, sort_keys=True)

@@ -13,10 +13,15 @@ sample, so that each number is taken while the other side is busy all along:
   times alone); the path's time is its own stream's elapsed time over its ops.
 - compute window: the path's ops start first and last longer than one compute pass; the
   pass's time is its stream's elapsed time.
+- alone window: the compute window without the path's ops: the same streams, one pass timed on
+  its stream after the ranks meet. It and the compute window alternate in order by round.
 
-The compute's loss = 1 - its time alone / its time beside (for the GEMMs, `gemm_loss` = 1 -
-TFLOP/s beside / TFLOP/s alone, the same number). Eager launches of the path (no graphs): the
-GEMM stream is queued far ahead anyway; the layer stream replays a CUDA graph per pass.
+The compute's loss is taken two ways, both in the rows: paired, from each round's pass alone and
+beside (comm/paired_loss.py: `compute_loss_paired`, `gemm_loss_paired`), and, as rows made before
+it hold it, 1 - the pass timed alone by `time_alone` (its own harness, each pass from an idle
+device) / the median pass beside (for the GEMMs, `gemm_loss` = 1 - TFLOP/s beside / TFLOP/s
+alone, the same number). The time alone also sizes the windows. Eager launches of the path (no
+graphs): the GEMM stream is queued far ahead anyway; the layer stream replays a CUDA graph per pass.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from overlapbench.comm.paired_loss import GEMM, PairedLoss, compute_loss
 
 if TYPE_CHECKING:
     from overlapbench.distributed.runtime import Runtime
@@ -46,6 +53,7 @@ class GemmStream:
     """The MLP GEMMs with their operands, made once per run."""
 
     operands: list  # (a, b, out) per GEMM
+    prefix = GEMM  # of its paired loss's fields (comm/paired_loss.py)
     flops: float  # of one pass over the GEMMs
     alone_ms: float = 0.0  # one pass, alone (median)
 
@@ -75,12 +83,6 @@ class GemmStream:
         alone, beside = self.tflops(self.alone_ms), self.tflops(beside_ms)
         return {"gemm_tflops_alone": alone, "gemm_tflops_beside": beside, "gemm_loss": compute_loss(self.alone_ms, beside_ms),
                 "gemm_tokens": GEMM_TOKENS}
-
-
-def compute_loss(alone_ms: float, beside_ms: float) -> float:
-    """The share of the compute's throughput a transfer beside it takes: 1 - alone / beside (0:
-    none; negative where the pass ran faster beside it, which noise allows)."""
-    return 1 - alone_ms / beside_ms
 
 
 def _elapsed_ms(stream, fn: Callable[[], None]) -> Callable[[], float]:
@@ -113,14 +115,20 @@ def time_alone(rt: Runtime, stream, iters: int) -> float:
     return rt.max_over_ranks(timed.median_ms)
 
 
-def measure_beside(rt: Runtime, run: Callable[[], None], op_ms: float, compute, iters: int) -> tuple[float, float]:
+def measure_beside(rt: Runtime, run: Callable[[], None], op_ms: float, compute,
+                   iters: int) -> tuple[float, float, PairedLoss]:
     """The path's `run` (one op, `op_ms` alone) beside a compute stream `compute` (run(passes),
-    alone_ms): (the path's ms per op beside it, one compute pass's ms beside the path), medians,
-    each the max over ranks.
+    alone_ms), in max(`iters`, MIN_ROUNDS) rounds: (the path's ms per op beside it, one compute
+    pass's ms beside the path, medians, each the max over ranks; and each round's pass alone and
+    beside, each the max over ranks).
 
-    Its own loop, not `bench`: a sample is two windows, each marking a span on one stream while
-    the other stream keeps the device busy around it; the spans are bench.timed_span's."""
+    Its own loop, not `bench` or interleave's rounds: a round is three windows, two of them
+    marking a span on one stream while the other stream keeps the device busy around it; the
+    spans are bench.timed_span's."""
     import torch
+
+    from overlapbench.comm.in_layer import MIN_ROUNDS
+    from overlapbench.timing.interleave import ranks_max
 
     main = torch.cuda.current_stream()
     comm = torch.cuda.Stream(priority=-100)  # as the overlapped strategies' communication lane
@@ -131,22 +139,33 @@ def measure_beside(rt: Runtime, run: Callable[[], None], op_ms: float, compute, 
     def repeat(times: int) -> Callable[[], None]:
         return lambda: [run() for _ in range(times)]
 
-    comm_ms, compute_ms = [], []
-    for _ in range(iters):
+    def compute_window(beside: bool) -> Callable[[], float]:
+        """One pass timed on its stream after the ranks meet; beside the path's ops, which start
+        first and outlast it, where `beside`."""
+        _sync(rt)
+        comm.wait_stream(main)
+        if beside:
+            with torch.cuda.stream(comm):
+                run()  # started first
+            _elapsed_ms(comm, repeat(ops))
+        measured = _elapsed_ms(main, compute.run)
+        main.wait_stream(comm)
+        torch.cuda.synchronize()
+        return measured
+
+    comm_ms, compute_ms, alone_ms = [], [], []
+    for round_number in range(max(iters, MIN_ROUNDS)):
         _sync(rt)
         comm.wait_stream(main)
         compute.run(1)  # started first
         _elapsed_ms(main, lambda: compute.run(passes))
         timed = _elapsed_ms(comm, repeat(timed_ops))
         main.wait_stream(comm)
-        _sync(rt)
-        comm.wait_stream(main)
-        with torch.cuda.stream(comm):
-            run()  # started first
-        _elapsed_ms(comm, repeat(ops))
-        measured = _elapsed_ms(main, compute.run)
-        main.wait_stream(comm)
         torch.cuda.synchronize()
         comm_ms.append(timed() / timed_ops)
-        compute_ms.append(measured())
-    return rt.max_over_ranks(statistics.median(comm_ms)), rt.max_over_ranks(statistics.median(compute_ms))
+        order = (False, True) if round_number % 2 == 0 else (True, False)  # alone first in even rounds
+        for beside in order:
+            (compute_ms if beside else alone_ms).append(compute_window(beside)())
+    agree = ranks_max(rt)
+    paired = PairedLoss(tuple(agree(alone_ms)), tuple(agree(compute_ms)))
+    return rt.max_over_ranks(statistics.median(comm_ms)), rt.max_over_ranks(statistics.median(compute_ms)), paired

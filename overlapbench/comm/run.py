@@ -11,6 +11,7 @@ from overlapbench.comm.buffers import Buffers
 from overlapbench.comm.cases import Case
 from overlapbench.comm.in_layer import FIELDS as IN_LAYER_FIELDS
 from overlapbench.comm.output import summary_line
+from overlapbench.comm.paired_loss import GEMM, LAYER, paired_fields
 from overlapbench.comm.paths import PATHS_BY_NAME, Bench, build
 from overlapbench.comm.sizes import algbw, busbw, ops_per_sample
 from overlapbench.errors import one_line
@@ -123,8 +124,8 @@ def _beside(rt: Runtime, case: Case, bench: Bench, op_ms: float, streams, layer,
     from overlapbench.comm.contention import measure_beside
 
     if case.beside_gemm and streams is not None and streams.gemms is not None:
-        beside_ms, gemm_ms = measure_beside(rt, bench.run, op_ms, streams.gemms, info.iters)
-        fields = {"beside_ms": beside_ms} | streams.gemms.fields(gemm_ms)
+        beside_ms, gemm_ms, paired = measure_beside(rt, bench.run, op_ms, streams.gemms, info.iters)
+        fields = {"beside_ms": beside_ms} | streams.gemms.fields(gemm_ms) | paired.fields(streams.gemms.prefix)
     elif layer is not None:
         fields = layer_fields(rt, case, bench.run, op_ms, layer, info.iters)
     else:
@@ -204,7 +205,8 @@ def make_row(case: Case, result: dict, info: RunInfo) -> dict:
             row[key] = result[key]
     if case.beside_gemm:
         row["beside_gemm"] = True
-        for key in ("beside_ms", "beside_busbw", "gemm_tflops_alone", "gemm_tflops_beside", "gemm_loss", "gemm_tokens"):
+        for key in ("beside_ms", "beside_busbw", "gemm_tflops_alone", "gemm_tflops_beside", "gemm_loss", "gemm_tokens",
+                    *paired_fields(GEMM)):
             row[key] = result.get(key)
     if case.beside_layer is not None:
         row["beside_layer"] = result.get("beside_layer") or {
@@ -216,10 +218,11 @@ def make_row(case: Case, result: dict, info: RunInfo) -> dict:
 
 
 # A --beside-layer row's own fields (comm.beside_layer), beside `beside_layer` (the model, TP and
-# rows): the contention, then the in-layer term's (comm.in_layer.FIELDS; rows made before it hold
-# `inline_ms`, `inline_extra_ms` and `inline_graphs` instead, which predict does not charge).
+# rows): the contention, the paired loss's (comm.paired_loss; rows made before it lack them), then
+# the in-layer term's (comm.in_layer.FIELDS; rows made before it hold `inline_ms`,
+# `inline_extra_ms` and `inline_graphs` instead, which predict does not charge).
 BESIDE_LAYER_FIELDS = ("beside_ms", "beside_busbw", "compute_ms_alone", "compute_ms_beside", "compute_loss",
-                       "compute_graphs", *IN_LAYER_FIELDS)
+                       "compute_graphs", *paired_fields(LAYER), *IN_LAYER_FIELDS)
 
 
 def run_cases(rt: Runtime, cases: list[Case], info: RunInfo, store: ResultStore | None,

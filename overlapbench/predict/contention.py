@@ -5,13 +5,16 @@ Two kinds of rows give the pair (the compute's loss while the transfer runs; the
 stretch, its time beside the compute over its time alone):
 
 - `comm --beside-layer MODEL` rows: beside one rank's own layer kernels (attention, then MLP, on
-  the rows the all-reduce carries): `compute_loss`, `beside_ms / ms`; and the all-reduce's extra
+  the rows the all-reduce carries): the compute's loss (`compute_loss_paired`, the pass alone and
+  beside in the same rounds; rows made before it: `compute_loss`, against the pass timed alone by
+  another harness: comm/paired_loss.py), `beside_ms / ms`; and the all-reduce's extra
   cost in line with the layer (`in_layer_extra_ms`, the in-layer term of a serial plan, timed in
   interleaved rounds beside the pass: comm/in_layer.py). Rows made before that measurement hold
   `inline_extra_ms` instead, the in-line pass less the pass timed by another harness, which read
   the pass's two timings rather than the all-reduce (from 4K tokens at llama3-70b TP=2): their loss
   and stretch are used, their in-layer term is not (a flagged note names the rows);
-- `comm --beside-gemm` rows: beside a stream of persistent GEMMs: `gemm_loss`, `beside_ms / ms`.
+- `comm --beside-gemm` rows: beside a stream of persistent GEMMs: `gemm_loss_paired` (else
+  `gemm_loss`), `beside_ms / ms`.
 
 Where a path has rows of both, the layer's are used: they are the kernels a split runs its
 transfers beside. How a prediction charges these numbers is the simulator's choice; this module
@@ -30,6 +33,9 @@ from pathlib import Path
 
 from overlapbench.comm.in_layer import BEFORE as IN_LAYER_BEFORE
 from overlapbench.comm.in_layer import TERM as IN_LAYER_TERM
+from overlapbench.comm.paired_loss import GEMM as GEMM_STREAM
+from overlapbench.comm.paired_loss import LAYER as LAYER_STREAM
+from overlapbench.comm.paired_loss import loss_of
 from overlapbench.errors import UserError
 from overlapbench.predict.comm_table import Ctas, is_beside, nearest_budget, one_world_size, point_key
 from overlapbench.predict.notes import ASSUMED, FLAGGED, MEASURED, SUBSTITUTED, Note, joined
@@ -86,7 +92,7 @@ class Contention:
                 layers[(row["beside_layer"]["model"], row["beside_layer"]["tp"])].append(row)
             elif _beside_gemm(row):
                 path, ctas, _ = point_key(row)
-                gemm[(path, ctas)][row["bytes"]].append((row["gemm_loss"], row["beside_ms"] / row["ms"]))
+                gemm[(path, ctas)][row["bytes"]].append((loss_of(row, GEMM_STREAM), row["beside_ms"] / row["ms"]))
                 worlds.add(row.get("world_size"))
         if not gemm and not layers:
             raise UserError(f"{source}: no ok all_reduce rows timed beside compute; run `overlapbench comm "
@@ -96,7 +102,7 @@ class Contention:
         stale = []
         for row in layers.get(layer_of, []):
             path, ctas, _ = point_key(row)
-            pairs[(path, ctas)][row["bytes"]].append((row["compute_loss"], row["beside_ms"] / row["ms"]))
+            pairs[(path, ctas)][row["bytes"]].append((loss_of(row, LAYER_STREAM), row["beside_ms"] / row["ms"]))
             if row.get(IN_LAYER_TERM) is not None:
                 inline[(path, ctas)][row["bytes"]].append(row[IN_LAYER_TERM])
             elif row.get(IN_LAYER_BEFORE) is not None:
