@@ -48,7 +48,7 @@ if [[ $STEPS == *,beside,* ]]; then
 fi
 if [[ $STEPS == *,beside-layer,* ]]; then
   for model in ${LAYER_MODELS:-llama3-70b llama3-8b}; do
-    step "beside-layer-$model" "${BESIDE_LAYER_TIMEOUT:-280}" "${LAYER[@]}" --beside-layer "$model" \
+    step "beside-layer-$model" "${BESIDE_LAYER_TIMEOUT:-290}" "${LAYER[@]}" --beside-layer "$model" \
       --tokens "${LAYER_TOKENS:-512,1024,2048,4096,8192,16384,32768}" \
       --paths nccl,nccl_symm,symm_one_shot,symm_two_shot,fused_norm,copy_engine_norm \
       --nccl-max-ctas default,16 --comm-ctas 16,32,64 \
