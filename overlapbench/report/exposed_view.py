@@ -110,16 +110,15 @@ def sections(found: dict[tuple[str, int], list[Account]], folder: Path) -> tuple
     ms, the shares, and the LONGEST intervals; null without device kernels)."""
     parts, records = [], {}
     for points in found.values():
-        bound = next((_analyzed(folder, a) for a in points if a.name.split("-", 1)[0] == BOUND), None)
+        timelines = {a.name: _read(folder, a) for a in points}  # each read and analyzed once
+        bound = next((result for name, (_, result) in timelines.items() if _is_bound(name) and result), None)
         for a in points:
-            path = folder / f"{a.name}{SUFFIX}"
+            timeline, result = timelines[a.name]
             record = {"timeline": None, "exposure": None}
-            if not path.is_file():
+            if timeline is None:
                 parts.append(Section(f"{a.name}: no timeline beside its table (profiled before timelines were kept)", None))
             else:
-                timeline = exposed.read(path)
-                result = exposed.analyze(timeline.kernels)
-                record["timeline"] = path.name
+                record["timeline"] = f"{a.name}{SUFFIX}"
                 if result is None:
                     where = f"profiled on {timeline.device}: {timeline.host_ops} host ops"
                     parts.append(Section(f"{a.name}: no device kernels in its timeline ({where})", None))
@@ -127,16 +126,25 @@ def sections(found: dict[tuple[str, int], list[Account]], folder: Path) -> tuple
                     record["exposure"] = result.as_dict(top=LONGEST)
                     grid = intervals_grid(a.name, result) if result.intervals else None
                     line = totals_line(a.name, result)
-                    if bound is not None and a.name.split("-", 1)[0] != BOUND:
+                    if bound is not None and not _is_bound(a.name):
                         line += "\n" + against_line(result, bound)
                     parts.append(Section(line, grid))
             records[a.name] = record
     return parts, records
 
 
-def _analyzed(folder: Path, a: Account) -> exposed.Exposure | None:
+def _is_bound(name: str) -> bool:
+    return name.split("-", 1)[0] == BOUND
+
+
+def _read(folder: Path, a: Account) -> tuple[exposed.Timeline | None, exposed.Exposure | None]:
+    """A point's timeline beside its table and its analysis (None without device kernels); (None,
+    None) where no timeline lies there."""
     path = folder / f"{a.name}{SUFFIX}"
-    return exposed.analyze(exposed.read(path).kernels) if path.is_file() else None
+    if not path.is_file():
+        return None, None
+    timeline = exposed.read(path)
+    return timeline, exposed.analyze(timeline.kernels)
 
 
 def emit_sections(parts: list[Section], fmt: str, console: Console) -> None:
