@@ -23,11 +23,6 @@ def test_auto_checks_against_fp32_at_tp8_and_for_moe_in_half_precision():
         Measure(check="exact")
 
 
-class _OneRank:
-    def max_over_ranks(self, value: float) -> float:
-        return value
-
-
 def test_an_output_may_be_twice_as_far_from_the_truth_as_the_reference_and_no_further():
     g = torch.Generator().manual_seed(torch.seed() % (1 << 31))
     truth = torch.randn(64, 32, generator=g)
@@ -36,13 +31,13 @@ def test_an_output_may_be_twice_as_far_from_the_truth_as_the_reference_and_no_fu
     floor = (reference - truth).norm().item() / truth.norm().item()
     work = Workload(None, None, reference, None, truth, floor)
     near, far = truth + 1.3 * noise(), truth + 3.0 * noise()
-    err, tol = work.check(near, _OneRank(), 1e-9)
+    err, tol = work.local_check(near, 1e-9)
     assert tol == pytest.approx(FLOOR_FACTOR * floor) and err <= tol
-    err, tol = work.check(far, _OneRank(), 1e-9)
+    err, tol = work.local_check(far, 1e-9)
     assert err > tol
-    assert work.check(far, _OneRank(), 1.0)[1] == 1.0  # never tighter than the tolerance asked for
+    assert work.local_check(far, 1.0)[1] == 1.0  # never tighter than the tolerance asked for
     plain = Workload(None, None, reference, None)
-    assert plain.check(reference, _OneRank(), 1e-2) == (0.0, 1e-2)  # no truth: against the reference
+    assert plain.local_check(reference, 1e-2) == (0.0, 1e-2)  # no truth: against the reference
 
 
 SPEC = """

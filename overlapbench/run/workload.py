@@ -42,11 +42,6 @@ class Workload:
     truth: torch.Tensor | None = None  # measure.check fp32: the reference's arithmetic in fp32
     floor: float | None = None  # ... and the reference's own distance from it
 
-    def check(self, out: torch.Tensor, rt: runtime.Runtime, tolerance: float) -> tuple[float, float]:
-        """(rel_err, tolerance) of an output, the largest rel_err over the ranks (local_check's)."""
-        err, tolerance = self.local_check(out, tolerance)
-        return rt.max_over_ranks(err), tolerance
-
     def local_check(self, out: torch.Tensor, tolerance: float) -> tuple[float, float]:
         """(rel_err on this rank, tolerance): against the truth, within the larger of the tolerance
         and twice the reference's own error, where there is a truth; else against the reference's
