@@ -109,6 +109,20 @@ def rel_err(out, ref) -> float:
     return err if err == err else float("inf")
 
 
+def graph_forward(step, x):
+    """A step's output from one CUDA-graph replay (timing/cuda_graph.capture: warmed up on a side
+    stream, as the sweep captures it)."""
+    import torch
+
+    from overlapbench.timing.cuda_graph import capture
+
+    out = {}
+    graph = capture(lambda: out.update(y=step.forward(x)))
+    graph.replay()
+    torch.cuda.synchronize()
+    return out["y"]
+
+
 def error_text(e: BaseException) -> str:
     """A case's failure as one line, for the report of its rank."""
     return f"{type(e).__name__}: {e}".splitlines()[0][:500]

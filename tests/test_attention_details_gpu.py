@@ -50,19 +50,7 @@ def cases(world: int) -> list[tuple[str, str, dict, tuple[int, ...]]]:
 
 def _graph_forward(step, x):
     """The step's output from a CUDA-graph replay (eager where the step is not graphable)."""
-    from overlapbench.timing.cuda_graph import capture
-
-    if not step.graphable:
-        return step.forward(x)
-    out = {}
-
-    def forward():
-        out["y"] = step.forward(x)
-
-    graph = capture(forward)
-    graph.replay()
-    torch.cuda.synchronize()
-    return out["y"]
+    return distributed.graph_forward(step, x) if step.graphable else step.forward(x)
 
 
 def _run(rank: int, world: int) -> dict:

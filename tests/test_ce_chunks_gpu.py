@@ -45,17 +45,6 @@ CASES = [(f"{shape} {lens} {strategy} {knobs}", shape, lens, strategy, knobs) fo
 LABELS = [c[0] for c in CASES]
 
 
-def _graph_forward(step, x):
-    """The step's output from a CUDA-graph replay (cuda_graph.capture: warmed up on a side stream)."""
-    from overlapbench.timing.cuda_graph import capture
-
-    out = {}
-    graph = capture(lambda: out.update(y=step.forward(x)))
-    graph.replay()
-    torch.cuda.synchronize()
-    return out["y"]
-
-
 def _run_cases(rank: int, world: int) -> dict:
     from kernels.copy_engine_norm import CopyEngineNorm
     from overlapbench import strategies
@@ -93,7 +82,7 @@ def _run_cases(rank: int, world: int) -> dict:
             out[f"pieces {label}"] = sorted(set(pieces))
             errors = [distributed.rel_err(step.to_full(y), ref), distributed.rel_err(step.to_full(step.forward(x)), ref)]
             out[label] = max(errors)
-            out[f"graph {label}"] = distributed.rel_err(step.to_full(_graph_forward(step, x)), ref)
+            out[f"graph {label}"] = distributed.rel_err(step.to_full(distributed.graph_forward(step, x)), ref)
         except Exception as e:
             out[label] = distributed.error_text(e)
         torch.cuda.synchronize()

@@ -60,17 +60,6 @@ MICRO_CASES = [(f"{w} {m} sp_baseline", w, m, n, k) for w, n, k in [("gemm_ag", 
 COLLECTIVE_CASES = [(f"{op} {ctas}", op, ctas) for op in ("all_reduce", "all_gather", "reduce_scatter") for ctas in BUDGETS]
 
 
-def _graph_forward(step, x):
-    """The step's output from a CUDA-graph replay (cuda_graph.capture: warmed up on a side stream)."""
-    from overlapbench.timing.cuda_graph import capture
-
-    out = {}
-    graph = capture(lambda: out.update(y=step.forward(x)))
-    graph.replay()
-    torch.cuda.synchronize()
-    return out["y"]
-
-
 def _launches(log, mark: int, budget: int | None) -> str | None:
     """What is wrong with the NCCL launches logged since `mark` (rank 0 logs them), or None:
     each a symmetric kernel (no multicast one), on at most `budget` channels and on exactly
@@ -139,7 +128,7 @@ def _run_cases(rank: int, world: int, log_dir: str) -> dict:
             out[f"log {label}"] = launches(mark, budget)  # the forward's launches, not to_full's gather
             errors = [distributed.rel_err(step.to_full(y), ref), distributed.rel_err(step.to_full(step.forward(x)), ref)]
             out[label] = max(errors)
-            out[f"graph {label}"] = distributed.rel_err(step.to_full(_graph_forward(step, x)), ref)
+            out[f"graph {label}"] = distributed.rel_err(step.to_full(distributed.graph_forward(step, x)), ref)
         except Exception as e:
             out[label] = distributed.error_text(e)
         torch.cuda.synchronize()
@@ -152,7 +141,7 @@ def _run_cases(rank: int, world: int, log_dir: str) -> dict:
             ref = micro.reference(workload, m, n, k, world, 0, torch.bfloat16, rt.device)[rank]
             step = build(ctx, "sp_baseline", {"nccl_symm": True})
             out[label] = distributed.rel_err(step.to_full(step.forward(x)), ref)
-            out[f"graph {label}"] = distributed.rel_err(step.to_full(_graph_forward(step, x)), ref)
+            out[f"graph {label}"] = distributed.rel_err(step.to_full(distributed.graph_forward(step, x)), ref)
         except Exception as e:
             out[label] = distributed.error_text(e)
         torch.cuda.synchronize()
