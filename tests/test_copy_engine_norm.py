@@ -257,6 +257,21 @@ def test_bad_calls_are_refused():
 # --- the strategies with comm: copy_engine, ranks as threads -------------------------------------
 
 
+def _layer_context(rank: int, world: int, shape, layers: int, seq_lens: tuple[int, ...]):
+    """One rank's BuildContext on CPU (the tests' reducers stand in for the collectives) over a
+    seeded stack, and the batch's input, as reference_forward builds them (seed 0)."""
+    from overlapbench.distributed.runtime import Runtime
+    from overlapbench.model.rope import RopeTable
+    from overlapbench.model.weights import build_stack, random_input
+    from overlapbench.timing.step import BuildContext
+
+    rt = Runtime(rank, world, rank, torch.device("cpu"), "gloo")
+    tokens = sum(seq_lens)
+    stack = build_stack(shape, layers, world, rank, torch.float32, rt.device, 0)
+    ctx = BuildContext(rt, stack, seq_lens, RopeTable(shape, max(seq_lens), rt.device), tokens)
+    return ctx, random_input(tokens, shape.hidden, 0, torch.float32, rt.device)
+
+
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("chunks", [None, 3])
 def test_strategies_with_copy_engine_match_the_reference(monkeypatch, world, chunks):
@@ -265,13 +280,9 @@ def test_strategies_with_copy_engine_match_the_reference(monkeypatch, world, chu
     reducer did not update) and the output still equals the reference. chunks None: by size
     (1 here, the serial schedule); 3: the pipeline on stand-in streams."""
     from overlapbench import strategies
-    from overlapbench.distributed.runtime import Runtime
     from overlapbench.model.layer import reference_forward
     from overlapbench.model.models import ModelShape
-    from overlapbench.model.rope import RopeTable
-    from overlapbench.model.weights import build_stack, random_input
     from overlapbench.overlap import reducers
-    from overlapbench.timing.step import BuildContext
 
     shape, layers, seq_lens = ModelShape(hidden=64, ffn=128, heads=8, kv_heads=4, head_dim=8), 2, (29, 14)
     tokens = sum(seq_lens)
@@ -285,10 +296,7 @@ def test_strategies_with_copy_engine_match_the_reference(monkeypatch, world, chu
                 ("iso", {"comm": "copy_engine", "comm_ctas": 4})]
 
     def rank_main(rank):
-        rt = Runtime(rank, world, rank, torch.device("cpu"), "gloo")
-        stack = build_stack(shape, layers, world, rank, torch.float32, rt.device, 0)
-        ctx = BuildContext(rt, stack, seq_lens, RopeTable(shape, max(seq_lens), rt.device), tokens)
-        x = random_input(tokens, shape.hidden, 0, torch.float32, rt.device)
+        ctx, x = _layer_context(rank, world, shape, layers, seq_lens)
         outs = []
         for name, knobs in settings:
             cls = strategies.get(name)
@@ -311,13 +319,9 @@ def test_ce_chunks_cut_every_call_and_settings_of_different_counts_share_one_buf
     its count (one channel-1 barrier per piece after the call's channel-0 barrier, on every
     rank), and every output equals the reference."""
     from overlapbench import strategies
-    from overlapbench.distributed.runtime import Runtime
     from overlapbench.model.layer import reference_forward
     from overlapbench.model.models import ModelShape
-    from overlapbench.model.rope import RopeTable
-    from overlapbench.model.weights import build_stack, random_input
     from overlapbench.overlap import reducers
-    from overlapbench.timing.step import BuildContext
 
     shape, layers, seq_lens = ModelShape(hidden=64, ffn=128, heads=8, kv_heads=4, head_dim=8), 2, (45, 22)
     tokens = sum(seq_lens)
@@ -333,10 +337,7 @@ def test_ce_chunks_cut_every_call_and_settings_of_different_counts_share_one_buf
                 ("token_split", {"comm": "copy_engine", "split_ratio": "balanced", "chunks": 3, "ce_chunks": 2})]
 
     def rank_main(rank):
-        rt = Runtime(rank, world, rank, torch.device("cpu"), "gloo")
-        stack = build_stack(shape, layers, world, rank, torch.float32, rt.device, 0)
-        ctx = BuildContext(rt, stack, seq_lens, RopeTable(shape, max(seq_lens), rt.device), tokens)
-        x = random_input(tokens, shape.hidden, 0, torch.float32, rt.device)
+        ctx, x = _layer_context(rank, world, shape, layers, seq_lens)
         outs = []
         for name, knobs in settings:
             cls = strategies.get(name)
