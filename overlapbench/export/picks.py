@@ -92,6 +92,22 @@ def capability(device: str) -> int | None:
     return next((CAPABILITY[w] for w in words if w in CAPABILITY), None)
 
 
+class EngineModel:
+    """What every engine's Model (export/choice.Model) knows of its tuned config: the release, the
+    GPU's compute capability (None: not one whose tables were read), TP, the bytes of one row of
+    the all-reduce; and its default setting, the engine's `setting` with no argument."""
+
+    setting: type  # the engine's Setting: Setting() is what it runs by default
+
+    def __init__(self, config: TunedConfig, version: str | None = None):
+        self.config, self.version, self.tp = config, version, config.tp
+        self.cap = capability(config.device)
+        self.row_bytes = hidden(config) * dtype_bytes(config)
+
+    def default(self):
+        return self.setting()
+
+
 
 
 

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from overlapbench.errors import UserError
 from overlapbench.export import sglang_facts as facts
 from overlapbench.export.facts import value
-from overlapbench.export.picks import MIB, capability, dtype_bytes, hidden
+from overlapbench.export.picks import MIB, EngineModel
 from overlapbench.export.stand_ins import Path
-from overlapbench.tuned import TunedConfig
 
 F = facts.FACTS
 
@@ -42,21 +41,14 @@ def check_release(version: str | None) -> str:
     return version
 
 
-class Model:
+class Model(EngineModel):
     """SGLang of one release, for one tuned config."""
 
     engine = "sglang"
-
-    def __init__(self, config: TunedConfig, version: str):
-        self.config, self.version = config, version
-        self.cap, self.tp = capability(config.device), config.tp
-        self.row_bytes = hidden(config) * dtype_bytes(config)
+    setting = Setting
 
     def known(self) -> bool:
         return value(F, "CUSTOM_AR_V2_TABLE", self.cap, self.tp) is not None
-
-    def default(self) -> Setting:
-        return Setting()
 
     def step_cap(self) -> int | None:
         words = self.config.device.replace("-", " ").split()

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 
 from overlapbench.export import trtllm_facts as facts
 from overlapbench.export.facts import value
-from overlapbench.export.picks import MIB, capability, dtype_bytes, hidden
+from overlapbench.export.picks import MIB, EngineModel
 from overlapbench.export.stand_ins import Path
-from overlapbench.tuned import TunedConfig
 
 F = facts.FACTS
 STRATEGIES = ("AUTO", "NCCL", "TWOSHOT", "ONESHOT")  # the ones judged; the default first
@@ -29,20 +28,14 @@ class Setting:
     strategy: str = "AUTO"
 
 
-class Model:
+class Model(EngineModel):
     """TensorRT-LLM (its source at the commits read), for one tuned config."""
 
     engine = "trtllm"
-
-    def __init__(self, config: TunedConfig, version: str | None = None):
-        self.config, self.version, self.tp = config, version, config.tp
-        self.row_bytes = hidden(config) * dtype_bytes(config)
+    setting = Setting
 
     def known(self) -> bool:
-        return capability(self.config.device) is not None
-
-    def default(self) -> Setting:
-        return Setting()
+        return self.cap is not None
 
     def step_cap(self) -> int | None:
         return None  # its max_num_tokens default was not read

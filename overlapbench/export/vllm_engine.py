@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from overlapbench.errors import UserError
 from overlapbench.export import vllm_facts as facts
 from overlapbench.export.facts import value
-from overlapbench.export.picks import MIB, capability, dtype_bytes, hidden
+from overlapbench.export.picks import MIB, EngineModel
 from overlapbench.export.stand_ins import Path
-from overlapbench.tuned import TunedConfig
 from overlapbench.tuning import tune
 
 F = facts.FACTS
@@ -56,22 +55,15 @@ def check_release(version: str | None) -> str:
     return version
 
 
-class Model:
+class Model(EngineModel):
     """vLLM of one release, for one tuned config (its GPU, TP, hidden size and dtype)."""
 
     engine = "vllm"
-
-    def __init__(self, config: TunedConfig, version: str):
-        self.config, self.version = config, version
-        self.cap, self.tp = capability(config.device), config.tp
-        self.row_bytes = hidden(config) * dtype_bytes(config)
+    setting = Setting
 
     def known(self) -> bool:
         """Whether vLLM's tables were read for this GPU and TP."""
         return value(F, "FUSION_MAX_MB", self.cap, self.tp) is not None
-
-    def default(self) -> Setting:
-        return Setting()
 
     def builtin_fusion_tokens(self) -> int | None:
         mb = value(F, "FUSION_MAX_MB", self.cap, self.tp)
