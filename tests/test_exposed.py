@@ -135,6 +135,45 @@ def test_a_kernel_linked_to_the_profiler_s_buffer_request_is_the_enclosing_op_s(
     assert data["ops"][data["kernels"][0]["op"]]["name"] == "aten::mm"
 
 
+RECORDED = Path(__file__).parent.parent / "results/h200x2/6fef580/profiler-comm-events.jsonl"
+
+
+class Recorded:
+    """A `_KinetoEvent` as tests/checks/profiler_comm_events.py printed it on 2x H200 (torch 2.11)."""
+
+    def __init__(self, fields: dict):
+        self.fields = fields
+
+    def __getattr__(self, name: str):
+        value = self.__dict__["fields"].get(name, "<absent>")
+        if value == "<absent>":
+            raise AttributeError(name)
+        if name == "device_type":
+            return lambda: getattr(DeviceType, value.rsplit(".", 1)[-1])
+        return lambda: value
+
+
+def test_an_nccl_kernel_takes_its_bytes_from_the_range_its_launcher_opened(tmp_path):
+    """As torch.profiler records a blocking all-reduce: the kernel is linked to `record_param_comms`
+    (a TensorList: no shapes), inside `c10d::allreduce_` (none either); the async `nccl:all_reduce`
+    range opened inside the launcher holds the tensor. Fails where only enclosing ops are searched."""
+    events = [Recorded(json.loads(line)) for line in RECORDED.read_text().splitlines()[1:]]
+    data = timeline.from_events(events, "cuda")
+    names = data["names"]
+    (nccl,) = [k for k in data["kernels"] if names[k["name"]].startswith("ncclDevKernel_AllReduce")]
+    op = data["ops"][nccl["op"]]
+    assert op["name"] == "record_param_comms" and op["shapes_of"] == "nccl:all_reduce"
+    assert op["shapes"] == [[2048, 4096]] and op["dtypes"] == ["c10::BFloat16"]
+    (gemm,) = [k for k in data["kernels"] if names[k["name"]].startswith("nvjet")]
+    assert data["ops"][gemm["op"]]["name"] == "aten::mm"
+    path = tmp_path / f"recorded{timeline.SUFFIX}"
+    timeline.write(data, path)
+    kernels = exposed.read(path).kernels
+    # (the recording lacks is_user_annotation, so the range drawn on the GPU is not told from work here)
+    (transfer,) = [k for k in kernels if k.is_transfer and k.name.startswith("ncclDevKernel")]
+    assert transfer.bytes == 2048 * 4096 * 2
+
+
 def timeline_of(kernels: list[Planned], rng: random.Random) -> dict:
     trace = Trace(origin_ns=rng.randrange(10**12, 10**13))
     for k in rng.sample(kernels, len(kernels)):  # the profiler's order is no order

@@ -1,7 +1,8 @@
 """On 2 GPUs: what torch.profiler gives the timeline (timing/timeline.py) is what the analysis
 (report/exposed.py) assumes: device kernels with their streams, a GEMM linked to its aten op and
-FLOPs, NCCL's kernel on a stream of its own with its buffer's bytes, no profiler range counted as
-a kernel; and a blocking all-reduce after a GEMM is one exposed interval behind that GEMM."""
+FLOPs, NCCL's kernel with its buffer's bytes (from the `nccl:all_reduce` range its launcher opens;
+a blocking collective runs on the caller's stream on torch 2.11), no profiler range counted as a
+kernel; and a blocking all-reduce after a GEMM is one exposed interval behind that GEMM."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def test_a_blocking_all_reduce_after_a_gemm_is_exposed_behind_it(tmp_path):
     transfers = [k for k in kernels if k.is_transfer]
     assert gemms and transfers, [(k.name, k.kind) for k in kernels]
     assert any(k.flops == 2 * M * N * K for k in gemms), [(k.name, k.op, k.flops) for k in gemms]
-    assert transfers[0].bytes == M * N * 2 and transfers[0].stream != gemms[0].stream
+    assert transfers[0].bytes == M * N * 2, transfers[0]
     e = exposed.analyze(kernels)
     assert e.exposed > 0 and e.intervals
     first = min(e.intervals, key=lambda i: i.start)

@@ -17,9 +17,10 @@ forward's first kernel) and duration, the op that launched it (an index into `op
 no op or profiler range was open at its launch, as for a Triton kernel called from plain Python)
 and, where the profiler's record of a copy says it, its `bytes`. An op is the aten op (or
 profiler range) innermost at the launch: its name, its FLOPs as `with_flops` counts them (GEMMs;
-0 for the rest), and the input shapes and dtypes of the nearest op around it that recorded
-tensors (`shapes_of` names that op where it is another: an NCCL kernel's launching range records
-none, the collective's op around it does). Only device events that run work are kernels
+0 for the rest), and the input shapes and dtypes of the nearest op that recorded tensors
+(`shapes_of` names that op where it is another: an NCCL kernel's launcher, `record_param_comms`,
+records none; the async `nccl:<collective>` range it opens does, as torch 2.11 gave it on H200s,
+results/h200x2/6fef580/profiler-comm-events.jsonl). Only device events that run work are kernels
 (kernels, memcpys, memsets): the profiler's ranges drawn on the GPU (gpu_user_annotation) and
 its stream waits are not. The file is rank 0's. Torch is imported inside functions: `report`
 reads this module's constants without it.
@@ -104,12 +105,21 @@ def _enclosing(ops: list) -> dict[int, Any]:
     return parent
 
 
-def _op_record(op, parent: dict[int, Any]) -> dict:
-    """The launching op: its name and FLOPs, and the shapes of the nearest op (itself first, then
-    outwards) that recorded tensors."""
+def _opened_inside(op, ranges: list) -> Any | None:
+    """The first of the async host `ranges` that `op` opened (same thread, started inside it) and
+    that recorded tensors: a collective's `nccl:all_reduce` range holds the tensors that its
+    launcher, `record_param_comms` (a TensorList the profiler records no shape of), does not."""
+    return next((r for r in ranges if r.start_thread_id() == op.start_thread_id()
+                 and op.start_ns() <= r.start_ns() <= op.end_ns() and _has_tensors(_call(r, "shapes", []))), None)
+
+
+def _op_record(op, parent: dict[int, Any], ranges: list) -> dict:
+    """The launching op: its name and FLOPs, and the shapes of the nearest op that recorded
+    tensors: itself, else an async range it opened, else the same outwards."""
     shaped = op
     while shaped is not None and not _has_tensors(_call(shaped, "shapes", [])):
-        shaped = parent.get(id(shaped))
+        opened = _opened_inside(shaped, ranges)
+        shaped = opened if opened is not None else parent.get(id(shaped))
     found = {"name": op.name(), "flops": int(_call(op, "flops", 0) or 0)}
     if shaped is not None:
         found |= {"shapes": _call(shaped, "shapes", []), "dtypes": _call(shaped, "dtypes", [])}
@@ -127,6 +137,7 @@ def from_events(events: Iterable, device: str) -> dict:
     kernels = sorted((e for e in events if _is_kernel(e)), key=lambda e: (e.start_ns(), e.end_ns()))
     host = [e for e in events if not _is_device(e) and _call(e, "linked_correlation_id", 0) == 0
             and not _call(e, "is_async", False)]
+    ranges = [e for e in events if not _is_device(e) and _call(e, "is_async", False)]
     by_correlation = {e.correlation_id(): e for e in host if e.name() not in PROFILER_EVENTS}
     internal = {e.correlation_id(): e for e in host if e.name() in PROFILER_EVENTS}
     parent = _enclosing(host)
@@ -149,7 +160,7 @@ def from_events(events: Iterable, device: str) -> dict:
         if launcher is None and linked in internal:
             launcher = parent.get(id(internal[linked]))
         if launcher is not None:
-            op = _op_record(launcher, parent)
+            op = _op_record(launcher, parent, ranges)
             key = json.dumps(op, sort_keys=True)
             if key not in op_index:
                 op_index[key] = len(ops)

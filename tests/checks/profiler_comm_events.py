@@ -17,7 +17,7 @@ from torch.profiler import ProfilerActivity, profile
 
 FIELDS = ("name", "correlation_id", "linked_correlation_id", "start_thread_id", "start_ns", "end_ns",
           "is_async", "shapes", "structured_input_shapes", "dtypes", "concrete_inputs", "extra_meta",
-          "metadata_json", "nbytes", "device_resource_id", "activity_type")
+          "metadata_json", "nbytes", "device_resource_id", "activity_type", "is_user_annotation")
 
 
 def _field(event, name: str):
