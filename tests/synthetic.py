@@ -44,13 +44,14 @@ def draw(median: float, spread: float, rng: random.Random, n: int = 40) -> list[
 
 def point(strategy: str, tokens: int, knobs: dict | None = None, *, model: str = "llama3-8b",
           tp: int = 2, dtype: str = "bf16", batch: tuple[int, ...] | None = None,
-          gemm: tuple[str, int, int] | None = None, decode: tuple[int, int] | None = None) -> Point:
+          gemm: tuple[str, int, int] | None = None, decode: tuple[int, int] | None = None, layers: int = 4) -> Point:
     """A layer point, or with `gemm=(workload, n, k)` a micro workload's (one GEMM: one "layer");
-    `decode=(tokens, context)`: a mixed batch (its prefill by default one sequence of the rest)."""
+    `decode=(tokens, context)`: a mixed batch (its prefill by default one sequence of the rest);
+    `layers`: the stack's depth."""
     knobs = DEFAULT_KNOBS.get(strategy, {}) if knobs is None else knobs
     mixed = Decode(*decode) if decode else None
     batch = batch if batch is not None else (tokens - (mixed.tokens if mixed else 0),)
-    layer = Point("synthetic", model, PRESETS[model], tp, dtype, 4, 0, batch, strategy, knobs, decode=mixed)
+    layer = Point("synthetic", model, PRESETS[model], tp, dtype, layers, 0, batch, strategy, knobs, decode=mixed)
     if gemm is None:
         return layer
     workload, n, k = gemm
@@ -61,7 +62,7 @@ def row(strategy: str, tokens: int, knobs: dict | None = None, *, samples: list[
         median: float = 1.0, spread: float = 0.01, rng: random.Random | None = None,
         keep_samples: bool = True, status: str = "ok", error: str | None = None,
         device: str = DEVICE, run_id: str = "run1", pairing: str | None = None, **where) -> dict:
-    """One row as the sweep writes it; `where` goes to `point` (model, tp, dtype, batch, gemm, decode).
+    """One row as the sweep writes it; `where` goes to `point` (model, tp, dtype, batch, gemm, decode, layers).
     With `pairing`, timed interleaved: `samples` are per round, rounds 0, 1, ... of that pairing."""
     p = point(strategy, tokens, knobs, **where)
     if samples is None:

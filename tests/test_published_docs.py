@@ -49,11 +49,11 @@ README_ROWS = [
 
 
 def _best(stores, strategy, tokens) -> float:
-    return next(v for (_, (batch, _decode)), v in f.best_speedups(stores, strategy).items() if sum(batch) == tokens)
+    return next(v for (_, (batch, *_)), v in f.best_speedups(stores, strategy).items() if sum(batch) == tokens)
 
 
 def _best_range(stores, strategy, from_tokens: int) -> dict:
-    return bounds(v for (_, (batch, _)), v in f.best_speedups(stores, strategy).items() if sum(batch) >= from_tokens)
+    return bounds(v for (_, (batch, *_)), v in f.best_speedups(stores, strategy).items() if sum(batch) >= from_tokens)
 
 
 def _best_hidden(stores) -> dict[int, float]:
@@ -102,7 +102,7 @@ def _per_piece() -> dict:
     per_piece = f.best_speedups(SP_RUNS, "flash_agrs", attention="per_piece")
     whole = f.best_speedups(SP_RUNS, "flash_agrs", attention="whole")
     ratios = {key: per_piece[key] / whole[key] for key in per_piece if key in whole}
-    at_32k = [v for (_, (batch, _)), v in ratios.items() if sum(batch) == 32768]
+    at_32k = [v for (_, (batch, *_)), v in ratios.items() if sum(batch) == 32768]
     return bounds(ratios.values()) | {"lo32": min(at_32k), "hi32": max(at_32k)}
 
 

@@ -227,3 +227,33 @@ def test_a_mixed_batch_sweeps_checked_rows_that_say_their_decode_tokens(tmp_path
     assert all(r["decode"] is None and "math_decode" not in r["attention"] for r in rows if r["batch"] == [29])
     again = sweep(str(spec), "--output", str(out), "--resume")
     assert again.returncode == 0 and "every point of tiny-test (10) is done already; nothing to run" in again.stdout, again.stdout
+
+
+@pytest.mark.slow
+def test_two_depths_time_each_point_beside_the_baseline_of_its_own_depth(tmp_path: Path):
+    """`layers: [1, 2]`: rows of both depths, each depth's points paired with that depth's
+    baseline in rounds of their own; --resume knows both; report adds the per-layer section."""
+    interleaved = "timeout_s: 60, interleave: true, span_ms: 2, rounds: 4, warmup_s: 0}"
+    spec = write(tmp_path, SPEC.replace("layers: 2", "layers: [1, 2]").replace("tokens: [16, 29]", "tokens: [16]").replace(
+        "timeout_s: 60}", interleaved))
+    out = tmp_path / "r.jsonl"
+    done = sweep(str(spec), "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = read_rows(out)
+    assert sorted((r["layers"], r["strategy"]) for r in rows) == [
+        (n, s) for n in (1, 2) for s in ("baseline", "no_comm", "token_split")]
+    assert {r["status"] for r in rows} == {"ok"}
+    for layers in (1, 2):
+        mine = {r["strategy"]: r for r in rows if r["layers"] == layers}
+        assert len({r["pairing"] for r in mine.values()}) == 1 and json.loads(mine["baseline"]["key"])["layers"] == layers
+        ref, split = mine["baseline"], mine["token_split"]
+        assert ref["speedup"] == 1.0 and split["rel_err"] < 1e-5
+        ratios = {r: t for r, t in zip(ref["round_ids"], ref["samples_ms"])}
+        logs = sorted(math.log(ratios[r] / t) for r, t in zip(split["round_ids"], split["samples_ms"]))
+        cut = int(len(logs) * 0.1)  # its speedup is over this depth's baseline, round by round
+        assert split["speedup"] == pytest.approx(math.exp(statistics.fmean(logs[cut:len(logs) - cut])), rel=1e-4)
+    assert len({r["pairing"] for r in rows}) == 2
+    again = sweep(str(spec), "--output", str(out), "--resume")
+    assert again.returncode == 0 and "(6) is done already" in again.stdout, again.stdout
+    shown = distributed.overlapbench("report", str(out))
+    assert shown.returncode == 0 and "per added layer (steady state), 1 -> 2 layers" in shown.stdout, shown.stdout

@@ -446,7 +446,7 @@ def test_mixed_compositions_of_equal_size_are_judged_apart():
         synthetic.row("baseline", 4096, median=1.4, rng=rng, **mixed),  # decode attention: costlier
         synthetic.row("token_split", 4096, median=1.5, rng=rng, **mixed),
     )
-    assert [key for key in batches.by_batch(rows)] == [((4096,), None), ((3840,), (256, 4096))]
+    assert [key for key in batches.by_batch(rows)] == [((4096,), None, 4), ((3840,), (256, 4096), 4)]  # 4 layers
     choice = tune.pick(rows)
     assert choice.chosen.strategy == "baseline" and "batches disagree" in choice.why
     assert "[3840]+256 decode@4096: baseline" in choice.why
@@ -459,4 +459,4 @@ def test_old_rows_without_decode_read_as_prefill_only():
     row = synthetic.row("baseline", 2048)
     del row["decode"]
     (m,) = measured(row)
-    assert m.decode is None and m.composition == ((2048,), None) and batches.batch_label(m) == "2048"
+    assert m.decode is None and m.composition == ((2048,), None, 4) and batches.batch_label(m) == "2048"

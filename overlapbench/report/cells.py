@@ -102,7 +102,7 @@ class Cell:
         predicted row's `timing` says so, and its p10/p90/cv/noisy are null (nothing was measured)."""
         m = self.m
         return m.group.fields() | {
-            "tokens": m.tokens, "batch": list(m.batch),
+            "tokens": m.tokens, "batch": list(m.batch), "layers": m.layers,
             "decode": None if m.decode is None else {"tokens": m.decode[0], "context": m.decode[1]},
             "strategy": m.strategy, "knobs": m.knobs, "timing": m.timing, "ms": m.ms,
             "p10_ms": m.p10_ms, "p90_ms": m.p90_ms, "cv": m.cv, "noisy": None if m.predicted else m.noisy,

@@ -21,6 +21,7 @@ from overlapbench.report.profile import accounts, profile_view
 from overlapbench.report.render import emit, stderr_console
 from overlapbench.report.rounds import rounds_view
 from overlapbench.report.sensitivity import sensitivity_view
+from overlapbench.report.steady import emit_steady
 from overlapbench.tuning import analysis
 from overlapbench.tuning.analysis import Store
 
@@ -169,6 +170,7 @@ def run(paths: Iterable[Path], fmt: str = "table", console: Console | None = Non
         grids = [overview_grid(group, points) for group, points in views.items()]
         records = [c.record() for points in views.values() for cells in points.values() for c in cells.values()]
         emit(grids, records, fmt, console, legend(views), footer(store))
+        emit_steady(store.measured, fmt, console)  # points timed at several depths: what one more layer costs
     if opts.plot_path is not None:
         written = plot(views, opts.plot_path, opts.plot_metric)
         (console if fmt == "table" else stderr_console()).print(f"wrote {written}", highlight=False)

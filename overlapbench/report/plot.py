@@ -17,7 +17,8 @@ from overlapbench.tuning.analysis import Group
 
 def plot(views: dict[Group, dict[str, dict[str, Cell]]], path: Path, metric: str) -> Path:
     """One panel per group: ms per layer or GEMM (or speedup) against tokens on a log2 axis, one
-    line per strategy at its best knobs; no_comm dashed, as the bound."""
+    line per strategy at its best knobs; no_comm dashed, as the bound. Rows of several stack
+    depths: the deepest's, the title says which."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -38,6 +39,12 @@ def _panel(ax, group: Group, points: dict[str, dict[str, Cell]], metric: str) ->
     single = {label: cells for label, cells in points.items()
               if all(len(c.m.batch) == 1 and c.m.decode is None for c in cells.values())}
     points = single or points
+    # Several stack depths (layers: [4, 8]): the lines run through the deepest's points alone.
+    depths = sorted({c.m.layers for cells in points.values() for c in cells.values() if c.m.layers is not None})
+    deepest = f" ({depths[-1]} layers)" if len(depths) > 1 else ""
+    if deepest:
+        points = {label: cells for label, cells in points.items()
+                  if all(c.m.layers == depths[-1] for c in cells.values())}
     strategies = sorted({s for cells in points.values() for s in cells}, key=column_order)
     for s in strategies:
         xs = [cells[s].m.tokens for cells in points.values() if s in cells]
@@ -52,7 +59,7 @@ def _panel(ax, group: Group, points: dict[str, dict[str, Cell]], metric: str) ->
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tokens")
     ax.set_ylabel(f"ms per {group.unit}" if metric == "ms" else f"speedup over {group.reference_strategy}")
-    ax.set_title(group.label())
+    ax.set_title(group.label() + deepest)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
 

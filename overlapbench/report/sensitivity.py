@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 from overlapbench.errors import UserError, did_you_mean
 from overlapbench.report.cells import NOISY, Grid, Shown, fmt_ms, sensitivity_legend, text_cell
@@ -36,9 +37,10 @@ def _value_order(v) -> tuple:
     return (0, v, "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0, str(v))
 
 
-def sensitivity_grid(group: Group, rows: list[dict], ref: Measured | None) -> Grid:
+def sensitivity_grid(group: Group, rows: list[dict], ref: Measured | None, depth: str = "") -> Grid:
     """A line per combination of the varying knobs but the last, a column per value of the
-    last (one `ms` column when only one knob varies, one cell when none does)."""
+    last (one `ms` column when only one knob varies, one cell when none does); `depth`: the
+    title's ` (8 layers)` where the group was timed at several depths."""
     axes = varying([r["knobs"] for r in rows])
     outer, inner = (axes[:-1], axes[-1:]) if len(axes) > 1 else (axes, [])
     # a bound (comm: none, checked false) is not a correct result: tune never picks it, so it is never the star
@@ -51,7 +53,7 @@ def sensitivity_grid(group: Group, rows: list[dict], ref: Measured | None) -> Gr
                  for col in cols]
         grid_rows.append([text_cell(label), *cells])
     header = [" / ".join(outer) or "knobs", *(f"{inner[0]}={_label(inner, col)}" if inner else "ms" for col in cols)]
-    title = f"{group.label()}: {rows[0]['strategy']} at {rows[0]['tokens']} tokens"
+    title = f"{group.label()}: {rows[0]['strategy']} at {rows[0]['tokens']} tokens{depth}"
     return Grid(title, header, grid_rows, _stacked(title, rows, axes, ref, fastest))
 
 
@@ -111,7 +113,8 @@ def sensitivity_record(row: dict, ref: Measured | None) -> dict:
     """A setting's record; a predicted row's `timing` says so and its cv is null (never measured)."""
     ok, predicted = row.get("status") == "ok", origin.kind_of(row) == origin.PREDICTED
     return Group.of(row).fields() | {
-        "tokens": row["tokens"], "strategy": row["strategy"], "knobs": row["knobs"], "status": row["status"],
+        "tokens": row["tokens"], "layers": row.get("layers"), "strategy": row["strategy"], "knobs": row["knobs"],
+        "status": row["status"],
         "timing": row.get("timing"), "ms": row.get("ms"), "cv": None if predicted else row.get("cv"),
         "run_id": row.get("run_id"),
         "speedup": ref.ms / row["ms"] if ok and ref is not None else None, "error": row.get("error"),
@@ -123,14 +126,17 @@ def sensitivity_view(store: Store, strategy: str, tokens: int) -> tuple[list[Gri
     rows = sensitivity_rows(store, strategy, tokens)
     points = analysis.by_point(store.measured)
     grids, records = [], []
-    groups = sorted({Group.of(r) for r in rows}, key=lambda g: g.label())
-    for group in groups:
-        mine = [r for r in rows if Group.of(r) == group]
-        # the reference must be of the same batch composition
-        composition = (tuple(mine[0].get("batch") or (tokens,)), batches.decode_of(mine[0]))
+    # a grid per group and stack depth (rows of two depths are two workloads), the depth named
+    # where a group has several
+    grid_keys = sorted({(Group.of(r), r.get("layers")) for r in rows}, key=lambda k: (k[0].label(), k[1] or 0))
+    depths = Counter(group for group, _ in grid_keys)
+    for group, layers in grid_keys:
+        mine = [r for r in rows if Group.of(r) == group and r.get("layers") == layers]
+        # the reference must be of the same batch composition and depth
+        composition = (tuple(mine[0].get("batch") or (tokens,)), batches.decode_of(mine[0]), layers)
         ref = analysis.reference(m for m in points.get(group, {}).get(tokens, []) if m.composition == composition)
-        grids.append(sensitivity_grid(group, mine, ref))
+        grids.append(sensitivity_grid(group, mine, ref, f" ({layers} layers)" if depths[group] > 1 else ""))
         records += [sensitivity_record(r, ref) for r in mine]
-    return grids, records, sensitivity_legend(groups)
+    return grids, records, sensitivity_legend(depths)
 
 

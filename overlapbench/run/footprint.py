@@ -48,7 +48,8 @@ class Footprint:
 
 
 def estimate(spec: SweepSpec, points: list[Point], cuda: bool) -> Footprint:
-    """The footprint of `points` (spec.points) on one process."""
+    """The footprint of `points` (spec.points) on one process; each point at its own depth (a spec
+    may list several), the weights those of the deepest stack (one is built at a time)."""
     if not points:
         return Footprint(0, 0, 0, 0.0)
     first = points[0]
@@ -61,11 +62,11 @@ def estimate(spec: SweepSpec, points: list[Point], cuda: bool) -> Footprint:
         flops = sum(2 * p.tokens * n * k / tp for p in points) * forwards
         return Footprint(len(points), weights, activations, flops / 1e12)
     truth = spec.measure.checks_against_fp32(first.tp, first.shape.moe, first.dtype)
-    params = _params_per_rank(first) * first.layers
+    params = _params_per_rank(first) * max(p.layers for p in points)  # one stack at a time: the deepest's
     weights = params * FP32 + (params * elem if truth else 0)  # built in fp32; the truth's fp32 copy beside the stack
     activations = max(_activations(p, elem, cuda) for p in points)
     flops = sum(layer_flops(p.shape, p.tp, p.batch, None if p.decode is None else (p.decode.tokens, p.decode.context))
-                for p in points) * first.layers * forwards
+                * p.layers for p in points) * forwards
     return Footprint(len(points), weights, activations, flops / 1e12)
 
 

@@ -89,7 +89,9 @@ def build_workload(rt: runtime.Runtime, point: Point, stacks: dict, max_tokens: 
 
 def weights(rt: runtime.Runtime, point: Point, stacks: dict) -> Stack:
     """This rank's shard of the point's layer stack, kept in `stacks` (one at a time: the batches of
-    one shape follow each other) so the batches of a shape share it. A stack that cannot be built
+    one shape follow each other) so the batches of a shape share it; a spec of several depths
+    alternates them within each batch (spec.points), so there each (batch, depth) builds its own,
+    one stack in memory at a time. A stack that cannot be built
     is remembered as its failure, so the shape's later batches fail at once with the same reason."""
     key = (point.shape, point.tp, point.dtype, point.layers, point.seed)
     if key not in stacks:

@@ -38,7 +38,7 @@ class SweepSpec:
     shape: models.ModelShape
     tp: int | str  # an int, or "auto": the world size
     dtype: str
-    layers: int
+    layers: int | tuple[int, ...]  # the stack's depth, or several (a list in the spec): each batch timed at each
     seed: int
     batches: tuple[tuple[int, ...], ...]  # each batch's prefill sequence lengths
     strategies: tuple[StrategyGrid, ...]
@@ -54,6 +54,11 @@ class SweepSpec:
     def compositions(self) -> list[tuple[tuple[int, ...], Decode | None]]:
         """(prefill sequence lengths, decode tokens or None) of each batch, in order."""
         return list(zip(self.batches, self.decodes or (None,) * len(self.batches), strict=True))
+
+    @property
+    def depths(self) -> tuple[int, ...]:
+        """The stack depths each batch is timed at, in the spec's order (one for an int `layers`)."""
+        return (self.layers,) if isinstance(self.layers, int) else self.layers
 
     def resolved_dtype(self, cuda: bool) -> str:
         return ("bf16" if cuda else "fp32") if self.dtype == "auto" else self.dtype
@@ -95,9 +100,12 @@ class SweepSpec:
         return results_dir / f"{self.name}-{stamp}.jsonl"
 
     def points(self, world_size: int, cuda: bool) -> list[Point]:
-        """All points, grouped by batch so each batch's weights and reference are made once."""
+        """All points, grouped by batch and depth so each (batch, depth)'s weights and reference are
+        made once, and each point is timed beside the reference of its own depth (a point at 8
+        layers is never paired with 4 layers' baseline). A batch's depths follow each other, so its
+        rows at every depth are timed close together: report's per-layer marginals subtract them."""
         tp, dtype = self.resolved_tp(world_size), self.resolved_dtype(cuda)
-        layers = self.layers if self.workload == "layer" else 1  # a micro point is one GEMM
+        depths = self.depths if self.workload == "layer" else (1,)  # a micro point is one GEMM
         settings, seen = [], set()
         for grid in self.strategies:
             for knobs in grid.settings():
@@ -109,6 +117,7 @@ class SweepSpec:
             Point(self.name, self.model, self.shape, tp, dtype, layers, self.seed,
                   batch, name, knobs, self.workload, self.gemm, decode)
             for batch, decode in self.compositions()
+            for layers in depths
             for name, knobs in settings
         ]
 
@@ -208,7 +217,7 @@ def _merged(data: dict, name: str, cuda: bool, base: Path | None, for_device: bo
     dtype = data.get("dtype", "auto")
     if dtype not in DTYPES:
         raise UserError(f"dtype: {shown(dtype)} is not one of {', '.join(DTYPES)}")
-    layers = positive_int(data.get("layers", 4), "layers")
+    layers = parse_layers(data.get("layers", 4))
     seed = data.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise UserError(f"seed: must be an integer >= 0, got {shown(seed)}")
@@ -241,6 +250,20 @@ def _merged(data: dict, name: str, cuda: bool, base: Path | None, for_device: bo
     for grid in spec.strategies:  # expand once now, so bad knobs fail before any launch
         grid.settings()
     return spec
+
+
+def parse_layers(value: Any) -> int | tuple[int, ...]:
+    """`layers`: one depth (an int, kept an int so specs and rows read as before), or a list of
+    distinct depths, each batch timed at each (report's per-layer marginals need two or more)."""
+    if not isinstance(value, list):
+        return positive_int(value, "layers")
+    if not value:
+        raise UserError("layers: an empty list; give one depth such as 4, or several such as [4, 8]")
+    depths = tuple(positive_int(n, f"layers[{i}]") for i, n in enumerate(value))
+    twice = next((n for n in depths if depths.count(n) > 1), None)
+    if twice is not None:
+        raise UserError(f"layers: {twice} appears twice; list each depth once, such as [4, 8]")
+    return depths
 
 
 def load(path: str | Path, cuda: bool) -> SweepSpec:

@@ -2,7 +2,8 @@
 
 Which rows count (the last row per point: its key, device, world size, and whether it was
 measured or predicted; status ok, workload `layer` or a micro GEMM), how they group (workload and
-GEMM, device, world size, measured or predicted, tp, model shape, dtype), the best knob setting
+GEMM, device, world size, measured or predicted, tp, model shape, dtype; within a group, rows are
+compared only within one batch composition and stack depth), the best knob setting
 per strategy at a token count, and the two references every number is measured against: the
 workload's reference strategy with default knobs (`REFERENCES`), and `no_comm`, the bound (layer
 only). No torch and no pandas here: `tune` and `report` must start fast.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from overlapbench.errors import UserError
@@ -131,6 +132,11 @@ class Measured:
     peak_frac: float | None = None
     timing: str | None = None  # interleaved, sequential or predicted (older rows: None)
     model_error: float | None = None  # a predicted row's assumed absolute error of its speedup
+    # The stack's depth the row was timed at (its times are per layer: the stack's over `layers`).
+    # Depths are part of the composition: the last layer's reduction has nothing to overlap with,
+    # so a point at 4 layers and at 8 are different workloads, never pooled or paired.
+    layers: int | None = None
+    depth_named: bool = False  # its group holds rows of several depths, so tables name each row's (set by `read`)
 
     @classmethod
     def of(cls, row: dict, source: str) -> Measured:
@@ -145,6 +151,7 @@ class Measured:
             speedup=row.get("speedup"), speedup_ci=tuple(row["speedup_ci"]) if row.get("speedup_ci") else None,
             decode=decode_of(row), tflops=row.get("tflops"), peak_frac=row.get("peak_frac"),
             timing=row.get("timing"), model_error=origin.model_error(row) if group.predicted else None,
+            layers=row.get("layers"),
         )
 
     @property
@@ -152,10 +159,10 @@ class Measured:
         return self.group.predicted
 
     @property
-    def composition(self) -> tuple[tuple[int, ...], tuple[int, int] | None]:
-        """The batch's make-up: prefill sequence lengths and decode (tokens, context). Rows are
-        compared only within one composition."""
-        return self.batch, self.decode
+    def composition(self) -> tuple[tuple[int, ...], tuple[int, int] | None, int | None]:
+        """The batch's make-up: prefill sequence lengths and decode (tokens, context), and the
+        stack's depth. Rows are compared only within one composition."""
+        return self.batch, self.decode, self.layers
 
     @property
     def setting(self) -> tuple[str, str]:
@@ -242,7 +249,16 @@ def read(paths: Iterable[str | Path], require_ok: bool = True) -> Store:
         tagged += mine
     kept = origin.last_per_key(tagged)
     measured = [Measured.of(row, source) for row, source in kept if _is_measured(row)]
-    return Store(paths, [row for row, _ in kept], measured)
+    return Store(paths, [row for row, _ in kept], depths_named(measured))
+
+
+def depths_named(measured: list[Measured]) -> list[Measured]:
+    """The rows, those of a group that holds several stack depths marked `depth_named`, so tables
+    and tune's reasons name each row's depth; rows of one depth read as they always have."""
+    depths: dict[Group, set] = {}
+    for m in measured:
+        depths.setdefault(m.group, set()).add(m.layers)
+    return [replace(m, depth_named=True) if len(depths[m.group]) > 1 else m for m in measured]
 
 
 def separated(measured: Iterable[Measured], each: str = "a table each") -> str | None:
