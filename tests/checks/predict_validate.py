@@ -140,8 +140,17 @@ def _h100(model: str, short: str) -> list[Study]:
 
 
 def _h200(model: str) -> list[Study]:
-    x4 = "results/h200x4"
-    return [Study("h200", model, 4, f"sweeps/{model}-tp4.yaml",
+    x2, x4 = "results/h200x2", "results/h200x4"
+    tp2 = (f"{x2}/9f356d8/{model}-tp2-1k-4k.jsonl", f"{x2}/9f356d8/{model}-tp2-8k-32k.jsonl") if model == "llama3-70b" \
+        else (f"{x2}/9f356d8/{model}-tp2.jsonl",)
+    return [Study("h200", model, 2, f"sweeps/{model}-tp2.yaml",
+                  Need("the TP=2 pieces on one H200", f"{x2}/bbc1676/pieces-{model}-tp2-tp2.jsonl"),
+                  (Need("the 2x H200 all-reduce table", f"{x2}/bbc1676/comm.jsonl"),),
+                  (Need("beside-layer rows (2x H200)", f"{x2}/*/comm-beside-layer-{model}.jsonl",
+                        required=False, current=IN_LAYER),),
+                  ((f"{model} TP=2, measured on 2x H200 (the 9f356d8 study)",
+                    tuple(Need("the TP=2 study on 2x H200", pattern) for pattern in tp2)),)),
+            Study("h200", model, 4, f"sweeps/{model}-tp4.yaml",
                   Need("the TP=4 pieces on one H200", f"results/h200/*/pieces-{model}-tp4-tp4.jsonl", "h200-pieces"),
                   (Need("the 4x H200 all-reduce table", f"{x4}/c1821fe/comm.jsonl"),),
                   (Need("beside-layer rows (4x H200)", f"{x4}/*/comm-beside-layer-{model}.jsonl",
