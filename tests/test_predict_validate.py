@@ -58,7 +58,7 @@ def test_inputs_of_another_device_are_refused_and_missing_ones_named(tmp_path):
     rows.write_text("".join(json.dumps({"schema": SCHEMA, "device": d, "time": "2026-01-01"}) + "\n" for d in names))
     said = pv._other_device("h100", [rows])
     assert said and "NVIDIA H200" in said and "H100 80GB" not in said
-    study = next(s for s in pv.STUDIES["h200"] if s.model == "llama3-70b")
+    study = next(s for s in pv.STUDIES["h200"] if s.model == "llama3-70b" and s.tp == 4)
     missing = pv.Need("pieces", "results/no-such-machine/*/pieces.jsonl", "h200-pieces")
     outcome = pv.run(pv.Study(study.device, study.model, study.tp, study.spec, missing, study.tables, study.contention,
                               study.measured), tmp_path)
