@@ -23,7 +23,7 @@ def _software() -> dict:
     versions = f.the_one([r["versions"] for r in rows], "versions of the sweep and comm rows")
     multicast = f.the_one([r["multicast_env"] for r in rows], "multicast_env of the sweep and comm rows")
     days = sorted({r["time"][:10] for r in rows})
-    return {**versions, **multicast, "days": " and ".join(days)}
+    return {**versions, **multicast, "days": ", ".join(days[:-1]) + " and " + days[-1] if len(days) > 1 else days[0]}
 
 
 def _points(store: str, walls: tuple[str, str] | None = None) -> dict:
