@@ -272,3 +272,29 @@ def picks_by_tokens(*stores: str) -> dict[int, dict]:
                        "best_ms": best.ms, "best_how": best.knob_text() or "default",
                        "vs_best": chosen.speedup_vs_best}
     return out
+
+
+def validation_line(validation_md: str, study: str) -> dict[str, str]:
+    """A study's line of a predict validation's summary table (tests/checks/predict_validate.py),
+    by its first cell: points, median, p90, worst, picks ("5 of 6")."""
+    for line in path(validation_md).read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] == study:
+            return dict(zip(("points", "median", "p90", "worst", "picks"), cells[1:6]))
+    raise AssertionError(f"{validation_md}: no summary line for {study!r}")
+
+
+def validation_errors(validation_md: str, section: str, what: str) -> dict[int, str]:
+    """Token count -> the signed error ("+0.010") of one prediction (its label, e.g. "no_comm") in
+    the validation's section whose heading starts with `section`."""
+    found, inside = {}, False
+    for line in path(validation_md).read_text().splitlines():
+        if line.startswith("## "):
+            inside = line[3:].startswith(section + " (")
+        elif inside and line.startswith("| "):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) == 5 and cells[1] == what:
+                found[int(cells[0])] = cells[4]
+    if not found:
+        raise AssertionError(f"{validation_md}: no {what!r} in a section starting {section!r}")
+    return found

@@ -155,7 +155,8 @@ def test_the_summary_counts_points_per_note_and_says_each_kind_once():
     summary.add([Note(SKIPPED, "no plan")], ok=False)
     lines = summary.lines()
     assert lines[0] == f"{summary.points} points: {summary.points - 1} predicted, 1 skipped"
-    assert [x.split(":")[0] for x in lines[1:]] == [SKIPPED, EXTRAPOLATED, RESCALED, FLAGGED, "contention"]
+    assert [x.split(":")[0] for x in lines[1:]] == [SKIPPED, EXTRAPOLATED, RESCALED, FLAGGED, "contention",
+                                                  "in-layer term"]
     top = sorted(counts.items(), key=lambda kv: -kv[1])[0]
     assert f"{top[0]} ({top[1]} points)" in lines[2]
     assert lines[2].endswith(f"and {len(counts) - 4} more") == (len(counts) > 4)
@@ -163,7 +164,8 @@ def test_the_summary_counts_points_per_note_and_says_each_kind_once():
 
 def test_the_command_prints_the_summary_after_the_rows(tmp_path, monkeypatch):
     """`overlapbench predict` on the committed 2x H100 inputs, as a user runs it: the rows' path,
-    then the summary (here nothing skipped, the contention beside the GEMM stream)."""
+    then the summary (here nothing skipped, the contention beside the GEMM stream, no in-layer
+    term by default, none measured where asked for); a bad --in-layer is one line, exit 2."""
     from typer.testing import CliRunner
 
     from overlapbench.cli import app
@@ -184,4 +186,21 @@ def test_the_command_prints_the_summary_after_the_rows(tmp_path, monkeypatch):
     said = next(x for x in lines if x.startswith("substituted: "))  # no table at hidden 4096 given
     assert "fused_norm hidden 4096 not measured: 8192 used (12 points)" in said
     assert "copy_engine_norm hidden 4096 not measured: 8192 used (24 points)" in said
-    assert lines[-1].startswith("contention: beside the GEMM stream for") and "no in-layer term" in lines[-1]
+    assert lines[-2].startswith("contention: beside the GEMM stream for")
+    assert lines[-1].startswith("in-layer term: not charged (--in-layer none, the default)")
+    assert {r["predicted"]["in_layer"] for r in rows} == {"none"}
+    again = tmp_path / "q.jsonl"
+    asked = CliRunner().invoke(app, ["predict", "sweeps/llama3-8b-tp2.yaml", "--tp", "2", "--compute", pieces,
+                                     "--comm", "results/h100x2/cc10b27/comm.jsonl",
+                                     "--comm", "results/h100x2/cc10b27/comm-beside.jsonl", "-o", str(again),
+                                     "--in-layer", "measured"])
+    assert asked.exit_code == 0, asked.output
+    assert asked.output.splitlines()[-1] == ("in-layer term: none (no --beside-layer rows): blocking all-reduces cost "
+                                             "their time in the table")
+    assert [r["ms"] for r in read_rows(again)] == [r["ms"] for r in rows]  # beside-GEMM rows hold no term
+    bad = "".join(random.choices("abcxyz", k=6))
+    refused = CliRunner().invoke(app, ["predict", "sweeps/llama3-8b-tp2.yaml", "--tp", "2", "--compute", pieces,
+                                       "--comm", "results/h100x2/cc10b27/comm.jsonl", "-o", str(tmp_path / "r.jsonl"),
+                                       "--in-layer", bad])
+    assert refused.exit_code == 2 and not (tmp_path / "r.jsonl").exists()
+    assert refused.output.strip() == f"error: --in-layer: one of none, measured, got '{bad}'"

@@ -1,7 +1,8 @@
 """predict's contention from `comm --beside-layer` rows: preferred over beside-GEMM rows per path,
 both terms (the compute's loss, the transfer's stretch) charged to a split, except to a
 copy-engine transfer under `auto`, and the in-layer term charged to every blocking all-reduce of
-a serial plan. Synthetic rows with random values."""
+a serial plan under `--in-layer measured` (and to none by default). Synthetic rows with random
+values."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import random
 import pytest
 
 from overlapbench.predict.contention import GEMM, LAYER, NONE, Contention
-from overlapbench.predict.estimate import ALONE, AUTO, MEASURED
+from overlapbench.predict.estimate import ALONE, AUTO, MEASURED, MEASURED_IN_LAYER, NO_IN_LAYER
 from overlapbench.predict.notes import ASSUMED, FLAGGED, SUBSTITUTED
 from overlapbench.predict.notes import MEASURED as MEASURED_NOTE
 from tests.test_predict_comm import SIZES, comm_row
@@ -85,13 +86,21 @@ def _with_layer_rows(inputs, rng: random.Random, stretch: float = 1.0, extra: fl
     return inputs
 
 
-def test_a_serial_plan_pays_the_in_layer_term_per_blocking_all_reduce():
+def test_a_serial_plan_pays_the_in_layer_term_per_blocking_all_reduce_where_asked():
+    """`--in-layer measured`: each blocking all-reduce costs its table time plus the rows' term;
+    `none` (the default): its table time alone, the rows' term read by nothing (no note)."""
     rng = random.Random()
     extra = rng.uniform(0.01, 0.05)
     inputs = _with_layer_rows(_inputs(rng.randrange(100)), rng, extra=extra)
+    assert inputs.in_layer == NO_IN_LAYER
     for tokens in (512, 4096):
-        free, base = _predict(_at(tokens, "no_comm"), inputs), _predict(_at(tokens, "baseline"), inputs)
         transfer = inputs.comm.time_ms("nccl", "default", tokens * 64 * 2).ms
+        inputs.in_layer = NO_IN_LAYER
+        free, plain = _predict(_at(tokens, "no_comm"), inputs), _predict(_at(tokens, "baseline"), inputs)
+        assert plain.ms == pytest.approx(free.ms + 2 * transfer) and plain.in_layer_ms == 0
+        assert not any("blocking all-reduce" in n.text for n in plain.notes)
+        inputs.in_layer = MEASURED_IN_LAYER
+        base = _predict(_at(tokens, "baseline"), inputs)
         assert base.ms == pytest.approx(free.ms + 2 * (transfer + extra))
         assert base.in_layer_ms == pytest.approx(2 * extra) and free.in_layer_ms == 0
         assert any(f"{extra * 1e3:+.1f} us per blocking all-reduce" in n.text for n in base.notes)
@@ -117,7 +126,8 @@ def test_a_copy_engine_split_runs_as_alone_and_takes_nothing_under_auto():
     """auto: a copy-engine transfer beside a split's compute runs at its time alone and costs the
     compute nothing, whatever loss and stretch its rows measured (the prediction is the one made
     without contention); alone charges it the measured loss, measured the loss and the stretch; a
-    serial plan on the copy engines still pays the in-layer term per blocking all-reduce."""
+    serial plan on the copy engines still pays the in-layer term per blocking all-reduce (where
+    asked: --in-layer measured)."""
     rng = random.Random()
     seed = rng.randrange(1000)
     loss, stretch, extra = rng.uniform(0.05, 0.3), rng.uniform(2, 12), rng.uniform(0.01, 0.05)
@@ -129,6 +139,7 @@ def test_a_copy_engine_split_runs_as_alone_and_takes_nothing_under_auto():
     for mode in (AUTO, ALONE, MEASURED):
         inputs = _inputs(seed, comm_ms=0.2)
         inputs.contention, inputs.stretch = Contention.from_rows(rows, "rows", model="predicted", tp=2), mode
+        inputs.in_layer = MEASURED_IN_LAYER
         found[mode] = (_predict(split, inputs), _predict(serial, inputs))
     auto, in_line = found[AUTO]
     assert auto.ms == pytest.approx(without.ms) and auto.played.exposed_ms == pytest.approx(without.played.exposed_ms)
@@ -142,9 +153,9 @@ def test_a_copy_engine_split_runs_as_alone_and_takes_nothing_under_auto():
 
 def test_rows_of_the_two_harness_measurement_give_their_contention_but_not_their_in_layer_term():
     """Beside-layer rows made before the paired rounds: their loss and stretch are charged as
-    ever, their in-layer term is not (a flagged note names the rows, their runs and why; each
-    serial point says it charged none); where paired rows of a point are there too, theirs is
-    the term."""
+    ever, their in-layer term is not, even where asked for (a flagged note names the rows, their
+    runs and why; each serial point says it charged none); where paired rows of a point are there
+    too, theirs is the term."""
     rng = random.Random()
     sizes = [1 << 16, 1 << 20, 1 << 24]
     truth = {b: (rng.uniform(0.05, 0.3), rng.uniform(1.1, 3.0), rng.uniform(0.01, 0.05)) for b in sizes}
@@ -153,11 +164,12 @@ def test_rows_of_the_two_harness_measurement_give_their_contention_but_not_their
     other_layer = [layer_row("nccl", "default", b, 1.0, 0.5, 5.0, 1.0, model="llama3-8b", paired=False) for b in sizes]
     contention = Contention.from_rows(old + other_layer, "rows", model="llama3-70b", tp=2)
     assert contention.stale == len(sizes) and not contention.inline
-    flagged = [n.text for n in contention.notes if n.kind == FLAGGED]
+    assert not any(n.kind == FLAGGED for n in contention.notes)  # said only where the term is asked for
+    flagged = [n.text for n in contention.in_layer_notes if n.kind == FLAGGED]
     assert len(flagged) == 1 and flagged[0].startswith(f"the in-layer term of {len(sizes)} beside-layer rows of "
                                                       f"llama3-70b TP=2 (runs oldrun, git abc1234) not used")
     assert "inline_extra_ms" in flagged[0] and "overlapbench comm --beside-layer llama3-70b" in flagged[0]
-    assert f"the {len(sizes)} beside-layer rows' was measured before the paired rounds" in contention.described()
+    assert f"the {len(sizes)} beside-layer rows' was measured before the paired rounds" in contention.in_layer_described()
     for b, (loss, stretch, _) in truth.items():
         got = contention.at("nccl", "default", b)
         assert (got.beside, got.gemm_loss, got.transfer_stretch) == (LAYER, pytest.approx(loss), pytest.approx(stretch))
@@ -165,7 +177,7 @@ def test_rows_of_the_two_harness_measurement_give_their_contention_but_not_their
 
     seed = rng.randrange(100)
     bare, inputs = _inputs(seed), _inputs(seed)
-    inputs.contention = contention
+    inputs.contention, inputs.in_layer = contention, MEASURED_IN_LAYER
     for tokens in (512, 4096):
         base = _predict(_at(tokens, "baseline"), inputs)
         assert base.ms == pytest.approx(_predict(_at(tokens, "baseline"), bare).ms) and base.in_layer_ms == 0
@@ -176,3 +188,39 @@ def test_rows_of_the_two_harness_measurement_give_their_contention_but_not_their
     mixed = Contention.from_rows(old + new, "rows", model="llama3-70b", tp=2)
     assert mixed.stale == len(sizes) and mixed.in_layer("nccl", "default", sizes[0])[0] == pytest.approx(extra)
     assert mixed.in_layer("nccl", "default", sizes[-1])[0] == pytest.approx(extra)  # held at the largest paired size
+
+
+@pytest.mark.parametrize("in_layer", [NO_IN_LAYER, MEASURED_IN_LAYER])
+def test_each_row_records_the_in_layer_choice_and_the_summary_says_it_once(tmp_path, in_layer):
+    """`predict`'s rows say whether their blocking all-reduces paid the measured in-layer term
+    (`predicted.in_layer`), the summary says so in one line (naming `--in-layer measured` where it
+    is not charged), and rows of the two-harness measurement are flagged only where it is."""
+    from overlapbench.predict.command import predict
+    from overlapbench.predict.summary import Summary
+    from overlapbench.specs import spec as spec_mod
+    from overlapbench.tuning.results import read_rows
+    from tests.test_predict_estimate import SPEC
+
+    rng = random.Random()
+    extra = rng.uniform(0.01, 0.05)
+    sizes = [1 << 16, 1 << 20, 1 << 24]
+    paired = [layer_row("nccl", "default", b, 1.0, rng.uniform(0.05, 0.3), 1.5, extra) for b in sizes]
+    old = [layer_row("copy_engine_norm", 16, b, 1.0, rng.uniform(0.05, 0.3), 1.5, extra, paired=False) for b in sizes]
+    inputs = _inputs(rng.randrange(100))
+    inputs.contention = Contention.from_rows(paired + old, "rows", model="predicted", tp=2)
+    inputs.in_layer = in_layer
+    out, summary = tmp_path / "p.jsonl", Summary()
+    predict(spec_mod.from_dict(SPEC, "predicted", cuda=True), 2, inputs, out, error=0.02, summary=summary)
+    rows = [r for r in read_rows(out) if r["status"] == "ok"]
+    assert rows and all(r["predicted"]["in_layer"] == in_layer for r in rows)
+    charged = [r for r in rows if r["predicted"].get("in_layer_ms")]
+    said = [line for line in summary.lines() if line.startswith("in-layer term: ")]
+    flagged = [line for line in summary.lines() if line.startswith("flagged: ")]
+    assert len(said) == 1 and summary.lines()[-1] == said[0]
+    if in_layer == NO_IN_LAYER:
+        assert not charged and not flagged and "--in-layer measured" in said[0] and "not charged" in said[0]
+    else:
+        assert {r["strategy"] for r in charged} == {"baseline"}  # the nccl path's rows are paired; fused_norm's not
+        assert all(r["predicted"]["in_layer_ms"] == pytest.approx(2 * extra, abs=1e-6) for r in charged)
+        assert said[0].startswith("in-layer term: measured beside llama3-70b TP=2's layer for nccl default,")
+        assert len(flagged) == 1 and "the in-layer term of 3 beside-layer rows" in flagged[0]

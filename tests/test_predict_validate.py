@@ -29,15 +29,55 @@ def test_every_device_call_is_in_the_checks_readme_as_it_runs():
     assert needed <= set(pv.CALLS)
 
 
-def test_the_committed_h100_validation_is_todays_output(tmp_path):
-    committed = ROOT / "results/predicted-h100/validation.md"
+@pytest.mark.parametrize("device", sorted(pv.STUDIES))
+def test_the_committed_validation_is_todays_output(device):
+    committed = ROOT / f"results/predicted-{device}/validation.md"
     if not committed.exists():
-        pytest.skip("no committed validation on this branch")
+        pytest.skip(f"no committed {device} validation on this branch")
     with pv.tempfile.TemporaryDirectory() as rows:
-        outcomes = [pv.run(s, Path(rows)) for s in pv.STUDIES["h100"]]
-    assert pv.report("h100", outcomes) == committed.read_text(), (
-        "results/predicted-h100/validation.md is not what `python tests/checks/predict_validate.py --device h100` "
-        "writes today: run it again")
+        outcomes = pv.validate(device, Path(rows))
+    flag = "" if device == "h100" else f" --out results/predicted-{device}"
+    assert pv.report(device, outcomes) == committed.read_text(), (
+        f"results/predicted-{device}/validation.md is not what `python tests/checks/predict_validate.py --device "
+        f"{device}{flag}` writes today: run it again")
+
+
+@pytest.mark.parametrize("paired", [False, True])
+def test_a_study_whose_rows_carry_the_paired_term_is_also_validated_charging_it(tmp_path, monkeypatch, paired):
+    """The default prediction (`--in-layer none`) always; a second with `--in-layer measured`
+    where the contention rows used carry the paired term, labelled so in the table and sections,
+    from the same inputs."""
+    rng = random.Random()
+    study = next(s for s in pv.STUDIES["h200"] if s.tp == 2)
+    contention = ROOT / study.contention_found().found()
+    rows = [json.loads(line) for line in contention.read_text().splitlines() if line.strip()]
+    assert any(r.get(pv.IN_LAYER_TERM) is not None for r in rows)
+    for name in ("results", "sweeps"):  # the committed inputs, beside the rows written here
+        (tmp_path / name).symlink_to(ROOT / name)
+    monkeypatch.setattr(pv, "ROOT", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "m" / f"{rng.randrange(1 << 24):06x}"
+    folder.mkdir(parents=True)
+    if not paired:  # the same rows as the two-harness measurement left them
+        rows = [{k: v for k, v in r.items() if not k.startswith("in_layer_")} | {"inline_extra_ms": rng.uniform(0, 1)}
+                for r in rows]
+    (folder / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    need = pv.Need("beside-layer rows", "m/*/rows.jsonl", required=False, current=pv.IN_LAYER)
+    study = pv.Study(study.device, study.model, study.tp, study.spec, study.pieces, study.tables, (need,), study.measured)
+    variants = study.in_layer_variants()
+    assert variants == ((pv.NO_IN_LAYER, pv.MEASURED_IN_LAYER) if paired else (pv.NO_IN_LAYER,))
+    predicted = tmp_path / "predicted"
+    predicted.mkdir()
+    outcomes = [pv.run(study, predicted, v) for v in variants]
+    table = [line for line in pv.report("h200", outcomes).splitlines() if line.startswith(f"| {study.title}")]
+    assert len(table) == len(variants) * len(study.measured)
+    assert [", with --in-layer measured" in line for line in table] == [False] + [True] * paired
+    if paired:
+        plain, charged = (o.sections[0][2] for o in outcomes)
+        assert plain["points"] and len(plain["points"]) == len(charged["points"])
+        assert any(a["predicted"] != b["predicted"] for a, b in zip(plain["points"], charged["points"]))
+        assert outcomes[1].summary[-1].startswith("in-layer term: measured beside")
+    assert outcomes[0].summary[-1].startswith("in-layer term: not charged")
 
 
 def test_the_committed_diagnostic_is_todays_output():

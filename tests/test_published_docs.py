@@ -348,6 +348,42 @@ def _ce_pieces() -> dict:
             "s1": stretch(16, 16), "s2": stretch(32, 32), "s4": stretch(64, 512)}
 
 
+# -- docs/predict.md: its validation figures, from the validation files (themselves checked to be
+# what tests/checks/predict_validate.py writes today: tests/test_predict_validate.py) -------------
+
+PREDICTED_H100, PREDICTED_H200 = "results/predicted-h100/validation.md", "results/predicted-h200/validation.md"
+VALIDATION_ROW = "| {device} | {model} | {tp} | {{points}} | {{median}} | {{p90}} | {{worst}} | {{picks}} | {contention} |"
+MEASURED_TERM = ", with --in-layer measured"
+VALIDATION_ROWS = [
+    (PREDICTED_H100, "2x H100", "llama3-70b", 2, "measured on 2x H100", "", "beside the layer, no in-layer term"),
+    (PREDICTED_H100, "2x H100", "llama3-8b", 2, "measured on 2x H100", "", "beside the layer, no in-layer term"),
+    *((PREDICTED_H200, "2x H200", model, 2, "measured on 2x H200", variant, contention)
+      for model in ("llama3-70b", "llama3-8b")
+      for variant, contention in (("", "beside the layer, no in-layer term"),
+                                  (MEASURED_TERM, "beside the layer, `--in-layer measured`"))),
+    *((PREDICTED_H200, "4x H200", model, 4, "measured on 4x H200", "", "none") for model in ("llama3-70b", "llama3-8b")),
+]
+
+
+def _no_comm_errors(model: str) -> dict:
+    section = f"{model} TP=2, measured on 2x H200 (the 9f356d8 study)"
+    plain = f.validation_errors(PREDICTED_H200, section, "no_comm")
+    charged = f.validation_errors(PREDICTED_H200, section + MEASURED_TERM, "no_comm")
+    return {"a": [plain[t] for t in TOKENS[:4]], "b": [charged[t] for t in TOKENS[:4]]}
+
+
+PREDICT_CLAIMS = [
+    Claim("docs/predict.md", VALIDATION_ROW.format(device=device, model=model, tp=tp, contention=contention),
+          lambda md=md, study=f"{model} TP={tp}, {measured}{variant}": f.validation_line(md, study))
+    for md, device, model, tp, measured, variant, contention in VALIDATION_ROWS
+] + [
+    Claim("docs/predict.md", "at llama3-8b 1K-8K it is predicted {a[0]}, {a[1]}, {a[2]} and {a[3]} off without the term "
+                             "and {b[0]}, {b[1]}, {b[2]} and {b[3]} with it", lambda: _no_comm_errors("llama3-8b")),
+    Claim("docs/predict.md", "(70B: {a[0]}, {a[1]}, {a[2]}, {a[3]} against {b[0]}, {b[1]}, {b[2]}, {b[3]})",
+          lambda: _no_comm_errors("llama3-70b")),
+]
+
+
 DOCS_CLAIMS = [
     Claim("docs/workload.md", "the path moved {a1:.0f} GB/s (busbw) in one piece (`ce_chunks: 1`, the serial schedule: no "
                               "side streams), {a2:.0f} in 2 and {a4:.0f} in 4", _ce_pieces),
@@ -368,7 +404,7 @@ DOCS_CLAIMS = [
 ]
 
 
-ALL_CLAIMS = README_ROWS + RESULTS_CLAIMS + TP4_CLAIMS + DOCS_CLAIMS
+ALL_CLAIMS = README_ROWS + RESULTS_CLAIMS + TP4_CLAIMS + DOCS_CLAIMS + PREDICT_CLAIMS
 
 
 @pytest.mark.parametrize("claim", ALL_CLAIMS, ids=lambda c: f"{c.doc}: {c.text[:50]}")

@@ -12,13 +12,15 @@ stretch, its time beside the compute over its time alone):
   interleaved rounds beside the pass: comm/in_layer.py). Rows made before that measurement hold
   `inline_extra_ms` instead, the in-line pass less the pass timed by another harness, which read
   the pass's two timings rather than the all-reduce (from 4K tokens at llama3-70b TP=2): their loss
-  and stretch are used, their in-layer term is not (a flagged note names the rows);
+  and stretch are used, their in-layer term is not (a flagged note names the rows, said where the
+  term is asked for: `predict --in-layer measured`);
 - `comm --beside-gemm` rows: beside a stream of persistent GEMMs: `gemm_loss_paired` (else
   `gemm_loss`), `beside_ms / ms`.
 
 Where a path has rows of both, the layer's are used: they are the kernels a split runs its
-transfers beside. How a prediction charges these numbers is the simulator's choice; this module
-only looks them up, and says in notes what it used and what it assumed where the rows lack a point.
+transfers beside. How a prediction charges these numbers, and whether it charges the in-layer term
+at all, is the simulator's choice (predict/estimate.py); this module only looks them up, and says
+in notes what it used and what it assumed where the rows lack a point.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class Contention:
     layer_of: tuple[str, int] | None = None  # (model, tp) of the layer the `layer` rows ran beside
     notes: list[Note] = field(default_factory=list)  # what choosing the rows assumed
     stale: int = 0  # the layer's rows whose in-layer term was measured before the paired rounds: not used
+    in_layer_notes: list[Note] = field(default_factory=list)  # what reading the in-layer term flagged (those rows)
 
     @classmethod
     def read(cls, paths: Iterable[str | Path], model: str | None = None, tp: int | None = None) -> Contention:
@@ -108,8 +111,6 @@ class Contention:
             elif row.get(IN_LAYER_BEFORE) is not None:
                 stale.append(row)
             layer_worlds.add(row.get("world_size"))
-        if stale:
-            notes.append(stale_note(stale, layer_of))
         if gemm:
             world = one_world_size(worlds, f"{source}: beside-GEMM rows", "give one world size")
         if layer_of:
@@ -118,25 +119,27 @@ class Contention:
             notes.append(Note(SUBSTITUTED, f"contention measured on {world} ranks, predicting {tp}: used as it is"))
         return cls(_medians(gemm), world, source, _medians(pairs),
                    {key: [(b, statistics.median(v)) for b, v in sorted(by.items())] for key, by in inline.items()},
-                   layer_of, notes, len(stale))
+                   layer_of, notes, len(stale), [stale_note(stale, layer_of)] if stale else [])
 
     def described(self) -> str:
         """Which paths' contention was measured beside what, in one line."""
-        said = lambda keys: ", ".join(f"{p}" + ("" if c is None else f" {c}") for p, c in sorted(keys, key=str))
         parts = []
         if self.layer:
-            parts.append(f"beside {self.layer_of[0]} TP={self.layer_of[1]}'s layer for {said(self.layer)}")
+            parts.append(f"beside {self.layer_of[0]} TP={self.layer_of[1]}'s layer for {_said(self.layer)}")
         gemm_only = [k for k in self.entries if k[0] not in {p for p, _ in self.layer}]
         if gemm_only:
-            parts.append(f"beside the GEMM stream for {said(gemm_only)}")
-        if self.inline:
-            parts.append(f"in-layer term of blocking all-reduces for {said(self.inline)}")
-        elif self.stale:
-            parts.append(f"no in-layer term (the {self.stale} beside-layer rows' was measured before the paired rounds, "
-                         f"not used): blocking all-reduces cost their time alone")
-        else:
-            parts.append("no in-layer term (no --beside-layer rows): blocking all-reduces cost their time alone")
+            parts.append(f"beside the GEMM stream for {_said(gemm_only)}")
         return "; ".join(parts)
+
+    def in_layer_described(self) -> str:
+        """Which paths' in-layer term the rows hold, in one line (where it is charged)."""
+        if self.inline:
+            return (f"measured beside {self.layer_of[0]} TP={self.layer_of[1]}'s layer for {_said(self.inline)}, "
+                    f"charged to their blocking all-reduces")
+        if self.stale:
+            return (f"none (the {self.stale} beside-layer rows' was measured before the paired rounds, not used): "
+                    f"blocking all-reduces cost their time in the table")
+        return "none (no --beside-layer rows): blocking all-reduces cost their time in the table"
 
     def mean_loss(self) -> float:
         """The mean loss over every measured point (the layer's where there are any): the default
@@ -185,6 +188,11 @@ class Contention:
         measured = Note(MEASURED, f"{path}{budget}: {extra * 1e3:+.1f} us per blocking all-reduce in line with "
                                   f"{self.layer_of[0]} TP={self.layer_of[1]}'s layer")
         return extra, ((Note(SUBSTITUTED, said),) if said else ()) + (measured,)
+
+
+def _said(keys) -> str:
+    """(path, ctas) keys in one phrase: "nccl default, nccl_symm 16"."""
+    return ", ".join(f"{p}" + ("" if c is None else f" {c}") for p, c in sorted(keys, key=str))
 
 
 def stale_note(rows: list[dict], layer: tuple[str, int]) -> Note:

@@ -21,7 +21,8 @@ class Summary:
     no_speedup: int = 0  # token counts whose default baseline was not predicted
     touched: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
     inputs: list[Note] = field(default_factory=list)  # the tables' own (rescaling, cut-off files, gaps)
-    contention: str = "none given: transfers beside compute cost it nothing, blocking all-reduces their time alone"
+    contention: str = "none given: transfers beside compute cost it nothing"
+    in_layer: str = "not charged: blocking all-reduces cost their time in the table"  # a serial plan's term
 
     def add(self, notes: list[Note], ok: bool) -> None:
         """One point's notes (each counted once for it)."""
@@ -32,7 +33,8 @@ class Summary:
 
     def lines(self) -> list[str]:
         """The summary: the points, then one line per kind of note: the inputs' own notes (a
-        rescaled table, a cut-off file, a gap), then those of the points, with how many each touched."""
+        rescaled table, a cut-off file, a gap), then those of the points, with how many each touched;
+        then where the contention came from and whether blocking all-reduces paid an in-layer term."""
         out = [f"{self.points} points: {self.ok} predicted, {self.points - self.ok} skipped"
                + (f"; no speedups at {self.no_speedup} token counts (their default baseline was skipped)"
                   if self.no_speedup else "")]
@@ -42,4 +44,4 @@ class Summary:
             if said:
                 more = f"; and {len(said) - SHOWN} more" if len(said) > SHOWN else ""
                 out.append(f"{kind}: {'; '.join(said[:SHOWN])}{more}")
-        return out + [f"contention: {self.contention}"]
+        return out + [f"contention: {self.contention}", f"in-layer term: {self.in_layer}"]

@@ -15,6 +15,11 @@ missing and the device call that makes them; `--missing` prints the same. An inp
 from an older measurement (its rows lack a field it has now: the beside-layer rows before the
 in-layer term's paired rounds) is used as predict uses it, and listed as one to make again.
 
+Each study is predicted with predict's defaults (`--in-layer none`: blocking all-reduces cost their
+time in the table); a study whose contention rows carry the in-layer term of the paired rounds is
+predicted again with `--in-layer measured`, from the same inputs, and reported beside it
+(IN_LAYER_VARIANTS), so the file shows what charging that term does.
+
 The device calls that make what is missing are CALLS below (each inside one 600 s call; OUT is
 the call's output folder, <commit> the code's; commit what comes back under
 results/<machine>/<commit>/ with a README row); tests/checks/README.md lists them as command
@@ -41,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from overlapbench.comm.in_layer import TERM as IN_LAYER_TERM  # noqa: E402
+from overlapbench.predict.estimate import MEASURED_IN_LAYER, NO_IN_LAYER  # noqa: E402
 from overlapbench.tuning.results import read_rows  # noqa: E402
 from tests.checks.predict_validation import compare, markdown  # noqa: E402
 
@@ -58,6 +64,9 @@ CALLS = {
 }
 GPU_NAMES = {"h100": "H100", "h200": "H200"}
 IN_LAYER = (IN_LAYER_TERM, "the in-layer term timed in paired rounds")  # beside-layer rows' current field
+# `predict --in-layer` choices a study is validated with: the default always, `measured` where the
+# contention rows it uses carry the paired term (a second prediction, its rows labelled with it)
+IN_LAYER_VARIANTS = (NO_IN_LAYER, MEASURED_IN_LAYER)
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,17 @@ class Study:
     @property
     def title(self) -> str:
         return f"{self.model} TP={self.tp}"
+
+    def contention_found(self) -> Need | None:
+        """The contention input used: the first of `contention` committed."""
+        return next((n for n in self.contention if n.found() is not None), None)
+
+    def in_layer_variants(self) -> tuple[str, ...]:
+        """The `--in-layer` choices to validate with: the default, and `measured` where the
+        contention rows used carry the in-layer term of the paired rounds."""
+        used = self.contention_found()
+        paired = used is not None and any(r.get(IN_LAYER_TERM) is not None for r in read_rows(ROOT / used.found()))
+        return IN_LAYER_VARIANTS if paired else IN_LAYER_VARIANTS[:1]
 
 
 def _h100(model: str, short: str) -> list[Study]:
@@ -179,21 +199,35 @@ class Outcome:
     missing: list[Need] = field(default_factory=list)
     outdated: list[Need] = field(default_factory=list)  # committed, of an older measurement: to make again
     refused: str | None = None  # inputs of another device kind
-    sections: list[tuple[str, dict]] = field(default_factory=list)  # (title, predict_validation.compare)
+    # (the measured rows' title, their files and runs, predict_validation.compare)
+    sections: list[tuple[str, str, dict]] = field(default_factory=list)
     summary: list[str] = field(default_factory=list)  # predict's summary lines
     contention: str = "none"
+    in_layer: str = NO_IN_LAYER  # predict's --in-layer
+
+    @property
+    def variant(self) -> str:
+        """What the prediction's titles add: its --in-layer where not the default."""
+        return "" if self.in_layer == NO_IN_LAYER else f", with --in-layer {self.in_layer}"
 
 
-def run(study: Study, rows_dir: Path) -> Outcome:
-    """Predict the study from its inputs and compare with each measured file; or say what is missing."""
+def validate(device: str, rows_dir: Path) -> list[Outcome]:
+    """Every study of the device kind, with each of its --in-layer variants (the default first)."""
+    return [run(s, rows_dir, in_layer) for s in STUDIES[device] for in_layer in s.in_layer_variants()]
+
+
+def run(study: Study, rows_dir: Path, in_layer: str = NO_IN_LAYER) -> Outcome:
+    """Predict the study from its inputs (`predict --in-layer in_layer`) and compare with each
+    measured file; or say what is missing."""
     from overlapbench.predict import command
 
     needs = _needs(study)
     out = _wanted(study)
+    out.in_layer = in_layer
     if any(n.required for n in out.missing):
         return out
     found = {n: n.found() for n in needs}
-    contention = next((n for n in study.contention if found[n] is not None), None)
+    contention = study.contention_found()
     used = [found[n] for n in (study.pieces, *study.tables, contention) if n is not None and found[n] is not None]
     measured = [(title, [found[n] for n in ns if found[n] is not None]) for title, ns in study.measured]
     if not study.diagnostic:
@@ -201,15 +235,15 @@ def run(study: Study, rows_dir: Path) -> Outcome:
         if out.refused:
             return out
     out.contention = "none" if contention is None else contention.what
-    predicted = rows_dir / f"predicted-{study.model}-tp{study.tp}.jsonl"
+    predicted = rows_dir / f"predicted-{study.model}-tp{study.tp}-{in_layer}.jsonl"
     predicted.unlink(missing_ok=True)
     comm = [found[n] for n in study.tables if found[n] is not None] + ([found[contention]] if contention else [])
     _, out.summary = command.run(command.Options(spec=ROOT / study.spec, tp=study.tp, comm=comm, compute=[found[study.pieces]],
-                                                 output=predicted))
+                                                 output=predicted, in_layer=in_layer))
     rows = read_rows(predicted)
     for title, paths in measured:
-        named = f"{title} ({', '.join(_rel(p) for p in paths)}, runs {', '.join(_runs(paths))})"
-        out.sections.append((named, compare([r for p in paths for r in read_rows(ROOT / p)], rows)))
+        sources = f"{', '.join(_rel(p) for p in paths)}, runs {', '.join(_runs(paths))}"
+        out.sections.append((title, sources, compare([r for p in paths for r in read_rows(ROOT / p)], rows)))
     return out
 
 
@@ -280,13 +314,13 @@ def report(device: str, outcomes: list[Outcome], diagnostic: Path | None = None)
     out += ["| study | points | median | 90th pct | worst | picks within 0.01 | the same | within noise | contention |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for o in outcomes:
-        if not o.sections:
+        if not o.sections and not o.variant:  # said once, for the default prediction
             why = o.refused or "not validated: missing " + "; ".join(n.what for n in o.missing if n.required)
             out.append(f"| {o.study.title} | {why} | | | | | | | |")
-        for title, r in o.sections:
+        for title, _, r in o.sections:
             if not r["points"]:
                 continue
-            out.append(f"| {title.split(' (')[0]} | {len(r['points'])} | {r['median_abs_error']:.3f} | "
+            out.append(f"| {title.split(' (')[0]}{o.variant} | {len(r['points'])} | {r['median_abs_error']:.3f} | "
                        f"{r['p90_abs_error']:.3f} | {r['max_abs_error']:.3f} | {r['picks_within']} of {r['token_counts']} | "
                        f"{r['picks_same']} | {r['picks_agree']} | {o.contention} |")
     lines = missing_lines(outcomes)
@@ -295,9 +329,9 @@ def report(device: str, outcomes: list[Outcome], diagnostic: Path | None = None)
                 "Each is made by the device call named (tests/checks/README.md):", "", *lines]
     for o in outcomes:
         if o.summary:
-            out += ["", f"## {o.study.title}: what `predict` said", "", "```", *o.summary, "```"]
-        for title, r in o.sections:
-            out += ["", markdown(title, r).rstrip()]
+            out += ["", f"## {o.study.title}{o.variant}: what `predict` said", "", "```", *o.summary, "```"]
+        for title, sources, r in o.sections:
+            out += ["", markdown(f"{title}{o.variant} ({sources})", r).rstrip()]
     return "\n".join(out) + "\n"
 
 
@@ -321,7 +355,7 @@ def main() -> None:
             return
         if args.device is None:
             parser.error("give --device, --missing or --diagnostic FILE")
-        outcomes = [run(s, Path(rows)) for s in STUDIES[args.device]]
+        outcomes = validate(args.device, Path(rows))
     if not any(o.sections for o in outcomes):
         print(f"nothing to validate on {args.device} yet:\n" + "\n".join(missing_lines(outcomes)))
         sys.exit(1)
