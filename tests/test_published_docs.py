@@ -361,7 +361,10 @@ VALIDATION_ROWS = [
       for model in ("llama3-70b", "llama3-8b")
       for variant, contention in (("", "beside the layer, no in-layer term"),
                                   (MEASURED_TERM, "beside the layer, `--in-layer measured`"))),
-    *((PREDICTED_H200, "4x H200", model, 4, "measured on 4x H200", "", "none") for model in ("llama3-70b", "llama3-8b")),
+    *((PREDICTED_H200, "4x H200", model, 4, "measured on 4x H200", variant, contention)
+      for model in ("llama3-70b", "llama3-8b")
+      for variant, contention in (("", "beside TP=2's layer, no in-layer term"),
+                                  (MEASURED_TERM, "beside TP=2's layer, `--in-layer measured`"))),
 ]
 
 

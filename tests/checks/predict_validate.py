@@ -174,7 +174,11 @@ def _h200(model: str) -> list[Study]:
                   Need("the TP=4 pieces on one H200", f"results/h200/*/pieces-{model}-tp4-tp4.jsonl", "h200-pieces"),
                   (Need("the 4x H200 all-reduce table", f"{x4}/c1821fe/comm.jsonl"),),
                   (Need("beside-layer rows (4x H200)", f"{x4}/*/comm-beside-layer-{model}.jsonl",
-                        "h200x4-layer", required=False, current=IN_LAYER),),
+                        "h200x4-layer", required=False, current=IN_LAYER),
+                   # until those are measured: the TP=2 shard's rows, which predict uses as they are
+                   # and says so ("substituted")
+                   Need("beside-layer rows (2x H200, TP=2's layer)", f"{x2}/*/comm-beside-layer-{model}.jsonl",
+                        required=False, current=IN_LAYER)),
                   ((f"{model} TP=4, measured on 4x H200",
                     (Need("the TP=4 study on 4x H200", f"{x4}/c1821fe/{model}-tp4.jsonl"),)),))]
 
