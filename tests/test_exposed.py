@@ -427,7 +427,7 @@ def test_report_profile_json_carries_the_exposure_and_old_folders_still_read(tmp
 SPEC = """
 name: tiny-profile
 model: tiny
-layers: 2
+layers: [1, 2]
 tokens: [16]
 strategies:
   baseline: {}
@@ -449,11 +449,12 @@ def test_a_cpu_sweep_with_a_profile_folder_writes_timelines_the_report_reads(tmp
     spec_path, out, folder = tmp_path / "spec.yaml", tmp_path / "r.jsonl", tmp_path / "profile"
     spec_path.write_text(SPEC)
     folder.mkdir()
-    assert distributed.run(_profiled_sweep, str(spec_path), str(out), str(folder)) == [2, 0]
+    assert distributed.run(_profiled_sweep, str(spec_path), str(out), str(folder)) == [4, 0]
     rows = read_rows(out)
-    assert {r["status"] for r in rows} == {"ok"}
+    assert {r["status"] for r in rows} == {"ok"} and {r["layers"] for r in rows} == {1, 2}
+    assert len(list(folder.glob("*.txt"))) == len(rows)  # each depth its own table: none written over
     for r in rows:
-        name = profile_name(r["strategy"], r["tokens"], r["knobs"])
+        name = profile_name(r["strategy"], r["tokens"], r["knobs"], layers=r["layers"])
         assert (folder / f"{name}.txt").read_text().startswith("3 eager forwards\n")
         data = json.loads((folder / f"{name}{timeline.SUFFIX}").read_text())
         assert set(data) == {"schema", "device", "forwards", "unit", "host_ops", "names", "ops", "kernels"}
@@ -462,7 +463,7 @@ def test_a_cpu_sweep_with_a_profile_folder_writes_timelines_the_report_reads(tmp
     result = distributed.overlapbench("report", str(out), "--profile", str(folder), env={"COLUMNS": "200"})
     assert result.returncode == 0, result.stderr
     for r in rows:
-        name = profile_name(r["strategy"], r["tokens"], r["knobs"])
+        name = profile_name(r["strategy"], r["tokens"], r["knobs"], layers=r["layers"])
         assert re.search(rf"{re.escape(name)}: no device kernels in its timeline \(profiled on cpu: \d+ host ops\)",
                          result.stdout), result.stdout
 

@@ -89,9 +89,10 @@ def accounts(rows: list[dict], folder: Path) -> dict[tuple[str, int], list[Accou
     for row in rows:
         if analysis.workload_of(row) != analysis.LAYER:
             continue
-        name = profile_name(row["strategy"], row["tokens"], row["knobs"], row.get("decode"))
-        table = folder / f"{name}.txt"
-        if table.is_file():
+        names = (profile_name(row["strategy"], row["tokens"], row["knobs"], row.get("decode"), row.get("layers")),
+                 profile_name(row["strategy"], row["tokens"], row["knobs"], row.get("decode")))  # a folder of before depths
+        name, table = next(((n, folder / f"{n}.txt") for n in names if (folder / f"{n}.txt").is_file()), (names[0], None))
+        if table is not None:
             timed = row["ms"] if row.get("status") == "ok" else None
             group = analysis.Group.of(row).label()
             found[group, row["tokens"]].append(Account(name, row["tokens"], group, tally(table, row["layers"]), timed))

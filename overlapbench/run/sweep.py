@@ -123,7 +123,8 @@ def _profile(rt: runtime.Runtime, point: Point, step, work: Workload, profile_di
     (on CPU: host ops, a timeline without device kernels)."""
     if profile_dir is None:
         return None
-    name = results.profile_name(point.strategy, point.tokens, point.knobs, point.decode.as_dict() if point.decode else None)
+    name = results.profile_name(point.strategy, point.tokens, point.knobs, point.decode.as_dict() if point.decode else None,
+                                point.layers)
     path = profile_dir / f"{name}.txt" if rt.rank == 0 else None
     try:
         _phase(rt, lambda: measure.profile_step(step, work.x, path))

@@ -349,12 +349,15 @@ def open_on_ranks(output: str | Path, resume: bool, rank: int,
     return store, set(opened[0]), opened[1]
 
 
-def profile_name(strategy: str, tokens: int, knobs: dict, decode: dict | None = None) -> str:
+def profile_name(strategy: str, tokens: int, knobs: dict, decode: dict | None = None, layers: int | None = None) -> str:
     """The file name (less `.txt`) of a point's kernel table in a `sweep --profile` folder; what
-    `report --profile` finds a row's table by. Knobs left unset or at default are not in it."""
+    `report --profile` finds a row's table by. Knobs left unset or at default are not in it. The
+    stack's depth ends it (`-4layers`): a spec of several depths profiles each point at each;
+    folders written before it did lack it (`report --profile` reads both)."""
     settings = "-".join(f"{k}={v}" for k, v in knobs.items() if v not in (None, "default"))
     at = f"-decode{decode['tokens']}x{decode['context']}" if decode else ""
-    return f"{strategy}-{tokens}{at}" + (f"-{settings}" if settings else "")
+    depth = f"-{layers}layers" if layers is not None else ""
+    return f"{strategy}-{tokens}{at}" + (f"-{settings}" if settings else "") + depth
 
 
 def new_run_id() -> str:
