@@ -95,9 +95,12 @@ def capability(device: str) -> int | None:
 class EngineModel:
     """What every engine's Model (export/choice.Model) knows of its tuned config: the release, the
     GPU's compute capability (None: not one whose tables were read), TP, the bytes of one row of
-    the all-reduce; and its default setting, the engine's `setting` with no argument."""
+    the all-reduce; its default setting, the engine's `setting` with no argument; and its default
+    step cap, from the engine's facts (`step_cap_tokens` on the GPUs named in `step_cap_devices`)."""
 
     setting: type  # the engine's Setting: Setting() is what it runs by default
+    step_cap_tokens: int | None = None  # the most tokens one step holds by default (None: not read)
+    step_cap_devices: tuple[str, ...] = ()  # the GPUs that cap applies to, by a word of the rows' device name
 
     def __init__(self, config: TunedConfig, version: str | None = None):
         self.config, self.version, self.tp = config, version, config.tp
@@ -106,6 +109,11 @@ class EngineModel:
 
     def default(self):
         return self.setting()
+
+    def step_cap(self) -> int | None:
+        """The most tokens one step holds by default on this GPU (None: not recorded for it)."""
+        words = self.config.device.replace("-", " ").split()
+        return self.step_cap_tokens if any(w in self.step_cap_devices for w in words) else None
 
 
 

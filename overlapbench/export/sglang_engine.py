@@ -46,13 +46,11 @@ class Model(EngineModel):
 
     engine = "sglang"
     setting = Setting
+    step_cap_tokens = value(F, "STEP_CAP_H100")
+    step_cap_devices = facts.STEP_CAP_DEVICES
 
     def known(self) -> bool:
         return value(F, "CUSTOM_AR_V2_TABLE", self.cap, self.tp) is not None
-
-    def step_cap(self) -> int | None:
-        words = self.config.device.replace("-", " ").split()
-        return value(F, "STEP_CAP_H100") if any(w in facts.STEP_CAP_DEVICES for w in words) else None
 
     def candidates(self, counts: list[int]) -> list[Setting]:
         if not self.known():

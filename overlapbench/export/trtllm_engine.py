@@ -32,13 +32,10 @@ class Model(EngineModel):
     """TensorRT-LLM (its source at the commits read), for one tuned config."""
 
     engine = "trtllm"
-    setting = Setting
+    setting = Setting  # no step_cap_tokens: its max_num_tokens default was not read, so step_cap() is None
 
     def known(self) -> bool:
         return self.cap is not None
-
-    def step_cap(self) -> int | None:
-        return None  # its max_num_tokens default was not read
 
     def candidates(self, counts: list[int]) -> list[Setting]:
         return [Setting(s) for s in STRATEGIES] if self.known() else [Setting()]

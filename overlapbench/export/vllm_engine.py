@@ -60,6 +60,8 @@ class Model(EngineModel):
 
     engine = "vllm"
     setting = Setting
+    step_cap_tokens = value(F, "STEP_CAP_SERVE")
+    step_cap_devices = facts.STEP_CAP_DEVICES
 
     def known(self) -> bool:
         """Whether vLLM's tables were read for this GPU and TP."""
@@ -74,10 +76,6 @@ class Model(EngineModel):
         if not s.fusion or not self.known():
             return None
         return s.fusion_tokens if s.fusion_tokens is not None else self.builtin_fusion_tokens()
-
-    def step_cap(self) -> int | None:
-        words = self.config.device.replace("-", " ").split()
-        return value(F, "STEP_CAP_SERVE") if any(w in facts.STEP_CAP_DEVICES for w in words) else None
 
     def candidates(self, counts: list[int]) -> list[Setting]:
         if not self.known() or not counts:
