@@ -11,6 +11,7 @@ changes how vLLM compiles and captures every size, which the rows do not measure
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from overlapbench.export import notes, vllm_engine
 from overlapbench.export import vllm_facts as facts
@@ -47,26 +48,65 @@ def cannot(p: Pick, keys: facts.Keys) -> str | None:
     return CANNOT.get(p.kind)
 
 
+@dataclass(frozen=True)
+class Switch:
+    """One of the plain all-reduce's switches (a boolean field of vllm_engine.Setting) as the export
+    writes it where it differs from vLLM's default: the line that sets it (an environment line, or a
+    `vllm serve` flag) and what it changes. A new switch of vLLM's is one record here."""
+
+    field: str  # the Setting field
+    line: str  # the environment line or the serve flag that sets the non-default value
+    env: bool  # whether `line` is an environment line (else a serve flag)
+    says: str  # what setting it changes, in vLLM's words
+
+    def differs(self, setting: vllm_engine.Setting) -> bool:
+        return getattr(setting, self.field) != getattr(vllm_engine.Setting(), self.field)
+
+
+SWITCHES = (
+    Switch("flashinfer_ar", f"{facts.ENV_FLASHINFER_AR}=0", True, "turns FlashInfer's standalone all-reduce off"),
+    Switch("custom_ar", facts.DISABLE_CUSTOM_AR, False, "turns vLLM's custom all-reduce off"),
+    Switch("symm_mem", f"{facts.ENV_SYMM_MEM}=0", True, "turns PyTorch's symmetric-memory all-reduce off"),
+    Switch("nccl_symm", f"{facts.ENV_NCCL_SYMM}=1", True, "turns NCCL's symmetric kernels on"),
+)
+
+
+def switched(setting: vllm_engine.Setting) -> list[Switch]:
+    """The switches `setting` sets away from vLLM's defaults, in SWITCHES' order."""
+    return [switch for switch in SWITCHES if switch.differs(setting)]
+
+
+def fusion(model: vllm_engine.Model, setting: vllm_engine.Setting, keys: facts.Keys) -> tuple[dict, list[str]]:
+    """The fusion's pass_config entries that differ from vLLM's defaults, and what they change, in
+    vLLM's words (with what a bound above the built-in one costs)."""
+    release = model.version
+    if not setting.fusion:
+        return {keys.fusion: False}, [f"turns the all-reduce + RMSNorm fusion off ({keys.fusion}: false; on by default: "
+                                      f"{find(facts.FACTS, 'FUSION_DEFAULT_ON').cite(release)})"]
+    if setting.fusion_tokens is None:
+        return {}, []
+    size = setting.fusion_tokens * model.row_bytes
+    entries = {keys.fusion: True,
+               keys.fusion_bound: size / MIB if keys.bound_unit == "MiB" else setting.fusion_tokens}
+    builtin = model.builtin_fusion_tokens()
+    says = [f"moves the fusion's bound from {builtin} to {setting.fusion_tokens} tokens ({keys.fusion_bound}: the "
+            f"last fused count x hidden x dtype bytes; vLLM fuses a compiled range ending at or below "
+            f"int(MiB * 2**20) // (hidden x dtype bytes) tokens: "
+            f"{find(facts.FACTS, 'FUSION_RANGE').cite(release)})"]
+    if builtin is not None and setting.fusion_tokens > builtin:
+        says.append(_workspace(model, setting.fusion_tokens, builtin))
+    return entries, says
+
+
 def pass_config(model: vllm_engine.Model, setting: vllm_engine.Setting, keys: facts.Keys) -> dict:
     """The pass_config entries that differ from vLLM's defaults."""
-    if not setting.fusion:
-        return {keys.fusion: False}
-    if setting.fusion_tokens is None:
-        return {}
-    size = setting.fusion_tokens * model.row_bytes
-    return {keys.fusion: True, keys.fusion_bound: size / MIB if keys.bound_unit == "MiB" else setting.fusion_tokens}
+    return fusion(model, setting, keys)[0]
 
 
 def backend(setting: vllm_engine.Setting) -> tuple[list[str], list[str]]:
     """Environment lines and CLI flags for the plain all-reduce's switches that differ from the defaults."""
-    env = []
-    if not setting.flashinfer_ar:
-        env.append(f"{facts.ENV_FLASHINFER_AR}=0")
-    if not setting.symm_mem:
-        env.append(f"{facts.ENV_SYMM_MEM}=0")
-    if setting.nccl_symm:
-        env.append(f"{facts.ENV_NCCL_SYMM}=1")
-    return env, [] if setting.custom_ar else [facts.DISABLE_CUSTOM_AR]
+    on = switched(setting)
+    return [switch.line for switch in on if switch.env], [switch.line for switch in on if not switch.env]
 
 
 def serve_line(config: TunedConfig, flags: list[str]) -> str:
@@ -76,31 +116,11 @@ def serve_line(config: TunedConfig, flags: list[str]) -> str:
 
 def changes(model: vllm_engine.Model, choice: Choice, keys: facts.Keys) -> list[str]:
     """What the export changes from vLLM's defaults, in vLLM's words, and why it is safe."""
-    s, release = choice.setting, model.version
+    s = choice.setting
     if s == choice.default:
         return ["keeps every vLLM default: no setting vLLM can express measured faster than its defaults at the "
                 "measured counts without being slower at another"]
-    out = []
-    if not s.fusion:
-        out.append(f"turns the all-reduce + RMSNorm fusion off ({keys.fusion}: false; on by default: "
-                   f"{find(facts.FACTS, 'FUSION_DEFAULT_ON').cite(release)})")
-    elif s.fusion_tokens is not None:
-        builtin = model.builtin_fusion_tokens()
-        out.append(f"moves the fusion's bound from {builtin} to {s.fusion_tokens} tokens ({keys.fusion_bound}: the "
-                   f"last fused count x hidden x dtype bytes; vLLM fuses a compiled range ending at or below "
-                   f"int(MiB * 2**20) // (hidden x dtype bytes) tokens: "
-                   f"{find(facts.FACTS, 'FUSION_RANGE').cite(release)})")
-        if builtin is not None and s.fusion_tokens > builtin:
-            out.append(_workspace(model, s.fusion_tokens, builtin))
-    if not s.flashinfer_ar:
-        out.append(f"turns FlashInfer's standalone all-reduce off ({facts.ENV_FLASHINFER_AR}=0)")
-    if not s.custom_ar:
-        out.append(f"turns vLLM's custom all-reduce off ({facts.DISABLE_CUSTOM_AR})")
-    if not s.symm_mem:
-        out.append(f"turns PyTorch's symmetric-memory all-reduce off ({facts.ENV_SYMM_MEM}=0)")
-    if s.nccl_symm:
-        out.append(f"turns NCCL's symmetric kernels on ({facts.ENV_NCCL_SYMM}=1)")
-    return out
+    return [*fusion(model, s, keys)[1], *(f"{switch.says} ({switch.line})" for switch in switched(s))]
 
 
 def _workspace(model: vllm_engine.Model, bound: int, builtin: int) -> str:
