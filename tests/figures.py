@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import statistics
 from pathlib import Path
 
 from overlapbench.tuning import analysis, batches, results, tune
@@ -298,3 +299,76 @@ def validation_errors(validation_md: str, section: str, what: str) -> dict[int, 
     if not found:
         raise AssertionError(f"{validation_md}: no {what!r} in a section starting {section!r}")
     return found
+
+
+# -- the in-layer term against the studies (docs/predict.md) -------------------------------------
+
+
+def _serial_layer_ms(rows_: list[dict], tokens: int, strategy: str, knobs: dict, layers: int | None) -> float | None:
+    """The ms per layer of the one ok row of `strategy` at exactly `knobs` (and `layers` where given)."""
+    found = [r["ms"] for r in rows_ if r["status"] == "ok" and r["tokens"] == tokens and r["strategy"] == strategy
+             and r["knobs"] == knobs and (layers is None or r["layers"] == layers)]
+    return the_one(found, f"{strategy} {knobs} at {tokens} tokens") if found else None
+
+
+def no_comm_over_chain(pieces: str, *studies: str, layers: int | None = None) -> dict[int, float]:
+    """Token count -> how much longer the studies' `no_comm` took per layer than the pieces' serial
+    chain (the same stack with no communication, on one GPU: `sweep --pieces`), as a fraction;
+    `layers`: the studies' depth where they hold several."""
+    chains = {}
+    for r in rows(pieces):
+        key = json.loads(r["key"])
+        if r["status"] == "ok" and key["piece"] == "chain" and not key["pipelined"]:
+            chains[r["tokens"]] = r["ms"] / key["layers"]
+    measured = [r for s in studies for r in rows(s)]
+    out = {}
+    for tokens, chain in chains.items():
+        no_comm = _serial_layer_ms(measured, tokens, "no_comm", {}, layers)
+        if no_comm is not None:
+            out[tokens] = no_comm / chain - 1
+    return out
+
+
+def _table_ms(table: str, path_: str, ctas: str) -> dict[int, float]:
+    """Bytes -> the comm table's median ms of one path and CTA budget."""
+    by_bytes: dict[int, list[float]] = {}
+    for r in rows(table):
+        alone = r.get("beside_layer") is None and not r.get("beside_gemm")
+        if r["status"] == "ok" and alone and r["strategy"] == path_ and str(r["knobs"].get("ctas")) == ctas:
+            by_bytes.setdefault(r["bytes"], []).append(r["ms"])
+    return {b: statistics.median(v) for b, v in by_bytes.items()}
+
+
+def in_line_excess_us(table: str, *studies: str, layers: int | None = None) -> dict[int, float]:
+    """Token count -> what each blocking all-reduce of the studies' default baseline (NCCL, its own
+    CTAs) cost in line beyond the table's time of its size (us): (baseline - no_comm) / 2 per
+    layer, less the table's nccl default time."""
+    measured = [r for s in studies for r in rows(s)]
+    times = _table_ms(table, "nccl", "default")
+    out = {}
+    for tokens in sorted({r["tokens"] for r in measured}):
+        base = _serial_layer_ms(measured, tokens, "baseline", {"nccl_max_ctas": "default"}, layers)
+        no_comm = _serial_layer_ms(measured, tokens, "no_comm", {}, layers)
+        nbytes = tokens * measured[0]["shape"]["hidden"] * 2  # bf16 rows
+        if base is not None and no_comm is not None and nbytes in times:
+            out[tokens] = ((base - no_comm) / 2 - times[nbytes]) * 1e3
+    return out
+
+
+def in_layer_terms_us(beside: str, path_: str = "nccl", ctas: str = "default") -> dict[int, float]:
+    """Token count (the layer's rows) -> the beside-layer rows' in-layer term of one path (us)."""
+    return {r["beside_layer"]["tokens"]: r["in_layer_extra_ms"] * 1e3 for r in rows(beside)
+            if r["status"] == "ok" and r["strategy"] == path_ and str(r["knobs"].get("ctas")) == ctas}
+
+
+def ops_over_table(beside: str, table: str) -> list[float]:
+    """Each beside-layer row's two all-reduces alone (`in_layer_ops_ms` / 2, per call) over the
+    comm table's time of the same path, budget and size."""
+    out = []
+    for r in rows(beside):
+        if r["status"] != "ok":
+            continue
+        times = _table_ms(table, r["strategy"], str(r["knobs"].get("ctas")))
+        if r["bytes"] in times:
+            out.append(r["in_layer_ops_ms"] / 2 / times[r["bytes"]])
+    return out
