@@ -380,7 +380,7 @@ PREDICT_CLAIMS = [
           lambda md=md, study=f"{model} TP={tp}, {measured}{variant}": f.validation_line(md, study))
     for md, device, model, tp, measured, variant, contention in VALIDATION_ROWS
 ] + [
-    Claim("docs/predict.md", "at llama3-8b 1K-8K it is predicted {a[0]}, {a[1]}, {a[2]} and {a[3]} off without the term "
+    Claim("docs/predict.md", "at llama3-8b 1K-8K is predicted {a[0]}, {a[1]}, {a[2]} and {a[3]} off without the term "
                              "and {b[0]}, {b[1]}, {b[2]} and {b[3]} with it", lambda: _no_comm_errors("llama3-8b")),
     Claim("docs/predict.md", "(70B: {a[0]}, {a[1]}, {a[2]}, {a[3]} against {b[0]}, {b[1]}, {b[2]}, {b[3]})",
           lambda: _no_comm_errors("llama3-70b")),

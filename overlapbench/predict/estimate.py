@@ -94,8 +94,9 @@ COPY_ENGINE_PATHS = frozenset({"copy_engine_norm"})
 # NO_IN_LAYER charges nothing more; MEASURED_IN_LAYER charges the beside-layer rows' in-layer term
 # (`in_layer_extra_ms`: the in-line pass less the pass less the all-reduces, per all-reduce, in
 # paired rounds; rows of the measurement before those rounds are flagged and charged nothing).
-# NO_IN_LAYER is the default: charging the measured term made the TP=2 validation worse on both
-# 2x H100 and 2x H200 (the pieces and the table alone predict the baselines; docs/predict.md).
+# NO_IN_LAYER is the default: no validation against studies of the inputs' own code shows the
+# measured term helps (on 2x H200 at TP=2 it looked worse, against studies of older layer code; at
+# TP=4 it was mixed: docs/predict.md).
 NO_IN_LAYER, MEASURED_IN_LAYER = "none", "measured"
 IN_LAYER = (NO_IN_LAYER, MEASURED_IN_LAYER)
 
