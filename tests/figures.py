@@ -15,6 +15,7 @@ import statistics
 from pathlib import Path
 
 from overlapbench.tuning import analysis, batches, results, tune
+from tests.checks import predict_validation as validation
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -275,13 +276,26 @@ def picks_by_tokens(*stores: str) -> dict[int, dict]:
     return out
 
 
+# the summary table's columns a claim names, by the table's header
+VALIDATION_COLUMNS = {"points": "points", "median": "median", "p90": "90th pct", "worst": "worst",
+                      "picks": "picks within 0.01", "compute": "compute vs pieces"}
+
+
 def validation_line(validation_md: str, study: str) -> dict[str, str]:
     """A study's line of a predict validation's summary table (tests/checks/predict_validate.py),
-    by its first cell: points, median, p90, worst, picks ("5 of 6")."""
+    by its first cell, its cells named as VALIDATION_COLUMNS maps the header: points, median, p90,
+    worst, picks ("5 of 6"), compute (the compute against the pieces, "+22% ⚠ (other code?)")."""
+    header: list[str] = []
     for line in path(validation_md).read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if cells[0] == study:
-            return dict(zip(("points", "median", "p90", "worst", "picks"), cells[1:6]))
+        if cells[0] == "study":
+            header = cells
+        elif header and cells[0] == study:
+            missing = [name for name in VALIDATION_COLUMNS.values() if name not in header]
+            if missing:
+                raise AssertionError(f"{validation_md}: the summary table has no column {missing}")
+            by_name = dict(zip(header, cells))
+            return {key: by_name[name] for key, name in VALIDATION_COLUMNS.items()}
     raise AssertionError(f"{validation_md}: no summary line for {study!r}")
 
 
@@ -304,29 +318,13 @@ def validation_errors(validation_md: str, section: str, what: str) -> dict[int, 
 # -- the in-layer term against the studies (docs/predict.md) -------------------------------------
 
 
-def _serial_layer_ms(rows_: list[dict], tokens: int, strategy: str, knobs: dict, layers: int | None) -> float | None:
-    """The ms per layer of the one ok row of `strategy` at exactly `knobs` (and `layers` where given)."""
-    found = [r["ms"] for r in rows_ if r["status"] == "ok" and r["tokens"] == tokens and r["strategy"] == strategy
-             and r["knobs"] == knobs and (layers is None or r["layers"] == layers)]
-    return the_one(found, f"{strategy} {knobs} at {tokens} tokens") if found else None
-
-
 def no_comm_over_chain(pieces: str, *studies: str, layers: int | None = None) -> dict[int, float]:
     """Token count -> how much longer the studies' `no_comm` took per layer than the pieces' serial
     chain (the same stack with no communication, on one GPU: `sweep --pieces`), as a fraction;
-    `layers`: the studies' depth where they hold several."""
-    chains = {}
-    for r in rows(pieces):
-        key = json.loads(r["key"])
-        if r["status"] == "ok" and key["piece"] == "chain" and not key["pipelined"]:
-            chains[r["tokens"]] = r["ms"] / key["layers"]
+    `layers`: the studies' depth where they hold several. The validation's compute check
+    (tests/checks/predict_validation.py) is the same figure against predict's `no_comm`."""
     measured = [r for s in studies for r in rows(s)]
-    out = {}
-    for tokens, chain in chains.items():
-        no_comm = _serial_layer_ms(measured, tokens, "no_comm", {}, layers)
-        if no_comm is not None:
-            out[tokens] = no_comm / chain - 1
-    return out
+    return validation.over(validation.layer_ms(measured, "no_comm", {}, layers), validation.chain_ms(rows(pieces)))
 
 
 def _table_ms(table: str, path_: str, ctas: str) -> dict[int, float]:
@@ -345,13 +343,13 @@ def in_line_excess_us(table: str, *studies: str, layers: int | None = None) -> d
     layer, less the table's nccl default time."""
     measured = [r for s in studies for r in rows(s)]
     times = _table_ms(table, "nccl", "default")
+    base = validation.layer_ms(measured, "baseline", {"nccl_max_ctas": "default"}, layers)
+    no_comm = validation.layer_ms(measured, "no_comm", {}, layers)
     out = {}
-    for tokens in sorted({r["tokens"] for r in measured}):
-        base = _serial_layer_ms(measured, tokens, "baseline", {"nccl_max_ctas": "default"}, layers)
-        no_comm = _serial_layer_ms(measured, tokens, "no_comm", {}, layers)
+    for tokens in sorted(set(base) & set(no_comm)):
         nbytes = tokens * measured[0]["shape"]["hidden"] * 2  # bf16 rows
-        if base is not None and no_comm is not None and nbytes in times:
-            out[tokens] = ((base - no_comm) / 2 - times[nbytes]) * 1e3
+        if nbytes in times:
+            out[tokens] = ((base[tokens] - no_comm[tokens]) / 2 - times[nbytes]) * 1e3
     return out
 
 

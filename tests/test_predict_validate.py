@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 from pathlib import Path
 
 import pytest
 
 from overlapbench.tuning.results import SCHEMA
 from tests.checks import predict_validate as pv
+from tests.checks import predict_validation as pvn
 
 ROOT = Path(__file__).parents[1]
 
@@ -147,3 +149,46 @@ def test_beside_layer_rows_without_the_paired_term_are_listed_to_make_again(tmp_
         kind, command = pv.CALLS["h100x2-layer"]
         assert lines == [f"- on `{kind}`: `{command}`; makes h100 {study.title}: beside-layer rows again: "
                          f"{need.found()} lacks the in-layer term timed in paired rounds (`in_layer_extra_ms`)"]
+
+
+@pytest.mark.parametrize("slower", ["every token count", "one token count", "none"])
+def test_a_study_whose_compute_is_not_the_pieces_is_flagged(tmp_path, monkeypatch, slower):
+    """A synthetic study of the predicted rows, its `no_comm` ~20% slower than the pieces' chain at
+    every token count or at one, is flagged in the summary and its section names both commits; one
+    within 3% everywhere is not."""
+    rng = random.Random()
+    study = rng.choice([s for s in pv.STUDIES["h200"] if s.tp == 4])
+    for name in ("results", "sweeps"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    monkeypatch.setattr(pv, "ROOT", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    predicted = tmp_path / "predicted"
+    predicted.mkdir()
+    pv.run(study, predicted)
+    rows = [r for p in predicted.glob("*.jsonl") for r in pv.read_rows(p) if r["status"] == "ok"]
+    tokens = sorted({r["tokens"] for r in rows})
+    off = {"every token count": tokens, "one token count": [rng.choice(tokens)], "none": []}[slower]
+    factor = {t: rng.uniform(1.17, 1.25) if t in off else rng.uniform(0.97, 1.03) for t in tokens}
+    code = f"{rng.randrange(1 << 28):07x}"
+    measured = [r | {"git": code, "timing": "measured", "speedup": r["speedup"] * rng.uniform(0.97, 1.03),
+                     "ms": r["ms"] * (factor[r["tokens"]] if r["strategy"] == "no_comm" else rng.uniform(0.9, 1.1))}
+                for r in rows]
+    folder = tmp_path / "m" / code
+    folder.mkdir(parents=True)
+    (folder / "study.jsonl").write_text("".join(json.dumps(r) + "\n" for r in measured))
+    study = pv.Study(study.device, study.model, study.tp, study.spec, study.pieces, study.tables, study.contention,
+                     (("a synthetic study", (pv.Need("the study", f"m/{code}/study.jsonl"),)),))
+    outcome = pv.run(study, predicted)
+    text = pv.report("h200", [outcome])
+    (line,) = [line for line in text.splitlines() if line.startswith("| a synthetic study |")]
+    cell = line.strip("|").split("|")[-1].strip()
+    median = pvn.percent(statistics.median(factor.values()) - 1)
+    assert cell.startswith(median)
+    pieces_code = {r["git"] for r in pv.read_rows(ROOT / study.pieces.found())}
+    flagged = [s for s in text.splitlines() if s.startswith("⚠ These errors mix the model's with a compute difference")]
+    if off:
+        assert cell == f"{median} ⚠ (other code?)"
+        assert len(flagged) == 1 and f"at {len(off)} of {len(tokens)} token counts" in flagged[0]
+        assert f"rows are of {code}, the pieces' of {', '.join(sorted(pieces_code))})" in flagged[0]
+    else:
+        assert cell == median and not flagged

@@ -12,6 +12,7 @@ import pytest
 from overlapbench.report import rounds
 from overlapbench.report.profile import tally
 from tests import figures as f
+from tests.checks.predict_validation import COMPUTE_OFF
 from tests.published import Claim, bounds, flat
 
 R = "results/h200x2/"
@@ -352,7 +353,8 @@ def _ce_pieces() -> dict:
 # what tests/checks/predict_validate.py writes today: tests/test_predict_validate.py) -------------
 
 PREDICTED_H100, PREDICTED_H200 = "results/predicted-h100/validation.md", "results/predicted-h200/validation.md"
-VALIDATION_ROW = "| {device} | {model} | {tp} | {{points}} | {{median}} | {{p90}} | {{worst}} | {{picks}} | {contention} |"
+VALIDATION_ROW = ("| {device} | {model} | {tp} | {{points}} | {{median}} | {{p90}} | {{worst}} | {{picks}} | {contention} "
+                  "| {{compute}} |")
 MEASURED_TERM = ", with --in-layer measured"
 VALIDATION_ROWS = [
     (PREDICTED_H100, "2x H100", "llama3-70b", 2, "measured on 2x H100", "", "beside the layer, no in-layer term"),
@@ -384,6 +386,8 @@ PREDICT_CLAIMS = [
                              "and {b[0]}, {b[1]}, {b[2]} and {b[3]} with it", lambda: _no_comm_errors("llama3-8b")),
     Claim("docs/predict.md", "(70B: {a[0]}, {a[1]}, {a[2]}, {a[3]} against {b[0]}, {b[1]}, {b[2]}, {b[3]})",
           lambda: _no_comm_errors("llama3-70b")),
+    Claim("docs/predict.md", "flagged ⚠ where any token count is more than {off:.0f}% off",
+          lambda: {"off": COMPUTE_OFF * 100}),
 ]
 
 

@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 from overlapbench.comm.in_layer import TERM as IN_LAYER_TERM  # noqa: E402
 from overlapbench.predict.estimate import MEASURED_IN_LAYER, NO_IN_LAYER  # noqa: E402
 from overlapbench.tuning.results import read_rows  # noqa: E402
-from tests.checks.predict_validation import compare, markdown  # noqa: E402
+from tests.checks.predict_validation import COMPUTE_OFF, compare, compute_cell, markdown  # noqa: E402
 
 GIT = "OUT=$OUT OVERLAPBENCH_GIT=<commit>"
 CALLS = {
@@ -208,6 +208,12 @@ class Outcome:
     summary: list[str] = field(default_factory=list)  # predict's summary lines
     contention: str = "none"
     in_layer: str = NO_IN_LAYER  # predict's --in-layer
+    pieces_code: str | None = None  # the commit(s) the pieces' rows name
+
+    @property
+    def compute_differs(self) -> str:
+        """What a flagged compute difference likely is: another GPU in the diagnostic, else other code."""
+        return "other GPU" if self.study.diagnostic else "other code?"
 
     @property
     def variant(self) -> str:
@@ -239,6 +245,7 @@ def run(study: Study, rows_dir: Path, in_layer: str = NO_IN_LAYER) -> Outcome:
         if out.refused:
             return out
     out.contention = "none" if contention is None else contention.what
+    out.pieces_code = ", ".join(sorted({r["git"] for r in read_rows(ROOT / found[study.pieces]) if r.get("git")})) or None
     predicted = rows_dir / f"predicted-{study.model}-tp{study.tp}-{in_layer}.jsonl"
     predicted.unlink(missing_ok=True)
     comm = [found[n] for n in study.tables if found[n] is not None] + ([found[contention]] if contention else [])
@@ -315,18 +322,23 @@ def report(device: str, outcomes: list[Outcome], diagnostic: Path | None = None)
                 "table; contention beside the 2x H100 GEMM stream): the devices differ, so these errors mix the model's "
                 "with the GPUs' difference. What it shows: the picks the model gets wrong at TP=4 with a measured "
                 "4-rank table.", ""]
-    out += ["| study | points | median | 90th pct | worst | picks within 0.01 | the same | within noise | contention |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    out += ["`compute vs pieces` is the median over token counts of the measured `no_comm` ms per layer over the "
+            "predicted (the pieces' chain), flagged ⚠ where a token count is off by more than "
+            f"{COMPUTE_OFF:.0%}: there the study's compute is not the pieces' and its errors mix the model's with that.", "",
+            "| study | points | median | 90th pct | worst | picks within 0.01 | the same | within noise | contention "
+            "| compute vs pieces |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for o in outcomes:
         if not o.sections and not o.variant:  # said once, for the default prediction
             why = o.refused or "not validated: missing " + "; ".join(n.what for n in o.missing if n.required)
-            out.append(f"| {o.study.title} | {why} | | | | | | | |")
+            out.append(f"| {o.study.title} | {why} | | | | | | | | |")
         for title, _, r in o.sections:
             if not r["points"]:
                 continue
             out.append(f"| {title.split(' (')[0]}{o.variant} | {len(r['points'])} | {r['median_abs_error']:.3f} | "
                        f"{r['p90_abs_error']:.3f} | {r['max_abs_error']:.3f} | {r['picks_within']} of {r['token_counts']} | "
-                       f"{r['picks_same']} | {r['picks_agree']} | {o.contention} |")
+                       f"{r['picks_same']} | {r['picks_agree']} | {o.contention} | "
+                       f"{compute_cell(r['compute'], o.compute_differs)} |")
     lines = missing_lines(outcomes)
     if lines and not diagnostic:
         out += ["", "## Inputs not committed yet, or to make again", "",
@@ -335,7 +347,7 @@ def report(device: str, outcomes: list[Outcome], diagnostic: Path | None = None)
         if o.summary:
             out += ["", f"## {o.study.title}{o.variant}: what `predict` said", "", "```", *o.summary, "```"]
         for title, sources, r in o.sections:
-            out += ["", markdown(f"{title}{o.variant} ({sources})", r).rstrip()]
+            out += ["", markdown(f"{title}{o.variant} ({sources})", r, o.pieces_code).rstrip()]
     return "\n".join(out) + "\n"
 
 

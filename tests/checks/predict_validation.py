@@ -6,7 +6,12 @@ the default baseline beside the measured one, the picks per token count, the err
 A predicted pick is "within 0.01" where its measured speedup is at most 0.01 below the measured
 pick's (the target of docs/predict.md), and "agrees" where it is the measured pick, or its measured
 speedup's 95% interval reaches the measured pick's speedup (within the measured noise). Picks are
-among correct settings (no `no_comm`, no `comm: none`)."""
+among correct settings (no `no_comm`, no `comm: none`).
+
+Beside the errors, the study's compute against the pieces': its `no_comm` ms per layer over the
+predicted `no_comm` (the pieces' serial chain, which predict gives `no_comm` as it is) at each token
+count. A study of other layer code, another GPU or clock state than its pieces is off there, and
+its errors then mix the model's with that difference (COMPUTE_OFF)."""
 
 from __future__ import annotations
 
@@ -21,6 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from overlapbench.tuning.results import read_rows
 
 PICK_WITHIN = 0.01  # a predicted pick within this much speedup of the measured best counts as right
+# A study's no_comm more than this fraction off its pieces' chain at some token count is flagged: a
+# study and pieces of one layer code agree within 1-6% (2x H100: the 331cb63 studies and the d604491
+# pieces; 4x H200: c1821fe and a9c1a0e; 2x H200: the bbc1676 steady rows at 16K-32K), where the 2x
+# H200 9f356d8 studies, of older layer code than their bbc1676 pieces, ran 10-28% slower
+# (docs/predict.md; tests/test_published_in_layer.py computes both ranges again).
+COMPUTE_OFF = 0.08
 
 
 def _key(row: dict) -> tuple:
@@ -58,15 +69,84 @@ def compare(measured: list[dict], predicted: list[dict]) -> dict:
             "max_abs_error": errors[-1] if errors else None,
             "picks_agree": sum(p["within_noise"] for p in picks), "picks_same": sum(p["same"] for p in picks),
             "picks_within": sum(p["within"] for p in picks),
-            "token_counts": len(picks)}
+            "token_counts": len(picks), "compute": compute_vs_pieces(measured, predicted)}
 
 
-def markdown(name: str, result: dict) -> str:
+def layer_ms(rows: list[dict], strategy: str, knobs: dict, layers: int | None = None) -> dict[int, float]:
+    """Token count -> the ms per layer of the ok rows of `strategy` at exactly `knobs` (and
+    `layers` where given); a token count whose rows give different times is an error."""
+    found: dict[int, set[float]] = {}
+    for r in rows:
+        if r["status"] == "ok" and r["strategy"] == strategy and r["knobs"] == knobs and layers in (None, r["layers"]):
+            found.setdefault(r["tokens"], set()).add(r["ms"])
+    several = {t: sorted(v) for t, v in found.items() if len(v) > 1}
+    if several:
+        raise ValueError(f"{strategy} {knobs}: several times at one token count: {several}")
+    return {t: v.pop() for t, v in sorted(found.items())}
+
+
+def chain_ms(pieces: list[dict]) -> dict[int, float]:
+    """Token count -> the pieces' serial chain (the stack with no communication, on one GPU:
+    `sweep --pieces`'s "chain" rows, not pipelined) per layer: what predict gives `no_comm`."""
+    out = {}
+    for r in pieces:
+        key = json.loads(r["key"])
+        if r["status"] == "ok" and key["piece"] == "chain" and not key["pipelined"]:
+            out[r["tokens"]] = r["ms"] / key["layers"]
+    return out
+
+
+def over(measured: dict[int, float], reference: dict[int, float]) -> dict[int, float]:
+    """Token count -> how much longer `measured` took than `reference` there, as a fraction."""
+    return {t: measured[t] / reference[t] - 1 for t in sorted(reference) if t in measured}
+
+
+def compute_vs_pieces(measured: list[dict], predicted: list[dict]) -> dict:
+    """The measured `no_comm` per layer over the predicted one (the pieces' chain) per token
+    count, their median, the token counts off by more than COMPUTE_OFF, and the measured rows' code."""
+    ratios = over(layer_ms(measured, "no_comm", {}), layer_ms(predicted, "no_comm", {}))
+    code = sorted({r["git"] for r in measured if r["strategy"] == "no_comm" and r["status"] == "ok" and r.get("git")})
+    return {"by_tokens": ratios, "median": statistics.median(ratios.values()) if ratios else None,
+            "off": [t for t, v in ratios.items() if abs(v) > COMPUTE_OFF], "code": code}
+
+
+def percent(fraction: float) -> str:
+    """A fraction as the tables print it: "+22%", "-2%"."""
+    return f"{round(fraction * 100):+d}%"
+
+
+def compute_cell(compute: dict, why: str = "other code?") -> str:
+    """The summary table's cell: the median, and a flag saying `why` where a token count is off."""
+    if compute["median"] is None:
+        return "no no_comm to compare"
+    return percent(compute["median"]) + (f" ⚠ ({why})" if compute["off"] else "")
+
+
+def compute_lines(compute: dict, pieces_code: str | None = None) -> list[str]:
+    """A section's account of its compute against the pieces: the ratio per token count, and where
+    flagged, one sentence naming the study's and the pieces' code."""
+    ratios = compute["by_tokens"]
+    if not ratios:
+        return ["No `no_comm` both measured and predicted: the compute is not compared with the pieces'."]
+    out = ["Compute against the pieces: the measured `no_comm` ms per layer over the predicted (the pieces' chain): "
+           + ", ".join(f"{percent(v)} at {t}" for t, v in ratios.items()) + f"; median {percent(compute['median'])}."]
+    if compute["off"]:
+        pieces = f", the pieces' of {pieces_code}" if pieces_code else ""
+        out += ["", f"⚠ These errors mix the model's with a compute difference: the study's `no_comm` is more than "
+                f"{COMPUTE_OFF:.0%} off the pieces' chain at {len(compute['off'])} of {len(ratios)} token counts (the "
+                f"study's rows are of {', '.join(compute['code']) or 'no named commit'}{pieces})."]
+    return out
+
+
+def markdown(name: str, result: dict, pieces_code: str | None = None) -> str:
+    """A comparison in full: its errors and picks, its compute against the pieces (`pieces_code`:
+    the commit the pieces' rows name), every point."""
     out = [f"## {name}", "",
            f"{len(result['points'])} points; |predicted - measured| speedup: median {result['median_abs_error']:.4f}, "
            f"90th percentile {result['p90_abs_error']:.4f}, worst {result['max_abs_error']:.4f}. "
            f"Picks: within 0.01 of the measured best at {result['picks_within']} of {result['token_counts']} token "
            f"counts, the same at {result['picks_same']}, within the measured noise at {result['picks_agree']}.", "",
+           *compute_lines(result["compute"], pieces_code), "",
            "| tokens | measured pick | speedup | predicted pick | its measured speedup | agrees |",
            "|---:|---|---:|---|---:|---|"]
     for p in result["picks"]:
