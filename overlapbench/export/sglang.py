@@ -5,6 +5,8 @@ sglang_engine's model of its code), and writes only what differs from the defaul
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from overlapbench.export import notes, sglang_engine
 from overlapbench.export import sglang_facts as facts
 from overlapbench.export.choice import Choice, choose
@@ -35,32 +37,55 @@ def cannot(p: Pick) -> str | None:
     return CANNOT.get(p.kind)
 
 
+@dataclass(frozen=True)
+class Switch:
+    """One of SGLang's all-reduce switches (a boolean field of sglang_engine.Setting) as the export
+    writes it where it differs from SGLang's default: the launch_server flag that sets it and what it
+    changes, in SGLang's words, with the line of SGLang's code behind it where one is cited. A new
+    switch of SGLang's is one record here."""
+
+    field: str  # the Setting field
+    flag: str  # the launch_server flag that sets the non-default value
+    says: str  # what setting it changes
+    why: str = ""  # the reason, followed by the citation of `fact`
+    fact: str = ""  # the sglang_facts key `why` rests on
+
+    def differs(self, setting: sglang_engine.Setting) -> bool:
+        return getattr(setting, self.field) != getattr(sglang_engine.Setting(), self.field)
+
+    def change(self, release: str) -> str:
+        """What turning it away from its default changes, with the fact's file and line in `release`."""
+        if not self.fact:
+            return self.says
+        return f"{self.says} ({self.why}: {find(facts.FACTS, self.fact).cite(release)})"
+
+
+SWITCHES = (
+    Switch("fusion", facts.FUSION_FLAG, "turns FlashInfer's all-reduce + RMSNorm fusion on",
+           "off for a dense model by default; it fuses batches of at most 2048 tokens, a constant", "FUSION_RULE"),
+    Switch("custom_ar", facts.DISABLE_CUSTOM_AR, "turns SGLang's custom all-reduce off"),
+    Switch("torch_symm", facts.TORCH_SYMM_MEM_FLAG, "turns PyTorch's symmetric-memory all-reduce on",
+           "it runs at TP 2 too, two-shot", "TORCH_SYMM_TWO_SHOT"),
+    Switch("nccl_symm", facts.NCCL_SYMM_FLAG, "turns NCCL's symmetric kernels on"),
+)
+
+
+def switched(setting: sglang_engine.Setting) -> list[Switch]:
+    """The switches `setting` sets away from SGLang's defaults, in SWITCHES' order."""
+    return [switch for switch in SWITCHES if switch.differs(setting)]
+
+
 def flags(setting: sglang_engine.Setting) -> list[str]:
     """The flags for what differs from SGLang's defaults."""
-    out = [facts.FUSION_FLAG] if setting.fusion else []
-    out += [] if setting.custom_ar else [facts.DISABLE_CUSTOM_AR]
-    out += [facts.TORCH_SYMM_MEM_FLAG] if setting.torch_symm else []
-    out += [facts.NCCL_SYMM_FLAG] if setting.nccl_symm else []
-    return out
+    return [switch.flag for switch in switched(setting)]
 
 
 def changes(choice: Choice, release: str) -> list[str]:
-    s = choice.setting
-    if s == choice.default:
+    """What the export changes from SGLang's defaults, in SGLang's words."""
+    if choice.setting == choice.default:
         return ["keeps every SGLang default (no flag): no switch measured faster than its defaults at the measured "
                 "counts without being slower at another"]
-    out = []
-    if s.fusion:
-        out.append(f"turns FlashInfer's all-reduce + RMSNorm fusion on (off for a dense model by default; it fuses "
-                   f"batches of at most 2048 tokens, a constant: {find(facts.FACTS, 'FUSION_RULE').cite(release)})")
-    if not s.custom_ar:
-        out.append("turns SGLang's custom all-reduce off")
-    if s.torch_symm:
-        out.append(f"turns PyTorch's symmetric-memory all-reduce on (it runs at TP 2 too, two-shot: "
-                   f"{find(facts.FACTS, 'TORCH_SYMM_TWO_SHOT').cite(release)})")
-    if s.nccl_symm:
-        out.append("turns NCCL's symmetric kernels on")
-    return out
+    return [switch.change(release) for switch in switched(choice.setting)]
 
 
 def export(config: TunedConfig, rows: list[Measured], source: str, version: str | None) -> Export:
