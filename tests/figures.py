@@ -327,14 +327,14 @@ def no_comm_over_chain(pieces: str, *studies: str, layers: int | None = None) ->
     return validation.over(validation.layer_ms(measured, "no_comm", {}, layers), validation.chain_ms(rows(pieces)))
 
 
-def _table_ms(table: str, path_: str, ctas: str) -> dict[int, float]:
-    """Bytes -> the comm table's median ms of one path and CTA budget."""
-    by_bytes: dict[int, list[float]] = {}
+def _table_ms(table: str) -> dict[tuple[str, str, int], float]:
+    """(path, CTA budget, bytes) -> the comm table's median ms of its ok rows timed alone."""
+    found: dict[tuple[str, str, int], list[float]] = {}
     for r in rows(table):
         alone = r.get("beside_layer") is None and not r.get("beside_gemm")
-        if r["status"] == "ok" and alone and r["strategy"] == path_ and str(r["knobs"].get("ctas")) == ctas:
-            by_bytes.setdefault(r["bytes"], []).append(r["ms"])
-    return {b: statistics.median(v) for b, v in by_bytes.items()}
+        if r["status"] == "ok" and alone:
+            found.setdefault((r["strategy"], str(r["knobs"].get("ctas")), r["bytes"]), []).append(r["ms"])
+    return {key: statistics.median(v) for key, v in found.items()}
 
 
 def in_line_excess_us(table: str, *studies: str, layers: int | None = None) -> dict[int, float]:
@@ -342,14 +342,14 @@ def in_line_excess_us(table: str, *studies: str, layers: int | None = None) -> d
     CTAs) cost in line beyond the table's time of its size (us): (baseline - no_comm) / 2 per
     layer, less the table's nccl default time."""
     measured = [r for s in studies for r in rows(s)]
-    times = _table_ms(table, "nccl", "default")
+    times = _table_ms(table)
     base = validation.layer_ms(measured, "baseline", {"nccl_max_ctas": "default"}, layers)
     no_comm = validation.layer_ms(measured, "no_comm", {}, layers)
     out = {}
     for tokens in sorted(set(base) & set(no_comm)):
         nbytes = tokens * measured[0]["shape"]["hidden"] * 2  # bf16 rows
-        if nbytes in times:
-            out[tokens] = ((base[tokens] - no_comm[tokens]) / 2 - times[nbytes]) * 1e3
+        if ("nccl", "default", nbytes) in times:
+            out[tokens] = ((base[tokens] - no_comm[tokens]) / 2 - times["nccl", "default", nbytes]) * 1e3
     return out
 
 
@@ -362,11 +362,6 @@ def in_layer_terms_us(beside: str, path_: str = "nccl", ctas: str = "default") -
 def ops_over_table(beside: str, table: str) -> list[float]:
     """Each beside-layer row's two all-reduces alone (`in_layer_ops_ms` / 2, per call) over the
     comm table's time of the same path, budget and size."""
-    out = []
-    for r in rows(beside):
-        if r["status"] != "ok":
-            continue
-        times = _table_ms(table, r["strategy"], str(r["knobs"].get("ctas")))
-        if r["bytes"] in times:
-            out.append(r["in_layer_ops_ms"] / 2 / times[r["bytes"]])
-    return out
+    times = _table_ms(table)
+    keyed = ((r, (r["strategy"], str(r["knobs"].get("ctas")), r["bytes"])) for r in rows(beside) if r["status"] == "ok")
+    return [r["in_layer_ops_ms"] / 2 / times[key] for r, key in keyed if key in times]
