@@ -272,6 +272,20 @@ def _layer_context(rank: int, world: int, shape, layers: int, seq_lens: tuple[in
     return ctx, random_input(tokens, shape.hidden, 0, torch.float32, rt.device)
 
 
+def _stand_in_engines(monkeypatch, world: int, hidden: int, tokens: int, chunks: int | None, streams) -> _FakeHandle:
+    """One copy-engine kernel per rank on the fake symmetric memory (`chunks` pieces, None: by size;
+    `streams(rank)` its stand-in streams, or None: the caller's), patched in as the run's one
+    kernel that every copy-engine reducer gets; their shared handle, whose log records the barriers."""
+    from overlapbench.overlap import reducers
+
+    bufs = [torch.full((buffer_elems(tokens, hidden, world),), float("nan")) for _ in range(world)]
+    handle = _FakeHandle(bufs, world)
+    engines = [CopyEngineNorm(SymmetricBuffer(bufs[r], handle, "fake", r, world, 0), tokens, hidden, chunks,
+                              streams=None if streams is None else streams(r)) for r in range(world)]
+    monkeypatch.setattr(reducers, "_engine", lambda ctx, comm, make_kernel: engines[ctx.runtime.rank])
+    return handle
+
+
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("chunks", [None, 3])
 def test_strategies_with_copy_engine_match_the_reference(monkeypatch, world, chunks):
@@ -282,15 +296,10 @@ def test_strategies_with_copy_engine_match_the_reference(monkeypatch, world, chu
     from overlapbench import strategies
     from overlapbench.model.layer import reference_forward
     from overlapbench.model.models import ModelShape
-    from overlapbench.overlap import reducers
 
     shape, layers, seq_lens = ModelShape(hidden=64, ffn=128, heads=8, kv_heads=4, head_dim=8), 2, (29, 14)
-    tokens = sum(seq_lens)
-    bufs = [torch.full((buffer_elems(tokens, shape.hidden, world),), float("nan")) for _ in range(world)]
-    handle = _FakeHandle(bufs, world)
-    engines = [CopyEngineNorm(SymmetricBuffer(bufs[r], handle, "fake", r, world, 0), tokens, shape.hidden, chunks,
-                              streams=_SimStreams(r) if chunks else None) for r in range(world)]
-    monkeypatch.setattr(reducers, "_engine", lambda ctx, comm, make_kernel: engines[ctx.runtime.rank])
+    handle = _stand_in_engines(monkeypatch, world, shape.hidden, sum(seq_lens), chunks,
+                               (lambda r: _SimStreams(r)) if chunks else None)
     settings = [("fused_norm", {"comm": "copy_engine", "comm_ctas": 4}),
                 ("token_split", {"comm": "copy_engine", "comm_ctas_attn": 4, "comm_ctas_mlp": 16}),
                 ("iso", {"comm": "copy_engine", "comm_ctas": 4})]
@@ -321,15 +330,9 @@ def test_ce_chunks_cut_every_call_and_settings_of_different_counts_share_one_buf
     from overlapbench import strategies
     from overlapbench.model.layer import reference_forward
     from overlapbench.model.models import ModelShape
-    from overlapbench.overlap import reducers
 
     shape, layers, seq_lens = ModelShape(hidden=64, ffn=128, heads=8, kv_heads=4, head_dim=8), 2, (45, 22)
-    tokens = sum(seq_lens)
-    bufs = [torch.full((buffer_elems(tokens, shape.hidden, world),), float("nan")) for _ in range(world)]
-    handle = _FakeHandle(bufs, world)
-    engines = [CopyEngineNorm(SymmetricBuffer(bufs[r], handle, "fake", r, world, 0), tokens, shape.hidden,
-                              streams=_SimStreams(r + 11)) for r in range(world)]
-    monkeypatch.setattr(reducers, "_engine", lambda ctx, comm, make_kernel: engines[ctx.runtime.rank])
+    handle = _stand_in_engines(monkeypatch, world, shape.hidden, sum(seq_lens), None, lambda r: _SimStreams(r + 11))
     settings = [("token_split", {"comm": "copy_engine", "comm_ctas_attn": 4, "comm_ctas_mlp": 16, "ce_chunks": 3}),
                 ("token_split", {"comm": "copy_engine", "ce_chunks": 1}),
                 ("iso", {"comm": "copy_engine", "comm_ctas": 4, "ce_chunks": 2}),
