@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from overlapbench.predict.estimate import MEASURED_IN_LAYER, NO_IN_LAYER
 from overlapbench.tuning.results import SCHEMA
 from tests.checks import predict_validate as pv
 from tests.checks import predict_validation as pvn
@@ -67,7 +68,7 @@ def test_a_study_whose_rows_carry_the_paired_term_is_also_validated_charging_it(
     need = pv.Need("beside-layer rows", "m/*/rows.jsonl", required=False, current=pv.IN_LAYER)
     study = pv.Study(study.device, study.model, study.tp, study.spec, study.pieces, study.tables, (need,), study.measured)
     variants = study.in_layer_variants()
-    assert variants == ((pv.NO_IN_LAYER, pv.MEASURED_IN_LAYER) if paired else (pv.NO_IN_LAYER,))
+    assert variants == ((NO_IN_LAYER, MEASURED_IN_LAYER) if paired else (NO_IN_LAYER,))
     predicted = tmp_path / "predicted"
     predicted.mkdir()
     outcomes = [pv.run(study, predicted, v) for v in variants]

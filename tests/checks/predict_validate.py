@@ -46,7 +46,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from overlapbench.comm.in_layer import TERM as IN_LAYER_TERM  # noqa: E402
-from overlapbench.predict.estimate import MEASURED_IN_LAYER, NO_IN_LAYER  # noqa: E402
+from overlapbench.predict.estimate import IN_LAYER as IN_LAYER_VARIANTS  # noqa: E402
+from overlapbench.predict.estimate import NO_IN_LAYER  # noqa: E402
 from overlapbench.tuning.results import read_rows  # noqa: E402
 from tests.checks.predict_validation import COMPUTE_OFF, compare, compute_cell, markdown  # noqa: E402
 
@@ -64,9 +65,6 @@ CALLS = {
 }
 GPU_NAMES = {"h100": "H100", "h200": "H200"}
 IN_LAYER = (IN_LAYER_TERM, "the in-layer term timed in paired rounds")  # beside-layer rows' current field
-# `predict --in-layer` choices a study is validated with: the default always, `measured` where the
-# contention rows it uses carry the paired term (a second prediction, its rows labelled with it)
-IN_LAYER_VARIANTS = (NO_IN_LAYER, MEASURED_IN_LAYER)
 
 
 @dataclass(frozen=True)
@@ -124,8 +122,9 @@ class Study:
         return next((n for n in self.contention if n.found() is not None), None)
 
     def in_layer_variants(self) -> tuple[str, ...]:
-        """The `--in-layer` choices to validate with: the default, and `measured` where the
-        contention rows used carry the in-layer term of the paired rounds."""
+        """The `--in-layer` choices (predict's IN_LAYER, the default first) to validate with: the
+        default, and `measured` where the contention rows used carry the in-layer term of the
+        paired rounds (a second prediction, its rows labelled with it)."""
         used = self.contention_found()
         paired = used is not None and any(r.get(IN_LAYER_TERM) is not None for r in read_rows(ROOT / used.found()))
         return IN_LAYER_VARIANTS if paired else IN_LAYER_VARIANTS[:1]
