@@ -453,6 +453,7 @@ def test_a_cpu_sweep_with_a_profile_folder_writes_timelines_the_report_reads(tmp
     rows = read_rows(out)
     assert {r["status"] for r in rows} == {"ok"} and {r["layers"] for r in rows} == {1, 2}
     assert len(list(folder.glob("*.txt"))) == len(rows)  # each depth its own table: none written over
+    assert not list(folder.glob(f"*{timeline.REPLAY_SUFFIX}"))  # no graph captured on CPU: no replay's timeline
     for r in rows:
         name = profile_name(r["strategy"], r["tokens"], r["knobs"], layers=r["layers"])
         assert (folder / f"{name}.txt").read_text().startswith("3 eager forwards\n")

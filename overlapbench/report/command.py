@@ -14,7 +14,7 @@ from overlapbench import printing
 from overlapbench.errors import UserError, did_you_mean
 from overlapbench.report.cells import legend
 from overlapbench.report.compare import compare
-from overlapbench.report.exposed_view import emit_sections, sections
+from overlapbench.report.exposed_view import TIMELINES, emit_sections, sections
 from overlapbench.report.overview import footer, overview, overview_grid
 from overlapbench.report.plot import plot
 from overlapbench.report.profile import accounts, profile_view
@@ -48,6 +48,7 @@ class Options:
     fail_above: Annotated[float | None, typer.Option("--fail-above", metavar="PCT", help="With --compare: exit 1 when any point got slower by more than PCT percent.")] = None
     across_devices: Annotated[bool, typer.Option("--across-devices", help="With --compare: compare OLD and NEW of different devices, or measured against predicted (refused without it: the difference is not the code's).")] = False
     profile: Annotated[Path | None, typer.Option("--profile", metavar="DIR", help="Where each point's GPU time goes: the kernel tables `sweep --profile DIR` wrote, by kind of kernel, per layer, beside no_comm's; then, from each point's timeline, its exposed communication (which transfer runs with no compute, after which kernel).")] = None
+    timeline: Annotated[str | None, typer.Option("--timeline", help="replay | eager: with --profile, which timeline a point's exposed communication is read from: its CUDA-graph replay's where the sweep kept one (the default; else the eager forward's), or the eager forward's always.")] = None
     rounds: Annotated[bool, typer.Option("--rounds", help="How noisy the paired timing's rounds were, per batch: rounds, the sd of per-round ratios, the widest interval.")] = False
 
 
@@ -67,7 +68,7 @@ def main(options: Options) -> int:
     compare_paths = None if o.compare is None else (file_of(o.compare[0]), file_of(o.compare[1]))
     return run(paths, o.fmt, printing.console(), sensitivity=o.sensitivity, tokens=o.tokens, plot_path=o.plot,
                plot_metric=o.plot_metric, compare_paths=compare_paths, fail_above=o.fail_above, profile_dir=o.profile,
-               rounds=o.rounds, across_devices=o.across_devices)
+               rounds=o.rounds, across_devices=o.across_devices, timeline=o.timeline)
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class View:
     profile_dir: Path | None = None
     rounds: bool = False
     across_devices: bool = False
+    timeline: str | None = None  # --timeline: None is "replay"
 
     def check(self, paths: list[Path]) -> None:
         if self.fmt not in FORMATS:
@@ -99,6 +101,11 @@ class View:
             raise UserError("--fail-above: only with --compare OLD NEW")
         if self.across_devices and self.compare_paths is None:
             raise UserError("--across-devices: only with --compare OLD NEW (a report keeps devices apart, a table each)")
+        if self.timeline is not None and self.timeline not in TIMELINES:
+            raise UserError(f"--timeline: '{self.timeline}' is not one of {', '.join(TIMELINES)}"
+                            f"{did_you_mean(self.timeline, TIMELINES)}")
+        if self.timeline is not None and self.profile_dir is None:
+            raise UserError("--timeline: only with --profile DIR (it picks the timeline each profiled point is read from)")
         if self.fail_above is not None and not self.fail_above >= 0:
             raise UserError(f"--fail-above: a percentage >= 0, got {self.fail_above}")
         if self.compare_paths is not None and paths:
@@ -141,7 +148,7 @@ def _require_measured(store: Store) -> None:
 def run(paths: Iterable[Path], fmt: str = "table", console: Console | None = None, **options) -> int:
     """The report command; returns the exit code (1: a regression above --fail-above).
     `options`: the fields of View (sensitivity, tokens, plot_path, plot_metric,
-    compare_paths, fail_above, profile_dir, rounds, across_devices)."""
+    compare_paths, fail_above, profile_dir, rounds, across_devices, timeline)."""
     console, paths, opts = console or printing.console(), list(paths), View(fmt, **options)
     opts.check(paths)
     if opts.compare_paths is not None:
@@ -154,7 +161,7 @@ def run(paths: Iterable[Path], fmt: str = "table", console: Console | None = Non
     if opts.profile_dir is not None:  # the kernel tables, then each point's exposed communication
         found = accounts(store.rows, opts.profile_dir)
         grids, records, note = profile_view(found)
-        parts, exposure = sections(found, opts.profile_dir)
+        parts, exposure = sections(found, opts.profile_dir, opts.timeline or TIMELINES[0])
         emit(grids, [r | exposure[r["table"]] for r in records], fmt, console, note)
         emit_sections(parts, fmt, console)
         return 0

@@ -125,11 +125,15 @@ def _interval_dict(i: Interval) -> dict:
 
 @dataclass(frozen=True)
 class Timeline:
-    """A timeline file as read: the device profiled, the host ops seen, the kernels in start order."""
+    """A timeline file as read: the device profiled, the host ops seen, the kernels in start
+    order; whether it is a CUDA-graph replay's, and (for one) the kernel names that could not be
+    linked to their ops (timeline.link_replay's `unmatched`: name, both counts, why)."""
 
     device: str
     host_ops: int
     kernels: list[Kernel]
+    replay: bool = False
+    unmatched: tuple[dict, ...] = ()
 
 
 def read(path: Path) -> Timeline:
@@ -140,7 +144,9 @@ def read(path: Path) -> Timeline:
             raise ValueError(f"schema {data.get('schema')!r}, not {SCHEMA}")
         names, ops = data["names"], data["ops"]
         kernels = sorted((_kernel(k, names, ops) for k in data["kernels"]), key=lambda k: (k.start, k.end))
-        return Timeline(str(data["device"]), int(data["host_ops"]), kernels)
+        unmatched = tuple({"name": str(u["name"]), "replay": int(u["replay"]), "eager": int(u["eager"]),
+                           "why": str(u.get("why", ""))} for u in data.get("unmatched", []))
+        return Timeline(str(data["device"]), int(data["host_ops"]), kernels, bool(data.get("replay", False)), unmatched)
     except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
         raise UserError(f"--profile: {path} is not a timeline of `sweep --profile` ({e}); "
                         "delete it, or profile the point again") from None

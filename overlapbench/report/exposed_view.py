@@ -1,10 +1,17 @@
 """`report --profile DIR`'s second part: per profiled point, why its communication stays exposed.
 
 After the kernel tables (profile.py), each profiled point whose timeline lies beside its table
-(`<point>.timeline.json`, timing/timeline.py) gets a totals line, where its group holds a
-`no_comm` point the split of its extra wall time into compute, exposed transfers and idle time,
-and a table of its longest exposed intervals, as report/exposed.py defines them; a point profiled before timelines were
+(timing/timeline.py) gets a totals line, where its group holds a `no_comm` point the split of its
+extra wall time into compute, exposed transfers and idle time, and a table of its longest
+exposed intervals, as report/exposed.py defines them; a point profiled before timelines were
 kept, or on CPU (no device kernels), gets a line saying so.
+
+Which timeline: where the point was timed as a CUDA-graph replay and the sweep kept one replay's
+timeline (`<point>.replay.timeline.json`), that one, the step that was timed (`--timeline eager`:
+the eager forward's always); else the eager forward's (`<point>.timeline.json`). Where any point
+reads a replay, every line names its source ("graph replay", "eager forward") and a replay's
+kernels that could not be linked to their ops are listed; where none does, the output is the
+eager-only report's, word for word.
 """
 
 from __future__ import annotations
@@ -19,13 +26,18 @@ from overlapbench.report import exposed
 from overlapbench.report.cells import Grid, Shown, text_cell
 from overlapbench.report.profile import Account
 from overlapbench.report.render import print_grid, to_markdown
-from overlapbench.timing.timeline import SUFFIX
+from overlapbench.timing import timeline as timeline_files
 
 LONGEST = 8  # exposed intervals shown per point
 NAME_WIDTH = 56  # kernel names cut to this many characters in the table (json keeps them whole)
 HEADER = ["start ms", "length ms", "exposed ms", "transfer (stream)", "bytes", "after (stream)", "GFLOP", "then (stream)"]
 TITLE = ("Exposed communication: one eager forward per point (rank 0), from its device kernels; "
          "ms from the forward's first kernel")
+TITLE_REPLAY = ("Exposed communication: per point (rank 0) one CUDA-graph replay of the timed step, else one eager "
+                "forward, from its device kernels; ms from its first kernel")
+REPLAY, EAGER = "graph replay", "eager forward"  # what a point's timeline recorded
+TIMELINES = ("replay", "eager")  # --timeline: a replay's where kept (the default), or the eager forward's always
+UNLINKED_SHOWN = 4  # names of a replay's unlinked kernels shown on its line
 NOTE = ("exposed interval: no compute kernel runs on any stream and a transfer does · length: the whole stretch, "
         "exposed: the part a transfer runs · after: the compute kernel whose end opened it, the transfer "
         "'behind' it (started after it ended) or 'beside' it (started while it ran); GFLOP: its op's · "
@@ -34,10 +46,25 @@ NOTE = ("exposed interval: no compute kernel runs on any stream and a transfer d
 
 @dataclass(frozen=True)
 class Section:
-    """One point's part: its line, and its intervals' table where it has any."""
+    """One point's part: its line, and its intervals' table where it has any; `tagged`: the line
+    names its timeline's source (some point of the report reads a graph replay)."""
 
     line: str
     grid: Grid | None
+    tagged: bool = False
+
+
+@dataclass(frozen=True)
+class Read:
+    """A point's timeline as its section uses it: the file's name, its source (REPLAY, EAGER; None
+    where no timeline lies beside the table), the timeline and its analysis (None without device
+    kernels), and why a graph replay's timeline that lies there was not used."""
+
+    file: str | None = None
+    source: str | None = None
+    timeline: exposed.Timeline | None = None
+    result: exposed.Exposure | None = None
+    note: str | None = None
 
 
 def short(name: str) -> str:
@@ -104,31 +131,52 @@ def intervals_grid(name: str, e: exposed.Exposure) -> Grid:
     return Grid(f"{name}: exposed intervals ({which}, longest exposed first)", HEADER, rows)
 
 
-def sections(found: dict[tuple[str, int], list[Account]], folder: Path) -> tuple[list[Section], dict[str, dict]]:
+def unlinked_line(t: exposed.Timeline) -> str | None:
+    """A replay's kernel names not linked to their ops (timeline.link_replay), with both counts."""
+    if not t.unmatched:
+        return None
+    shown = [f"{short(u['name']).rstrip()} ({u['replay']} replayed, {u['eager']} eager)" for u in t.unmatched[:UNLINKED_SHOWN]]
+    more = f", +{len(t.unmatched) - UNLINKED_SHOWN} more" if len(t.unmatched) > UNLINKED_SHOWN else ""
+    return (f"  not linked to their ops (no sure pairing with the eager forward's kernels: "
+            f"{len(t.unmatched)} name{'s' if len(t.unmatched) != 1 else ''}): {'; '.join(shown)}{more}")
+
+
+def sections(found: dict[tuple[str, int], list[Account]], folder: Path,
+             prefer: str = "replay") -> tuple[list[Section], dict[str, dict]]:
     """Per profiled point (in the kernel tables' order) its section; and by table name what its
     record (json, csv) adds: `timeline` (the file's name, or null) and `exposure` (the totals in
-    ms, the shares, and the LONGEST intervals; null without device kernels)."""
+    ms, the shares, and the LONGEST intervals; null without device kernels); where some point
+    reads a graph replay, also `timeline_of` (REPLAY, EAGER, or null) and `unlinked` (a replay's
+    kernel names not linked to their ops). `prefer`: "replay" (a graph replay's timeline where
+    one lies there) or "eager"."""
+    reads = {a.name: _read(folder, a, prefer) for points in found.values() for a in points}  # each read once
+    tagged = any(r.source == REPLAY or r.note is not None for r in reads.values())
     parts, records = [], {}
     for points in found.values():
-        timelines = {a.name: _read(folder, a) for a in points}  # each read and analyzed once
-        bound = next((result for name, (_, result) in timelines.items() if _is_bound(name) and result), None)
+        bound = next((reads[a.name] for a in points if _is_bound(a.name) and reads[a.name].result), None)
         for a in points:
-            timeline, result = timelines[a.name]
-            record = {"timeline": None, "exposure": None}
-            if timeline is None:
-                parts.append(Section(f"{a.name}: no timeline beside its table (profiled before timelines were kept)", None))
+            got = reads[a.name]
+            name = f"{a.name} ({got.source})" if tagged and got.source is not None else a.name
+            record: dict = {"timeline": got.file, "exposure": None}
+            if tagged:
+                record |= {"timeline_of": got.source,
+                           "unlinked": [dict(u) for u in got.timeline.unmatched] if got.timeline else []}
+            notes = [f"  {got.note}"] if got.note is not None else []
+            if got.timeline is None:
+                line, grid = f"{name}: no timeline beside its table (profiled before timelines were kept)", None
+            elif got.result is None:
+                where = f"profiled on {got.timeline.device}: {got.timeline.host_ops} host ops"
+                line, grid = f"{name}: no device kernels in its timeline ({where})", None
             else:
-                record["timeline"] = f"{a.name}{SUFFIX}"
-                if result is None:
-                    where = f"profiled on {timeline.device}: {timeline.host_ops} host ops"
-                    parts.append(Section(f"{a.name}: no device kernels in its timeline ({where})", None))
-                else:
-                    record["exposure"] = result.as_dict(top=LONGEST)
-                    grid = intervals_grid(a.name, result) if result.intervals else None
-                    line = totals_line(a.name, result)
-                    if bound is not None and not _is_bound(a.name):
-                        line += "\n" + against_line(result, bound)
-                    parts.append(Section(line, grid))
+                record["exposure"] = got.result.as_dict(top=LONGEST)
+                grid = intervals_grid(name, got.result) if got.result.intervals else None
+                line = totals_line(name, got.result)
+                if bound is not None and not _is_bound(a.name):
+                    notes.append(against_line(got.result, bound.result) if bound.source == got.source else
+                                 f"  against {BOUND}: not shown ({BOUND} read from its {bound.source}, "
+                                 f"this point from its {got.source})")
+                notes += [u for u in [unlinked_line(got.timeline)] if u is not None]
+            parts.append(Section("\n".join([line, *notes]), grid, tagged))
             records[a.name] = record
     return parts, records
 
@@ -137,21 +185,32 @@ def _is_bound(name: str) -> bool:
     return name.split("-", 1)[0] == BOUND
 
 
-def _read(folder: Path, a: Account) -> tuple[exposed.Timeline | None, exposed.Exposure | None]:
-    """A point's timeline beside its table and its analysis (None without device kernels); (None,
-    None) where no timeline lies there."""
-    path = folder / f"{a.name}{SUFFIX}"
+def _read(folder: Path, a: Account, prefer: str) -> Read:
+    """A point's timeline beside its table and its analysis: its graph replay's where `prefer` is
+    "replay" and that one holds device kernels, else its eager forward's; Read() where none lies there."""
+    note = None
+    if prefer == "replay":
+        path = folder / timeline_files.file_name(a.name, replay=True)
+        if path.is_file():
+            t = exposed.read(path)
+            result = exposed.analyze(t.kernels)
+            if result is not None:
+                return Read(path.name, REPLAY, t, result)
+            note = (f"its graph replay's timeline ({path.name}) holds no device kernel ({t.host_ops} host ops): "
+                    "the profiler recorded none of the graph's kernels; the eager forward's is read instead")
+    path = folder / timeline_files.file_name(a.name)
     if not path.is_file():
-        return None, None
-    timeline = exposed.read(path)
-    return timeline, exposed.analyze(timeline.kernels)
+        return Read(note=note)
+    t = exposed.read(path)
+    return Read(path.name, EAGER, t, exposed.analyze(t.kernels), note)
 
 
 def emit_sections(parts: list[Section], fmt: str, console: Console) -> None:
     """The sections under the kernel tables (table and markdown; csv and json carry the records)."""
+    title = TITLE_REPLAY if any(part.tagged for part in parts) else TITLE
     if fmt == "table":
         console.print()
-        console.print(Text(TITLE, style="bold"), soft_wrap=False)
+        console.print(Text(title, style="bold"), soft_wrap=False)
         for part in parts:
             console.print(Text(part.line), soft_wrap=False)
             if part.grid is not None:
@@ -159,7 +218,7 @@ def emit_sections(parts: list[Section], fmt: str, console: Console) -> None:
         if any(part.grid is not None for part in parts):
             console.print(Text(NOTE, style="dim"), soft_wrap=False)
     elif fmt == "markdown":
-        text = f"\n## {TITLE}\n"
+        text = f"\n## {title}\n"
         for part in parts:
             text += f"\n{part.line}\n" + (f"\n{to_markdown(part.grid)}" if part.grid is not None else "")
         console.out(text + (f"\n{NOTE}\n" if any(part.grid is not None for part in parts) else ""), highlight=False)

@@ -20,7 +20,7 @@ from overlapbench.model import attention
 from overlapbench.run import paired
 from overlapbench.run.workload import Workload, build_workload, reference_setting
 from overlapbench.specs.spec import SweepSpec
-from overlapbench.timing import bench, interleave, measure
+from overlapbench.timing import bench, interleave, measure, timeline
 from overlapbench.timing.phases import PointFailed, out_of_memory
 from overlapbench.timing.phases import phase as _phase
 from overlapbench.tuning import results
@@ -101,7 +101,7 @@ def measure_point(rt: runtime.Runtime, point: Point, work: Workload, spec: Sweep
         m = spec.measure
         status("timing")
         timing = _phase(rt, lambda: measure.time_step(step, work.x, m.warmup, m.iters, m.graphs, m.warmup_s, m.min_time_s))
-        failure = _profile(rt, point, step, work, profile_dir)
+        failure = _profile(rt, point, step, work, profile_dir, timing.replay)
         if failure is not None:
             return fields | failure
     except PointFailed as failure:
@@ -117,17 +117,19 @@ def measure_point(rt: runtime.Runtime, point: Point, work: Workload, spec: Sweep
     }
 
 
-def _profile(rt: runtime.Runtime, point: Point, step, work: Workload, profile_dir: Path | None) -> dict | None:
-    """With --profile, the point's kernel table and timeline (measure.profile_step); a failure as
-    a result, else None. The command refuses --profile on CPU; the rank code profiles any device
-    (on CPU: host ops, a timeline without device kernels)."""
+def _profile(rt: runtime.Runtime, point: Point, step, work: Workload, profile_dir: Path | None,
+             replay: Callable[[], object] | None = None) -> dict | None:
+    """With --profile, the point's kernel table and timeline, and where it was timed as a graph
+    replay (`replay`) that replay's timeline (measure.profile_step); a failure as a result, else
+    None. The command refuses --profile on CPU; the rank code profiles any device (on CPU: host
+    ops, a timeline without device kernels, no replay)."""
     if profile_dir is None:
         return None
     name = results.profile_name(point.strategy, point.tokens, point.knobs, point.decode.as_dict() if point.decode else None,
                                 point.layers)
     path = profile_dir / f"{name}.txt" if rt.rank == 0 else None
     try:
-        _phase(rt, lambda: measure.profile_step(step, work.x, path))
+        _phase(rt, lambda: measure.profile_step(step, work.x, path, replay=replay))
     except PointFailed as failure:
         return failure.result
     return None
@@ -147,8 +149,8 @@ def measure_batch(rt: runtime.Runtime, todo: list[Point], work: Workload, spec: 
     def prepare(point: Point, crowded: bool):
         return prepare_point(rt, point, work, spec, capture=True, crowded=crowded, status=_logged(rt))
 
-    def profile(c: paired.Prepared) -> dict | None:
-        return _profile(rt, c.point, c.step, work, profile_dir)
+    def profile(c: paired.Prepared) -> dict | None:  # c.run: the graph's replay where it was captured
+        return _profile(rt, c.point, c.step, work, profile_dir, c.run if c.fields.get("graphs") else None)
 
     return paired.measure_batch(rt, todo, reference, prepare, plan, pairing, watchdog.guard, profile)
 
@@ -168,6 +170,8 @@ def measure_points(rt: runtime.Runtime, spec: SweepSpec, todo: list[Point], max_
     the others); the rows written. `max_tokens`: the run's largest batch (buffers are sized once)."""
     console = printing.console(quiet=rt.rank != 0)
     written = 0
+    if profile_dir is not None and rt.is_cuda:  # before the first capture: its replays are profiled
+        timeline.prepare_for_graphs()
     # The status line stays 2 columns short of the terminal: the ^C a terminal echoes then never
     # wraps it onto a second line, which the display would not know to clear when it stops.
     status_console = printing.console(quiet=rt.rank != 0, width=max(40, console.width - 2))

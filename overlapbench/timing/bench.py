@@ -30,7 +30,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 MAX_ITERS = 2000  # the most samples a rep_ms budget adds (never fewer than `iters`)
@@ -108,6 +108,9 @@ class Timing:
     samples_ms: list[float]
     graphs: bool = False  # whether CUDA-graph replays were timed
     graph_error: str | None = None  # why capture failed, where it fell back to eager
+    # the CUDA graph's replay that was timed, where graphs: --profile records one more (its graph
+    # lives as long as this Timing); not a statistic, so neither compared nor shown
+    replay: Callable[[], object] | None = field(default=None, compare=False, repr=False)
 
     @property
     def median_ms(self) -> float:

@@ -76,7 +76,8 @@ def time_step(
     On GPUs: warm-up runs at least `warmup` iterations and `warmup_s` seconds, so clocks settle
     into the steady state the timed loop sees; the timed loop runs at least `iters` iterations and
     `min_time_s` seconds (at most bench.MAX_ITERS), the same counts on every rank (`agreed_count`),
-    after the ranks meet. On CPU (gloo; the numbers test the tool, they measure nothing): exactly
+    after the ranks meet; where graph replays were timed, the Timing holds the replay (and so the
+    graph) for --profile. On CPU (gloo; the numbers test the tool, they measure nothing): exactly
     `warmup` and `iters` forwards, the ranks meeting before each, so no rank's sample holds its
     wait for a slower one.
     """
@@ -88,7 +89,7 @@ def time_step(
     timed = bench(run, warmup_s * 1e3, min_time_s * 1e3, warmup=warmup, iters=iters, clock=CudaClock(),
                   agree=agreed_count, before_loop=dist.barrier)
     local = torch.tensor(timed.samples_ms, device=x.device)
-    return Timing(_max_over_ranks(local), used_graphs, error)
+    return Timing(_max_over_ranks(local), used_graphs, error, replay=run if used_graphs else None)
 
 
 def agreed_count(wanted: int) -> int:
@@ -108,10 +109,14 @@ def _max_over_ranks(local: torch.Tensor) -> list[float]:
     return torch.stack(gathered).max(dim=0).values.tolist()
 
 
-def profile_step(step: Step, x: torch.Tensor, path, iterations: int = 3) -> None:
+def profile_step(step: Step, x: torch.Tensor, path, iterations: int = 3,
+                 replay: Callable[[], object] | None = None) -> None:
     """A few eager forwards under torch.profiler, their kernel table (by device time) to `path`;
-    then one more forward's timeline (its device kernels, timeline.py) beside it. `path` None:
-    profile, but write nothing (the other ranks join the forwards' collectives)."""
+    then one more forward's timeline (its device kernels, timeline.py) beside it; and where the
+    step was timed as a CUDA-graph replay (`replay`: what the timed iterations ran, on every rank
+    or none), one replay's timeline, its kernels linked to the eager forward's ops
+    (timeline.link_replay), beside that. `path` None: profile, but write nothing (the other ranks
+    join the forwards' and the replay's collectives)."""
     from torch.profiler import ProfilerActivity, profile
 
     from overlapbench.timing import timeline
@@ -128,3 +133,7 @@ def profile_step(step: Step, x: torch.Tensor, path, iterations: int = 3) -> None
     kernels = timeline.record(lambda: step.forward(x), cuda)
     if path is not None:
         timeline.write(kernels, timeline.beside(path))
+    if replay is not None and cuda:
+        replayed = timeline.record(replay, cuda)
+        if path is not None:
+            timeline.write(timeline.link_replay(replayed, kernels), timeline.beside(path, replay=True))

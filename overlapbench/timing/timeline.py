@@ -24,6 +24,13 @@ results/h200x2/6fef580/profiler-comm-events.jsonl). Only device events that run 
 (kernels, memcpys, memsets): the profiler's ranges drawn on the GPU (gpu_user_annotation) and
 its stream waits are not. The file is rank 0's. Torch is imported inside functions: `report`
 reads this module's constants without it.
+
+Where the point's step was timed as a CUDA-graph replay, a second file beside it,
+`<point>.replay.timeline.json`, holds one replay of that graph under torch.profiler, in the same
+schema plus `"replay": true`, `"linked"` and `"unmatched"` (`link_replay`): the timeline of the
+step that was timed, where an eager forward at small token counts is host-bound and mostly idle.
+The replay's kernels are launched by one `cudaGraphLaunch`, which records no op; each is linked to
+its op through its twin in the eager forward (the same program issues the same kernels).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from typing import Any
 
 SCHEMA = "overlapbench/timeline-v1"
 SUFFIX = ".timeline.json"
+REPLAY_SUFFIX = ".replay" + SUFFIX  # a graph replay's timeline: it ends in SUFFIX too
 TABLE_SUFFIX = ".txt"
 NOT_WORK = ("gpu_user_annotation", "user_annotation", "cuda_sync", "cuda_profiler_range")  # device events that run nothing
 _BYTES = re.compile(r'"bytes"\s*:\s*(\d+)')
@@ -46,9 +54,31 @@ _BYTES = re.compile(r'"bytes"\s*:\s*(\d+)')
 PROFILER_EVENTS = frozenset({"Activity Buffer Request"})
 
 
-def beside(table: Path) -> Path:
-    """The timeline's path beside a kernel table's (`<point>.txt` -> `<point>.timeline.json`)."""
-    return table.with_name(table.name.removesuffix(TABLE_SUFFIX) + SUFFIX)
+def file_name(point: str, replay: bool = False) -> str:
+    """A point's timeline file: `<point>.timeline.json`, its graph replay's `<point>.replay.timeline.json`."""
+    return point + (REPLAY_SUFFIX if replay else SUFFIX)
+
+
+def beside(table: Path, replay: bool = False) -> Path:
+    """The timeline's path beside a kernel table's (`<point>.txt` -> `<point>.timeline.json`;
+    with `replay`, the graph replay's `<point>.replay.timeline.json`)."""
+    return table.with_name(file_name(table.name.removesuffix(TABLE_SUFFIX), replay))
+
+
+def prepare_for_graphs() -> None:
+    """Start the profiler once, before any CUDA graph that a profile will replay is captured:
+    a graph captured before the profiler's first use and replayed under it is a known source of
+    errors and hangs (torch.profiler._utils._init_for_cuda_graphs, pytorch#75504)."""
+    from torch.profiler import _utils
+
+    init = getattr(_utils, "_init_for_cuda_graphs", None)
+    if init is not None:
+        init()
+    else:
+        from torch.autograd.profiler import profile
+
+        with profile():
+            pass
 
 
 def record(forward, cuda: bool) -> dict:
@@ -172,3 +202,78 @@ def from_events(events: Iterable, device: str) -> dict:
         records.append(entry)
     return {"schema": SCHEMA, "device": device, "forwards": 1, "unit": "us", "host_ops": len(host),
             "names": names, "ops": ops, "kernels": records}
+
+
+# -- a graph replay's kernels linked to the eager forward's -----------------------------------
+
+COUNTS_DIFFER = "counts differ"
+ORDER_UNSURE = "its eager kernels differ in op or size and run on several streams"
+
+
+def _by_name(timeline: dict) -> dict[str, list[dict]]:
+    """Each kernel name's kernels in start order (ties: the shorter first, then the stream)."""
+    names = timeline["names"]
+    found: dict[str, list[dict]] = defaultdict(list)
+    for k in sorted(timeline["kernels"], key=lambda k: (k["start"], k["start"] + k["dur"], k["stream"])):
+        found[names[k["name"]]].append(k)
+    return found
+
+
+def _why_unmatched(mine: list[dict], theirs: list[dict]) -> str | None:
+    """Why a name's replay kernels cannot be paired one to one, in start order, with the eager
+    forward's; None where they can. Where the eager kernels of the name all carry one op and one
+    size, any pairing links right. Where they differ, the pairing by start order holds where they
+    ran on one stream: a stream runs its kernels in issue order, and the graph captured from it
+    chains them in that order, on whatever streams it replays them. Across streams it need not."""
+    if len(mine) != len(theirs):
+        return COUNTS_DIFFER
+    if len({(k.get("op"), k.get("bytes")) for k in theirs}) > 1 and len({k["stream"] for k in theirs}) > 1:
+        return ORDER_UNSURE
+    return None
+
+
+def link_replay(replay: dict, eager: dict) -> dict:
+    """`replay` (the timeline of one CUDA-graph replay, `from_events`) with each kernel linked to
+    its op through its twin in `eager` (an eager forward of the same step): per kernel name, the
+    replay's i-th kernel in start order is the eager forward's i-th, and takes its op (name, FLOPs,
+    shapes) and, where the replay's event recorded no size of its own (a memcpy node may not),
+    its `bytes`. A name whose kernels cannot be paired surely (`_why_unmatched`: counts that
+    differ, as where only the eager forward runs a kernel or the graph holds one it does not;
+    twins that differ spread over streams) has none of its kernels linked, and is listed in
+    `unmatched` with both counts and why; `linked` counts the kernels paired with a twin. The ops
+    the replay's own profile linked (none, or the host call open at the graph's launch) are not
+    the kernels' launchers and are dropped. Pure: neither argument is changed."""
+    eager_ops = eager["ops"]
+    ops: list[dict] = []
+    op_index: dict[str, int] = {}
+
+    def linked_op(twin: dict) -> int | None:
+        if twin.get("op") is None:
+            return None
+        op = eager_ops[twin["op"]]
+        key = json.dumps(op, sort_keys=True)
+        if key not in op_index:
+            op_index[key] = len(ops)
+            ops.append(op)
+        return op_index[key]
+
+    kernels = [dict(k, op=None) for k in replay["kernels"]]
+    copy_of = {id(k): c for k, c in zip(replay["kernels"], kernels)}
+    theirs_by_name = _by_name(eager)
+    unmatched, linked = [], 0
+    for name, mine in _by_name(replay).items():
+        theirs = theirs_by_name.get(name, [])
+        why = _why_unmatched(mine, theirs)
+        if why is not None:
+            unmatched.append({"name": name, "replay": len(mine), "eager": len(theirs), "why": why})
+            continue
+        for k, twin in zip(mine, theirs):
+            copied = copy_of[id(k)]
+            copied["op"] = linked_op(twin)
+            if "bytes" not in copied and "bytes" in twin:
+                copied["bytes"] = twin["bytes"]
+        linked += len(mine)
+    eager_only = {eager["names"][k["name"]] for k in eager["kernels"]} - set(replay["names"])
+    for name in sorted(eager_only):
+        unmatched.append({"name": name, "replay": 0, "eager": len(theirs_by_name[name]), "why": COUNTS_DIFFER})
+    return replay | {"replay": True, "ops": ops, "kernels": kernels, "linked": linked, "unmatched": unmatched}
