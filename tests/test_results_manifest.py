@@ -12,6 +12,7 @@ import json
 
 import pytest
 
+from overlapbench.timing import timeline
 from tests import results_readme as rr
 
 READMES = rr.readmes()
@@ -140,8 +141,9 @@ def test_files_without_run_id_or_git_are_the_ones_the_readme_names(readme):
     """New runs carry both fields (OVERLAPBENCH_GIT in every device run); the files written
     before they did are listed once, in the README's section of that name, and no others."""
     _need_git()
-    # A profile's timelines (<point>.timeline.json) are the rows' beside their folder: their run_id and git.
-    files = [f for f in rr.tracked(readme.parent) if f.endswith((".jsonl", ".json")) and not f.endswith(".timeline.json")]
+    # A profile's timelines (<point>.timeline.json, a graph replay's <point>.replay.timeline.json: both end
+    # in timeline.SUFFIX) are the rows' beside their folder: their run_id and git.
+    files = [f for f in rr.tracked(readme.parent) if f.endswith((".jsonl", ".json")) and not f.endswith(timeline.SUFFIX)]
     lacking = {f for f in files if lacks_provenance(readme.parent / f)}
     text = readme.read_text()
     section = text.split(WITHOUT, 1)[1].split("\n## ", 1)[0] if WITHOUT in text else ""

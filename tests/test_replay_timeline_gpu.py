@@ -1,0 +1,97 @@
+"""On 2 GPUs: `sweep --profile` with CUDA graphs on writes, for each point it timed as a graph
+replay, that replay's timeline (`<point>.replay.timeline.json`, timing/timeline.py) beside the
+eager forward's: device kernels only, GEMMs with the FLOPs and transfers (NCCL, the copy
+engines' copies) with the bytes their eager twins have (through the link), and a span no
+longer than the eager forward's (a replay has no launch gaps); `report --profile` reads it. Both
+timing modes: interleaved (the replay is the prepared candidate's) and sequential (the replay is
+the one `time_step` timed).
+
+If the profiler records no kernel of a graph replay on this torch (CUPTI's records of a graph's
+kernels are what the replay timeline is made of), the test fails saying so, with the versions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from overlapbench.tuning.results import profile_name, read_rows
+from tests import distributed
+
+pytestmark = distributed.two_gpus()
+NOT_WORK = ("nccl:", "cuda", "aten::", "record_param_comms", "ProfilerStep", "Activity Buffer")  # ranges, host calls
+
+
+def sweep_spec(tmp_path: Path, interleave: bool | str) -> Path:
+    path = tmp_path / "replay.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "replay-timeline", "model": "llama3-8b", "tp": 2, "layers": 2, "dtype": "bf16", "tokens": [2048],
+        "strategies": {"baseline": {}, "no_comm": {}, "token_split": [
+            {"comm": "none"}, {"comm": "copy_engine", "comm_ctas_attn": 32, "comm_ctas_mlp": 32}]},
+        "measure": {"warmup": 1, "iters": 3, "graphs": True, "interleave": interleave, "timeout_s": 600},
+    }))
+    return path
+
+
+def versions() -> str:
+    import torch
+
+    return f"torch {torch.__version__}, CUDA {torch.version.cuda}"
+
+
+def span(data: dict) -> float:
+    kernels = data["kernels"]
+    return max(k["start"] + k["dur"] for k in kernels) - min(k["start"] for k in kernels)
+
+
+@pytest.mark.parametrize("interleave", ["auto", False], ids=["interleaved", "sequential"])
+def test_each_point_timed_as_a_replay_has_a_linked_replay_timeline(tmp_path: Path, interleave):
+    from overlapbench.report import exposed
+    from overlapbench.timing import timeline
+
+    out, folder = tmp_path / "rows.jsonl", tmp_path / "profile"
+    done = distributed.overlapbench("sweep", str(sweep_spec(tmp_path, interleave)), "--output", str(out),
+                                    "--profile", str(folder), timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = read_rows(out)
+    assert rows and all(r["status"] == "ok" for r in rows), [(r["strategy"], r["status"], r["error"]) for r in rows]
+    replayed = []
+    for r in rows:
+        point = profile_name(r["strategy"], r["tokens"], r["knobs"], layers=r["layers"])
+        table = folder / f"{point}.txt"
+        if not table.is_file():  # the interleaved mode's reference is timed, not profiled
+            continue
+        replay_path = timeline.beside(table, replay=True)
+        assert replay_path.is_file() == bool(r["graphs"]), (point, r["graphs"], r["graph_error"])
+        if r["graphs"]:
+            replayed.append((point, table, replay_path))
+    assert replayed, "no point was timed as a graph replay and profiled"
+    for point, table, replay_path in replayed:
+        data = json.loads(replay_path.read_text())
+        eager = json.loads(timeline.beside(table).read_text())
+        if not data["kernels"]:
+            pytest.fail(f"{point}: the profiler recorded no kernel of a CUDA-graph replay ({versions()}; "
+                        f"{data['host_ops']} host ops): CUPTI gives no graph kernels here, so no replay timeline")
+        assert data["replay"] is True and data["schema"] == timeline.SCHEMA and data["device"] == "cuda"
+        names = data["names"]
+        assert not [n for n in names if n.startswith(NOT_WORK)], (point, names)
+        assert all(k["dur"] >= 0 for k in data["kernels"])
+        replay_kernels, eager_kernels = exposed.read(replay_path).kernels, exposed.read(timeline.beside(table)).kernels
+        unlinked = data["unmatched"]
+        for kind, what in (("gemm", "flops"), ("comm", "bytes")):  # as the eager forward's, through the link
+            got = sorted((k.name, getattr(k, what) or 0) for k in replay_kernels if k.kind == kind)
+            want = sorted((k.name, getattr(k, what) or 0) for k in eager_kernels if k.kind == kind)
+            assert got == want, (point, kind, what, unlinked)
+        assert any(k.flops for k in replay_kernels if k.kind == "gemm"), (point, "no GEMM with its FLOPs", names)
+        assert [k.name for k in replay_kernels if k.is_transfer and k.bytes is None] == [], (point, unlinked)
+        if point.startswith("baseline"):
+            assert any(k.is_transfer for k in replay_kernels), (point, "no transfer", names)
+        assert span(data) <= span(eager), (point, span(data), span(eager))
+        print(f"{point}: replay {span(data):.1f} us, eager {span(eager):.1f} us; {data['linked']} of "
+              f"{len(data['kernels'])} kernels linked; unmatched {data['unmatched']}")
+    shown = distributed.overlapbench("report", str(out), "--profile", str(folder), env={"COLUMNS": "250"})
+    assert shown.returncode == 0, shown.stderr
+    for point, _, _ in replayed:
+        assert f"{point} (graph replay): wall" in shown.stdout, shown.stdout[-3000:]
