@@ -8,6 +8,8 @@ partials merged by their log-sum-exps (a chunk's attention over its prefix).
 residual replicated); `allreduce_norm_v2`: its token-sharded successor (push); `allreduce_norm_pull`:
 v2's pull variants, the pull one the layer's kernel, and `FUSED_KERNELS`, the variants by name.
 `copy_engine_norm`: reduce-scatter and all-gather by the copy engines around a few-CTA add + norm.
+`copy_engine_pull`: the copy engines pull every peer's partial (a split's side stream), then one
+full-width add + norm (its main stream).
 `p2p`: the peer-to-peer copy kernel of flash_agrs's all-gather and reduce-scatter steps.
 
 Nothing is imported here, so that importing the package costs no Triton or CUDA start-up.

@@ -122,6 +122,11 @@ def _add_norm_kernel(
         tl.store(pub_ptr + dense, y, mask=ok)
 
 
+def tile_rows(hidden: int) -> int:
+    """Rows of one CTA's tile of the add + norm kernel: TILE_ELEMS over the row's padded width."""
+    return max(1, TILE_ELEMS // triton.next_power_of_2(hidden))
+
+
 def add_norm_reference(part, staged, residual, weight, eps, out, published) -> None:
     """Torch version of the local kernel (CPU, and the tests' oracle): same order of sums.
     `out` None: only the published rows are written."""
@@ -148,8 +153,7 @@ def add_norm_rows(part, staged, residual, weight, eps, out, published, num_ctas:
     for name, t in (("partial", part), ("published", published), ("staged", staged[0])):  # dense: offsets below
         if not t.is_contiguous():
             raise ValueError(f"{name} must be dense")
-    block_h = triton.next_power_of_2(hidden)
-    block_r = max(1, TILE_ELEMS // block_h)
+    block_h, block_r = triton.next_power_of_2(hidden), tile_rows(hidden)
     target = published if out is None else out
     _add_norm_kernel[(num_ctas,)](
         part, staged, residual, target, published, weight.contiguous(),

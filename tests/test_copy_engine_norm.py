@@ -6,112 +6,14 @@ the sharded-residual contract, for 2, 4 and 8 ranks, over two row ranges back to
 
 from __future__ import annotations
 
-import math
-import random
-import threading
-import time
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from kernels.copy_engine_norm import CopyEngineNorm, buffer_elems  # noqa: E402
 from overlapbench.distributed.runtime import SymmetricBuffer  # noqa: E402
-
-EPS = 1e-5
-
-
-class _FakeHandle:
-    """Views of every rank's buffer, one threading barrier per channel, and each rank's barrier
-    channels in the order it entered them (`log`, by the rank that _run_ranks gave the thread)."""
-
-    local = threading.local()
-
-    def __init__(self, bufs, world):
-        self.bufs = bufs
-        self._barriers = {channel: threading.Barrier(world) for channel in range(4)}
-        self.log = [[] for _ in range(world)]
-
-    def get_buffer(self, rank, shape, dtype, storage_offset=0):
-        return self.bufs[rank][storage_offset : storage_offset + math.prod(shape)].view(shape)
-
-    def barrier(self, channel=0):
-        self.log[self.local.rank].append(channel)
-        self._barriers[channel].wait(timeout=30)
-
-    def abort(self):
-        for b in self._barriers.values():
-            b.abort()
-
-
-class _Event:
-    done = False
-
-
-class _SimStreams:
-    """CopyEngineNorm's streams on a CPU thread: ops queue per stream and run at join, each
-    step the head of a random stream that is ready (a wait is ready once its event was
-    recorded), with now and then a short sleep so the ranks' threads interleave differently."""
-
-    def __init__(self, seed: int) -> None:
-        self.rng = random.Random(seed)
-        self.queues: dict[int, list] = {0: [], 1: [], 2: []}
-
-    def fork(self) -> None:
-        event = self.record(0)
-        self.wait(1, event)
-        self.wait(2, event)
-
-    def run(self, stream, fn) -> None:
-        self.queues[stream].append(("run", fn))
-
-    def record(self, stream):
-        event = _Event()
-        self.queues[stream].append(("record", event))
-        return event
-
-    def wait(self, stream, event) -> None:
-        self.queues[stream].append(("wait", event))
-
-    def join(self) -> None:
-        while any(self.queues.values()):
-            ready = [s for s, q in self.queues.items() if q and (q[0][0] != "wait" or q[0][1].done)]
-            if not ready:
-                raise RuntimeError(f"streams wait on events never recorded: {self.queues}")
-            kind, arg = self.queues[self.rng.choice(ready)].pop(0)
-            if kind == "run":
-                arg()
-            elif kind == "record":
-                arg.done = True
-            if self.rng.random() < 0.05:
-                time.sleep(0.0002)
-
-
-def _reference(partials, residual, weight):
-    total = sum(p.double() for p in partials)
-    new = (total + residual.double()).float()
-    y = new * torch.rsqrt(new.pow(2).mean(-1, keepdim=True) + EPS) * weight
-    return new, y
-
-
-def _run_ranks(world: int, fn) -> list:
-    results, errors = [None] * world, []
-
-    def main(rank):
-        _FakeHandle.local.rank = rank
-        try:
-            results[rank] = fn(rank)
-        except BaseException as e:
-            errors.append(f"rank {rank}: {e!r}")
-            fn.handle.abort()
-
-    threads = [threading.Thread(target=main, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not errors, errors
-    return results
+from tests.fake_symmetric import EPS, FakeHandle, SimStreams, layer_context, patch_engines, run_ranks  # noqa: E402
+from tests.fake_symmetric import reference as _reference  # noqa: E402
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])
@@ -124,7 +26,7 @@ def test_every_rank_gets_the_normed_sum_and_keeps_its_residual_rows(world, cut, 
     inputs = [[([torch.randn(b - a, hidden, generator=g) for _ in range(world)], torch.randn(b - a, hidden, generator=g))
                for a, b in ranges] for _ in range(rounds)]
     bufs = [torch.full((buffer_elems(max_tokens, hidden, world),), float("nan")) for _ in range(world)]
-    handle = _FakeHandle(bufs, world)
+    handle = FakeHandle(bufs, world)
 
     def rank_main(rank):
         engine = CopyEngineNorm(SymmetricBuffer(bufs[rank], handle, "fake", rank, world, 0), max_tokens, hidden)
@@ -139,7 +41,7 @@ def test_every_rank_gets_the_normed_sum_and_keeps_its_residual_rows(world, cut, 
         return outs
 
     rank_main.handle = handle
-    results = _run_ranks(world, rank_main)
+    results = run_ranks(world, rank_main)
     expected = [_reference(p, r, weight) for rnd in inputs for p, r in rnd]
     for outs in results:
         for ((lo, hi), res, out), (ref_res, ref_out), (_, residual) in zip(
@@ -171,11 +73,11 @@ def test_chunked_pipeline_on_stand_in_streams(world, chunks, rows):
     inputs = [[([torch.randn(b - a, hidden, generator=g) for _ in range(world)], torch.randn(b - a, hidden, generator=g))
                for a, b in ranges] for _ in range(rounds)]
     bufs = [torch.full((buffer_elems(max_tokens, hidden, world),), float("nan")) for _ in range(world)]
-    handle = _FakeHandle(bufs, world)
+    handle = FakeHandle(bufs, world)
 
     def rank_main(rank):
         sym = SymmetricBuffer(bufs[rank], handle, "fake", rank, world, 0)
-        engine = CopyEngineNorm(sym, max_tokens, hidden, chunks=chunks, streams=_SimStreams(rank * 7 + rows))
+        engine = CopyEngineNorm(sym, max_tokens, hidden, chunks=chunks, streams=SimStreams(rank * 7 + rows))
         outs = []
         for rnd in range(rounds):
             engine.sm_out = bool(rnd % 2)
@@ -194,7 +96,7 @@ def test_chunked_pipeline_on_stand_in_streams(world, chunks, rows):
         return outs
 
     rank_main.handle = handle
-    results = _run_ranks(world, rank_main)
+    results = run_ranks(world, rank_main)
     flat = [x for rnd in inputs for x in rnd]
     expected = [_reference(p, r, weight) for p, r in flat]
     for outs in results:
@@ -240,7 +142,7 @@ def test_rows_are_owned_once_and_in_order():
 def test_bad_calls_are_refused():
     world, hidden = 2, 16
     bufs = [torch.zeros(buffer_elems(8, hidden, world)) for _ in range(world)]
-    engine = CopyEngineNorm(SymmetricBuffer(bufs[0], _FakeHandle(bufs, world), "fake", 0, world, 0), 8, hidden)
+    engine = CopyEngineNorm(SymmetricBuffer(bufs[0], FakeHandle(bufs, world), "fake", 0, world, 0), 8, hidden)
     res, w = torch.zeros(4, hidden), torch.ones(hidden)
     with pytest.raises(ValueError, match="outside"):
         engine(0, 9, res, w, EPS, res.clone(), 1)
@@ -257,32 +159,15 @@ def test_bad_calls_are_refused():
 # --- the strategies with comm: copy_engine, ranks as threads -------------------------------------
 
 
-def _layer_context(rank: int, world: int, shape, layers: int, seq_lens: tuple[int, ...]):
-    """One rank's BuildContext on CPU (the tests' reducers stand in for the collectives) over a
-    seeded stack, and the batch's input, as reference_forward builds them (seed 0)."""
-    from overlapbench.distributed.runtime import Runtime
-    from overlapbench.model.rope import RopeTable
-    from overlapbench.model.weights import build_stack, random_input
-    from overlapbench.timing.step import BuildContext
-
-    rt = Runtime(rank, world, rank, torch.device("cpu"), "gloo")
-    tokens = sum(seq_lens)
-    stack = build_stack(shape, layers, world, rank, torch.float32, rt.device, 0)
-    ctx = BuildContext(rt, stack, seq_lens, RopeTable(shape, max(seq_lens), rt.device), tokens)
-    return ctx, random_input(tokens, shape.hidden, 0, torch.float32, rt.device)
-
-
-def _stand_in_engines(monkeypatch, world: int, hidden: int, tokens: int, chunks: int | None, streams) -> _FakeHandle:
+def _stand_in_engines(monkeypatch, world: int, hidden: int, tokens: int, chunks: int | None, streams) -> FakeHandle:
     """One copy-engine kernel per rank on the fake symmetric memory (`chunks` pieces, None: by size;
     `streams(rank)` its stand-in streams, or None: the caller's), patched in as the run's one
     kernel that every copy-engine reducer gets; their shared handle, whose log records the barriers."""
-    from overlapbench.overlap import reducers
-
     bufs = [torch.full((buffer_elems(tokens, hidden, world),), float("nan")) for _ in range(world)]
-    handle = _FakeHandle(bufs, world)
+    handle = FakeHandle(bufs, world)
     engines = [CopyEngineNorm(SymmetricBuffer(bufs[r], handle, "fake", r, world, 0), tokens, hidden, chunks,
                               streams=None if streams is None else streams(r)) for r in range(world)]
-    monkeypatch.setattr(reducers, "_engine", lambda ctx, comm, make_kernel: engines[ctx.runtime.rank])
+    patch_engines(monkeypatch, {"copy_engine": engines})
     return handle
 
 
@@ -299,13 +184,13 @@ def test_strategies_with_copy_engine_match_the_reference(monkeypatch, world, chu
 
     shape, layers, seq_lens = ModelShape(hidden=64, ffn=128, heads=8, kv_heads=4, head_dim=8), 2, (29, 14)
     handle = _stand_in_engines(monkeypatch, world, shape.hidden, sum(seq_lens), chunks,
-                               (lambda r: _SimStreams(r)) if chunks else None)
+                               (lambda r: SimStreams(r)) if chunks else None)
     settings = [("fused_norm", {"comm": "copy_engine", "comm_ctas": 4}),
                 ("token_split", {"comm": "copy_engine", "comm_ctas_attn": 4, "comm_ctas_mlp": 16}),
                 ("iso", {"comm": "copy_engine", "comm_ctas": 4})]
 
     def rank_main(rank):
-        ctx, x = _layer_context(rank, world, shape, layers, seq_lens)
+        ctx, x = layer_context(rank, world, shape, layers, seq_lens)
         outs = []
         for name, knobs in settings:
             cls = strategies.get(name)
@@ -315,7 +200,7 @@ def test_strategies_with_copy_engine_match_the_reference(monkeypatch, world, chu
 
     rank_main.handle = handle
     ref = reference_forward(shape, layers, world, seq_lens, seed=0)
-    for rank, outs in enumerate(_run_ranks(world, rank_main)):
+    for rank, outs in enumerate(run_ranks(world, rank_main)):
         for (name, _), out in zip(settings, outs):
             err = ((out - ref).norm() / ref.norm()).item()
             assert err < 1e-5, f"{name} on rank {rank}: rel err {err:.2e}"
@@ -332,7 +217,7 @@ def test_ce_chunks_cut_every_call_and_settings_of_different_counts_share_one_buf
     from overlapbench.model.models import ModelShape
 
     shape, layers, seq_lens = ModelShape(hidden=64, ffn=128, heads=8, kv_heads=4, head_dim=8), 2, (45, 22)
-    handle = _stand_in_engines(monkeypatch, world, shape.hidden, sum(seq_lens), None, lambda r: _SimStreams(r + 11))
+    handle = _stand_in_engines(monkeypatch, world, shape.hidden, sum(seq_lens), None, lambda r: SimStreams(r + 11))
     settings = [("token_split", {"comm": "copy_engine", "comm_ctas_attn": 4, "comm_ctas_mlp": 16, "ce_chunks": 3}),
                 ("token_split", {"comm": "copy_engine", "ce_chunks": 1}),
                 ("iso", {"comm": "copy_engine", "comm_ctas": 4, "ce_chunks": 2}),
@@ -340,7 +225,7 @@ def test_ce_chunks_cut_every_call_and_settings_of_different_counts_share_one_buf
                 ("token_split", {"comm": "copy_engine", "split_ratio": "balanced", "chunks": 3, "ce_chunks": 2})]
 
     def rank_main(rank):
-        ctx, x = _layer_context(rank, world, shape, layers, seq_lens)
+        ctx, x = layer_context(rank, world, shape, layers, seq_lens)
         outs = []
         for name, knobs in settings:
             cls = strategies.get(name)
@@ -353,7 +238,7 @@ def test_ce_chunks_cut_every_call_and_settings_of_different_counts_share_one_buf
 
     rank_main.handle = handle
     ref = reference_forward(shape, layers, world, seq_lens, seed=0)
-    for rank, outs in enumerate(_run_ranks(world, rank_main)):
+    for rank, outs in enumerate(run_ranks(world, rank_main)):
         for (name, knobs), (out, pieces, calls) in zip(settings, outs):
             err = ((out - ref).norm() / ref.norm()).item()
             assert err < 1e-5, f"{name} {knobs} on rank {rank}: rel err {err:.2e}"

@@ -24,7 +24,7 @@ JUDGED = [e for e in engines.ENGINES if e.judged]
 
 def test_the_comm_knob_is_the_methods():
     assert COMM.choices == comm_methods.NAMES == tuple(m.name for m in comm_methods.METHODS)
-    assert FUSED_COMM.choices == comm_methods.SYMMETRIC == ("fused", "copy_engine")
+    assert FUSED_COMM.choices == comm_methods.FUSED_CHOICES == ("fused", "copy_engine")  # no deferred method
     assert comm_methods.CTA_BUDGETED == ("fused", "copy_engine", "nccl_symm")
     for method in comm_methods.METHODS:
         assert f"{method.name}: {method.summary}" in COMM.help
@@ -33,10 +33,17 @@ def test_the_comm_knob_is_the_methods():
 @pytest.mark.parametrize("method", comm_methods.METHODS, ids=lambda m: m.name)
 def test_each_method_names_a_comm_path_and_a_budget_it_runs_on(method):
     """Its transfer is timed by a comm path that exists and reduces (the predictions read it),
-    on the budget its record names."""
+    on the budget its record names; a method with none either sends nothing (a bound, unchecked)
+    or says why no path prices it yet."""
     if method.path is None:
-        assert comm_methods.get(method.name).transfer(8, 16).path is None and not method.checked
+        transfer = comm_methods.get(method.name).transfer(8, 16)
+        assert transfer.path is None
+        if method.unpriced is None:
+            assert not method.checked and transfer.unpriced is None
+        else:
+            assert method.checked and transfer.unpriced.startswith(f"comm={method.name}: ")
         return
+    assert method.unpriced is None
     assert "all_reduce" in PATHS_BY_NAME[method.path].ops
     transfer = method.transfer(8, 16)
     assert transfer.path == method.path and transfer.norm == method.norm_after
@@ -45,7 +52,8 @@ def test_each_method_names_a_comm_path_and_a_budget_it_runs_on(method):
 
 
 def test_an_unknown_comm_method_is_a_one_line_error():
-    with pytest.raises(UserError, match=r"comm: 'nvls' is not one of nccl \| nccl_symm \| fused \| copy_engine \| none"):
+    names = r"nccl \| nccl_symm \| fused \| copy_engine \| copy_engine_pull \| none"
+    with pytest.raises(UserError, match=rf"comm: 'nvls' is not one of {names}"):
         comm_methods.get("nvls")
 
 
@@ -64,7 +72,7 @@ def test_every_registered_strategy_has_a_rule_in_every_engine(engine):
     fused_norm and baseline's all-reduce) are known to each engine's record."""
     settings = [(cls.name, {k.name: k.default for k in cls.knobs}) for cls in strategies.all_strategies()
                 if cls.name != "no_comm"]  # the bound is never a tuned pick
-    settings += [("fused_norm", {"comm": m}) for m in comm_methods.SYMMETRIC]
+    settings += [("fused_norm", {"comm": m}) for m in comm_methods.FUSED_CHOICES]
     settings += [("baseline", {"allreduce": a}) for a in ("one_shot", "two_shot")] + [("baseline", {"nccl_symm": True})]
     for strategy, knobs in settings:
         pick = Pick(1, 2, strategy, knobs, kind_of(strategy, knobs))

@@ -253,6 +253,30 @@ def test_copy_engine_local_kernel_matches_reference(staged: int, rows: int, hidd
         assert out.isnan().all(), "sm_out off: the kernel must not write out"
 
 
+@pytest.mark.parametrize("world, hidden", [(2, 64), (3, 4096), (4, 96)])
+def test_copy_engine_pull_finish_runs_the_add_norm_kernel_on_its_regions(monkeypatch, world: int, hidden: int) -> None:
+    """CopyEnginePull.finish launches the copy-engine add + norm kernel on its buffer's layout
+    (rank 0's region first, the other regions max_tokens rows apart, `out` the dense target, a
+    row range past row 0) and matches the torch reference; at hidden 4096 its grid (4 CTAs on 1
+    SM) is smaller than the tiles, so the CTAs stride over them."""
+    from kernels import copy_engine_pull
+    from kernels.copy_engine_norm import add_norm_reference, add_norm_rows
+    from overlapbench.distributed.runtime import SymmetricBuffer
+
+    monkeypatch.setattr(copy_engine_pull, "add_norm_rows", lambda *args, use_triton: add_norm_rows(*args, use_triton=True))
+    max_tokens, (a, b) = 40, (5, 31)
+    g = torch.Generator().manual_seed(world * 10_000 + hidden)
+    buf = torch.randn(copy_engine_pull.buffer_elems(max_tokens, hidden, world), generator=g)
+    kernel = copy_engine_pull.CopyEnginePull(SymmetricBuffer(buf, None, "fake", 1, world, 0), max_tokens, hidden, sm_count=1)
+    residual, weight = torch.randn(b - a, hidden, generator=g), torch.randn(hidden, generator=g)
+    out = torch.full((b - a, hidden), float("nan"))
+    regions = buf.view(world, max_tokens, hidden)[:, a:b]
+    ref_res, ref_out = residual.clone(), torch.empty(b - a, hidden)
+    add_norm_reference(regions[0], regions[1:], ref_res, weight, EPS, None, ref_out)
+    assert kernel.finish(a, b, residual, weight, EPS, out) is out
+    assert rel_err(residual, ref_res) < 1e-6 and rel_err(out, ref_out) < 1e-5
+
+
 # ---------------------------------------------------------------- kernel v2 on W emulated ranks
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -127,6 +127,23 @@ class Reducer(Protocol):
         weight: torch.Tensor,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class DeferredReducer(Reducer, Protocol):
+    """A Reducer whose work a split forward (overlap/split.py) issues in two halves on its two
+    lanes: `transfer` on the side lane (the communication only: no SM kernel beside the compute
+    but barriers), `finish` on the main lane just before the chunk's next compute needs its rows
+    (the add into `residual` and the norm into `out`, at full width). The call does both, one
+    after the other, on the current stream.
+
+    Between a chunk's `transfer` and its `finish` nothing may write its partial or run another
+    transfer of its rows; the split's schedule keeps that (the chunk's next compute comes between).
+    """
+
+    def transfer(self, partial: torch.Tensor, chunk: Chunk) -> None: ...
+
+    def finish(self, chunk: Chunk, residual: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass

@@ -61,11 +61,13 @@ class Transfer:
     nccl, nccl_symm, symm_one_shot, symm_two_shot, fused_norm, copy_engine_norm; a `comm` knob
     value's is its method's, overlap/comm_methods.py) on `ctas` CTAs
     ('default': the path's own choice), or None for no communication (a bound); `norm`: a
-    separate residual add + RMSNorm kernel follows on the same lane (the fused paths do it inside)."""
+    separate residual add + RMSNorm kernel follows on the same lane (the fused paths do it inside);
+    `unpriced`: why no comm path prices this reduction yet (`predict` skips the point, saying so)."""
 
     path: str | None
     ctas: int | str | None = None
     norm: bool = True
+    unpriced: str | None = None
 
 
 @dataclass(frozen=True)

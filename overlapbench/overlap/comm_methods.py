@@ -2,9 +2,11 @@
 normed input, as the split and fused strategies' `comm` knob names it.
 
 A record says what builds its reducer (overlap/reducers.py), which `comm` path times its
-transfer (comm/paths.py: what `predict` reads from a comm table), which CTA budget it runs on,
-whether it cuts a call's rows into `ce_chunks` pieces, what it needs of the machine (torch
-symmetric memory, NCCL windows), and what an engine's export calls it (export/picks.py). The
+transfer (comm/paths.py: what `predict` reads from a comm table; or why none does yet), which
+CTA budget it runs on, whether it cuts a call's rows into `ce_chunks` pieces, whether its add +
+norm is deferred to the split's main lane (layer.DeferredReducer: then fused_norm, which has no
+split, does not offer it), what it needs of the machine (torch symmetric memory, NCCL windows),
+and what an engine's export calls it (export/picks.py). The
 knobs' choices and help, the strategies' rules, the plans' transfers, `predict`'s per-row paths
 and the exports' kinds all derive from these records.
 
@@ -46,6 +48,10 @@ class CommMethod:
     norm_after: bool = True  # a separate residual add + RMSNorm follows the transfer (a fused path norms inside)
     checked: bool = True  # its result is the layer's (none: a bound, not a correct result)
     chunked: bool = False  # cuts a call's rows into pieces, one add + norm kernel each: the ce_chunks knob applies
+    # its reducer is a layer.DeferredReducer: the transfer on the split's side lane, the add + norm on
+    # its main lane before the rows' next compute; a split's method only (fused_norm does not offer it)
+    deferred: bool = False
+    unpriced: str | None = None  # why `predict` cannot price its reductions yet (its points are skipped rows)
 
     def build(self, ctx: BuildContext, budget: int | str | None, knobs: dict) -> Reducer:
         """Its reducer on `budget` (the value of its budget knob), cutting each call into the
@@ -59,7 +65,10 @@ class CommMethod:
     def transfer(self, ctas: int | str | None, nccl_max_ctas: int | str = DEFAULT) -> Transfer:
         """What one reduction sends, in the comm table's terms (model/schedule.Transfer): NCCL's
         ring under its `nccl_max_ctas` cap, the CTA-budgeted paths on `ctas`; nothing for a
-        method that sends nothing (the add + norm still runs)."""
+        method that sends nothing (the add + norm still runs); a method no comm path prices yet
+        sends nothing the comm table knows, and says why (predict skips its points)."""
+        if self.unpriced is not None:
+            return Transfer(None, norm=False, unpriced=f"comm={self.name}: {self.unpriced}")
         if self.path is None:
             return Transfer(None)
         return Transfer(self.path, nccl_max_ctas if self.budget == NCCL_MAX_CTAS else ctas, norm=self.norm_after)
@@ -99,6 +108,12 @@ def _copy_engine(ctx: BuildContext, ctas, chunks: int | None = None) -> Reducer:
     return reducers.symmetric(ctx, ctas, "copy_engine", CopyEngineNorm.allocate, chunks)
 
 
+def _copy_engine_pull(ctx: BuildContext, ctas) -> Reducer:
+    from overlapbench.overlap import reducers
+
+    return reducers.copy_engine_pull(ctx)  # no CTA budget: copies and barriers beside compute, the norm at full width
+
+
 def _none(ctx: BuildContext, ctas) -> Reducer:
     from overlapbench.model.layer import LocalReducer
 
@@ -114,14 +129,20 @@ METHODS = (
     CommMethod("copy_engine", "reduce-scatter and all-gather by the copy engines, add+norm in a local few-CTA kernel",
                _copy_engine, "copy_engine_norm", COMM_CTAS, "fused_norm_copy_engine", symmetric=True, norm_after=False,
                chunked=True),
+    CommMethod("copy_engine_pull", "the copy engines pull every peer's whole partial of the chunk's rows; the add + "
+               "norm runs on the main stream just before the rows' next compute (no SM kernel beside compute; "
+               "token_split and iso only)", _copy_engine_pull, None, None, None, symmetric=True, norm_after=False,
+               deferred=True, unpriced="no comm path times its transfer yet, and its add + norm runs on the main "
+               "lane, where a plan's reductions do not put one"),
     CommMethod("none", "no reduction (a bound, not a correct result: what the split alone costs)", _none, None, None,
                None, checked=False),
 )
 BY_NAME = {m.name: m for m in METHODS}
 NAMES = tuple(BY_NAME)
-SYMMETRIC = tuple(m.name for m in METHODS if m.symmetric)  # fused_norm's choices: no split, one fused kernel
+# fused_norm's choices: our symmetric-memory methods that reduce in one call (no split, so none deferred)
+FUSED_CHOICES = tuple(m.name for m in METHODS if m.symmetric and not m.deferred)
 # The methods whose CTA budget is a comm_ctas knob: our kernels' grids first, then NCCL's exact budgets.
-CTA_BUDGETED = (*SYMMETRIC, *(m.name for m in METHODS if m.budget == COMM_CTAS and not m.symmetric))
+CTA_BUDGETED = tuple(m.name for m in sorted(METHODS, key=lambda m: not m.symmetric) if m.budget == COMM_CTAS)
 CHUNKED = tuple(m.name for m in METHODS if m.chunked)  # the methods the ce_chunks knob applies to
 PER_ROW_PATHS = tuple(m.path for m in METHODS if m.path and not m.norm_after)  # a norm inside works on whole rows
 

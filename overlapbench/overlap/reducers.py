@@ -16,6 +16,10 @@ local few-CTA kernel adds and normalizes the rank's own rows (kernels/copy_engin
 chunked pipeline: the chunk count by size, or the `ce_chunks` knob's, passed with every call,
 so reducers of different counts share the run's one buffer); the residual stays token-sharded
 (see layer.Reducer).
+`copy_engine_pull`: a deferred reducer (layer.DeferredReducer): the copy engines pull every
+peer's whole partial of the chunk's rows on the split's side lane, and one full-width add + norm
+runs on its main lane before the rows' next compute (kernels/copy_engine_pull.py); the residual
+is complete on every rank.
 
 Which of them a `comm` knob value builds is its record's (comm_methods.py).
 """
@@ -124,7 +128,7 @@ class SymmetricReducer:
 
 
 def _engine(ctx: BuildContext, comm: str, make_kernel):
-    """The run's symmetric buffers of `comm` (`fused`, `copy_engine`), made by `make_kernel`
+    """The run's symmetric buffers of `comm` (`fused`, `copy_engine`, `copy_engine_pull`), made by `make_kernel`
     (the kernel's constructor, as `(group, tokens, hidden, dtype, device, allocate=...)`): made
     once, sized for its largest batch. Where that batch does not fit in memory, sized for this one
     (and grown when a later point needs more)."""
@@ -163,3 +167,35 @@ def symmetric(ctx: BuildContext, num_ctas: int, comm: str, make_kernel, chunks: 
     """`comm`'s kernel (made by `make_kernel`, once per run) on `num_ctas` CTAs, each call cut
     into `chunks` pieces (None: the kernel's own count)."""
     return SymmetricReducer(_engine(ctx, comm, make_kernel), ctx.eps, num_ctas, chunks)
+
+
+@dataclass
+class PullReducer:
+    """A deferred reducer (layer.DeferredReducer) on the run's copy-engine pull buffer
+    (kernels/copy_engine_pull.CopyEnginePull): the GEMM writes the chunk's partial into this rank's
+    region, `transfer` pulls the peers' partials of its rows, `finish` adds and normalizes every
+    row (the residual complete and the same on every rank). No CTA budget: the transfer runs no
+    SM kernel but the barriers, the finish runs at full width."""
+
+    kernel: object  # kernels.copy_engine_pull.CopyEnginePull
+    eps: float
+
+    def out_buffer(self, chunk: Chunk) -> torch.Tensor:
+        return self.kernel.partial(chunk.begin, chunk.end)
+
+    def transfer(self, partial, chunk):
+        self.kernel.transfer(chunk.begin, chunk.end)
+
+    def finish(self, chunk, residual, weight, out):
+        return self.kernel.finish(chunk.begin, chunk.end, residual, weight, self.eps, out)
+
+    def __call__(self, partial, chunk, residual, weight, out=None):
+        self.transfer(partial, chunk)
+        return self.finish(chunk, residual, weight, torch.empty_like(residual) if out is None else out)
+
+
+def copy_engine_pull(ctx: BuildContext) -> PullReducer:
+    """`comm: copy_engine_pull`'s reducer on the run's buffer (made once, sized for its largest batch)."""
+    from kernels.copy_engine_pull import CopyEnginePull
+
+    return PullReducer(_engine(ctx, "copy_engine_pull", CopyEnginePull.allocate), ctx.eps)

@@ -16,6 +16,13 @@ CN's last MLP reduction, 1/N of the batch. A later chunk's attention reads the e
 keys and values where a sequence straddles a cut. Strategies differ only in how they cut (a
 `SplitPlan`); the schedule is written once, as data (schedule.split), which `Lanes` runs here and
 `overlapbench predict` simulates.
+
+A deferred reducer (layer.DeferredReducer: `comm: copy_engine_pull`) splits each reduction in
+two: its reduce task issues only the transfer on the side lane, and the chunk's next compute task
+on the main lane first issues the pending finish (add + norm into the chunk's residual and normed
+rows), which its wait for the reduce task's event orders after the transfer. The finishes still
+pending after the last task (the stack's last reductions) run on the main lane before the forward
+returns.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from overlapbench.model.chunks import Chunk, KVBuffer
-from overlapbench.model.layer import Reducer, compute_block, norm_weight
+from overlapbench.model.layer import DeferredReducer, Reducer, compute_block, norm_weight
 from overlapbench.model.norms import rms_norm
 from overlapbench.model.schedule import ATTENTION, COMPUTE, SIDE, Task, previous_of_chunk, split
 from overlapbench.timing.step import BuildContext, Step
@@ -100,6 +107,7 @@ class SplitForward:
         self.residual, self.normed, self.partials = make(), make(), make()
         self.kv = KVBuffer(tokens, ctx.stack.kv_heads, ctx.stack.shape.head_dim, ctx.stack.dtype, ctx.runtime.device)
         self.tasks = split(len(ctx.stack.layers), len(plan.chunks))
+        self.pending: dict[int, Task] = {}  # chunk -> its reduce task whose finish is still to run (deferred reducers)
 
     def _reducer(self, task: Task) -> Reducer:
         return self.after_attention if task.block == ATTENTION else self.after_mlp
@@ -107,16 +115,32 @@ class SplitForward:
     def _compute(self, task: Task) -> torch.Tensor:
         """The block's partial sum, written where its reducer will reduce it: the reducer's
         buffer (a symmetric one, which the two reducers share unless their CTA budgets give them
-        NCCL windows of two groups), or the chunk's rows of `partials`."""
+        NCCL windows of two groups), or the chunk's rows of `partials`. First the chunk's pending
+        finish, where a deferred reducer left one: it writes the normed rows this compute reads."""
+        self._finish(task.chunk)
         chunk = self.plan.chunks[task.chunk]
         buffer = self._reducer(task).out_buffer(chunk)
         out = self.partials[chunk.rows] if buffer is None else buffer
         return compute_block(self.ctx.stack, task, self.normed[chunk.rows], chunk, self.ctx.rope, self.kv, out)
 
     def _reduce(self, task: Task, partial: torch.Tensor) -> None:
-        chunk = self.plan.chunks[task.chunk]
+        chunk, reducer = self.plan.chunks[task.chunk], self._reducer(task)
+        if isinstance(reducer, DeferredReducer):
+            reducer.transfer(partial, chunk)
+            self.pending[task.chunk] = task
+            return
         rows = chunk.rows
-        self._reducer(task)(partial, chunk, self.residual[rows], norm_weight(self.ctx.stack, task), self.normed[rows])
+        reducer(partial, chunk, self.residual[rows], norm_weight(self.ctx.stack, task), self.normed[rows])
+
+    def _finish(self, k: int) -> None:
+        """Chunk k's pending finish (a deferred reducer's add + norm), on the current lane; nothing
+        where none is pending."""
+        task = self.pending.pop(k, None)
+        if task is None:
+            return
+        chunk = self.plan.chunks[k]
+        rows = chunk.rows
+        self._reducer(task).finish(chunk, self.residual[rows], norm_weight(self.ctx.stack, task), self.normed[rows])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         with gemm_sm_carveout(self.plan.gemm_carveout):
@@ -127,6 +151,7 @@ class SplitForward:
         self.residual.copy_(x if order is None else x[order])
         rms_norm(self.residual, stack.layers[0].attn_norm, stack.shape.eps, out=self.normed)
         lanes = Lanes(self.ctx, self.tasks)
+        self.pending.clear()
         partials: dict[int, torch.Tensor] = {}  # chunk -> its latest partial sum
         for j, task in enumerate(self.tasks):
             if task.work == COMPUTE:
@@ -134,6 +159,8 @@ class SplitForward:
             else:
                 lanes.run(j, lambda t=task: self._reduce(t, partials[t.chunk]))
         lanes.join()
+        for k in range(len(self.plan.chunks)):  # the stack's last reductions, on the main lane
+            self._finish(k)
         if order is None:
             return self.normed
         out = torch.empty_like(self.normed)

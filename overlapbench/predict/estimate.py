@@ -144,7 +144,8 @@ class Skip:
 
 def estimate(strategy: str, knobs: dict, batch: Batch, layers: int, dtype: str, inputs: Inputs) -> Estimate | Skip:
     """The point's time per layer, or why it is not predicted (it sets a knob no input models, its
-    strategy gives no plan, or the comm table lacks a path it sends)."""
+    strategy gives no plan, a reduction no comm path prices yet, or the comm table lacks a path it
+    sends)."""
     for knob, why in UNMODELLED:
         value = knobs.get(knob.name, knob.default)
         if value != knob.default:
@@ -153,6 +154,10 @@ def estimate(strategy: str, knobs: dict, batch: Batch, layers: int, dtype: str, 
     plan = strategies.get(strategy).plan(knobs, batch)
     if plan is None:
         reason = f"{strategy} has no schedule to predict (its plan() gives none)"
+        return Skip(reason, [Note(SKIPPED, reason)])
+    unpriced = next((t.unpriced for t in (plan.after_attention, plan.after_mlp) if t.unpriced), None)
+    if unpriced is not None:
+        reason = f"{unpriced}; measure the point with `overlapbench sweep`"
         return Skip(reason, [Note(SKIPPED, reason)])
     notes: list[Note] = []
     tasks = plan.tasks(layers)
