@@ -123,6 +123,26 @@ def graph_forward(step, x):
     return out["y"]
 
 
+def build_step(ctx, strategy: str, knobs: dict):
+    """The step of `strategy` with `knobs` checked (defaults filled) as a spec's are, on `ctx`."""
+    from overlapbench import strategies
+
+    cls = strategies.get(strategy)
+    return cls.build(ctx, cls.check_knobs(knobs, strategy))
+
+
+def assert_eager_and_replayed_within(found_by_rank: list[dict], label: str, world: int) -> None:
+    """Every rank's `label` (the eager forwards' relative error against the reference) and
+    `graph label` (one CUDA-graph replay's) is a number below bf16_tolerance(world); a case that
+    failed holds its error_text instead, which the assertion shows."""
+    tol = bf16_tolerance(world)
+    for rank, found in enumerate(found_by_rank):
+        for key in (label, f"graph {label}"):
+            err = found[key]
+            assert isinstance(err, float), f"rank {rank}, {key}: {err}"
+            assert err < tol, f"rank {rank}, {key}: rel err {err:.3g} >= {tol:.3g}"
+
+
 def error_text(e: BaseException) -> str:
     """A case's failure as one line, for the report of its rank."""
     return f"{type(e).__name__}: {e}".splitlines()[0][:500]

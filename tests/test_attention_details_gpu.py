@@ -54,7 +54,6 @@ def _graph_forward(step, x):
 
 
 def _run(rank: int, world: int) -> dict:
-    from overlapbench import strategies
     from overlapbench.distributed import runtime
     from overlapbench.model.layer import reference_forward
     from overlapbench.model.rope import RopeTable
@@ -68,8 +67,7 @@ def _run(rank: int, world: int) -> dict:
         try:
             ref = reference_forward(SHAPE, LAYERS, world, lens, torch.bfloat16, rt.device)
             ctx = BuildContext(rt, stack, lens, RopeTable(SHAPE, max(lens), rt.device), MAX_TOKENS)
-            cls = strategies.get(strategy)
-            step = cls.build(ctx, cls.check_knobs(knobs, strategy))
+            step = distributed.build_step(ctx, strategy, knobs)
             x = random_input(sum(lens), SHAPE.hidden, 0, torch.bfloat16, rt.device)
             out = _graph_forward(step, x) if label.startswith("graph") else step.forward(x)
             errors[label] = distributed.rel_err(step.to_full(out), ref)

@@ -116,7 +116,6 @@ def _label(strategy, knobs, lens) -> str:
 
 
 def _run_strategies(rank: int, world: int) -> dict:
-    from overlapbench import strategies
     from overlapbench.distributed import runtime
     from overlapbench.model.rope import RopeTable
     from overlapbench.model.weights import build_stack, random_input
@@ -128,9 +127,8 @@ def _run_strategies(rank: int, world: int) -> dict:
     found: dict = {}
 
     def forward(strategy, knobs, lens):
-        cls = strategies.get(strategy)
         ctx = BuildContext(rt, stack, lens, RopeTable(shape, max(lens), rt.device), 8192)
-        step = cls.build(ctx, cls.check_knobs(knobs, strategy))
+        step = distributed.build_step(ctx, strategy, knobs)
         x = random_input(sum(lens), shape.hidden, 0, torch.bfloat16, rt.device)
         with attention.recording() as ran:
             out = step.to_full(step.forward(x)).float()

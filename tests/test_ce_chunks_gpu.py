@@ -47,7 +47,6 @@ LABELS = [c[0] for c in CASES]
 
 def _run_cases(rank: int, world: int) -> dict:
     from kernels.copy_engine_norm import CopyEngineNorm
-    from overlapbench import strategies
     from overlapbench.distributed import runtime
     from overlapbench.model.layer import reference_forward
     from overlapbench.model.rope import RopeTable
@@ -73,8 +72,7 @@ def _run_cases(rank: int, world: int) -> dict:
                 stacks[shape_name] = build_stack(shape, LAYERS, world, rank, torch.bfloat16, rt.device, seed=0)
             ref = reference_forward(shape, LAYERS, world, lens, torch.bfloat16, rt.device)
             ctx = BuildContext(rt, stacks[shape_name], lens, RopeTable(shape, max(lens), rt.device), MAX_TOKENS)
-            cls = strategies.get(strategy)
-            step = cls.build(ctx, cls.check_knobs(knobs, strategy))
+            step = distributed.build_step(ctx, strategy, knobs)
             x = random_input(sum(lens), shape.hidden, 0, torch.bfloat16, rt.device)
             pieces.clear()
             y = step.forward(x)
@@ -96,12 +94,7 @@ def results() -> distributed.Launches:
 
 @pytest.mark.parametrize(("world", "label"), distributed.world_params(LABELS))
 def test_copy_engine_settings_match_the_reference_eager_and_replayed(results, world, label):
-    tol = distributed.bf16_tolerance(world)
-    for rank, found in enumerate(results(world)):
-        for key in (label, f"graph {label}"):
-            err = found[key]
-            assert isinstance(err, float), f"rank {rank}, {key}: {err}"
-            assert err < tol, f"rank {rank}, {key}: rel err {err:.3g} >= {tol:.3g}"
+    distributed.assert_eager_and_replayed_within(results(world), label, world)
 
 
 @pytest.mark.parametrize(("world", "label"), distributed.world_params(LABELS))

@@ -42,7 +42,6 @@ LABELS = [c[0] for c in CASES]
 
 
 def _run_cases(rank: int, world: int) -> dict:
-    from overlapbench import strategies
     from overlapbench.distributed import runtime
     from overlapbench.model.layer import reference_forward
     from overlapbench.model.rope import RopeTable
@@ -56,8 +55,7 @@ def _run_cases(rank: int, world: int) -> dict:
         try:
             ref = reference_forward(SHAPE, LAYERS, world, lens, torch.bfloat16, rt.device)
             ctx = BuildContext(rt, stack, lens, RopeTable(SHAPE, max(lens), rt.device), MAX_TOKENS)
-            cls = strategies.get(strategy)
-            step = cls.build(ctx, cls.check_knobs(knobs, strategy))
+            step = distributed.build_step(ctx, strategy, knobs)
             x = random_input(sum(lens), SHAPE.hidden, 0, torch.bfloat16, rt.device)
             eager = step.to_full(step.forward(x)).clone()
             again = step.to_full(step.forward(x)).clone()
@@ -78,12 +76,7 @@ def results() -> distributed.Launches:
 
 @pytest.mark.parametrize(("world", "label"), distributed.world_params(LABELS))
 def test_pull_settings_match_the_reference_eager_and_replayed(results, world, label):
-    tol = distributed.bf16_tolerance(world)
-    for rank, found in enumerate(results(world)):
-        for key in (label, f"graph {label}"):
-            err = found[key]
-            assert isinstance(err, float), f"rank {rank}, {key}: {err}"
-            assert err < tol, f"rank {rank}, {key}: rel err {err:.3g} >= {tol:.3g}"
+    distributed.assert_eager_and_replayed_within(results(world), label, world)
 
 
 @pytest.mark.parametrize(("world", "label"), distributed.world_params(LABELS))

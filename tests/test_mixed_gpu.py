@@ -80,7 +80,6 @@ BATCH, DECODE = (2048,), (256, 4096)
 
 
 def _run(rank: int, world: int) -> dict:
-    from overlapbench import strategies
     from overlapbench.distributed import runtime
     from overlapbench.model.chunks import rope_positions
     from overlapbench.model.rope import RopeTable
@@ -96,8 +95,7 @@ def _run(rank: int, world: int) -> dict:
     x = random_input(tokens, shape.hidden, 0, torch.bfloat16, rt.device)
 
     def forward(strategy, knobs):
-        cls = strategies.get(strategy)
-        step = cls.build(ctx, cls.check_knobs(knobs, strategy))
+        step = distributed.build_step(ctx, strategy, knobs)
         with attention.recording() as ran:
             out = step.to_full(step.forward(x)).float()
         return out, attention.describe(ran)

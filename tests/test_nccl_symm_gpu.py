@@ -77,7 +77,6 @@ def _launches(log, mark: int, budget: int | None) -> str | None:
 
 
 def _run_cases(rank: int, world: int, log_dir: str) -> dict:
-    from overlapbench import strategies
     from overlapbench.comm import buffers, paths
     from overlapbench.comm import run as comm_run
     from overlapbench.comm.cases import Case
@@ -95,10 +94,6 @@ def _run_cases(rank: int, world: int, log_dir: str) -> dict:
     if unavailable:
         return {"unavailable": unavailable}
     out: dict = {}
-
-    def build(ctx, strategy, knobs):
-        cls = strategies.get(strategy)
-        return cls.build(ctx, cls.check_knobs(knobs, strategy))
 
     def launches(mark, budget):
         return _launches(log, mark, budget) if rank == 0 else None
@@ -120,7 +115,7 @@ def _run_cases(rank: int, world: int, log_dir: str) -> dict:
         try:
             ref = reference_forward(SHAPE, LAYERS, world, lens, torch.bfloat16, rt.device)
             ctx = BuildContext(rt, stack, lens, RopeTable(SHAPE, max(lens), rt.device), MAX_TOKENS)
-            step = build(ctx, strategy, knobs)
+            step = distributed.build_step(ctx, strategy, knobs)
             x = random_input(sum(lens), SHAPE.hidden, 0, torch.bfloat16, rt.device)
             mark = log.mark()
             y = step.forward(x)
@@ -139,7 +134,7 @@ def _run_cases(rank: int, world: int, log_dir: str) -> dict:
                           workload, Gemm(n, k))
             ctx, x = micro.build(rt, point, torch.bfloat16, MAX_TOKENS)
             ref = micro.reference(workload, m, n, k, world, 0, torch.bfloat16, rt.device)[rank]
-            step = build(ctx, "sp_baseline", {"nccl_symm": True})
+            step = distributed.build_step(ctx, "sp_baseline", {"nccl_symm": True})
             out[label] = distributed.rel_err(step.to_full(step.forward(x)), ref)
             out[f"graph {label}"] = distributed.rel_err(step.to_full(distributed.graph_forward(step, x)), ref)
         except Exception as e:
@@ -173,12 +168,7 @@ def test_collectives_on_windows_are_exact_and_run_symmetric_kernels_on_their_bud
 @pytest.mark.parametrize(("world", "label"), distributed.world_params(
     lambda world: [c[0] for c in layer_cases(world)] + [c[0] for c in MICRO_CASES]))
 def test_strategy_matches_reference_eager_and_replayed(results, world, label):
-    tol = distributed.bf16_tolerance(world)
-    for rank, found in enumerate(results(world)):
-        for key in (label, f"graph {label}"):
-            err = found[key]
-            assert isinstance(err, float), f"rank {rank}, {key}: {err}"
-            assert err < tol, f"rank {rank}, {key}: rel err {err:.3g} >= {tol:.3g}"
+    distributed.assert_eager_and_replayed_within(results(world), label, world)
 
 
 @pytest.mark.parametrize(("world", "label"), distributed.world_params(lambda world: [c[0] for c in layer_cases(world)]))

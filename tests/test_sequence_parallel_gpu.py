@@ -77,7 +77,6 @@ def _graph_forward(step, x):
 
 
 def _run_cases(rank: int, world: int) -> dict:
-    from overlapbench import strategies
     from overlapbench.distributed import runtime
     from overlapbench.model.layer import reference_forward
     from overlapbench.model.rope import RopeTable
@@ -87,10 +86,6 @@ def _run_cases(rank: int, world: int) -> dict:
 
     rt = runtime.init(timeout_s=120)
     errors: dict = {}
-
-    def build(ctx, strategy, knobs):
-        cls = strategies.get(strategy)
-        return cls.build(ctx, cls.check_knobs(knobs, strategy))
 
     stacks, refs = {}, {}
     for label, shape_name, lens, strategy, knobs in LAYER_CASES + GRAPH_CASES:
@@ -103,7 +98,7 @@ def _run_cases(rank: int, world: int) -> dict:
                 refs[(shape_name, lens)] = reference_forward(shape, LAYERS, world, lens, torch.bfloat16, rt.device)
             ref = refs[(shape_name, lens)]
             ctx = BuildContext(rt, stacks[shape_name], lens, RopeTable(shape, max(lens), rt.device), MAX_TOKENS)
-            step = build(ctx, strategy, knobs)
+            step = distributed.build_step(ctx, strategy, knobs)
             x = random_input(sum(lens), shape.hidden, 0, torch.bfloat16, rt.device)
             if label.startswith("graph"):
                 errors[label] = distributed.rel_err(step.to_full(_graph_forward(step, x)), ref)
@@ -121,7 +116,7 @@ def _run_cases(rank: int, world: int) -> dict:
             point = Point("gpu", "custom", None, world, "bf16", 1, 0, (m,), strategy, knobs, workload, Gemm(n, k))
             ctx, x = micro.build(rt, point, torch.bfloat16, MAX_TOKENS)
             ref = micro.reference(workload, m, n, k, world, 0, torch.bfloat16, rt.device)[rank]
-            step = build(ctx, strategy, knobs)
+            step = distributed.build_step(ctx, strategy, knobs)
             errors[label] = distributed.rel_err(step.to_full(step.forward(x)), ref)
             graph_label = _label("graph", label)  # replayed from a CUDA graph, as the sweep times it
             errors[graph_label] = distributed.rel_err(step.to_full(_graph_forward(step, x)), ref)
