@@ -445,13 +445,16 @@ def _profiled_sweep(rank: int, world: int, spec_path: str, out: str, folder: str
 
 
 @pytest.mark.slow
-def test_a_cpu_sweep_with_a_profile_folder_writes_timelines_the_report_reads(tmp_path):
+@pytest.mark.parametrize("interleave", [False, True])
+def test_a_cpu_sweep_with_a_profile_folder_writes_timelines_the_report_reads(tmp_path, interleave):
+    """Both timing modes profile every row asked for: interleaved, the batch's reference too."""
     spec_path, out, folder = tmp_path / "spec.yaml", tmp_path / "r.jsonl", tmp_path / "profile"
-    spec_path.write_text(SPEC)
+    spec_path.write_text(SPEC.replace("timeout_s: 60}", f"timeout_s: 60, interleave: {str(interleave).lower()}}}"))
     folder.mkdir()
     assert distributed.run(_profiled_sweep, str(spec_path), str(out), str(folder)) == [4, 0]
     rows = read_rows(out)
     assert {r["status"] for r in rows} == {"ok"} and {r["layers"] for r in rows} == {1, 2}
+    assert {r["timing"] for r in rows} == ({"interleaved"} if interleave else {"sequential"}), {r["timing"] for r in rows}
     assert len(list(folder.glob("*.txt"))) == len(rows)  # each depth its own table: none written over
     assert not list(folder.glob(f"*{timeline.REPLAY_SUFFIX}"))  # no graph captured on CPU: no replay's timeline
     for r in rows:

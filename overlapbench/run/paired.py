@@ -88,8 +88,11 @@ def measure_batch(
         yield from time_group()
     if reference in todo:
         ref_timed.speedup, ref_timed.speedup_ci = 1.0, (1.0, 1.0)
-        yield reference, _fields(ref, ref_timed, pairing) if ref_timed.samples_ms else ref.fields | {
-            "status": "failed", "error": "the reference was not timed"}
+        if not ref_timed.samples_ms:
+            yield reference, ref.fields | {"status": "failed", "error": "the reference was not timed"}
+            return
+        failure = profile(ref) if profile is not None else None  # its row is asked for: profiled as the others
+        yield reference, _fields(ref, ref_timed, pairing) if failure is None else ref.fields | failure
 
 
 def _time_group(rt, ref: Prepared, group: list[Prepared], plan: Plan, pairing: str, first_round: int,
