@@ -85,8 +85,8 @@ SPLIT = {"comm": "copy_engine", "comm_ctas_attn": 32, "comm_ctas_mlp": 32}
 TOKENS = 16384
 
 
-def stack_ms(strategy: str, layers: int) -> float:
-    per_layer, ends = TRUE[strategy]
+def stack_ms(strategy: str, layers: int, truth: dict = TRUE) -> float:
+    per_layer, ends = truth[strategy]
     return per_layer * layers + ends
 
 
@@ -172,6 +172,51 @@ def test_sensitivity_shows_a_grid_per_depth_against_that_depths_baseline(tmp_pat
     speedups = {r["layers"]: r["speedup"] for r in records}
     for layers in (4, 8):
         assert speedups[layers] == pytest.approx(stack_ms("baseline", layers) / stack_ms("token_split", layers), rel=0.01)
+
+
+# -- plot ------------------------------------------------------------------------------------------
+
+
+def random_truth(rng: random.Random) -> dict:
+    """Per strategy (ms per layer, ms of the stack's ends): ends large enough that a point's ms
+    per layer at 4 layers is a few percent above its ms at 8."""
+    return {s: (per_layer := rng.uniform(0.5, 1.5), rng.uniform(0.3, 0.6) * per_layer)
+            for s in ("baseline", "token_split", "no_comm")}
+
+
+def test_the_plot_draws_the_deepest_depth_alone_each_speedup_over_its_own_baseline(tmp_path):
+    """Rows at 4 and 8 layers at three token counts, and at a fourth through 4 layers only:
+    each line holds the 8-layer points once each (a point timed only shallower is left out),
+    their ms and speedups those of the 8-layer cells, and the title names the depth."""
+    from overlapbench.report import overview, plot
+
+    rng = random.Random()
+    truth, counts = random_truth(rng), (1024, 4096, 16384)
+    rows = [r for t in counts for r in paired_rows(truth=truth, tokens=t, seed=rng.randrange(1 << 30))]
+    rows += paired_rows(depths=(4,), truth=truth, tokens=2048, seed=rng.randrange(1 << 30))
+    store = analysis.read([synthetic.write(tmp_path / "r.jsonl", rows)])
+    ((group, points),) = overview.overview(store).items()
+    deep = {t: points[f"{t} (8 layers)"] for t in counts}
+    for metric in ("ms", "speedup"):
+        drawn, depth = plot.lines(points, metric)
+        assert depth == 8 and plot.title(group, depth) == f"{group.label()} (8 layers)"
+        assert sorted(line.strategy for line in drawn) == sorted(truth)
+        for line in drawn:
+            assert line.xs == counts
+            assert line.ys == tuple(c[line.strategy].m.ms if metric == "ms" else c[line.strategy].speedup
+                                    for c in deep.values())
+            stack = stack_ms(line.strategy, 8, truth)
+            expected = stack / 8 if metric == "ms" else stack_ms("baseline", 8, truth) / stack
+            assert line.ys == pytest.approx((expected,) * len(counts), rel=0.01)
+
+
+def test_the_plot_of_one_depth_names_none(tmp_path):
+    from overlapbench.report import overview, plot
+
+    rows = paired_rows(depths=(8,), truth=random_truth(random.Random()))
+    ((group, points),) = overview.overview(analysis.read([synthetic.write(tmp_path / "r.jsonl", rows)])).items()
+    drawn, depth = plot.lines(points, "ms")
+    assert depth is None and plot.title(group, depth) == group.label() and all(line.xs == (TOKENS,) for line in drawn)
 
 
 # -- tune ------------------------------------------------------------------------------------------
