@@ -3,7 +3,8 @@
 Every point of the spec at `--tp K` gets a row whose `ms` is the predicted time per layer
 (estimate.py), `timing` is "predicted", `device` is the pieces' device with " (predicted)"
 added (`tune`, `report` and `export` keep predicted and measured rows apart, by `timing`), `speedup`
-is over the predicted default baseline of its batch, and `speedup_ci` that speedup +- `error` (the
+is over the predicted default baseline of its batch (a batch at one depth where the spec lists
+several: each depth's rows per layer of its own stack), and `speedup_ci` that speedup +- `error` (the
 absolute error the TP=2 validation supports: docs/predict.md). Nothing was measured, so
 `p10_ms`, `p90_ms`, `iqr_ms` and `cv` are null; `tune` takes each time +- half the error as its
 range (a challenger must win by more than the model's error). `predicted` says what each row was
@@ -30,7 +31,9 @@ from overlapbench.predict.estimate import (
     NO_IN_LAYER,
     TRANSFER_BESIDE,
     ComputePieces,
+    Estimate,
     Inputs,
+    MissingPiece,
     Skip,
     estimate,
 )
@@ -140,19 +143,37 @@ def predict(spec: SweepSpec, tp: int, inputs: Inputs, output: Path, error: float
            "nodes": 1, "ranks": [], "gpus_per_host": None, "versions": environment.versions(),
            "git": environment.git_commit(), "multicast_env": {}}  # the run's facts, once (git runs a subprocess)
     try:
-        for _, group in itertools.groupby(points, key=lambda p: p.workload_key):
+        rows = []  # every row made before any is written: a piece missing leaves no part of a store
+        for _, group in itertools.groupby(points, key=lambda p: p.workload_key):  # a batch at one depth
             group = list(group)
-            found = {id(p): estimate(p.strategy, p.knobs, batch_of(p), p.layers, p.dtype, inputs) for p in group}
+            found = {id(p): _estimate(p, spec, tp, inputs) for p in group}
             ref = next((found[id(p)] for p in group if (p.strategy, p.knobs) == reference), None)
             ref = None if isinstance(ref, Skip) else ref
             summary.no_speedup += ref is None
             for point in group:
-                store.append(_row(point, found[id(point)], ref, inputs, run_id, env, error))
+                rows.append(_row(point, found[id(point)], ref, inputs, run_id, env, error))
                 summary.add(found[id(point)].notes, not isinstance(found[id(point)], Skip))
-                written += 1
+        for row in rows:
+            store.append(row)
+            written += 1
     finally:
         store.close()
     return written
+
+
+def _estimate(point, spec: SweepSpec, tp: int, inputs: Inputs) -> Estimate | Skip:
+    """The point's estimate; a piece its plan needs that the --compute rows lack is one line
+    naming the piece, the point, and the command that times this spec's pieces."""
+    try:
+        return estimate(point.strategy, point.knobs, batch_of(point), point.layers, point.dtype, inputs)
+    except MissingPiece as missing:
+        timed = sorted(inputs.compute.specs - {spec.name})
+        whose = f" (timed for spec {', '.join(timed)})" if timed else ""
+        source = spec.source or f"sweeps/{spec.name}.yaml"
+        raise UserError(f"--compute: no piece row for {missing.what} ({point.strategy} at {point.tokens} tokens, "
+                        f"{point.layers} layers) in {', '.join(inputs.compute.sources) or 'the rows'}{whose}; time "
+                        f"this spec's pieces on one GPU: `overlapbench sweep {source} --pieces --tp {tp}` (to "
+                        f"results/{spec.name}-pieces-tp{tp}.jsonl, predict's default --compute)") from None
 
 
 def _in_layer_said(inputs: Inputs, summary: Summary) -> str:

@@ -32,10 +32,11 @@ class ComputePieces:
     tp: int
     sources: list[str] = field(default_factory=list)
     runs: set[str] = field(default_factory=set)
+    specs: set[str] = field(default_factory=set)  # the studies the pieces were timed for (their rows' `spec`)
 
     @classmethod
     def load(cls, paths: list[Path]) -> ComputePieces:
-        table, devices, tps, runs = {}, set(), set(), set()
+        table, devices, tps, runs, specs = {}, set(), set(), set(), set()
         for path in paths:
             if not Path(path).exists():
                 raise UserError(f"--compute: {path}: no such file; time the pieces on one GPU with "
@@ -48,13 +49,14 @@ class ComputePieces:
                 devices.add(row["device"])
                 tps.add(row["tp"])
                 runs.add(row["run_id"])
+                specs.add(row.get("spec") or "")
         if not table:
             raise UserError(f"--compute: {', '.join(map(str, paths))} holds no piece rows; make them with "
                             f"`overlapbench sweep SPEC --pieces --tp K` on one GPU")
         if len(devices) > 1 or len(tps) > 1:
             raise UserError(f"--compute: the piece rows mix devices {sorted(devices)} or TP degrees {sorted(tps)}; "
                             f"give the rows of one device and one TP")
-        return cls(table, devices.pop(), tps.pop(), [str(p) for p in paths], runs)
+        return cls(table, devices.pop(), tps.pop(), [str(p) for p in paths], runs, specs - {""})
 
     def find(self, batch: Batch, key: str) -> float | None:
         return self.ms.get((tuple(batch.seq_lens), batch.decode if batch.decode[0] else None, key))
@@ -63,9 +65,18 @@ class ComputePieces:
         found = self.find(batch, key)
         if found is None:
             what = json.loads(key)
-            raise UserError(f"--compute: no piece row for {what['piece']} of {what['rows']} rows at batch "
-                            f"{list(batch.seq_lens)}; time the spec's pieces: `overlapbench sweep SPEC --pieces --tp {batch.tp}`")
+            raise MissingPiece(f"{what['piece']} of {what['rows']} rows at batch {list(batch.seq_lens)}", batch.tp)
         return found
+
+
+class MissingPiece(UserError):
+    """A piece a point's plan needs that the --compute rows lack (pieces timed for another spec,
+    say: its chunk sizes differ). `predict` names the point and the spec to time."""
+
+    def __init__(self, what: str, tp: int) -> None:
+        self.what = what
+        super().__init__(f"--compute: no piece row for {what}; time the spec's pieces: "
+                         f"`overlapbench sweep SPEC --pieces --tp {tp}`")
 
 
 # How a transfer beside compute runs (`--transfer-beside`): AUTO slows it by the stretch measured

@@ -18,7 +18,7 @@ class Summary:
 
     points: int = 0
     ok: int = 0
-    no_speedup: int = 0  # token counts whose default baseline was not predicted
+    no_speedup: int = 0  # batches (a token count's batch at one depth) whose default baseline was not predicted
     touched: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
     inputs: list[Note] = field(default_factory=list)  # the tables' own (rescaling, cut-off files, gaps)
     contention: str = "none given: transfers beside compute cost it nothing"
@@ -36,7 +36,7 @@ class Summary:
         rescaled table, a cut-off file, a gap), then those of the points, with how many each touched;
         then where the contention came from and whether blocking all-reduces paid an in-layer term."""
         out = [f"{self.points} points: {self.ok} predicted, {self.points - self.ok} skipped"
-               + (f"; no speedups at {self.no_speedup} token counts (their default baseline was skipped)"
+               + (f"; no speedups in {self.no_speedup} batches (their default baseline was skipped)"
                   if self.no_speedup else "")]
         for kind in KINDS:
             said = list(dict.fromkeys(n.text for n in self.inputs if n.kind == kind))
