@@ -1,6 +1,7 @@
 """Several stack depths in one run (`layers: [4, 8]`): the spec's list and its errors, the
-footprint at each depth, tune never pooling depths, and report's per-added-layer section, whose
-marginals are checked against stacks of known per-layer cost and known ends."""
+footprint at each depth, tune never pooling depths (in one file or two), report's plot drawing the
+deepest depth alone, and report's per-added-layer section, whose marginals are checked against
+stacks of known per-layer cost and known ends. predict's: tests/test_predict_depths.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import re
 import pytest
 from rich.console import Console
 
-from overlapbench import report
+from overlapbench import report, tuned
 from overlapbench.errors import UserError
 from overlapbench.run import footprint
 from overlapbench.specs import spec
@@ -208,6 +209,21 @@ def test_the_plot_draws_the_deepest_depth_alone_each_speedup_over_its_own_baseli
             stack = stack_ms(line.strategy, 8, truth)
             expected = stack / 8 if metric == "ms" else stack_ms("baseline", 8, truth) / stack
             assert line.ys == pytest.approx((expected,) * len(counts), rel=0.01)
+        axes = Recorder()  # what the panel asks of matplotlib's axes, without matplotlib
+        plot._panel(axes, group, points, metric)
+        assert [(args[:2], kw["label"]) for name, args, kw in axes.calls if name == "plot"] == [
+            ((line.xs, line.ys), f"{line.strategy} (bound)" if line.bound else line.strategy) for line in drawn]
+        assert ("set_title", (f"{group.label()} (8 layers)",), {}) in axes.calls
+
+
+class Recorder:
+    """Stands for matplotlib's Axes: records every call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple, dict]] = []
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kw: self.calls.append((name, args, kw))
 
 
 def test_the_plot_of_one_depth_names_none(tmp_path):
@@ -243,6 +259,54 @@ def test_tune_judges_each_depth_apart_and_keeps_the_baseline_where_they_disagree
     assert pick.chosen.strategy == "token_split" and pick.chosen.layers == 4  # each depth picked it
     (written,) = tune.run([tmp_path / "a.jsonl"], tmp_path / "tuned", Console(file=io.StringIO()))
     assert "token_split" in written.read_text()
+
+
+def depth_rows(verdicts: dict, rng: random.Random) -> list[dict]:
+    """Per (tokens, layers) a paired batch of the baseline and the split: the split faster by
+    5-15% where the verdict is True, slower by 1-5% where it is False (20 rounds, 0.5% drift)."""
+    rows = []
+    for (tokens, layers), wins in verdicts.items():
+        base = rng.uniform(0.5, 2.0)
+        split = base / rng.uniform(1.05, 1.15) if wins else base * rng.uniform(1.01, 1.05)
+        drift = [1 + rng.gauss(0, 0.005) for _ in range(20)]
+        for strategy, ms, knobs in (("baseline", base, None), ("token_split", split, SPLIT)):
+            samples = [ms * d * (1 + rng.gauss(0, 0.002)) for d in drift]
+            rows.append(synthetic.row(strategy, tokens, knobs, samples=samples, layers=layers,
+                                      pairing=f"p/{tokens}/{layers}"))
+    return rows
+
+
+def test_tune_writes_a_setting_only_where_every_depth_chose_it_whichever_files_hold_them(tmp_path):
+    """At 1024 tokens both depths pick the split, at 4096 only the 4-layer batch does, at 16384
+    neither. The config: the split up to 1024 (its figures the 4-layer batch's, `layers` says
+    so), the baseline from there, the disagreement said; the same whether the depths come in one
+    file or in two (rows of two depths never replace each other)."""
+    rng = random.Random()
+    verdicts = {(1024, 4): True, (1024, 8): True, (4096, 4): True, (4096, 8): False,
+                (16384, 4): False, (16384, 8): False}
+    rows = depth_rows(verdicts, rng)
+    one = synthetic.write(tmp_path / "both.jsonl", rows)
+    apart = [synthetic.write(tmp_path / f"l{n}.jsonl", [r for r in rows if r["layers"] == n]) for n in (8, 4)]
+    configs = []
+    for paths, out in (([one], "one"), (apart, "apart")):
+        assert len(analysis.read(paths).measured) == len(rows)
+        (written,) = tune.run(paths, tmp_path / out, Console(file=io.StringIO()))
+        configs.append(tuned.load(written))
+    first, second = configs
+    assert [r.as_dict() | {"why": None} for r in first.rules] == [r.as_dict() | {"why": None} for r in second.rules]
+    split, kept = first.rules
+    assert (split.lo, split.strategy, split.extra["measured"], split.extra["layers"]) == (1, "token_split", [1024], 4)
+    at_4 = next(r for r in rows if (r["tokens"], r["layers"], r["strategy"]) == (1024, 4, "token_split"))
+    assert split.ms == pytest.approx(at_4["ms"], rel=1e-4)
+    assert "[1024] (4 layers): " in split.extra["why"] and "[1024] (8 layers): " in split.extra["why"]
+    assert (kept.strategy, kept.extra["measured"], kept.hi) == ("baseline", [4096, 16384], 16384)
+    assert "4096: batches disagree ([4096] (4 layers): token_split" in kept.extra["why"]
+    assert "[4096] (8 layers): baseline" in kept.extra["why"]
+    # each depth alone would have picked the split at 4096 (4 layers) or not (8 layers)
+    for layers, strategy in ((4, "token_split"), (8, "baseline")):
+        (alone,) = tune.run([apart[(8, 4).index(layers)]], tmp_path / f"alone{layers}", Console(file=io.StringIO()))
+        rule = tuned.load(alone).choose(4096).rule
+        assert rule.strategy == strategy and "layers" not in rule.extra
 
 
 # -- the committed studies -------------------------------------------------------------------------

@@ -4,9 +4,10 @@ Configs are chosen from rows of the layer workload only: an engine runs layers, 
 workload (one GEMM) informs the choice but never configures it (`report` compares those).
 The rule, per (device, world size, measured or predicted, tp, model shape, dtype) and token count:
 
-1. Each strategy's candidate is its fastest knob setting there (lowest median; rows of other
-   batches with the same token count are pooled). `no_comm` is never a candidate: it computes
-   the wrong result.
+1. Each strategy's candidate is its fastest knob setting there (lowest median), within one batch:
+   batches of that size but another make-up or stack depth (`layers: [4, 8]`) are judged apart,
+   and a strategy is chosen for the token count only where every batch chose it, else the
+   reference stays (`pick`). `no_comm` is never a candidate: it computes the wrong result.
 2. The incumbent starts as the reference: `baseline` with default knobs (else the fastest
    baseline row). Candidates challenge it in order of simplicity (each strategy's `simplicity` rank); a challenger
    replaces the incumbent only when it is faster by more than the noise, so ties go to the
@@ -277,10 +278,13 @@ def boundary(a: int, b: int) -> int:
 
 
 def rule(span: Span) -> tuned.Rule:
-    """A tuned rule; ms and speedup are those at the span's largest measured token count."""
+    """A tuned rule; ms and speedup are those at the span's largest measured token count (of its
+    first batch there: rows of several depths, the shallowest, whose depth `layers` names)."""
     last = span.picks[-1]
     vs_best = last.speedup_vs_best
     best = {} if vs_best is None else {"speedup_vs_best": round(vs_best, 4), "best_reference": last.best.describe()}
+    if last.chosen.depth_named:
+        best |= {"layers": last.chosen.layers}
     return tuned.Rule(
         span.lo, span.hi, last.chosen.strategy, dict(last.chosen.knobs),
         ms=_sig(last.chosen.ms), speedup=round(last.speedup, 4),
