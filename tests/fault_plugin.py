@@ -1,5 +1,5 @@
 """A strategy that misbehaves on purpose, loaded through OVERLAPBENCH_PLUGINS by the robustness
-tests: it computes like baseline, except at one token count on one rank (`oom_in_warmup`: on
+tests: it computes like baseline, except at one token count on one rank (EVERY_RANK's modes: on
 every rank)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from overlapbench.strategies import register
 from overlapbench.strategies.base import Knob, Strategy
 
 _STRUCK: set[int] = set()  # token counts where oom_once struck already
+EVERY_RANK = ("oom_in_warmup", "raise_in_profile", "oom_in_profile")  # modes that strike on every rank, not on_rank's
 
 
 @register
@@ -22,9 +23,10 @@ class Fault(Strategy):
              "built only), or in its forwards after the check's (stuck_later; oom_in_warmup: on every rank), or inside "
              "a CUDA-graph capture (oom_in_capture: more memory than the GPU has free; invalid_capture: a synchronize, "
              "which CUDA forbids there and answers by invalidating the capture), or while its output is checked "
-             "(oom_in_check)",
+             "(oom_in_check), or in --profile's forwards (raise_in_profile, oom_in_profile: on every rank, before "
+             "the first profiled forward's collectives; raise_in_timeline: after the eager timeline's forward)",
              choices=("raise", "crash", "hang", "oom", "oom_once", "stuck_later", "oom_in_warmup", "oom_in_capture",
-                      "invalid_capture", "oom_in_check")),
+                      "invalid_capture", "oom_in_check", "raise_in_profile", "oom_in_profile", "raise_in_timeline")),
         Knob("at_tokens", int, 1, "the token count where it strikes", bounds=(1, 1 << 30)),
         Knob("on_rank", int, 1, "the rank it strikes on", bounds=(0, 1024)),
     )
@@ -37,8 +39,10 @@ class Fault(Strategy):
 
         step = Baseline.build(ctx, Baseline.check_knobs({}, "baseline"))
         mode = knobs["mode"]
-        if ctx.tokens != knobs["at_tokens"] or (ctx.runtime.rank != knobs["on_rank"] and mode != "oom_in_warmup"):
+        if ctx.tokens != knobs["at_tokens"] or (ctx.runtime.rank != knobs["on_rank"] and mode not in EVERY_RANK):
             return step
+        if mode in PROFILE_FAULTS:
+            return _in_profile(step, mode)
         if mode in FORWARD_FAULTS:
             return _wrapped(step, FORWARD_FAULTS[mode])
         if mode == "oom_in_check":
@@ -68,6 +72,35 @@ def _wrapped(step, strike):
         calls += 1
         strike(calls, x)
         return forward(x)
+
+    step.forward = run
+    return step
+
+
+PROFILE_FAULTS = ("raise_in_profile", "oom_in_profile", "raise_in_timeline")
+TIMELINE_FORWARD = 4  # measure.profile_parts: three forwards for the kernel table, then the eager timeline's
+
+
+def _in_profile(step, mode: str):
+    """The step, its forwards under torch.profiler failing: at the first one's start (raise_in_profile,
+    oom_in_profile), or after the eager timeline's forward, its collectives done (raise_in_timeline)."""
+    import torch
+
+    forward, profiled = step.forward, 0
+
+    def run(x):
+        nonlocal profiled
+        if not torch._C._autograd._profiler_enabled():
+            return forward(x)
+        profiled += 1
+        if mode == "oom_in_profile":
+            raise torch.OutOfMemoryError("CUDA out of memory (injected in a profiled forward by the fault plugin)")
+        if mode == "raise_in_profile":
+            raise RuntimeError("injected in a profiled forward by the fault plugin [profile]")
+        out = forward(x)
+        if profiled == TIMELINE_FORWARD:
+            raise RuntimeError("injected after the eager timeline's forward by the fault plugin")
+        return out
 
     step.forward = run
     return step

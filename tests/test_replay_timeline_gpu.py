@@ -61,6 +61,7 @@ def test_each_point_timed_as_a_replay_has_a_linked_replay_timeline(tmp_path: Pat
     for r in rows:
         point = profile_name(r["strategy"], r["tokens"], r["knobs"], layers=r["layers"])
         table = folder / f"{point}.txt"
+        assert r.get("profile_error") is None, (point, r["profile_error"])  # the row kept its timing; its profile failed
         assert table.is_file(), (point, "every row is profiled, the interleaved mode's reference too")
         replay_path = timeline.beside(table, replay=True)
         assert replay_path.is_file() == bool(r["graphs"]), (point, r["graphs"], r["graph_error"])

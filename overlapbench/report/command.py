@@ -17,7 +17,7 @@ from overlapbench.report.compare import compare
 from overlapbench.report.exposed_view import TIMELINES, emit_sections, sections
 from overlapbench.report.overview import footer, overview, overview_grid
 from overlapbench.report.plot import plot
-from overlapbench.report.profile import accounts, profile_view
+from overlapbench.report.profile import accounts, emit_unprofiled, profile_view
 from overlapbench.report.render import emit, stderr_console
 from overlapbench.report.rounds import rounds_view
 from overlapbench.report.sensitivity import sensitivity_view
@@ -159,11 +159,14 @@ def run(paths: Iterable[Path], fmt: str = "table", console: Console | None = Non
         emit(grids, records, fmt, console, note)
         return 0
     if opts.profile_dir is not None:  # the kernel tables, then each point's exposed communication
-        found = accounts(store.rows, opts.profile_dir)
-        grids, records, note = profile_view(found)
-        parts, exposure = sections(found, opts.profile_dir, opts.timeline or TIMELINES[0])
-        emit(grids, [r | exposure[r["table"]] for r in records], fmt, console, note)
-        emit_sections(parts, fmt, console)
+        found, missing = accounts(store.rows, opts.profile_dir)
+        if found:
+            grids, records, note = profile_view(found)
+            parts, exposure = sections(found, opts.profile_dir, opts.timeline or TIMELINES[0])
+            emit(grids, [r | exposure[r["table"]] for r in records], fmt, console, note)
+        emit_unprofiled(missing, fmt, console)  # the points whose profile failed in the sweep
+        if found:
+            emit_sections(parts, fmt, console)
         return 0
     comm_rows = [r for r in store.rows if analysis.workload_of(r) == COMM]
     if not store.measured and comm_rows:

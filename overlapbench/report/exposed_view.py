@@ -4,7 +4,8 @@ After the kernel tables (profile.py), each profiled point whose timeline lies be
 (timing/timeline.py) gets a totals line, where its group holds a `no_comm` point the split of its
 extra wall time into compute, exposed transfers and idle time, and a table of its longest
 exposed intervals, as report/exposed.py defines them; a point profiled before timelines were
-kept, or on CPU (no device kernels), gets a line saying so.
+kept, or on CPU (no device kernels), gets a line saying so, as does one whose profile failed in the
+sweep after its table was written (its row's `profile_error`).
 
 Which timeline: where the point was timed as a CUDA-graph replay and the sweep kept one replay's
 timeline (`<point>.replay.timeline.json`), that one, the step that was timed (`--timeline eager`:
@@ -162,8 +163,11 @@ def sections(found: dict[tuple[str, int], list[Account]], folder: Path,
                 record |= {"timeline_of": got.source,
                            "unlinked": [dict(u) for u in got.timeline.unmatched] if got.timeline else []}
             notes = [f"  {got.note}"] if got.note is not None else []
+            if a.profile_error is not None and got.timeline is not None:  # a later part failed: no replay's timeline
+                notes.append(f"  profile incomplete: {a.profile_error}")
             if got.timeline is None:
-                line, grid = f"{name}: no timeline beside its table (profiled before timelines were kept)", None
+                why = "profiled before timelines were kept" if a.profile_error is None else a.profile_error
+                line, grid = f"{name}: no timeline beside its table ({why})", None
             elif got.result is None:
                 where = f"profiled on {got.timeline.device}: {got.timeline.host_ops} host ops"
                 line, grid = f"{name}: no device kernels in its timeline ({where})", None

@@ -7,7 +7,8 @@ kernels, the copy engines' peer copies, the symmetric-memory barriers). Per laye
 count, with what each point adds per kind over `no_comm`, and the kernels' sum beside the row's
 graph-replayed time: what is left is launch gaps and idle (graphs remove most of it), or overlap
 (kernels on side streams make the sum exceed the time). Why communication stays exposed, from
-each point's timeline: exposed_view.py.
+each point's timeline: exposed_view.py. A point whose profile failed in the sweep (its row's
+`profile_error`) and left no table is listed with why (`unprofiled`), not left out unsaid.
 """
 
 from __future__ import annotations
@@ -17,8 +18,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from rich.console import Console
+from rich.text import Text
+
 from overlapbench.errors import UserError
 from overlapbench.report.cells import Grid, Shown, text_cell
+from overlapbench.report.render import stderr_console
 from overlapbench.tuning import analysis
 from overlapbench.tuning.results import profile_name
 
@@ -75,36 +80,66 @@ class Account:
     group: str  # the row's group (model, TP, device, dtype), as headings name it
     per_kind: dict[str, float]
     timed_ms: float | None
+    profile_error: str | None = None  # the row's: a later part of its profile failed (its table is whole)
 
     @property
     def kernels_ms(self) -> float:
         return sum(self.per_kind.values())
 
 
-def accounts(rows: list[dict], folder: Path) -> dict[tuple[str, int], list[Account]]:
-    """Per group and token count, the profiled points of `rows` whose table is in `folder`, no_comm first."""
+@dataclass(frozen=True)
+class Unprofiled:
+    """A point whose profile failed in the sweep (its row's `profile_error`) and left no table."""
+
+    name: str
+    tokens: int
+    group: str
+    error: str
+
+    def line(self) -> str:
+        return f"{self.name}: no profile: {self.error}"
+
+
+UNPROFILED_TITLE = "Points without a profile (profiling failed in the sweep; their rows keep their timing)"
+
+
+def _table(row: dict, folder: Path) -> tuple[str, Path | None]:
+    """A layer row's table name and its table in `folder` (None where none lies there)."""
+    names = (profile_name(row["strategy"], row["tokens"], row["knobs"], row.get("decode"), row.get("layers")),
+             profile_name(row["strategy"], row["tokens"], row["knobs"], row.get("decode")))  # a folder of before depths
+    return next(((n, folder / f"{n}.txt") for n in names if (folder / f"{n}.txt").is_file()), (names[0], None))
+
+
+def accounts(rows: list[dict], folder: Path) -> tuple[dict[tuple[str, int], list[Account]], list[Unprofiled]]:
+    """Per group and token count, the profiled points of `rows` whose table is in `folder`, no_comm
+    first; and the points whose profile failed and left no table there."""
     if not folder.is_dir():
         raise UserError(f"--profile: {folder} is not a folder (the one `sweep --profile` wrote)")
     found: dict[tuple[str, int], list[Account]] = defaultdict(list)
+    missing = []
     for row in rows:
         if analysis.workload_of(row) != analysis.LAYER:
             continue
-        names = (profile_name(row["strategy"], row["tokens"], row["knobs"], row.get("decode"), row.get("layers")),
-                 profile_name(row["strategy"], row["tokens"], row["knobs"], row.get("decode")))  # a folder of before depths
-        name, table = next(((n, folder / f"{n}.txt") for n in names if (folder / f"{n}.txt").is_file()), (names[0], None))
+        name, table = _table(row, folder)
         if table is not None:
             timed = row["ms"] if row.get("status") == "ok" else None
             group = analysis.Group.of(row).label()
-            found[group, row["tokens"]].append(Account(name, row["tokens"], group, tally(table, row["layers"]), timed))
-    if not found:
+            found[group, row["tokens"]].append(Account(name, row["tokens"], group, tally(table, row["layers"]), timed,
+                                                       row.get("profile_error")))
+        elif row.get("profile_error"):
+            missing.append(Unprofiled(name, row["tokens"], analysis.Group.of(row).label(), row["profile_error"]))
+    if not found and not missing:
         raise UserError(f"--profile: no table in {folder} matches a layer row of the results; "
                         "give the results file of the sweep that wrote the folder")
-    return {t: sorted(a, key=lambda a: (not a.name.startswith(f"{analysis.BOUND}-"), a.name)) for t, a in sorted(found.items())}
+    bound_first = lambda a: (not a.name.startswith(f"{analysis.BOUND}-"), a.name)
+    missing.sort(key=lambda u: (u.group, u.tokens, u.name))
+    return {t: sorted(a, key=bound_first) for t, a in sorted(found.items())}, missing
 
 
 def profile_view(found: dict[tuple[str, int], list[Account]]) -> tuple[list[Grid], list[dict], str]:
     """One grid per group and token count (`accounts`): a line per profiled point, a column per kind of kernel."""
     grids, records = [], []
+    failed = any(a.profile_error for points in found.values() for a in points)  # records name it only then
     for (group, tokens), points in found.items():
         bound = next((a for a in points if a.name.startswith(f"{analysis.BOUND}-")), None)
         grid_rows = []
@@ -117,9 +152,28 @@ def profile_view(found: dict[tuple[str, int], list[Account]]) -> tuple[list[Grid
             timed = "-" if a.timed_ms is None else f"{a.timed_ms:.3f}"
             grid_rows.append([Shown((a.name,)), *cells, text_cell(f"{a.kernels_ms:.3f}"), text_cell(timed)])
             records.append({"tokens": tokens, "table": a.name, **{f"{k}_ms": a.per_kind.get(k, 0.0) for k in KIND_NAMES},
-                            "kernels_ms": a.kernels_ms, "timed_ms": a.timed_ms})
+                            "kernels_ms": a.kernels_ms, "timed_ms": a.timed_ms,
+                            **({"profile_error": a.profile_error} if failed else {})})
         header = ["point", *KIND_NAMES, "kernels", "timed"]
         grids.append(Grid(f"{group}, {tokens} tokens: GPU ms per layer by kind of kernel (eager profile)", header, grid_rows))
     note = (f"+x: what a point adds over {analysis.BOUND} per kind · kernels: their sum · timed: the row's ms per layer "
             "(graph replays) · kernels on side streams overlap the others: GPU time, not time added")
     return grids, records, note
+
+
+def emit_unprofiled(missing: list[Unprofiled], fmt: str, console: Console) -> None:
+    """The points without a profile, a line each (`name: no profile: why`), under the kernel
+    tables; with csv and json on stderr, so stdout holds the records alone."""
+    if not missing:
+        return
+    if fmt == "table":
+        console.print()
+        console.print(Text(UNPROFILED_TITLE, style="bold"), soft_wrap=False)
+        for u in missing:
+            console.print(Text(u.line()), soft_wrap=False)
+    elif fmt == "markdown":
+        console.out(f"\n## {UNPROFILED_TITLE}\n\n" + "".join(f"- {u.line()}\n" for u in missing), highlight=False)
+    else:
+        errors = stderr_console()
+        for u in missing:
+            errors.print(Text(u.line()), soft_wrap=True)

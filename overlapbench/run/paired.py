@@ -46,9 +46,10 @@ Prepare = Callable[[Point, bool], "Prepared | dict"]
 def measure_batch(
     rt, todo: list[Point], reference: Point, prepare: Prepare, plan: Plan, pairing: str,
     guard: Callable[..., AbstractContextManager] = lambda what, extra_s=0.0: nullcontext(),
-    profile: Callable[[Prepared], dict | None] | None = None,
+    profile: Callable[[Prepared], dict] | None = None,
 ) -> Iterator[tuple[Point, dict]]:
-    """(point, result fields) for every point of `todo` (all of one batch), as groups finish."""
+    """(point, result fields) for every point of `todo` (all of one batch), as groups finish.
+    `profile` (--profile): profiles a timed candidate, the fields it adds to the row."""
     with guard(f"building the reference {_describe(reference)}"):
         ref = prepare(reference, False)
     if isinstance(ref, dict):
@@ -91,8 +92,7 @@ def measure_batch(
         if not ref_timed.samples_ms:
             yield reference, ref.fields | {"status": "failed", "error": "the reference was not timed"}
             return
-        failure = profile(ref) if profile is not None else None  # its row is asked for: profiled as the others
-        yield reference, _fields(ref, ref_timed, pairing) if failure is None else ref.fields | failure
+        yield reference, _profiled(ref, _fields(ref, ref_timed, pairing), profile)  # asked for: profiled as the others
 
 
 def _time_group(rt, ref: Prepared, group: list[Prepared], plan: Plan, pairing: str, first_round: int,
@@ -124,10 +124,19 @@ def _time_group(rt, ref: Prepared, group: list[Prepared], plan: Plan, pairing: s
         return failure.result
     results = []
     for c, t in zip(members[1:], timed[1:]):
-        fields = _fields(c, t, pairing)
-        failure = profile(c) if profile is not None else None
-        results.append((c.point, fields if failure is None else c.fields | failure))
+        results.append((c.point, _profiled(c, _fields(c, t, pairing), profile)))
     return timed[0], results + dropped
+
+
+def _profiled(c: Prepared, fields: dict, profile: Callable[[Prepared], dict] | None) -> dict:
+    """A timed candidate's row fields with what its profile adds (`profile_error` where profiling
+    failed: the row keeps its timing); a failed row where the failure left the device unusable."""
+    if profile is None:
+        return fields
+    try:
+        return fields | profile(c)
+    except PointFailed as failure:
+        return c.fields | failure.result
 
 
 def _fields(c: Prepared, t: Timed, pairing: str) -> dict:

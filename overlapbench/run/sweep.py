@@ -101,9 +101,9 @@ def measure_point(rt: runtime.Runtime, point: Point, work: Workload, spec: Sweep
         m = spec.measure
         status("timing")
         timing = _phase(rt, lambda: measure.time_step(step, work.x, m.warmup, m.iters, m.graphs, m.warmup_s, m.min_time_s))
-        failure = _profile(rt, point, step, work, profile_dir, timing.replay)
-        if failure is not None:
-            return fields | failure
+        if profile_dir is not None:
+            status("profiling")
+        profiled = _profile(rt, point, step, work, profile_dir, timing.replay)
     except PointFailed as failure:
         return fields | failure.result
     per_layer = [s / point.layers for s in timing.samples_ms]
@@ -114,25 +114,53 @@ def measure_point(rt: runtime.Runtime, point: Point, work: Workload, spec: Sweep
         "graphs": timing.graphs,
         "graph_error": timing.graph_error,
         "timing": "sequential",
-    }
+    } | profiled
 
 
 def _profile(rt: runtime.Runtime, point: Point, step, work: Workload, profile_dir: Path | None,
-             replay: Callable[[], object] | None = None) -> dict | None:
+             replay: Callable[[], object] | None = None) -> dict:
     """With --profile, the point's kernel table and timeline, and where it was timed as a graph
-    replay (`replay`) that replay's timeline (measure.profile_step); a failure as a result, else
-    None. The command refuses --profile on CPU; the rank code profiles any device (on CPU: host
-    ops, a timeline without device kernels, no replay)."""
+    replay (`replay`) that replay's timeline (measure.profile_parts), the ranks agreeing after
+    each part: the fields the profile adds to the point's row. The command refuses --profile on
+    CPU; the rank code profiles any device (on CPU: host ops, a timeline without device kernels,
+    no replay).
+
+    A profile is a diagnostic of a point already timed: where a part fails on some rank, every
+    rank stops the profile there and the row keeps its timing, with `profile_error` saying which
+    part failed and why. The folder then holds the parts before it, whole; the failed part's file
+    and the later parts' are removed (rank 0's), so none of them is an earlier run's. Where the
+    device no longer works after the failure (a probe fails on some rank: a CUDA error the
+    process cannot recover from), the point fails as any phase's failure fails it (PointFailed):
+    its timing is not trusted, and the points after it fail as well, each saying why."""
     if profile_dir is None:
-        return None
+        return {}
     name = results.profile_name(point.strategy, point.tokens, point.knobs, point.decode.as_dict() if point.decode else None,
                                 point.layers)
     path = profile_dir / f"{name}.txt" if rt.rank == 0 else None
-    try:
-        _phase(rt, lambda: measure.profile_step(step, work.x, path, replay=replay))
-    except PointFailed as failure:
-        return failure.result
-    return None
+    parts = measure.profile_parts(step, work.x, path, replay=replay)
+    for i, part in enumerate(parts):
+        try:
+            _phase(rt, part.run)
+        except PointFailed as failure:
+            error = f"profiling {part.what} failed: {failure.result['error']}"
+            for unfinished in parts[i:]:
+                if unfinished.file is not None:
+                    unfinished.file.unlink(missing_ok=True)
+            try:
+                _phase(rt, lambda: _probe_device(rt))
+            except PointFailed as broken:
+                dead = f"{error}; then the device failed: {broken.result['error']}"
+                raise PointFailed(broken.result | {"error": dead}) from None
+            return {"profile_error": error}
+    return {}
+
+
+def _probe_device(rt: runtime.Runtime) -> None:
+    """Raises where this rank's GPU no longer runs work (a sticky CUDA error: an illegal address,
+    a device-side assert, a lost device); running out of memory is not one. Nothing on CPU."""
+    if rt.is_cuda:
+        torch.cuda.synchronize(rt.device)
+        torch.ones(1, device=rt.device).add_(1).item()
 
 
 def measure_batch(rt: runtime.Runtime, todo: list[Point], work: Workload, spec: SweepSpec, pairing: str,
@@ -149,8 +177,9 @@ def measure_batch(rt: runtime.Runtime, todo: list[Point], work: Workload, spec: 
     def prepare(point: Point, crowded: bool):
         return prepare_point(rt, point, work, spec, capture=True, crowded=crowded, status=_logged(rt))
 
-    def profile(c: paired.Prepared) -> dict | None:  # c.run: the graph's replay where it was captured
-        return _profile(rt, c.point, c.step, work, profile_dir, c.run if c.fields.get("graphs") else None)
+    def profile(c: paired.Prepared) -> dict:  # c.run: the graph's replay where it was captured
+        with watchdog.guard(f"profiling {_describe(c.point)}"):
+            return _profile(rt, c.point, c.step, work, profile_dir, c.run if c.fields.get("graphs") else None)
 
     return paired.measure_batch(rt, todo, reference, prepare, plan, pairing, watchdog.guard, profile)
 
@@ -220,7 +249,7 @@ def _one_by_one(rt, group, work, spec, watchdog, profile_dir, progress, task):
 
 def _logged(rt: runtime.Runtime) -> Callable[[str], None]:
     """A point's phases as events of the launch log: the paragraph of a run that dies names the
-    phase (building, checking, capturing, timing) of the point it died in."""
+    phase (building, checking, capturing, timing, profiling) of the point it died in."""
     return lambda phase: launch_log.event("phase", rank=rt.rank, phase=phase)
 
 
@@ -237,11 +266,13 @@ def header(spec: SweepSpec, count: int, rt: runtime.Runtime, out: Path):
 
 
 def _summary_line(point: Point, result: dict, task=None):
-    """One finished point: `  [k/N]      ok strategy tokens=... knobs: 0.1234 ms/layer ...`."""
+    """One finished point: `  [k/N]      ok strategy tokens=... knobs: 0.1234 ms/layer ...`, and where its
+    profile failed, ` · profiling the kernel table failed: ...`."""
     total = int(task.total) if task is not None else 0
     count = f"  [{int(task.completed):>{len(str(total))}}/{total}]" if task is not None else " "
     if result["status"] != "ok":
         return printing.styled(count, (f" {result['status']:>7}", "yellow"), f" {_describe(point)}: {result['error']}")
     err = "" if result.get("rel_err") is None else f" err {result['rel_err']:.1e}"
     timing = f" {_describe(point)}: {result['ms']:.4f} ms/layer cv {result['cv']:.1%}{err}"
-    return printing.styled(count, (f" {'ok':>7}", "green"), timing)
+    profile = (f" · {result['profile_error']}", "yellow") if result.get("profile_error") else ""
+    return printing.styled(count, (f" {'ok':>7}", "green"), timing, profile)

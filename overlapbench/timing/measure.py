@@ -1,11 +1,13 @@
 """The sequential mode: a step timed on every rank with `bench`, each iteration's time the max
 over ranks (a layer is as slow as its slowest rank); where a step's CUDA graph is captured (every
-rank, or none); the relative error the checks use; the profiler's kernel table.
+rank, or none); the relative error the checks use; a point's profile (the profiler's kernel table, its timelines).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -109,31 +111,62 @@ def _max_over_ranks(local: torch.Tensor) -> list[float]:
     return torch.stack(gathered).max(dim=0).values.tolist()
 
 
+@dataclass(frozen=True)
+class ProfilePart:
+    """One part of a point's profile (profile_parts): what it records, as a message names it; the
+    file it writes (rank 0's; None on the others); and the call that records and writes it."""
+
+    what: str
+    file: Path | None
+    run: Callable[[], None]
+
+
 def profile_step(step: Step, x: torch.Tensor, path, iterations: int = 3,
                  replay: Callable[[], object] | None = None) -> None:
+    """A point's whole profile, its parts (profile_parts) one after the other."""
+    for part in profile_parts(step, x, path, iterations, replay):
+        part.run()
+
+
+def profile_parts(step: Step, x: torch.Tensor, path: Path | None, iterations: int = 3,
+                  replay: Callable[[], object] | None = None) -> list[ProfilePart]:
     """A few eager forwards under torch.profiler, their kernel table (by device time) to `path`;
     then one more forward's timeline (its device kernels, timeline.py) beside it; and where the
     step was timed as a CUDA-graph replay (`replay`: what the timed iterations ran, on every rank
     or none), one replay's timeline, its kernels linked to the eager forward's ops
     (timeline.link_replay), beside that. `path` None: profile, but write nothing (the other ranks
-    join the forwards' and the replay's collectives)."""
+    join the forwards' and the replay's collectives). Parts, to run in order: the sweep lets the
+    ranks agree after each, so no rank enters a part's collectives after another's part failed,
+    and a failure names its part."""
     from torch.profiler import ProfilerActivity, profile
 
     from overlapbench.timing import timeline
 
     cuda = x.device.type == "cuda"
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
-        for _ in range(iterations):
-            step.forward(x)
-        if cuda:
-            torch.cuda.synchronize()
-    if path is not None:
-        table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=90)
-        path.write_text(f"{iterations} eager forwards\n{table}\n")
-    kernels = timeline.record(lambda: step.forward(x), cuda)
-    if path is not None:
-        timeline.write(kernels, timeline.beside(path))
-    if replay is not None and cuda:
+    eager: list[dict] = []  # the eager forward's timeline, which the replay's kernels are linked to
+
+    def table() -> None:
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+            for _ in range(iterations):
+                step.forward(x)
+            if cuda:
+                torch.cuda.synchronize()
+        if path is not None:
+            text = prof.key_averages().table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=90)
+            path.write_text(f"{iterations} eager forwards\n{text}\n")
+
+    def eager_timeline() -> None:
+        eager.append(timeline.record(lambda: step.forward(x), cuda))
+        if path is not None:
+            timeline.write(eager[0], timeline.beside(path))
+
+    def replay_timeline() -> None:
         replayed = timeline.record(replay, cuda)
         if path is not None:
-            timeline.write(timeline.link_replay(replayed, kernels), timeline.beside(path, replay=True))
+            timeline.write(timeline.link_replay(replayed, eager[0]), timeline.beside(path, replay=True))
+
+    beside = (lambda replayed: None) if path is None else (lambda replayed: timeline.beside(path, replay=replayed))
+    parts = [ProfilePart("the kernel table", path, table), ProfilePart("the eager timeline", beside(False), eager_timeline)]
+    if replay is not None and cuda:
+        parts.append(ProfilePart("the replay timeline", beside(True), replay_timeline))
+    return parts

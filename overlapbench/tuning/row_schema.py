@@ -59,7 +59,7 @@ SPREAD = Kind("[lo, hi], finite numbers with lo <= hi",
 # Every field a reader computes with or groups by (docs/design.md, "Result rows"); others pass as they are.
 FIELDS: dict[str, Kind] = {
     "status": Kind('one of "ok", "failed", "skipped"', lambda x: x in ("ok", "failed", "skipped")),
-    "run_id": TEXT, "git": TEXT, "key": TEXT, "spec": TEXT, "error": TEXT,
+    "run_id": TEXT, "git": TEXT, "key": TEXT, "spec": TEXT, "error": TEXT, "profile_error": TEXT,
     "workload": TEXT, "strategy": TEXT, "model": TEXT, "device": TEXT, "dtype": TEXT, "pairing": TEXT,
     "knobs": MAPPING, "shape": MAPPING, "gemm": GEMM, "decode": DECODE,
     "tokens": COUNT, "tp": COUNT, "world_size": COUNT, "layers": COUNT, "iters": INDEX, "batch": COUNTS,
