@@ -86,3 +86,15 @@ def test_the_check_catches_a_moved_module_and_a_renamed_name():
     assert [(m, n) for _, m, n in imports_in(source, "overlapbench.timing")] == [
         ("overlapbench.errors", "Gone"), ("overlapbench.gone", None)]
     assert all(unresolved(m, n) for _, m, n in imports_in(source, "overlapbench.timing"))
+
+
+PLUGINS = ("tests.fault_plugin",)  # modules that register a strategy when imported (OVERLAPBENCH_PLUGINS)
+
+
+def test_no_file_imports_a_plugin_by_an_import_statement():
+    """A plugin is loaded by name (OVERLAPBENCH_PLUGINS, importlib): an import statement of it would be
+    resolved by the test above, in the pytest process, registering its strategy there for every
+    later test of the registry."""
+    found = [f"{path.relative_to(ROOT)}: line {line}" for path in files() for line, module, name in imports(path)
+             if module in PLUGINS or (name is not None and f"{module}.{name}" in PLUGINS)]
+    assert not found, "import the plugin by name instead: " + "; ".join(found)

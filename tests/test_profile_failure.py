@@ -8,6 +8,7 @@ reference among them."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import random
@@ -46,7 +47,10 @@ def _sweep(rank: int, world: int, spec_path: str, out: str, folder: str, dead_de
     from overlapbench.run.command import work
     from overlapbench.specs import spec
     from overlapbench.strategies.baseline import Baseline
-    from tests import fault_plugin
+
+    # Loaded as OVERLAPBENCH_PLUGINS loads a plugin, by name: a `from tests import fault_plugin` would
+    # be imported by tests/test_imports_resolve.py too, registering `fault` in the pytest process.
+    fault_plugin = importlib.import_module("tests.fault_plugin")
 
     os.environ["COLUMNS"] = "400"  # rank 0's summary lines unwrapped
     build = Baseline.build.__func__
