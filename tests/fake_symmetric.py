@@ -2,8 +2,8 @@
 ranks (`run_ranks`) over a fake symmetric memory (`FakeHandle`: views of one process's tensors,
 synchronous copies, one threading barrier per channel), `SimStreams` stands in for a kernel's
 streams, and `patch_engines` hands the strategies' reducers one stand-in kernel per rank in
-place of the run's symmetric buffers. Used by tests/test_copy_engine_norm.py and
-tests/test_copy_engine_pull.py."""
+place of the run's symmetric buffers. Used by tests/test_copy_engine_norm.py,
+tests/test_copy_engine_pull.py and tests/test_sequence_parallel.py (flash_agrs's transport)."""
 
 from __future__ import annotations
 

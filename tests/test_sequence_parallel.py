@@ -4,8 +4,6 @@ reference on gloo processes (fp32), token counts the world size does not divide 
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -15,6 +13,7 @@ from overlapbench.model.layer import reference_forward
 from overlapbench.model.models import PRESETS, ModelShape
 from overlapbench.overlap.sp_schedule import ORDERS, Plan, ShardLayout, owner_order, pieces, schedule, transfers
 from tests import distributed
+from tests.fake_symmetric import FakeHandle, run_ranks
 
 WORLDS = (2, 4, 8)
 CHUNKS = (1, 2, 4)
@@ -320,18 +319,6 @@ def test_async_tp_exchange_computes_the_reference():
 # interpreter is not thread-safe): its views, offsets and slots, not the GPU's streams.
 
 
-class _FakeHandle:
-    def __init__(self, bufs, barrier):
-        self.bufs, self._barrier = bufs, barrier
-        self.buffer_ptrs = [b.data_ptr() for b in bufs]
-
-    def get_buffer(self, rank, shape, dtype, storage_offset=0):
-        return self.bufs[rank][storage_offset : storage_offset + math.prod(shape)].view(shape)
-
-    def barrier(self, channel=0):
-        self._barrier.wait(timeout=30)
-
-
 class _NoStream:
     def wait_stream(self, other):
         pass
@@ -351,7 +338,6 @@ class _NoEvent:
 )
 def test_symmetric_transport_gathers_and_scatters(monkeypatch, world, tokens, order, chunks):
     import contextlib
-    import threading
 
     from overlapbench.distributed.runtime import SymmetricBuffer
     from overlapbench.overlap import flash_overlap as fo
@@ -369,34 +355,26 @@ def test_symmetric_transport_gathers_and_scatters(monkeypatch, world, tokens, or
     sizes = dict(max_shard=layout.shard + 3, gather_width=k, scatter_width=n)  # a point smaller than the buffers
     elems = 2 * fo._round(sizes["max_shard"] * k) + 2 * fo._round(world * sizes["max_shard"] * n)
     bufs = [torch.full((elems,), float("nan")) for _ in range(world)]
-    handle = _FakeHandle(bufs, threading.Barrier(world))
-    results, errors = [None] * world, []
+    handle = FakeHandle(bufs, world)
 
     def rank_main(rank):
-        try:
-            sym = SymmetricBuffer(bufs[rank], handle, "fake", rank, world, offset=0)
-            buffers = fo.SymmetricBuffers(sym, world, **sizes)
-            transport = fo.SymmetricTransport(buffers, plan, rank, lambda dst, src: dst.copy_(src), _NoStream())
-            ex = fo.FlashExchange(plan, rank, transport, k, n, torch.float32, "cpu")
-            results[rank] = []
-            for block in (0, 1):  # both blocks' regions, twice (buffers are reused)
-                for _ in range(2):
-                    lo, hi = layout.rows(rank)
-                    shard = ex.shard_buffer(block).copy_(a_full[lo:hi])
-                    gathered = ex.gather_matmul(block, shard, weights[rank]).clone()
-                    scattered = ex.matmul_scatter(block, lambda a, b: partial_inputs[rank][a:b], weights[rank]).clone()
-                    ex.fence()
-                    results[rank].append((gathered, scattered))
-        except BaseException as e:
-            errors.append(repr(e))
-            handle._barrier.abort()
+        sym = SymmetricBuffer(bufs[rank], handle, "fake", rank, world, offset=0)
+        buffers = fo.SymmetricBuffers(sym, world, **sizes)
+        transport = fo.SymmetricTransport(buffers, plan, rank, lambda dst, src: dst.copy_(src), _NoStream())
+        ex = fo.FlashExchange(plan, rank, transport, k, n, torch.float32, "cpu")
+        found = []
+        for block in (0, 1):  # both blocks' regions, twice (buffers are reused)
+            for _ in range(2):
+                lo, hi = layout.rows(rank)
+                shard = ex.shard_buffer(block).copy_(a_full[lo:hi])
+                gathered = ex.gather_matmul(block, shard, weights[rank]).clone()
+                scattered = ex.matmul_scatter(block, lambda a, b: partial_inputs[rank][a:b], weights[rank]).clone()
+                ex.fence()
+                found.append((gathered, scattered))
+        return found
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not errors, errors
+    rank_main.handle = handle  # a failing rank aborts the barriers (run_ranks)
+    results = run_ranks(world, rank_main)
     total = sum(x @ w.t() for x, w in zip(partial_inputs, weights))
     for rank in range(world):
         lo, hi = layout.rows(rank)
