@@ -200,7 +200,8 @@ def test_a_profile_that_kept_its_timelines_but_failed_later_says_so_under_its_li
 
     rng = random.Random()
     table = tmp_path / "baseline-16-1layers.txt"
-    measure.profile_step(MatmulStep(), torch.randn(16, 32), table)
+    for part in measure.profile_parts(MatmulStep(), torch.randn(16, 32), table):
+        part.run()
     error = f"profiling the replay timeline failed: rank {rng.randrange(2)}: RuntimeError: CUPTI [x{rng.random()}]"
     found = {("g", 16): [Account("baseline-16-1layers", 16, "g", {"gemm": rng.random()}, rng.random(), error)]}
     parts, records = sections(found, tmp_path)

@@ -304,7 +304,10 @@ def test_a_cpu_profile_writes_no_replay_timeline(tmp_path):
     table = tmp_path / "baseline-16.txt"
     from overlapbench.timing import measure
 
-    measure.profile_step(step, torch.randn(16, 32), table, replay=lambda: replays.append(1))
+    parts = measure.profile_parts(step, torch.randn(16, 32), table, replay=lambda: replays.append(1))
+    assert [part.what for part in parts] == ["the kernel table", "the eager timeline"]  # no replay on CPU
+    for part in parts:
+        part.run()
     assert table.is_file() and timeline.beside(table).is_file()
     assert not timeline.beside(table, replay=True).exists() and replays == []
     assert step.forwards == 4  # three for the table, one for the timeline

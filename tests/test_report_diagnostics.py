@@ -34,7 +34,7 @@ HOST = ("aten::mm", "cudaLaunchKernel")  # host rows: their device time is their
 
 
 def profiler_table(device_ms: dict[str, float], forwards: int) -> str:
-    """A table as measure.profile_step writes it: torch.profiler's key_averages columns."""
+    """A table as measure.profile_parts writes it: torch.profiler's key_averages columns."""
     header = ["Name", "Self CPU %", "Self CPU", "CPU total %", "CPU total", "CPU time avg", "Self CUDA",
               "Self CUDA %", "CUDA total", "CUDA time avg", "# of Calls"]
     rule = "  ".join("-" * 12 for _ in header)

@@ -54,7 +54,7 @@ def _ms(text: str) -> float:
 
 
 def tally(table: Path, layers: int) -> dict[str, float]:
-    """GPU ms per layer and forward by kind of kernel in one table (measure.profile_step's file:
+    """GPU ms per layer and forward by kind of kernel in one table (measure.profile_parts's file:
     "N eager forwards", then torch.profiler's key_averages table). Host rows (aten ops, runtime
     calls) are left out: their device time is their kernels', counted once under the kernel."""
     lines = table.read_text().splitlines()

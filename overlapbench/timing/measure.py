@@ -121,13 +121,6 @@ class ProfilePart:
     run: Callable[[], None]
 
 
-def profile_step(step: Step, x: torch.Tensor, path, iterations: int = 3,
-                 replay: Callable[[], object] | None = None) -> None:
-    """A point's whole profile, its parts (profile_parts) one after the other."""
-    for part in profile_parts(step, x, path, iterations, replay):
-        part.run()
-
-
 def profile_parts(step: Step, x: torch.Tensor, path: Path | None, iterations: int = 3,
                   replay: Callable[[], object] | None = None) -> list[ProfilePart]:
     """A few eager forwards under torch.profiler, their kernel table (by device time) to `path`;

@@ -1,7 +1,7 @@
 """One profiled forward's device kernels, kept as a small JSON file beside the point's kernel table.
 
 `sweep --profile DIR` writes, per point, torch.profiler's kernel table (`<point>.txt`, see
-`measure.profile_step`) and this timeline (`<point>.timeline.json`): one more eager forward under
+`measure.profile_parts`) and this timeline (`<point>.timeline.json`): one more eager forward under
 torch.profiler with `record_shapes` and `with_flops`, and of it only what `report --profile`'s
 account of exposed communication reads (report/exposed.py), not the whole chrome trace:
 
