@@ -19,7 +19,8 @@
 #         listed: on 4 GPUs the cases whose subject depends on the world size run at 2 and 4
 #         ranks (ids ws2-... and ws4-...). TESTS_SELECT, a pytest -k expression, runs a part
 #         of it where the whole does not fit one call: TESTS_SELECT=ws4, then "not ws4".
-# study:  each spec of $SPECS swept (-o <name>.jsonl), then `overlapbench report` of its rows
+# study:  each spec of $SPECS swept on $TP GPUs (--nproc $TP: TP=2 runs on GPUs 0 and 1 of a
+#         4-GPU machine; -o <name>.jsonl), then `overlapbench report` of its rows
 # profile: each spec of $PROFILES swept with --profile (-o <name>.jsonl, kernel tables in <name>/),
 #         then `overlapbench report --profile` of them
 # Each step's wall time and exit code go to summary.txt, and what still holds a GPU after it.
@@ -64,7 +65,7 @@ fi
 if [[ $STEPS == *,study,* ]]; then
   for spec in ${SPECS:-}; do
     name=$(basename "$spec" .yaml)
-    step "$name" "${STUDY_TIMEOUT:-420}" python -m overlapbench sweep "$spec" -o "$WORK/$name.jsonl" > "$WORK/$name.out" 2>&1
+    step "$name" "${STUDY_TIMEOUT:-420}" python -m overlapbench sweep "$spec" --nproc "$TP" -o "$WORK/$name.jsonl" > "$WORK/$name.out" 2>&1
     python -m overlapbench report "$WORK/$name.jsonl" --format markdown > "$WORK/report-$name.md" 2>&1
     pack
   done
@@ -72,7 +73,7 @@ fi
 if [[ $STEPS == *,profile,* ]]; then
   for spec in ${PROFILES:-}; do
     name=$(basename "$spec" .yaml)
-    step "$name" "${PROFILE_TIMEOUT:-240}" python -m overlapbench sweep "$spec" --profile "$WORK/$name" -o "$WORK/$name.jsonl" > "$WORK/$name.out" 2>&1
+    step "$name" "${PROFILE_TIMEOUT:-240}" python -m overlapbench sweep "$spec" --nproc "$TP" --profile "$WORK/$name" -o "$WORK/$name.jsonl" > "$WORK/$name.out" 2>&1
     python -m overlapbench report "$WORK/$name.jsonl" --profile "$WORK/$name" > "$WORK/report-$name.txt" 2>&1
     pack
   done
