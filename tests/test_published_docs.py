@@ -271,6 +271,61 @@ def _where_the_rest_goes() -> dict:
             "best8": (st["baseline"] - st["token_split=nccl_symm"]) / (st["baseline"] - st["no_comm"]) * 100}
 
 
+LONG_TP4_AGAIN = {"llama3-70b": "results/h200x4/9ba11d6/long-llama3-70b-tp4.jsonl",
+                  "llama3-8b": "results/h200x4/9ba11d6/long-llama3-8b-tp4.jsonl"}
+PULL_TP4 = "results/h200x4/9ba11d6/copy-engine-pull-llama3-70b-tp4.jsonl"
+REPLAYS_TP4 = "results/h200x4/9ba11d6/profile-70b-tp4/"
+
+
+def _speedups(store: str, strategy: str, keep) -> list[float]:
+    """The speedups of one setting (`keep(knobs)`) at the long sizes, in token order."""
+    rows = sorted((r for r in f.rows(store) if r["strategy"] == strategy and keep(r["knobs"])), key=lambda r: r["tokens"])
+    return [r["speedup"] for r in rows]
+
+
+def _flash_agrs_again() -> dict:
+    one = lambda knobs: knobs["chunks_per_rank"] == 1
+    long, again = _speedups(LONG_TP4_AGAIN["llama3-70b"], "flash_agrs", one), _speedups(PULL_TP4, "flash_agrs", one)
+    moving = lambda knobs: knobs["comm"] != "none"
+    split = [max(r["speedup"] for r in f.rows(LONG_TP4_AGAIN["llama3-70b"]) if r["strategy"] == "token_split"
+                 and moving(r["knobs"]) and r["tokens"] == t) for t in (16384, 32768, 65536)]
+    return {"s": split, "a": again, "l": long, "apart": max(abs(x - y) for x, y in zip(long, again))}
+
+
+def _replay(pattern: str):
+    """The exposure of the one replay timeline at 32K whose file name matches `pattern`."""
+    from overlapbench.report import exposed
+
+    (path,) = f.path(REPLAYS_TP4).glob(pattern.format(tokens=32768) + ".replay.timeline.json")
+    return exposed.analyze(exposed.read(path).kernels)
+
+
+REPLAY_POINTS = {"no_comm": "no_comm-{tokens}-*", "baseline": "baseline-{tokens}-*",
+                 "fused": SPLIT + "fused-*", "copy_engine": SPLIT + "copy_engine-*", "none": SPLIT + "none-*",
+                 "flash_agrs": "flash_agrs-{tokens}-*"}
+
+
+def _replay_row(name: str) -> dict:
+    free, point = _replay(REPLAY_POINTS["no_comm"]), _replay(REPLAY_POINTS[name])
+    barrier = sum(i.exposed for i in point.intervals if "barrier" in i.transfer.name)
+    return {"wall": (point.wall - free.wall) / 1e3, "compute": (point.compute - free.compute) / 1e3,
+            "exposed": point.exposed / 1e3, "barrier": barrier / 1e3, "idle": (point.idle - free.idle) / 1e3}
+
+
+REPLAY_ROW = "| {label} | {{wall:+.2f}} | {{compute:+.2f}} | {{exposed:.2f}} | {{barrier:.2f}} | {{idle:+.2f}} |"
+REPLAY_LABELS = {"baseline": "baseline", "fused": "`token_split` fused, 16/16 CTAs",
+                 "copy_engine": "`token_split` copy_engine, 32/32 CTAs",
+                 "flash_agrs": "`flash_agrs` copy_engine, 2 chunks/rank", "none": "`token_split` comm=none"}
+
+
+def _replay_caveat() -> dict:
+    rows = {r["strategy"]: r["ms"] for r in f.rows("results/h200x4/9ba11d6/profile-70b-tp4.jsonl")
+            if r["strategy"] in ("no_comm", "flash_agrs")}
+    free = _replay(REPLAY_POINTS["no_comm"])
+    return {"replay": free.wall / 1e3, "timed4": 4 * rows["no_comm"], "free": rows["no_comm"], "fa": rows["flash_agrs"],
+            "behind": (rows["flash_agrs"] / rows["no_comm"] - 1) * 100}
+
+
 TP4_ROW = "| {tokens} | `{{a[strategy]}}` {{a[how]}} | {{a[hidden]:.0f}}% | `{{b[strategy]}}` {{b[how]}} | {{b[hidden]:.0f}}% |"
 LONG_ROW = "| {tokens} | {{exposed:.1f}}% | `{{strategy}}` {{how}} | {{speedup:.3f}}x | {{hidden:.0f}}% |"
 TP4_CLAIMS = [
@@ -293,6 +348,17 @@ TP4_CLAIMS = [
                    "{att_fused:.2f} ms more, the SMs the kernel holds. On the copy engine it takes {ce70:.2f} ms more: its GEMMs "
                    "{gemm_ce:.2f} ms more, and the path's add + RMSNorm kernel on 32 CTAs runs {norm_ce:.2f} ms of GPU time "
                    "beside them. `flash_agrs` on the copy engine ends {fa70:.2f} ms behind `no_comm`", _where_the_rest_goes),
+    *[Claim(TP4_DOC, LONG_ROW.format(tokens=t), lambda m=m, t=t: f.fastest_by_tokens(LONG_TP4_AGAIN[m])[t])
+      for m in LONG_TP4_AGAIN for t in (16384, 32768, 65536)],
+    Claim(TP4_DOC, "the best split setting of the same run reaches {s[0]:.3f}x, {s[1]:.3f}x and {s[2]:.3f}x", _flash_agrs_again),
+    Claim(TP4_DOC, "gave {a[0]:.3f}x, {a[1]:.3f}x and {a[2]:.3f}x against this run's {l[0]:.3f}x, {l[1]:.3f}x and {l[2]:.3f}x",
+          _flash_agrs_again),
+    *[Claim(TP4_DOC, REPLAY_ROW.format(label=label), lambda name=name: _replay_row(name))
+      for name, label in REPLAY_LABELS.items()],
+    Claim(TP4_DOC, "This replay's `no_comm` takes {replay:.2f} ms for the 4 layers, where the timed rows of the same run say "
+                   "{timed4:.2f} (4 x {free:.2f}", _replay_caveat),
+    Claim(TP4_DOC, "The timed rows put `flash_agrs` {behind:.1f}% behind `no_comm` ({fa:.2f} against {free:.2f} ms per layer)",
+          _replay_caveat),
     Claim(TP4_DOC, "At 2K tokens on 8B the split alone takes {split8:.3f}x `no_comm`'s time, its half-size GEMMs "
                    "{gemm8:.0f}% more GPU time than the whole batch's: no split can hide more than {cap8:.0f}% of the exposed "
                    "communication there, and NCCL's symmetric kernel under it hides {best8:.0f}% in this run",
