@@ -13,7 +13,7 @@ import time
 import pytest
 
 from tests.probes import power_beside as pb
-from tests.probes.clock_sampler import POWER_CAP, window_means
+from tests.probes.clock_sampler import POWER_CAP, ClockSampler, window_means
 
 
 @pytest.fixture
@@ -216,3 +216,15 @@ def test_bad_flags_end_in_one_line_and_write_nothing(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith(f"power_beside: {message}") and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_the_sampler_without_a_gpu_says_why_and_takes_nothing():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the sampler samples")
+    sampler = ClockSampler(0).start()
+    time.sleep(0.02)
+    sampler.stop()
+    assert sampler.samples == [] and sampler.error
+    assert sampler.between(0, time.perf_counter())["samples"] == 0
