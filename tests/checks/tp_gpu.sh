@@ -15,6 +15,11 @@
 #         layer at TP=$TP on the rows it carries ($LAYER_TOKENS, default 512-32768): the compute's
 #         loss, the transfer's stretch, the in-line extra in paired rounds (`predict`'s contention
 #         and in-layer term)                                -> comm-beside-layer-<model>.{jsonl,csv,out}
+# power:  tests/probes/power_beside.py on GPUs 0 and 1 (whatever TP is): the llama3-70b TP=2 MLP
+#         GEMMs at 16384 tokens on GPU 0 alone and beside copy-engine copies (GPU 0 pulling from
+#         GPU 1, GPU 1 pushing into GPU 0, GPU 0 copying locally; no SM kernel), in rounds of a
+#         fresh order: TFLOP/s, SM clock, power; about 75 s (POWER_ARGS: more flags)
+#                                                                     -> power/power_beside.jsonl, power.out
 # tests:  the whole GPU test suite (pytest -m gpu), with the 25 slowest tests  -> gpu-tests.log
 #         listed: on 4 GPUs the cases whose subject depends on the world size run at 2 and 4
 #         ranks (ids ws2-... and ws4-...). TESTS_SELECT, a pytest -k expression, runs a part
@@ -56,6 +61,10 @@ if [[ $STEPS == *,beside-layer,* ]]; then
       --output "$WORK/comm-beside-layer-$model.jsonl" > "$WORK/comm-beside-layer-$model.csv" 2> "$WORK/comm-beside-layer-$model.out"
     pack
   done
+fi
+if [[ $STEPS == *,power,* ]]; then
+  step power "${POWER_TIMEOUT:-150}" python tests/probes/power_beside.py --out "$WORK/power" ${POWER_ARGS:-} > "$WORK/power.out" 2>&1
+  tail -n 9 "$WORK/power.out" | tee -a "$SUMMARY"
 fi
 if [[ $STEPS == *,tests,* ]]; then
   step tests "${TESTS_TIMEOUT:-360}" python -m pytest -q -m gpu -rs -p no:cacheprovider --durations=25 \

@@ -11,7 +11,8 @@ the true B/A is close to b_len/a_len. Their ratio is measured
        never idles; S from `--spans`, each span twice (ascending, then descending pass).
 Per span: the median over rounds of B/A in the same round, its 95% bootstrap interval, the
 per-round spread, and the two passes' medians; the sustained ratio is the one of the long runs.
-A background thread samples the SM clock (pynvml, if installed) so the regimes can be told apart.
+A background thread samples the SM clock (tests/probes/clock_sampler.py: pynvml, if installed) so the
+regimes can be told apart.
 Writes probe_clock.json (summary + raw per-round ratios) under --out; prints a table last.
 """
 
@@ -23,7 +24,6 @@ import math
 import random
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -36,6 +36,7 @@ from overlapbench.launch.environment import git_commit
 from overlapbench.timing.bench import CudaClock, bench, timed_span, warm_up
 from overlapbench.timing.cuda_graph import capture
 from overlapbench.tuning.results import new_run_id
+from tests.probes.clock_sampler import ClockSampler
 
 
 def parse_args() -> argparse.Namespace:
@@ -54,69 +55,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--warmup-s", type=float, default=2.0)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args()
-
-
-class ClockSampler:
-    """SM clock (MHz) and power (W) every few ms on a thread; without pynvml, none (`error` says why)."""
-
-    def __init__(self, device_index: int, every_s: float = 0.005):
-        self.samples: list[tuple[float, float, float]] = []  # (perf_counter, MHz, W)
-        self.error = None
-        self._stop = threading.Event()
-        self._every = every_s
-        self._nvml = None
-        try:
-            import pynvml
-        except ImportError:
-            self.error = "no clock samples without pynvml: pip install 'overlapbench[nvml]'"
-        else:
-            try:
-                pynvml.nvmlInit()
-                self._handle = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(device_index))
-                self._nvml = pynvml
-            except Exception as e:
-                self.error = f"{type(e).__name__}: {e}"
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self):
-        if self._nvml is not None:
-            self._thread.start()
-        return self
-
-    def stop(self):
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def _run(self):
-        nv, h = self._nvml, self._handle
-        while not self._stop.is_set():
-            try:
-                mhz = nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)
-                watts = nv.nvmlDeviceGetPowerUsage(h) / 1e3
-                self.samples.append((time.perf_counter(), float(mhz), float(watts)))
-            except Exception as e:
-                self.error = f"{type(e).__name__}: {e}"
-                return
-            time.sleep(self._every)
-
-    def between(self, t0: float, t1: float) -> dict:
-        inside = [(m, w) for t, m, w in self.samples if t0 <= t <= t1]
-        if not inside:
-            return {"sm_mhz": None, "sm_mhz_min": None, "power_w": None}
-        return {"sm_mhz": statistics.fmean(m for m, _ in inside), "sm_mhz_min": min(m for m, _ in inside),
-                "power_w": statistics.fmean(w for _, w in inside)}
-
-
-def _nvml_index(device_index: int) -> int:
-    import os
-
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        ids = [v.strip() for v in visible.split(",")]
-        if ids[device_index].isdigit():
-            return int(ids[device_index])
-    return device_index
 
 
 def build(length: int, m: int, n: int, k: int, dev) -> tuple[torch.cuda.CUDAGraph, list]:
