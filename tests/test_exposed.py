@@ -337,6 +337,19 @@ def test_the_timeline_keeps_kernels_only_each_with_its_launching_op(tmp_path):
     assert data["host_ops"] == 3  # aten::mm, c10d::allreduce_, nccl:all_reduce; not the launch calls
 
 
+def test_the_timeline_keeps_the_profiler_s_timestamp_of_its_first_kernel():
+    """Times are from the first kernel; `origin_ns` says where that lies on the profiler's clock."""
+    rng = random.Random()
+    origin, first = rng.randrange(10**12, 10**13), rng.randrange(1, 10**4)  # us after the trace's origin
+    trace = Trace(origin_ns=origin)
+    planned = [gemm(rng, MAIN, first + rng.randrange(0, 500), rng.randrange(50, 100)) for _ in range(rng.randrange(2, 6))]
+    for k in planned + [gemm(rng, COMM, first, rng.randrange(5, 50))]:
+        trace.add(k)
+    data = timeline.from_events(trace.events, "cuda")
+    assert data["origin_ns"] == origin + first * 1000 and min(k["start"] for k in data["kernels"]) == 0
+    assert sorted(k["start"] + first for k in data["kernels"]) == sorted([k.start for k in planned] + [first])
+
+
 def test_a_timeline_without_device_kernels_has_no_exposure(tmp_path):
     data = timeline.from_events([Event("aten::mm", DeviceType.CPU, 0, 10, corr=1)], "cpu")
     assert data["kernels"] == [] and data["host_ops"] == 1
@@ -457,13 +470,17 @@ def test_a_cpu_sweep_with_a_profile_folder_writes_timelines_the_report_reads(tmp
     assert {r["timing"] for r in rows} == ({"interleaved"} if interleave else {"sequential"}), {r["timing"] for r in rows}
     assert len(list(folder.glob("*.txt"))) == len(rows)  # each depth its own table: none written over
     assert not list(folder.glob(f"*{timeline.REPLAY_SUFFIX}"))  # no graph captured on CPU: no replay's timeline
+    assert len(list(folder.glob(f"*{timeline.SUFFIX}"))) == 2 * len(rows)  # each rank's eager timeline
     for r in rows:
         name = profile_name(r["strategy"], r["tokens"], r["knobs"], layers=r["layers"])
         assert (folder / f"{name}.txt").read_text().startswith("3 eager forwards\n")
-        data = json.loads((folder / f"{name}{timeline.SUFFIX}").read_text())
-        assert set(data) == {"schema", "device", "forwards", "unit", "host_ops", "names", "ops", "kernels"}
-        assert (data["schema"], data["device"], data["forwards"], data["unit"]) == (timeline.SCHEMA, "cpu", 1, "us")
-        assert data["kernels"] == [] and data["names"] == [] and data["host_ops"] > 10
+        for rank in (0, 1):  # rank 0's under the plain name, rank 1's beside it
+            data = json.loads((folder / timeline.file_name(name, rank=rank)).read_text())
+            assert set(data) == {"schema", "device", "forwards", "unit", "host_ops", "origin_ns", "rank", "world",
+                                 "names", "ops", "kernels"}
+            assert (data["schema"], data["device"], data["forwards"], data["unit"]) == (timeline.SCHEMA, "cpu", 1, "us")
+            assert (data["rank"], data["world"], data["origin_ns"]) == (rank, 2, None)  # no device kernel: no origin
+            assert data["kernels"] == [] and data["names"] == [] and data["host_ops"] > 10
     result = distributed.overlapbench("report", str(out), "--profile", str(folder), env={"COLUMNS": "200"})
     assert result.returncode == 0, result.stderr
     for r in rows:

@@ -93,6 +93,14 @@ def test_a_failed_profile_keeps_the_rows_timing_and_says_why(tmp_path, capfd, in
     knobs = {"mode": "raise_in_profile", "at_tokens": FAULT_TOKENS, "on_rank": 1}
     stale = folder / f"{profile_name('fault', FAULT_TOKENS, knobs, layers=1)}.txt"
     stale.write_text(f"{random.randrange(2, 9)} eager forwards\n(an earlier run's table)\n")  # a failed profile removes it
+    # every rank's timelines of the failed part and the later ones are removed, rank 1's too: an earlier
+    # run's rank-1 eager timeline where the kernel table fails, and where the eager timeline fails on rank 1
+    # (which then writes none of its own)
+    stale_timelines = [folder / timeline.file_name(profile_name("fault", FAULT_TOKENS, knobs | {"mode": mode}, layers=1),
+                                                   rank=rank)
+                       for mode in ("raise_in_profile", "raise_in_timeline") for rank in (0, 1)]
+    for path in stale_timelines:
+        path.write_text(json.dumps({"schema": timeline.SCHEMA, "stale": random.random()}))
     points = len(TOKENS) * (1 + len(MODES))
     # every rank returns from the sweep (rank 0 wrote every row): none waits for another in a collective
     assert distributed.run(_sweep, str(write_spec(tmp_path, interleave)), str(out), str(folder), False,
@@ -104,18 +112,21 @@ def test_a_failed_profile_keeps_the_rows_timing_and_says_why(tmp_path, capfd, in
     failed = 0
     for r in rows:
         name, expected = _name(r), _expected_error(r)
-        table, eager = folder / f"{name}.txt", folder / timeline.file_name(name)
+        table, eager = folder / f"{name}.txt", [folder / timeline.file_name(name, rank=rank) for rank in (0, 1)]
         if expected is None:
             assert r["profile_error"] is None, (name, r["profile_error"])
-            assert table.read_text().startswith("3 eager forwards\n") and json.loads(eager.read_text())["device"] == "cpu"
+            assert table.read_text().startswith("3 eager forwards\n")
+            assert [(json.loads(e.read_text())["device"], json.loads(e.read_text())["rank"]) for e in eager] == [
+                ("cpu", 0), ("cpu", 1)], name  # each rank's own
             continue
         failed += 1
         assert re.fullmatch(expected + ".*", r["profile_error"]), (name, r["profile_error"])
         assert "\n" not in r["profile_error"]
-        assert not eager.exists(), name  # the failed part's file is removed
+        assert not [e.name for e in eager if e.exists()], name  # the failed part's files are removed, every rank's
         assert table.is_file() == ("eager timeline" in r["profile_error"]), name  # the parts before it are kept
     assert failed == len(MODES) + 1 + len(MODES)  # fault's at FAULT_TOKENS, every point at STRUCK_TOKENS
     assert stale.name in {f"{_name(r)}.txt" for r in rows} and not stale.exists()
+    assert not [path.name for path in stale_timelines if path.exists()]
 
     printed = capfd.readouterr().out  # rank 0's summary lines: ok, the time, then why there is no profile
     for r in rows:

@@ -311,3 +311,30 @@ def test_a_cpu_profile_writes_no_replay_timeline(tmp_path):
     assert table.is_file() and timeline.beside(table).is_file()
     assert not timeline.beside(table, replay=True).exists() and replays == []
     assert step.forwards == 4  # three for the table, one for the timeline
+
+
+def test_a_rank_other_than_0_writes_its_own_timeline_and_no_table(tmp_path):
+    """Every rank's timeline beside rank 0's, under its own name and marked with its rank; the
+    kernel table is rank 0's alone. Each part names the file it writes on that rank (the one a
+    failed part removes)."""
+    import torch
+
+    from overlapbench.timing import measure
+
+    world = random.randrange(2, 9)
+    rank = random.randrange(1, world)
+    table = tmp_path / f"baseline-{random.randrange(1, 99999)}.txt"
+    step = CountingStep()
+    parts = measure.profile_parts(step, torch.randn(16, 32), table, rank=rank, world=world)
+    mine = timeline.beside(table, rank=rank)
+    assert [(part.what, part.file) for part in parts] == [("the kernel table", None), ("the eager timeline", mine)]
+    for part in parts:
+        part.run()
+    assert not table.exists() and not timeline.beside(table).exists() and step.forwards == 4
+    assert mine.name == table.name.removesuffix(".txt") + f".rank{rank}.timeline.json"
+    data = json.loads(mine.read_text())
+    assert (data["rank"], data["world"], data["device"], data["kernels"]) == (rank, world, "cpu", [])
+    read = exposed.read(mine)
+    assert (read.rank, read.world, read.origin_ns) == (rank, world, None)
+    zero = measure.profile_parts(CountingStep(), torch.randn(16, 32), table, world=world)
+    assert [part.file for part in zero] == [table, timeline.beside(table)]

@@ -1,8 +1,10 @@
 """On 2 GPUs: `sweep --profile` with CUDA graphs on writes, for each point it timed as a graph
 replay, that replay's timeline (`<point>.replay.timeline.json`, timing/timeline.py) beside the
-eager forward's: device kernels only, GEMMs with the FLOPs and transfers (NCCL, the copy
-engines' peer copies) with the bytes their eager twins have (through the link), and a span no
-longer than the eager forward's (a replay has no launch gaps); `report --profile` reads it. Both
+eager forward's: device kernels only, GEMMs with the FLOPs and transfers (NCCL, the copy engines'
+peer copies) with the bytes their eager twins have (through the link), and a span no longer than
+the eager forward's (a replay has no launch gaps); rank 1's beside rank 0's
+(`<point>.rank1.replay.timeline.json`), its span overlapping rank 0's on the profiler's clock;
+`report --profile` reads them. Both
 timing modes: interleaved (the replay is the prepared candidate's) and sequential (the replay is
 the one `time_step` timed).
 
@@ -56,7 +58,7 @@ def span(data: dict) -> float:
 
 @pytest.mark.parametrize("interleave", ["auto", False], ids=["interleaved", "sequential"])
 def test_each_point_timed_as_a_replay_has_a_linked_replay_timeline(tmp_path: Path, interleave):
-    from overlapbench.report import exposed
+    from overlapbench.report import exposed, ranks
     from overlapbench.timing import timeline
 
     out, folder = tmp_path / "rows.jsonl", tmp_path / "profile"
@@ -99,7 +101,17 @@ def test_each_point_timed_as_a_replay_has_a_linked_replay_timeline(tmp_path: Pat
         assert span(data) <= span(eager), (point, span(data), span(eager))
         print(f"{point}: replay {span(data):.1f} us, eager {span(eager):.1f} us; {data['linked']} of "
               f"{len(data['kernels'])} kernels linked; unmatched {data['unmatched']}")
+        assert (data["rank"], data["world"]) == (0, 2) and data["origin_ns"] is not None
+        other = json.loads(timeline.beside(table, replay=True, rank=1).read_text())  # rank 1's, beside rank 0's
+        assert (other["rank"], other["world"], other["replay"]) == (1, 2, True) and other["kernels"], point
+        # the same replay on both ranks, its collectives joining them: their spans overlap on the profiler's clock
+        ends = [t["origin_ns"] / 1e3 + span(t) for t in (data, other)]
+        assert min(ends) > max(data["origin_ns"], other["origin_ns"]) / 1e3, (point, data["origin_ns"], other["origin_ns"])
+        across = ranks.across([exposed.read(replay_path), exposed.read(timeline.beside(table, replay=True, rank=1))])
+        print(f"{point}: rank 1 starts {across.totals[1].shift:+.1f} us; {across.matched} barriers matched, "
+              f"{across.impossible} impossible (clocks off by >= {across.disagreement:.1f} us); {across.unmatched}")
     shown = distributed.overlapbench("report", str(out), "--profile", str(folder), env={"COLUMNS": "250"})
     assert shown.returncode == 0, shown.stderr
     for point, _, _ in replayed:
         assert f"{point} (graph replay): wall" in shown.stdout, shown.stdout[-3000:]
+    assert "across ranks (2 ranks' graph replays on one clock" in shown.stdout, shown.stdout[-3000:]

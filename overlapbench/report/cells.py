@@ -146,6 +146,17 @@ def fmt_ms(x: float) -> str:
     return f"{x:.4g}"
 
 
+NAME_WIDTH = 56  # kernel names cut to this many characters in a table (json keeps them whole)
+
+
+def short(name: str) -> str:
+    """A kernel name as a table shows it: no `void `, no argument list, at most NAME_WIDTH characters."""
+    name = name.removeprefix("void ")
+    if name.endswith(")") and "(" in name:
+        name = name[: name.index("(")] or name
+    return name if len(name) <= NAME_WIDTH else name[: NAME_WIDTH - 1] + "…"
+
+
 def text_cell(text: str) -> Shown:
     return Shown((text,))
 

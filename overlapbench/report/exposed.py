@@ -127,13 +127,18 @@ def _interval_dict(i: Interval) -> dict:
 class Timeline:
     """A timeline file as read: the device profiled, the host ops seen, the kernels in start
     order; whether it is a CUDA-graph replay's, and (for one) the kernel names that could not be
-    linked to their ops (timeline.link_replay's `unmatched`: name, both counts, why)."""
+    linked to their ops (timeline.link_replay's `unmatched`: name, both counts, why); whose it is
+    (`rank` of `world`; a file from before ranks wrote theirs: rank 0, world None) and the
+    profiler's timestamp of its time 0 (`origin_ns`; None where not recorded)."""
 
     device: str
     host_ops: int
     kernels: list[Kernel]
     replay: bool = False
     unmatched: tuple[dict, ...] = ()
+    rank: int = 0
+    world: int | None = None
+    origin_ns: int | None = None
 
 
 def read(path: Path) -> Timeline:
@@ -146,7 +151,10 @@ def read(path: Path) -> Timeline:
         kernels = sorted((_kernel(k, names, ops) for k in data["kernels"]), key=lambda k: (k.start, k.end))
         unmatched = tuple({"name": str(u["name"]), "replay": int(u["replay"]), "eager": int(u["eager"]),
                            "why": str(u.get("why", ""))} for u in data.get("unmatched", []))
-        return Timeline(str(data["device"]), int(data["host_ops"]), kernels, bool(data.get("replay", False)), unmatched)
+        world, origin = data.get("world"), data.get("origin_ns")
+        return Timeline(str(data["device"]), int(data["host_ops"]), kernels, bool(data.get("replay", False)), unmatched,
+                        int(data.get("rank", 0)), None if world is None else int(world),
+                        None if origin is None else int(origin))
     except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
         raise UserError(f"--profile: {path} is not a timeline of `sweep --profile` ({e}); "
                         "delete it, or profile the point again") from None

@@ -13,6 +13,11 @@ the eager forward's always); else the eager forward's (`<point>.timeline.json`).
 reads a replay, every line names its source ("graph replay", "eager forward") and a replay's
 kernels that could not be linked to their ops are listed; where none does, the output is the
 eager-only report's, word for word.
+
+Where the point's other ranks wrote their timelines of that kind beside rank 0's (every rank
+does, timing/timeline.py), the lines under its line add each rank's totals and a second table
+names rank 0's longest barrier waits: the rank that arrived last and what it ran just before
+(ranks_view.py); json/csv records add `across_ranks`. Folders without rank files print as before.
 """
 
 from __future__ import annotations
@@ -23,14 +28,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from overlapbench.report import exposed
-from overlapbench.report.cells import Grid, Shown, text_cell
+from overlapbench.report import exposed, ranks_view
+from overlapbench.report.cells import Grid, Shown, short, text_cell
 from overlapbench.report.profile import Account
 from overlapbench.report.render import print_grid, to_markdown
 from overlapbench.timing import timeline as timeline_files
 
 LONGEST = 8  # exposed intervals shown per point
-NAME_WIDTH = 56  # kernel names cut to this many characters in the table (json keeps them whole)
 HEADER = ["start ms", "length ms", "exposed ms", "transfer (stream)", "bytes", "after (stream)", "GFLOP", "then (stream)"]
 TITLE = ("Exposed communication: one eager forward per point (rank 0), from its device kernels; "
          "ms from the forward's first kernel")
@@ -48,11 +52,13 @@ NOTE = ("exposed interval: no compute kernel runs on any stream and a transfer d
 @dataclass(frozen=True)
 class Section:
     """One point's part: its line, and its intervals' table where it has any; `tagged`: the line
-    names its timeline's source (some point of the report reads a graph replay)."""
+    names its timeline's source (some point of the report reads a graph replay); `waits`: where
+    its other ranks' timelines lie beside it, rank 0's longest barrier waits (ranks_view.py)."""
 
     line: str
     grid: Grid | None
     tagged: bool = False
+    waits: Grid | None = None
 
 
 @dataclass(frozen=True)
@@ -66,14 +72,6 @@ class Read:
     timeline: exposed.Timeline | None = None
     result: exposed.Exposure | None = None
     note: str | None = None
-
-
-def short(name: str) -> str:
-    """A kernel name as the table shows it: no `void `, no argument list, at most NAME_WIDTH characters."""
-    name = name.removeprefix("void ")
-    if name.endswith(")") and "(" in name:
-        name = name[: name.index("(")] or name
-    return name if len(name) <= NAME_WIDTH else name[: NAME_WIDTH - 1] + "…"
 
 
 def size(n: int | None) -> str:
@@ -163,6 +161,7 @@ def sections(found: dict[tuple[str, int], list[Account]], folder: Path,
                 record |= {"timeline_of": got.source,
                            "unlinked": [dict(u) for u in got.timeline.unmatched] if got.timeline else []}
             notes = [f"  {got.note}"] if got.note is not None else []
+            waits = None
             if a.profile_error is not None and got.timeline is not None:  # a later part failed: no replay's timeline
                 notes.append(f"  profile incomplete: {a.profile_error}")
             if got.timeline is None:
@@ -180,7 +179,12 @@ def sections(found: dict[tuple[str, int], list[Account]], folder: Path,
                                  f"  against {BOUND}: not shown ({BOUND} read from its {bound.source}, "
                                  f"this point from its {got.source})")
                 notes += [u for u in [unlinked_line(got.timeline)] if u is not None]
-            parts.append(Section("\n".join([line, *notes]), grid, tagged))
+                across = ranks_view.part(folder, a.name, got.source == REPLAY, got.timeline, name)
+                if across is not None:
+                    notes += across.lines
+                    record["across_ranks"] = across.record
+                    waits = across.grid
+            parts.append(Section("\n".join([line, *notes]), grid, tagged, waits))
             records[a.name] = record
     return parts, records
 
@@ -217,12 +221,19 @@ def emit_sections(parts: list[Section], fmt: str, console: Console) -> None:
         console.print(Text(title, style="bold"), soft_wrap=False)
         for part in parts:
             console.print(Text(part.line), soft_wrap=False)
-            if part.grid is not None:
-                print_grid(part.grid, console)
-        if any(part.grid is not None for part in parts):
-            console.print(Text(NOTE, style="dim"), soft_wrap=False)
+            for grid in (part.grid, part.waits):
+                if grid is not None:
+                    print_grid(grid, console)
+        for note in _notes(parts):
+            console.print(Text(note, style="dim"), soft_wrap=False)
     elif fmt == "markdown":
         text = f"\n## {title}\n"
         for part in parts:
-            text += f"\n{part.line}\n" + (f"\n{to_markdown(part.grid)}" if part.grid is not None else "")
-        console.out(text + (f"\n{NOTE}\n" if any(part.grid is not None for part in parts) else ""), highlight=False)
+            text += f"\n{part.line}\n" + "".join(f"\n{to_markdown(g)}" for g in (part.grid, part.waits) if g is not None)
+        console.out(text + "".join(f"\n{note}\n" for note in _notes(parts)), highlight=False)
+
+
+def _notes(parts: list[Section]) -> list[str]:
+    """The legends under the sections: the intervals' where a table of them is shown, the waits' likewise."""
+    return ([NOTE] if any(part.grid is not None for part in parts) else []) + (
+        [ranks_view.NOTE] if any(part.waits is not None for part in parts) else [])

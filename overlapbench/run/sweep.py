@@ -128,7 +128,8 @@ def _profile(rt: runtime.Runtime, point: Point, step, work: Workload, profile_di
     A profile is a diagnostic of a point already timed: where a part fails on some rank, every
     rank stops the profile there and the row keeps its timing, with `profile_error` saying which
     part failed and why. The folder then holds the parts before it, whole; the failed part's file
-    and the later parts' are removed (rank 0's), so none of them is an earlier run's. Where the
+    and the later parts' are removed, each rank removing its own (rank 0's table and timelines,
+    rank k's timelines), so none of them is an earlier run's. Where the
     device no longer works after the failure (a probe fails on some rank: a CUDA error the
     process cannot recover from), the point fails as any phase's failure fails it (PointFailed):
     its timing is not trusted, and the points after it fail as well, each saying why."""
@@ -136,8 +137,8 @@ def _profile(rt: runtime.Runtime, point: Point, step, work: Workload, profile_di
         return {}
     name = results.profile_name(point.strategy, point.tokens, point.knobs, point.decode.as_dict() if point.decode else None,
                                 point.layers)
-    path = profile_dir / f"{name}.txt" if rt.rank == 0 else None
-    parts = measure.profile_parts(step, work.x, path, replay=replay)
+    parts = measure.profile_parts(step, work.x, profile_dir / f"{name}.txt", replay=replay, rank=rt.rank,
+                                  world=rt.world_size)
     for i, part in enumerate(parts):
         try:
             _phase(rt, part.run)

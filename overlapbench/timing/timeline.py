@@ -7,6 +7,8 @@ account of exposed communication reads (report/exposed.py), not the whole chrome
 
     {"schema": "overlapbench/timeline-v1", "device": "cuda", "forwards": 1, "unit": "us",
      "host_ops": 812,                      # CPU ops the profiler saw (a CPU run has only these)
+     "origin_ns": 1764201234567890123,     # the first kernel's profiler timestamp (below)
+     "rank": 0, "world": 4,                # whose: the rank that recorded it, of how many
      "names": ["nvjet_...", ...],          # each kernel name once
      "ops": [{"name": "aten::mm", "shapes": [[2048, 8192], [8192, 3072]],
               "dtypes": ["c10::BFloat16", "c10::BFloat16"], "flops": 103079215104}, ...],
@@ -22,8 +24,8 @@ profiler range) innermost at the launch: its name, its FLOPs as `with_flops` cou
 records none; the async `nccl:<collective>` range it opens does, as torch 2.11 gave it on H200s,
 results/h200x2/6fef580/profiler-comm-events.jsonl). Only device events that run work are kernels
 (kernels, memcpys, memsets): the profiler's ranges drawn on the GPU (gpu_user_annotation) and
-its stream waits are not. The file is rank 0's. Torch is imported inside functions: `report`
-reads this module's constants without it.
+its stream waits are not. Torch is imported inside functions: `report` reads this module's
+constants without it.
 
 Where the point's step was timed as a CUDA-graph replay, a second file beside it,
 `<point>.replay.timeline.json`, holds one replay of that graph under torch.profiler, in the same
@@ -31,6 +33,26 @@ schema plus `"replay": true`, `"linked"` and `"unmatched"` (`link_replay`): the 
 step that was timed, where an eager forward at small token counts is host-bound and mostly idle.
 The replay's kernels are launched by one `cudaGraphLaunch`, which records no op; each is linked to
 its op through its twin in the eager forward (the same program issues the same kernels).
+
+Every rank profiles the same forward and replay (they hold collectives), and every rank writes its
+own: rank 0's files are the names above (what every reader and older folders know); rank k >= 1
+writes `<point>.rank<k>.timeline.json` and `<point>.rank<k>.replay.timeline.json` (`file_name`, the
+one place the names are made; every timeline still ends in SUFFIX, every replay's in
+REPLAY_SUFFIX). Each file says whose it is, `"rank"` and `"world"` (the ranks that profiled it),
+and where its time 0 lies, `"origin_ns"`: the profiler's own timestamp of the first kernel (null
+without device kernels), so the ranks' timelines can be laid on one clock: rank k's kernel at
+`start` us ran at `origin_ns / 1e3 + start` us, comparable with rank 0's.
+
+How exact that is: torch.profiler gives every event in Unix-epoch nanoseconds of the host's
+clock. Host events are read from a fast clock (the TSC) and converted by a calibration each
+process makes for itself; device events are CUPTI's, which CUPTI maps from the GPU's timer onto
+the same host clock (through Kineto's timestamp callback) by interpolation. So on one host the
+ranks share a clock up to each process's conversion and CUPTI's mapping, assumed small beside the
+waits compared (microseconds); nothing here measures it, and report/ranks.py checks only a
+necessary condition (a barrier ends on every rank after the last rank reached it) and shows by
+how much it fails. Across hosts nothing is assumed.
+Files written before these fields (no `origin_ns`, `rank`, `world`) still read: they are rank 0's,
+and cannot be aligned with another rank's.
 """
 
 from __future__ import annotations
@@ -46,6 +68,7 @@ SCHEMA = "overlapbench/timeline-v1"
 SUFFIX = ".timeline.json"
 REPLAY_SUFFIX = ".replay" + SUFFIX  # a graph replay's timeline: it ends in SUFFIX too
 TABLE_SUFFIX = ".txt"
+RANK_TAG = ".rank"  # rank k >= 1's timelines: `<point>.rank<k>` then the suffixes above
 NOT_WORK = ("gpu_user_annotation", "user_annotation", "cuda_sync", "cuda_profiler_range")  # device events that run nothing
 _BYTES = re.compile(r'"bytes"\s*:\s*(\d+)')
 # The profiler's own host events: CUPTI's buffer request, opened inside the op whose launch it
@@ -54,15 +77,18 @@ _BYTES = re.compile(r'"bytes"\s*:\s*(\d+)')
 PROFILER_EVENTS = frozenset({"Activity Buffer Request"})
 
 
-def file_name(point: str, replay: bool = False) -> str:
-    """A point's timeline file: `<point>.timeline.json`, its graph replay's `<point>.replay.timeline.json`."""
-    return point + (REPLAY_SUFFIX if replay else SUFFIX)
+def file_name(point: str, replay: bool = False, rank: int = 0) -> str:
+    """A point's timeline file: rank 0's `<point>.timeline.json` (its graph replay's
+    `<point>.replay.timeline.json`); rank k's `<point>.rank<k>.timeline.json` (and
+    `<point>.rank<k>.replay.timeline.json`)."""
+    of_rank = f"{RANK_TAG}{rank}" if rank else ""
+    return point + of_rank + (REPLAY_SUFFIX if replay else SUFFIX)
 
 
-def beside(table: Path, replay: bool = False) -> Path:
+def beside(table: Path, replay: bool = False, rank: int = 0) -> Path:
     """The timeline's path beside a kernel table's (`<point>.txt` -> `<point>.timeline.json`;
-    with `replay`, the graph replay's `<point>.replay.timeline.json`)."""
-    return table.with_name(file_name(table.name.removesuffix(TABLE_SUFFIX), replay))
+    with `replay`, the graph replay's; with `rank`, that rank's: `file_name`)."""
+    return table.with_name(file_name(table.name.removesuffix(TABLE_SUFFIX), replay, rank))
 
 
 def prepare_for_graphs() -> None:
@@ -81,9 +107,10 @@ def prepare_for_graphs() -> None:
             pass
 
 
-def record(forward, cuda: bool) -> dict:
+def record(forward, cuda: bool, rank: int = 0, world: int = 1) -> dict:
     """Run `forward()` once under torch.profiler (shapes and FLOPs recorded, the device waited
-    for) and return its timeline. Every rank calls it: the forward holds collectives."""
+    for) and return its timeline, as `rank` of `world` recorded it. Every rank calls it: the
+    forward holds collectives."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -92,7 +119,7 @@ def record(forward, cuda: bool) -> dict:
         forward()
         if cuda:
             torch.cuda.synchronize()
-    return from_events(prof.profiler.kineto_results.events(), "cuda" if cuda else "cpu")
+    return from_events(prof.profiler.kineto_results.events(), "cuda" if cuda else "cpu") | {"rank": rank, "world": world}
 
 
 def write(timeline: dict, path: Path) -> None:
@@ -201,7 +228,7 @@ def from_events(events: Iterable, device: str) -> dict:
             entry["bytes"] = int(copied.group(1))
         records.append(entry)
     return {"schema": SCHEMA, "device": device, "forwards": 1, "unit": "us", "host_ops": len(host),
-            "names": names, "ops": ops, "kernels": records}
+            "origin_ns": origin if kernels else None, "names": names, "ops": ops, "kernels": records}
 
 
 # -- a graph replay's kernels linked to the eager forward's -----------------------------------
