@@ -296,7 +296,8 @@ def _replay(pattern: str):
     """The exposure of the one replay timeline at 32K whose file name matches `pattern`."""
     from overlapbench.report import exposed
 
-    (path,) = f.path(REPLAYS_TP4).glob(pattern.format(tokens=32768) + ".replay.timeline.json")
+    (path,) = [p for p in f.path(REPLAYS_TP4).glob(pattern.format(tokens=32768) + ".replay.timeline.json")
+               if ".rank" not in p.name]  # rank 0's (timing/timeline.py file_name)
     return exposed.analyze(exposed.read(path).kernels)
 
 
