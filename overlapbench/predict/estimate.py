@@ -105,9 +105,10 @@ COPY_ENGINE_PATHS = frozenset({"copy_engine_norm"})
 # NO_IN_LAYER charges nothing more; MEASURED_IN_LAYER charges the beside-layer rows' in-layer term
 # (`in_layer_extra_ms`: the in-line pass less the pass less the all-reduces, per all-reduce, in
 # paired rounds; rows of the measurement before those rounds are flagged and charged nothing).
-# NO_IN_LAYER is the default: no validation against studies of the inputs' own code shows the
-# measured term helps (on 2x H200 at TP=2 it looked worse, against studies of older layer code; at
-# TP=4 it was mixed: docs/predict.md).
+# NO_IN_LAYER is the default: on 2x H200 at TP=2 the measured term looked worse, against studies
+# of older layer code; at TP=4 on 4x H200, studies of the inputs' code, the term of TP=4's own
+# layer is what the baselines pay at 1K-4K but up to 385 us per all-reduce more than they pay
+# from 8K at llama3-70b (docs/predict.md, Why TP=4 misses).
 NO_IN_LAYER, MEASURED_IN_LAYER = "none", "measured"
 IN_LAYER = (NO_IN_LAYER, MEASURED_IN_LAYER)
 
