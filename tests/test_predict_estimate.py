@@ -74,6 +74,24 @@ def test_serial_plans_add_their_transfers_to_the_chain(seed):
         assert base.ms == pytest.approx(free.ms + 2 * transfer)
 
 
+@pytest.mark.parametrize("seed", [4, 5])
+def test_a_fused_path_pays_its_norm_once(seed):
+    """The chain runs every reduction's add + norm (its LocalReducer), and the copy-engine path's
+    transfer does its own: the in-context scale compares the chain with the same work, so the
+    norm is in the transfer's time only, not again through the scale."""
+    rng = random.Random(seed)
+    scale, comm_ms = rng.uniform(1.02, 1.1), rng.uniform(0.01, 0.1)
+    inputs = _inputs(seed, scale, comm_ms)
+    for tokens in (512, 4096):
+        point = _at(tokens, "fused_norm")
+        free = _predict(_at(tokens, "no_comm"), inputs)
+        fused = _predict(point, inputs)
+        norm = inputs.compute.get(piece_keys.batch_of(point), piece_keys.piece_key("norm", tokens))
+        transfer = inputs.comm.time_ms("copy_engine_norm", 16, tokens * 64 * 2, hidden=64).ms
+        assert fused.in_context == pytest.approx(scale)
+        assert fused.ms == pytest.approx(free.ms - 2 * norm * scale + 2 * transfer)
+
+
 def test_a_split_hides_its_transfers_under_long_compute():
     inputs = _inputs(3, comm_ms=0.001)  # tiny transfers: all but the last hide
     for tokens in (512, 4096):

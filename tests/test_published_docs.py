@@ -432,8 +432,8 @@ VALIDATION_ROWS = [
                                   (MEASURED_TERM, "beside the layer, `--in-layer measured`"))),
     *((PREDICTED_H200, "4x H200", model, 4, "measured on 4x H200", variant, contention)
       for model in ("llama3-70b", "llama3-8b")
-      for variant, contention in (("", "beside TP=2's layer, no in-layer term"),
-                                  (MEASURED_TERM, "beside TP=2's layer, `--in-layer measured`"))),
+      for variant, contention in (("", "beside TP=4's layer, no in-layer term"),
+                                  (MEASURED_TERM, "beside TP=4's layer, `--in-layer measured`"))),
 ]
 
 

@@ -1,5 +1,6 @@
 """docs/predict.md's account of why the in-layer term does not carry over to the 2x H200 TP=2
-studies, each figure computed again from the committed files it cites (the mechanism:
+studies, and its TP=4 table of what the baselines pay against that term (Why TP=4 misses), each
+figure computed again from the committed files it cites (the mechanism:
 tests/published.py; the computations: tests/figures.py). Beside test_published_docs.py's
 PREDICT_CLAIMS, which hold the validation figures this account explains."""
 
@@ -19,6 +20,7 @@ STUDIES = {"llama3-8b": (X2 + "9f356d8/llama3-8b-tp2.jsonl",),
 BESIDE = {"llama3-8b": X2 + "bbc1676/comm-beside-layer-llama3-8b.jsonl",
           "llama3-70b": X2 + "b7896f4/comm-beside-layer-llama3-70b.jsonl"}
 TP4 = "results/h200x4/c1821fe/"
+BESIDE_TP4 = {m: f"results/h200x4/9ba11d6/comm-beside-layer-{m}.jsonl" for m in ("llama3-8b", "llama3-70b")}
 VALIDATION = "results/predicted-h200/validation.md"
 SMALL = (1024, 2048, 4096, 8192)  # the token counts the account lists
 
@@ -78,6 +80,19 @@ def _ops() -> dict:
             "n": counts.pop(), "term": f.in_layer_terms_us(BESIDE["llama3-8b"])[1024]}
 
 
+def _tp4_row(tokens: int) -> dict:
+    """One row of the account's TP=4 table: per all-reduce, what the studies paid beyond the table
+    and the term of the rows beside TP=4's own layer (us), and no_comm's error without and with it."""
+    figures = {}
+    for short, model in (("b", "llama3-70b"), ("e", "llama3-8b")):
+        section = f"{model} TP=4, measured on 4x H200"
+        figures[short] = {"paid": f.in_line_excess_us(TP4 + "comm.jsonl", TP4 + f"{model}-tp4.jsonl")[tokens],
+                          "term": f.in_layer_terms_us(BESIDE_TP4[model])[tokens],
+                          "plain": f.validation_errors(VALIDATION, section, "no_comm")[tokens],
+                          "charged": f.validation_errors(VALIDATION, section + ", with --in-layer measured", "no_comm")[tokens]}
+    return {"k": tokens // 1024, **figures}
+
+
 DOC = "docs/predict.md"
 CLAIMS = [
     Claim(DOC, "The studies' `no_comm` took {a[lo]:.0f}-{a[hi]:.0f}% (llama3-8b) and {b[lo]:.0f}-{b[hi]:.0f}% "
@@ -92,6 +107,10 @@ CLAIMS = [
     Claim(DOC, "median {a:.3f} (8B rows) and {b:.3f} (70B rows) times the table's time of the same path, budget and "
                "size per call, below it in {c} and {d} of {n} rows", _ops),
     Claim(DOC, "8B 1K's default baseline gets 2 x {term:.1f} us per layer", _ops),
+] + [
+    Claim(DOC, "| {k}K | {b[paid]:+.1f} | {b[term]:.1f} | {b[plain]} / {b[charged]} | {e[paid]:+.1f} | {e[term]:.1f} | "
+               "{e[plain]} / {e[charged]} |", lambda t=tokens: _tp4_row(t))
+    for tokens in (1024, 2048, 4096, 8192, 16384, 32768)
 ]
 
 

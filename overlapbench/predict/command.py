@@ -45,11 +45,11 @@ from overlapbench.tuning.rows import MeasureSettings, make_row
 
 # The absolute error in speedup that the validation supports, `--error`'s default. At TP=2, with
 # the in-layer term not charged (`--in-layer none`), the 90th percentile of |predicted - measured|
-# over both models' points is 0.049 on 2x H100 and 2x H200 pooled (288 points; 0.053 over the 168
-# on H100, 0.039 over the 120 on H200; median 0.017, worst 0.121: results/predicted-h100/ and
-# results/predicted-h200/validation.md). At TP=4 on 4x H200 (no contention rows) it is 0.072
-# (llama3-70b) and 0.099 (llama3-8b), and a prediction is mostly made for a TP above the GPUs at
-# hand: so the default stays at 0.07, wider than TP=2 alone supports.
+# over both models' points is 0.036 on 2x H100 and 2x H200 pooled (288 points; 0.039 over the 168
+# on H100, 0.032 over the 120 on H200; median 0.012, worst 0.123: results/predicted-h100/ and
+# results/predicted-h200/validation.md). At TP=4 on 4x H200 (contention beside TP=4's own layer)
+# it is 0.058 (llama3-70b) and 0.091 (llama3-8b), and a prediction is mostly made for a TP above
+# the GPUs at hand: so the default stays at 0.07, wider than TP=2 alone supports.
 ERROR = 0.07
 
 
@@ -65,7 +65,7 @@ class Options:
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Where the predicted rows go (.jsonl). Default: results/{name}-predicted-tp{K}.jsonl.")] = None
     busbw: Annotated[float | None, typer.Option("--busbw", metavar="GB/S", help="Rescale the tables of other world sizes to this all-reduce bus bandwidth at 1 GiB at --tp's world size (a table measured on fewer GPUs, to predict more). Default: match them to a --tp table's NCCL ring.")] = None
     transfer_beside: Annotated[str, typer.Option("--transfer-beside", help="auto | alone | measured: a transfer beside compute runs as slowed as measured beside the layer (--beside-layer rows), as fast as alone where only --beside-gemm rows measured it, and a copy-engine one as fast as alone taking nothing from the compute (auto); always as fast as alone; or as slowed as either measured it.")] = "auto"
-    in_layer: Annotated[str, typer.Option("--in-layer", help="none | measured: a serial plan's blocking all-reduce costs its time in the table (none), or that plus the in-layer term of the --beside-layer rows (measured). none by default: no validation against studies of the inputs' code shows the measured term helps yet (docs/predict.md).")] = NO_IN_LAYER
+    in_layer: Annotated[str, typer.Option("--in-layer", help="none | measured: a serial plan's blocking all-reduce costs its time in the table (none), or that plus the in-layer term of the --beside-layer rows (measured). none by default: against the TP=4 studies the measured term fits at 1K-4K and over-charges from 8K at llama3-70b (docs/predict.md).")] = NO_IN_LAYER
     error: Annotated[float | None, typer.Option("--error", metavar="ABS", help="The error of a predicted speedup, absolute: the rows' interval. Default: what the TP=2 validation supports (docs/predict.md).")] = None
 
 

@@ -105,9 +105,10 @@ COPY_ENGINE_PATHS = frozenset({"copy_engine_norm"})
 # NO_IN_LAYER charges nothing more; MEASURED_IN_LAYER charges the beside-layer rows' in-layer term
 # (`in_layer_extra_ms`: the in-line pass less the pass less the all-reduces, per all-reduce, in
 # paired rounds; rows of the measurement before those rounds are flagged and charged nothing).
-# NO_IN_LAYER is the default: no validation against studies of the inputs' own code shows the
-# measured term helps (on 2x H200 at TP=2 it looked worse, against studies of older layer code; at
-# TP=4 it was mixed: docs/predict.md).
+# NO_IN_LAYER is the default: on 2x H200 at TP=2 the measured term looked worse, against studies
+# of older layer code; at TP=4 on 4x H200, studies of the inputs' code, the term of TP=4's own
+# layer is what the baselines pay at 1K-4K but up to 385 us per all-reduce more than they pay
+# from 8K at llama3-70b (docs/predict.md, Why TP=4 misses).
 NO_IN_LAYER, MEASURED_IN_LAYER = "none", "measured"
 IN_LAYER = (NO_IN_LAYER, MEASURED_IN_LAYER)
 
@@ -190,14 +191,27 @@ def estimate(strategy: str, knobs: dict, batch: Batch, layers: int, dtype: str, 
 def _in_context(plan: LayerPlan, tasks, phases, entry: float, batch: Batch, layers: int, inputs: Inputs,
                 notes: list[Note]) -> float:
     """How much slower the plan's compute ran in context (its chain: the stack with the
-    communication removed) than its isolated pieces played on the same lanes: every compute and
-    norm phase is scaled by it. 1 where the pieces have no chain row (noted)."""
+    communication removed) than its isolated pieces played on the same lanes, each reduction as
+    the chain runs it (`_as_chained`): every compute and norm phase is scaled by it. 1 where the
+    pieces have no chain row (noted)."""
     chain = inputs.compute.find(batch, piece_keys.chain_key(plan, batch.tokens, layers))
     if chain is None:
         notes.append(Note(ASSUMED, "no chain row for this plan: the isolated pieces are used as they are"))
         return 1.0
-    alone = play(tasks, [[p for p in ps if p.kind != TRANSFER] for ps in phases]).ms + entry
+    alone = play(tasks, [_as_chained(plan, task, ps, batch, inputs) for task, ps in zip(tasks, phases)]).ms + entry
     return chain / alone
+
+
+def _as_chained(plan: LayerPlan, task, phases: list[Phase], batch: Batch, inputs: Inputs) -> list[Phase]:
+    """A task's pieces as the chain runs them: a compute task's compute; a reduction's residual
+    add + RMSNorm (the chain's LocalReducer runs it on the reduction's lane for every path, also
+    where the plan's transfer does it inside, as `fused_norm` and `copy_engine_norm` do), no
+    transfer. So the chain is compared with the same work, and a fused path's norm, which its
+    transfer's time already holds, is not charged again through the scale."""
+    if task.work == COMPUTE:
+        return phases
+    rows = plan.chunks[task.chunk].size
+    return [Phase(NORM, inputs.compute.get(batch, piece_keys.piece_key("norm", rows)))]
 
 
 def _phases(plan: LayerPlan, task, batch: Batch, dtype: str, inputs: Inputs, notes: list[Note]) -> list[Phase]:
