@@ -114,15 +114,15 @@ def _max_over_ranks(local: torch.Tensor) -> list[float]:
 @dataclass(frozen=True)
 class ProfilePart:
     """One part of a point's profile (profile_parts): what it records, as a message names it; the
-    file it writes on this rank (None where it writes none: the kernel table off rank 0, or a
-    profile that writes nothing); and the call that records and writes it."""
+    file it writes on this rank (None where it writes none: the kernel table off rank 0); and the
+    call that records and writes it."""
 
     what: str
     file: Path | None
     run: Callable[[], None]
 
 
-def profile_parts(step: Step, x: torch.Tensor, path: Path | None, iterations: int = 3,
+def profile_parts(step: Step, x: torch.Tensor, path: Path, iterations: int = 3,
                   replay: Callable[[], object] | None = None, rank: int = 0, world: int = 1) -> list[ProfilePart]:
     """A few eager forwards under torch.profiler, their kernel table (by device time) to `path`
     (rank 0's only); then one more forward's timeline (its device kernels, timeline.py) beside it;
@@ -130,9 +130,8 @@ def profile_parts(step: Step, x: torch.Tensor, path: Path | None, iterations: in
     on every rank or none), one replay's timeline, its kernels linked to this rank's eager
     forward's ops (timeline.link_replay), beside that. Every rank writes its own timelines, named
     by `rank` (timeline.file_name: rank 0's keep the plain names), each marked `rank` of `world`.
-    `path` None: profile, but write nothing (the forwards' and the replay's collectives are
-    joined all the same). Parts, to run in order: the sweep lets the ranks agree after each, so
-    no rank enters a part's collectives after another's part failed, and a failure names its part."""
+    Parts, to run in order: the sweep lets the ranks agree after each, so no rank enters a part's
+    collectives after another's part failed, and a failure names its part."""
     from torch.profiler import ProfilerActivity, profile
 
     from overlapbench.timing import timeline
@@ -140,8 +139,7 @@ def profile_parts(step: Step, x: torch.Tensor, path: Path | None, iterations: in
     cuda = x.device.type == "cuda"
     eager: list[dict] = []  # the eager forward's timeline, which the replay's kernels are linked to
     table_file = path if rank == 0 else None
-    beside = (lambda replayed: None) if path is None else (lambda replayed: timeline.beside(path, replayed, rank))
-    eager_file, replay_file = beside(False), beside(True)
+    eager_file, replay_file = timeline.beside(path, False, rank), timeline.beside(path, True, rank)
 
     def table() -> None:
         with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
@@ -155,13 +153,11 @@ def profile_parts(step: Step, x: torch.Tensor, path: Path | None, iterations: in
 
     def eager_timeline() -> None:
         eager.append(timeline.record(lambda: step.forward(x), cuda, rank, world))
-        if eager_file is not None:
-            timeline.write(eager[0], eager_file)
+        timeline.write(eager[0], eager_file)
 
     def replay_timeline() -> None:
         replayed = timeline.record(replay, cuda, rank, world)
-        if replay_file is not None:
-            timeline.write(timeline.link_replay(replayed, eager[0]), replay_file)
+        timeline.write(timeline.link_replay(replayed, eager[0]), replay_file)
 
     parts = [ProfilePart("the kernel table", table_file, table), ProfilePart("the eager timeline", eager_file, eager_timeline)]
     if replay is not None and cuda:
