@@ -161,3 +161,8 @@ def text_cell(text: str) -> Shown:
     return Shown((text,))
 
 
+def number_cell(text: str) -> Shown:
+    """A figure already formatted, aligned right."""
+    return Shown((text,), right=True)
+
+

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overlapbench.errors import UserError
+from overlapbench.report.cells import short
 from overlapbench.report.profile import kind_of
 from overlapbench.timing.timeline import SCHEMA
 
@@ -216,6 +217,24 @@ def gaps(covered: list[Span], window: Span) -> list[Span]:
     return [g for g in free if g[1] > g[0]]
 
 
+def label(k: Kernel | None, relation: str | None = None) -> str:
+    """A kernel as a table names it: `[relation ]kind: short name (s<stream>)`, `-` for none."""
+    if k is None:
+        return "-"
+    return f"{relation + ' ' if relation else ''}{k.kind}: {short(k.name)} (s{k.stream})"
+
+
+def compute_gaps(kernels: list[Kernel]) -> list[Span]:
+    """The stretches of the kernels' span in which no compute kernel runs."""
+    window = (min(k.start for k in kernels), max(k.end for k in kernels))
+    return gaps(union([(k.start, k.end) for k in kernels if not k.is_transfer]), window)
+
+
+def last_compute_before(kernels: list[Kernel], at: float) -> Kernel | None:
+    """The compute kernel that ended last at or before `at`, on any stream (an interval's `after`)."""
+    return max((k for k in kernels if not k.is_transfer and k.end <= at), key=lambda k: (k.end, k.start), default=None)
+
+
 def analyze(kernels: list[Kernel]) -> Exposure | None:
     """The forward's exposure (module docstring); None where it ran no device kernel (a CPU run)."""
     if not kernels:
@@ -233,7 +252,7 @@ def analyze(kernels: list[Kernel]) -> Exposure | None:
             continue
         inside = [k for k in transfers if overlap([(k.start, k.end)], gap) > 0]
         transfer = max(inside, key=lambda k: (overlap([(k.start, k.end)], gap), -k.start))
-        after = max((k for k in compute if k.end <= gap[0]), key=lambda k: (k.end, k.start), default=None)
+        after = last_compute_before(compute, gap[0])
         then = min((k for k in compute if k.start >= gap[1]), key=lambda k: (k.start, k.end), default=None)
         intervals.append(Interval(gap[0] - window[0], gap[1] - gap[0], exposed, transfer, len(inside), after, then))
     intervals.sort(key=lambda i: (-i.exposed, i.start))

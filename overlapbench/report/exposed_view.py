@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.text import Text
 
 from overlapbench.report import exposed, ranks_view
-from overlapbench.report.cells import Grid, Shown, short, text_cell
+from overlapbench.report.cells import Grid, number_cell, short, text_cell
 from overlapbench.report.profile import Account
 from overlapbench.report.render import print_grid, to_markdown
 from overlapbench.timing import timeline as timeline_files
@@ -82,16 +82,6 @@ def size(n: int | None) -> str:
     return f"{n / 2**10:.1f} KiB" if n >= 2**10 else f"{n} B"
 
 
-def _number(text: str) -> Shown:
-    return Shown((text,), right=True)
-
-
-def _named(k: exposed.Kernel | None, relation: str | None = None) -> str:
-    if k is None:
-        return "-"
-    return f"{relation + ' ' if relation else ''}{k.kind}: {short(k.name)} (s{k.stream})"
-
-
 def totals_line(name: str, e: exposed.Exposure) -> str:
     """`name: wall W ms · compute busy C · comm busy M: hidden H (x% of comm), exposed E (y% of wall)
     · idle I · K kernels on S streams · N exposed intervals` (ms, one forward)."""
@@ -123,9 +113,10 @@ def intervals_grid(name: str, e: exposed.Exposure) -> Grid:
     for i in shown:
         more = f" +{i.transfers - 1} more" if i.transfers > 1 else ""
         flops = "-" if i.after is None or i.after.flops is None else f"{i.after.flops / 1e9:.4g}"
-        rows.append([_number(f"{i.start / 1e3:.3f}"), _number(f"{i.length / 1e3:.3f}"), _number(f"{i.exposed / 1e3:.3f}"),
-                     text_cell(f"{short(i.transfer.name)} (s{i.transfer.stream}){more}"), _number(size(i.transfer.bytes)),
-                     text_cell(_named(i.after, i.relation)), _number(flops), text_cell(_named(i.then))])
+        rows.append([number_cell(f"{i.start / 1e3:.3f}"), number_cell(f"{i.length / 1e3:.3f}"),
+                     number_cell(f"{i.exposed / 1e3:.3f}"), text_cell(f"{short(i.transfer.name)} (s{i.transfer.stream}){more}"),
+                     number_cell(size(i.transfer.bytes)),
+                     text_cell(exposed.label(i.after, i.relation)), number_cell(flops), text_cell(exposed.label(i.then))])
     which = f"the {len(shown)} longest of {len(e.intervals)}" if len(e.intervals) > len(shown) else f"all {len(shown)}"
     return Grid(f"{name}: exposed intervals ({which}, longest exposed first)", HEADER, rows)
 

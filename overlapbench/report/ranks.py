@@ -30,7 +30,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from overlapbench.report.exposed import Kernel, Timeline, analyze, gaps, measure, overlap, union
+from overlapbench.report.exposed import (
+    Kernel,
+    Timeline,
+    analyze,
+    compute_gaps,
+    last_compute_before,
+    measure,
+    overlap,
+    union,
+)
 
 BARRIER = "barrier_kernel"  # c10d::symmetric_memory::barrier_kernel: a rank waiting for its peers
 WAITS = 4  # rank 0's barrier waits named per point
@@ -110,22 +119,12 @@ class Across:
                                      "idle_ms": ms(a.idle)} for a in w.arrivals]} for w in self.waits]}
 
 
-def _compute_gaps(kernels: list[Kernel]) -> list[tuple[float, float]]:
-    """The stretches of the forward's span where no compute kernel runs."""
-    window = (min(k.start for k in kernels), max(k.end for k in kernels))
-    return gaps(union([(k.start, k.end) for k in kernels if not k.is_transfer]), window)
-
-
 def _totals(rank: int, t: Timeline, shift: float) -> RankTotals:
     e = analyze(t.kernels)
     spans = union([(k.start, k.end) for k in t.kernels if is_barrier(k)])
-    exposed_barrier = sum(overlap(spans, gap) for gap in _compute_gaps(t.kernels))
+    exposed_barrier = sum(overlap(spans, gap) for gap in compute_gaps(t.kernels))
     return RankTotals(rank, shift, e.wall, e.exposed, measure(spans), exposed_barrier,
                       sum(1 for k in t.kernels if is_barrier(k)))
-
-
-def _before(kernels: list[Kernel], at: float) -> Kernel | None:
-    return max((k for k in kernels if not k.is_transfer and k.end <= at), key=lambda k: (k.end, k.start), default=None)
 
 
 def across(timelines: list[Timeline], waits: int = WAITS) -> Across | None:
@@ -148,7 +147,7 @@ def across(timelines: list[Timeline], waits: int = WAITS) -> Across | None:
         if gap > 0:
             impossible += 1
             disagreement = max(disagreement, gap)
-    zero_gaps = _compute_gaps(timelines[0].kernels)
+    zero_gaps = compute_gaps(timelines[0].kernels)
     exposed_of = [sum(overlap([(b.start, b.end)], g) for g in zero_gaps) for b in barriers[0]]
     order = sorted(range(len(barriers[0])), key=lambda i: (-exposed_of[i], -(barriers[0][i].end - barriers[0][i].start), i))
     found = []
@@ -156,7 +155,7 @@ def across(timelines: list[Timeline], waits: int = WAITS) -> Across | None:
         arrivals = []
         for r, (t, s) in enumerate(zip(timelines, shifts)):
             b = barriers[r][i]
-            before = _before(t.kernels, b.start)
+            before = last_compute_before(t.kernels, b.start)
             arrivals.append(Arrival(r, b, (b.start + s) - barriers[0][i].start, before,
                                     None if before is None else b.start - before.end))
         found.append(Wait(i, barriers[0][i], exposed_of[i], tuple(arrivals)))

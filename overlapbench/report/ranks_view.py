@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overlapbench.report import exposed, ranks
-from overlapbench.report.cells import Grid, Shown, short, text_cell
+from overlapbench.report.cells import Grid, number_cell, text_cell
 from overlapbench.timing import timeline as timeline_files
 
 HEADER = ["barrier", "start ms", "wait ms", "exposed ms", "last to arrive", "late ms", "its kernel before (stream)",
@@ -37,10 +37,6 @@ class RanksPart:
 
 def _ms(us: float, sign: bool = False) -> str:
     return f"{us / 1e3:+.3f}" if sign else f"{us / 1e3:.3f}"
-
-
-def _number(text: str) -> Shown:
-    return Shown((text,), right=True)
 
 
 def _read_others(folder: Path, point: str, replay: bool, zero: exposed.Timeline) -> tuple[list[exposed.Timeline], str | None]:
@@ -85,12 +81,6 @@ def part(folder: Path, point: str, replay: bool, zero: exposed.Timeline, name: s
     return RanksPart(tuple(lines), waits_grid(name, result) if result.waits else None, record)
 
 
-def _kernel(k: exposed.Kernel | None) -> str:
-    if k is None:
-        return "-"
-    return f"{k.kind}: {short(k.name)} (s{k.stream})"
-
-
 def waits_grid(name: str, result: ranks.Across) -> Grid:
     rows = []
     for w in result.waits:
@@ -99,10 +89,10 @@ def waits_grid(name: str, result: ranks.Across) -> Grid:
         flops = "-" if before is None or before.flops is None else f"{before.flops / 1e9:.4g}"
         arrivals = " ".join(f"r{a.rank} {_ms(a.late, sign=True)}" for a in w.arrivals if a.rank != 0)
         rows.append([
-            _number(f"#{w.index + 1} of {result.matched}"), _number(_ms(w.barrier.start)),
-            _number(_ms(w.barrier.end - w.barrier.start)), _number(_ms(w.exposed)),
-            text_cell(f"rank {last.rank}"), _number(_ms(last.late, sign=True)), text_cell(_kernel(before)),
-            text_cell("-" if before is None or before.op is None else before.op), _number(flops),
-            _number("-" if last.idle is None else _ms(last.idle)), text_cell(arrivals)])
+            number_cell(f"#{w.index + 1} of {result.matched}"), number_cell(_ms(w.barrier.start)),
+            number_cell(_ms(w.barrier.end - w.barrier.start)), number_cell(_ms(w.exposed)),
+            text_cell(f"rank {last.rank}"), number_cell(_ms(last.late, sign=True)), text_cell(exposed.label(before)),
+            text_cell("-" if before is None or before.op is None else before.op), number_cell(flops),
+            number_cell("-" if last.idle is None else _ms(last.idle)), text_cell(arrivals)])
     return Grid(f"{name}: rank 0's longest barrier waits (longest exposed first), the rank that arrived last",
                 HEADER, rows)
