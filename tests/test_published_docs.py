@@ -295,9 +295,10 @@ def _flash_agrs_again() -> dict:
 def _replay(pattern: str):
     """The exposure of the one replay timeline at 32K whose file name matches `pattern`."""
     from overlapbench.report import exposed
+    from overlapbench.timing import timeline
 
-    (path,) = [p for p in f.path(REPLAYS_TP4).glob(pattern.format(tokens=32768) + ".replay.timeline.json")
-               if ".rank" not in p.name]  # rank 0's (timing/timeline.py file_name)
+    (path,) = [p for p in f.path(REPLAYS_TP4).glob(timeline.file_name(pattern.format(tokens=32768), replay=True))
+               if timeline.RANK_TAG not in p.name]  # rank 0's
     return exposed.analyze(exposed.read(path).kernels)
 
 
