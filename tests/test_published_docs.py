@@ -328,6 +328,75 @@ def _replay_caveat() -> dict:
             "behind": (rows["flash_agrs"] / rows["no_comm"] - 1) * 100}
 
 
+
+AGAIN_TP4 = "results/h200x4/a3860b5/"  # the TP=4 studies and profiles again, on the code of a3860b5
+AGAIN_ROW = ("| {tokens} | {{a[speedup]:.3f}}x, {{a[hidden]:.0f}}% | {{b[speedup]:.3f}}x, {{b[hidden]:.0f}}% | "
+             "{{c[speedup]:.3f}}x, {{c[hidden]:.0f}}% | {{d[speedup]:.3f}}x, {{d[hidden]:.0f}}% |")
+
+
+def _two_runs() -> dict:
+    """Each model's fastest choice per token count in the c1821fe and the a3860b5 study."""
+    fastest = lambda folder, model: f.fastest_by_tokens(folder + f"{model}-tp4.jsonl")
+    return {"a": fastest(TP4, "llama3-70b"), "b": fastest(AGAIN_TP4, "llama3-70b"),
+            "c": fastest(TP4, "llama3-8b"), "d": fastest(AGAIN_TP4, "llama3-8b")}
+
+
+def _again_row(tokens: int) -> dict:
+    return {k: v[tokens] for k, v in _two_runs().items()}
+
+
+def _again() -> dict:
+    runs = _two_runs()
+    apart = lambda x, y: max(abs(runs[x][t]["speedup"] - runs[y][t]["speedup"]) for t in TOKENS)
+    same = sum(runs[x][t]["strategy"] == runs[y][t]["strategy"] for x, y in (("a", "b"), ("c", "d")) for t in TOKENS)
+    return {"a": apart("a", "b"), "b": apart("c", "d"), "same": same, "n": 2 * len(TOKENS)}
+
+
+def _rank_replays(name: str) -> list:
+    """Every rank's replay timeline (rank order) of one a3860b5 profile point at 32K on llama3-70b."""
+    from overlapbench.report import exposed
+    from overlapbench.timing import timeline
+
+    folder = f.path(AGAIN_TP4 + "profile-70b-tp4/")
+    point = REPLAY_POINTS[name].format(tokens=32768)
+    (zero,) = [p for p in folder.glob(timeline.file_name(point, replay=True)) if timeline.RANK_TAG not in p.name]
+    stem = zero.name.removesuffix(timeline.REPLAY_SUFFIX)
+    return [exposed.read(zero.with_name(timeline.file_name(stem, replay=True, rank=k))) for k in range(4)]
+
+
+def _ranks(name: str):
+    from overlapbench.report import ranks
+
+    return ranks.across(_rank_replays(name))
+
+
+def _walls(name: str) -> list[float]:
+    return [t.wall / 1e3 for t in _ranks(name).totals]
+
+
+def _rank_row(name: str) -> dict:
+    walls = _walls(name)
+    return {"w": walls, "vs": max(walls) - max(_walls("no_comm"))}
+
+
+RANK_ROW = "| {label} | {{w[0]:.2f}} | {{w[1]:.2f}} | {{w[2]:.2f}} | {{w[3]:.2f}} | {{vs:+.2f}} |"
+RANK_LABELS = {"no_comm": "`no_comm`", **REPLAY_LABELS}
+JOINED = ("baseline", "fused", "copy_engine", "flash_agrs")  # the points whose transfers join the ranks
+
+
+def _slowest_card() -> dict:
+    free, split = _walls("no_comm"), _walls("none")
+    slow = lambda walls: (max(walls) / walls[0] - 1) * 100
+    fa = _ranks("flash_agrs")
+    lasts = [w.last for w in fa.waits]
+    return {"free": slow(free), "split": slow(split), "slowest": free.index(max(free)),
+            "spread": max(max(_walls(n)) - min(_walls(n)) for n in JOINED),
+            "barrier": fa.totals[0].barrier / 1e3, "bexp": fa.totals[0].barrier_exposed / 1e3, "n": len(lasts),
+            "last": f.the_one([a.rank for a in lasts], "last to arrive"),
+            "late": bounds((a.late for a in lasts), 1e-3),
+            "before": f.the_one([a.before.kind for a in lasts], "kernel before").upper(),
+            "fa": _rank_row("flash_agrs")["vs"], "none": -_rank_row("none")["vs"]}
+
 TP4_ROW = "| {tokens} | `{{a[strategy]}}` {{a[how]}} | {{a[hidden]:.0f}}% | `{{b[strategy]}}` {{b[how]}} | {{b[hidden]:.0f}}% |"
 LONG_ROW = "| {tokens} | {{exposed:.1f}}% | `{{strategy}}` {{how}} | {{speedup:.3f}}x | {{hidden:.0f}}% |"
 TP4_CLAIMS = [
@@ -361,6 +430,18 @@ TP4_CLAIMS = [
                    "{timed4:.2f} (4 x {free:.2f}", _replay_caveat),
     Claim(TP4_DOC, "The timed rows put `flash_agrs` {behind:.1f}% behind `no_comm` ({fa:.2f} against {free:.2f} ms per layer)",
           _replay_caveat),
+    *[Claim(TP4_DOC, AGAIN_ROW.format(tokens=t), lambda t=t: _again_row(t)) for t in TOKENS],
+    Claim(TP4_DOC, "The best speedups of the two runs are at most {a:.3f} apart on 70B and {b:.3f} on 8B, and the fastest "
+                   "family is the same at {same} of the {n} points", _again),
+    *[Claim(TP4_DOC, RANK_ROW.format(label=label), lambda name=name: _rank_row(name)) for name, label in RANK_LABELS.items()],
+    Claim(TP4_DOC, "with nothing to wait for, rank {slowest} takes {free:.1f}% longer than rank 0 for the same work "
+                   "(`no_comm`; {split:.1f}% with the split and no transfers)", _slowest_card),
+    Claim(TP4_DOC, "its ranks' walls agree within {spread:.1f} ms", _slowest_card),
+    Claim(TP4_DOC, "rank 0 spends {barrier:.2f} ms in barriers, {bexp:.2f} ms of them with no compute beside it: at each of "
+                   "its {n} longest waits rank {last} arrived last, {late[lo]:.2f}-{late[hi]:.2f} ms after rank 0, out of a "
+                   "{before}", _slowest_card),
+    Claim(TP4_DOC, "`flash_agrs` ends {fa:.2f} ms behind `no_comm` and the split with no transfers {none:.2f} ms ahead of it",
+          _slowest_card),
     Claim(TP4_DOC, "At 2K tokens on 8B the split alone takes {split8:.3f}x `no_comm`'s time, its half-size GEMMs "
                    "{gemm8:.0f}% more GPU time than the whole batch's: no split can hide more than {cap8:.0f}% of the exposed "
                    "communication there, and NCCL's symmetric kernel under it hides {best8:.0f}% in this run",
@@ -459,7 +540,34 @@ PREDICT_CLAIMS = [
 ]
 
 
+POWER_RUNS = ("results/h200x4/a3860b5/power/power_beside.jsonl", "results/h200x2/277be55/power/power_beside.jsonl")
+
+
+def _power() -> dict:
+    """The power probe's conditions on both hosts: the GEMMs alone, beside NVLink copies, beside a local copy."""
+    lines = lambda run: [json.loads(line) for line in f.path(run).read_text().splitlines() if line.strip()]
+    runs = [{r["condition"]: r for r in lines(run) if r["kind"] == "condition"} for run in POWER_RUNS]
+    over = lambda cond, field, scale=1.0: bounds((run[cond][field]["median"] for run in runs), scale)
+    peer = [run[c] for run in runs for c in ("gemm+peer_pull", "gemm+peer_push")]
+    return {"w": over("gemm", "power_w"), "mhz": [run["gemm"]["sm_mhz"]["median"] for run in runs],
+            "gbps": bounds(r["copy_gbps"]["median"] for r in peer),
+            "loss": bounds((-r["gemm_tflops_vs_alone"]["median"] for r in peer), 100),
+            "clock": bounds((-r["sm_mhz_vs_alone"]["median"] for r in peer), 100),
+            "pw": bounds(r["peer_power_w"]["median"] for r in peer), "idle": over("gemm", "peer_power_w"),
+            "local": over("gemm+local", "copy_gbps"),
+            "capped": f.the_one([run[c]["power_capped"]["min"] for run in runs for c in run if "gemm" in c], "capped")}
+
+
 DOCS_CLAIMS = [
+    Claim("docs/long-prompts.md", "hold GPU 0 at its power cap in every sample ({w[lo]:.0f}-{w[hi]:.0f} W, the SM clock at "
+                                  "{mhz[0]:.0f} and {mhz[1]:.0f} MHz", _power),
+    Claim("docs/long-prompts.md", "at {gbps[lo]:.0f} GB/s with no SM kernel at all, cost the GEMMs "
+                                  "{loss[lo]:.2f}-{loss[hi]:.2f}% of their TFLOP/s, paired round by round, and the SM clock "
+                                  "falls by about as much "
+                                  "({clock[lo]:.2f}-{clock[hi]:.2f}%)", _power),
+    Claim("docs/long-prompts.md", "the peer card draws {pw[lo]:.0f}-{pw[hi]:.0f} W serving the copies, {idle[lo]:.0f}-"
+                                  "{idle[hi]:.0f} W without them", _power),
+    Claim("docs/long-prompts.md", "beside the GEMMs it ran at {local[lo]:.0f}-{local[hi]:.0f} GB/s", _power),
     Claim("docs/workload.md", "the path moved {a1:.0f} GB/s (busbw) in one piece (`ce_chunks: 1`, the serial schedule: no "
                               "side streams), {a2:.0f} in 2 and {a4:.0f} in 4", _ce_pieces),
     Claim("docs/workload.md", "{s1[lo]:.1f}-{s1[hi]:.1f}x its time alone beside llama3-70b's layer in one piece (16 MiB), "
