@@ -224,3 +224,51 @@ def test_each_row_records_the_in_layer_choice_and_the_summary_says_it_once(tmp_p
         assert all(r["predicted"]["in_layer_ms"] == pytest.approx(2 * extra, abs=1e-6) for r in charged)
         assert said[0].startswith("in-layer term: measured beside llama3-70b TP=2's layer for nccl default,")
         assert len(flagged) == 1 and "the in-layer term of 3 beside-layer rows" in flagged[0]
+
+
+def test_the_copy_engine_charge_check_charges_a_loss_over_the_time_alone():
+    """tests/checks/copy_engine_charge.py's variants go through predict's one loss term: the rows'
+    loss over the transfer's time alone is `--transfer-beside alone`'s prediction, the power loss
+    is the same with every row's loss set to it; each makes a copy-engine split slower than `auto`
+    (which charges nothing) by at most that loss over its transfers' time alone."""
+    from unittest import mock
+
+    from overlapbench.predict import estimate
+    from tests.checks import copy_engine_charge as check
+
+    rng = random.Random()
+    seed = rng.randrange(1000)
+    power, sizes = rng.uniform(0.02, 0.2), (1 << 16, 1 << 20, 1 << 24)
+    truth = {b: (rng.uniform(0.02, 0.3), rng.uniform(2, 12)) for b in sizes}
+    split = _at(4096, "token_split", "copy_engine")
+
+    def predicted(mode, loss_of=lambda b: truth[b][0]):
+        rows = [layer_row("copy_engine_norm", 16, b, 1.0, loss_of(b), truth[b][1], 0.0) for b in sizes]
+        inputs = _inputs(seed, comm_ms=0.2)
+        inputs.contention, inputs.stretch = Contention.from_rows(rows, "rows", model="predicted", tp=2), mode
+        return _predict(split, inputs)
+
+    auto = predicted(AUTO)
+    with mock.patch.object(estimate, "_beside_compute", check.charged(check.ROWS, power)):
+        rows = predicted(AUTO)
+    with mock.patch.object(estimate, "_beside_compute", check.charged(check.POWER_LOSS, power)):
+        taxed = predicted(AUTO)
+    assert rows.ms == pytest.approx(predicted(ALONE).ms)
+    assert taxed.ms == pytest.approx(predicted(ALONE, lambda b: power).ms)
+    transfers = _transfers_ms(split, _inputs(seed, comm_ms=0.2))
+    for charged, most in ((rows, max(v[0] for v in truth.values())), (taxed, power)):
+        assert auto.ms * 1.0001 < charged.ms <= auto.ms + most * transfers + 1e-9
+
+
+def _transfers_ms(point, inputs) -> float:
+    """A split's transfers' time alone per layer: each chunk's reduction after attention and after
+    the MLP, from the comm table."""
+    from overlapbench import strategies
+    from overlapbench.comm.sizes import DTYPE_BYTES
+    from overlapbench.run import piece_keys
+
+    batch = piece_keys.batch_of(point)
+    plan = strategies.get(point.strategy).plan(point.knobs, batch)
+    return sum(inputs.comm.time_ms(t.path, t.ctas, c.size * batch.shape.hidden * DTYPE_BYTES[point.dtype],
+                                   hidden=batch.shape.hidden).ms
+               for c in plan.chunks for t in (plan.after_attention, plan.after_mlp))

@@ -99,6 +99,11 @@ TRANSFER_BESIDE = (AUTO, ALONE, MEASURED)
 # never waiting for it. So AUTO runs these transfers at their time alone and takes nothing from
 # the compute: at 70B TP=2 1K-8K the studies' copy-engine splits measured 0.00-0.03 below the
 # comm=none split, where the rows' stretch and loss put them 0.04-0.08 below (docs/predict.md).
+# A copy engine's NVLink traffic does cost a power-capped compute beside it about 4.5% of its SM
+# clock while it runs (tests/probes/power_beside.py on 4x and 2x H200); charged over the transfer's
+# time alone, that loss, or the rows', moved the validation both ways (a pick lost on 2x H200 or
+# 2x H100: tests/checks/copy_engine_charge.py, docs/predict.md, Why TP=4 misses), so AUTO charges
+# nothing yet.
 COPY_ENGINE_PATHS = frozenset({"copy_engine_norm"})
 
 # What a serial plan's blocking all-reduce costs beyond its time in the comm table (`--in-layer`):
