@@ -352,6 +352,22 @@ def _again() -> dict:
     return {"a": apart("a", "b"), "b": apart("c", "d"), "same": same, "n": 2 * len(TOKENS)}
 
 
+def _shared_moves() -> dict:
+    """How far each setting's speedup moved between the two runs, and async_tp's at 32K."""
+    def by_setting(store: str) -> dict:
+        return {(r["strategy"], r["tokens"], json.dumps(r["knobs"], sort_keys=True)): r
+                for r in f.rows(store) if r["status"] == "ok" and r.get("speedup") is not None}
+
+    out = {}
+    for tag, model in (("a", "llama3-70b"), ("b", "llama3-8b")):
+        one, two = by_setting(TP4 + f"{model}-tp4.jsonl"), by_setting(AGAIN_TP4 + f"{model}-tp4.jsonl")
+        out[tag] = statistics.median(abs(one[k]["speedup"] - two[k]["speedup"]) for k in one.keys() & two.keys())
+        (key,) = [k for k in one if k[0] == "async_tp" and k[1] == 32768]
+        out[tag + "1"], out[tag + "2"] = one[key]["speedup"], two[key]["speedup"]
+        out[tag + "ms1"], out[tag + "ms2"] = one[key]["ms"], two[key]["ms"]
+    return out
+
+
 def _rank_replays(name: str) -> list:
     """Every rank's replay timeline (rank order) of one a3860b5 profile point at 32K on llama3-70b."""
     from overlapbench.report import exposed
@@ -433,6 +449,9 @@ TP4_CLAIMS = [
     *[Claim(TP4_DOC, AGAIN_ROW.format(tokens=t), lambda t=t: _again_row(t)) for t in TOKENS],
     Claim(TP4_DOC, "The best speedups of the two runs are at most {a:.3f} apart on 70B and {b:.3f} on 8B, and the fastest "
                    "family is the same at {same} of the {n} points", _again),
+    Claim(TP4_DOC, "a speedup moved by a median of {a:.3f} on 70B and {b:.3f} on 8B. One setting did not reproduce: "
+                   "`async_tp` at 32K went from {a1:.3f}x to {a2:.3f}x on 70B and from {b1:.3f}x to {b2:.3f}x on 8B (its "
+                   "time per layer from {ams1:.2f} to {ams2:.2f} ms and from {bms1:.2f} to {bms2:.2f})", _shared_moves),
     *[Claim(TP4_DOC, RANK_ROW.format(label=label), lambda name=name: _rank_row(name)) for name, label in RANK_LABELS.items()],
     Claim(TP4_DOC, "with nothing to wait for, rank {slowest} takes {free:.1f}% longer than rank 0 for the same work "
                    "(`no_comm`; {split:.1f}% with the split and no transfers)", _slowest_card),
