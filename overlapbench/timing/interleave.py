@@ -25,11 +25,12 @@ Every rank's own times are kept. A round's time of a candidate is the slowest ra
 speedups and a row's `samples_ms` are made of: a choice whose transfers join the ranks runs at
 that pace), but the ranks need not compute at one speed: `Timed.rank_samples_ms` holds each
 rank's time in each round, so a row can say which card is slow (`rank_ms`, docs/timing.md). The
-ranks exchange their times by one all-gather on the CPU control group, once per round, where
-they used to all-reduce a max: one collective of a few hundred bytes either way, between the
-same host steps (after the host has waited for the round's last span, while the next round
-stays queued on the device), so keeping every rank's times adds no host sync and no wait for
-the device; the max is taken from the gathered values, the same number the all-reduce gave.
+ranks exchange their times by one all-gather on the CPU control group per round, and take the
+max from what it gathers. It costs what an all-reduce of the max would: one small collective
+(world size x candidates float64s, a few hundred bytes to a few KiB) of host memory, at the
+same host step (after the host has waited for the round's last span, while the next round stays
+queued on the device), so keeping every rank's times adds no host sync and no wait for the
+device, and the max is the same number.
 
 A candidate's span is `bench.timed_span` on bench's clocks, but the rounds do not call
 `bench.bench`: it waits for its own samples before it returns, where a round's spans are read
