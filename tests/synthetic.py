@@ -61,9 +61,11 @@ def point(strategy: str, tokens: int, knobs: dict | None = None, *, model: str =
 def row(strategy: str, tokens: int, knobs: dict | None = None, *, samples: list[float] | None = None,
         median: float = 1.0, spread: float = 0.01, rng: random.Random | None = None,
         keep_samples: bool = True, status: str = "ok", error: str | None = None,
-        device: str = DEVICE, run_id: str = "run1", pairing: str | None = None, **where) -> dict:
+        device: str = DEVICE, run_id: str = "run1", pairing: str | None = None,
+        rank_ms: list[float] | None = None, **where) -> dict:
     """One row as the sweep writes it; `where` goes to `point` (model, tp, dtype, batch, gemm, decode, layers).
-    With `pairing`, timed interleaved: `samples` are per round, rounds 0, 1, ... of that pairing."""
+    With `pairing`, timed interleaved: `samples` are per round, rounds 0, 1, ... of that pairing;
+    `rank_ms`: each rank's median, as interleaved rows carry it."""
     p = point(strategy, tokens, knobs, **where)
     if samples is None:
         samples = draw(median, spread, rng or random.Random(f"{strategy}-{tokens}-{median}"))
@@ -75,6 +77,8 @@ def row(strategy: str, tokens: int, knobs: dict | None = None, *, samples: list[
     }
     if pairing is not None:
         result |= {"timing": "interleaved", "pairing": pairing, "round_ids": list(range(len(samples)))}
+    if rank_ms is not None:
+        result["rank_ms"] = rank_ms
     if status == "skipped":
         result = {"status": "skipped", "error": error or f"{strategy} needs CUDA GPUs"}
     return make_row(p, result, run_id, env(device, p.tp), SPEC.measure)

@@ -4,6 +4,7 @@ one where timing one candidate after the other does not; ranks agree; the device
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 
@@ -175,24 +176,74 @@ def test_a_barrier_before_each_candidate_keeps_the_lag_of_the_one_before_out_of_
     assert free_skewed > 1.01 / 0.9  # the reference paid no_comm's lag whenever it came next
 
 
+def _ranks(world: int) -> SimpleNamespace:
+    """A runtime's fields that ranks_gather reads, on the test's gloo world (control: the world)."""
+    return SimpleNamespace(world_size=world, control=None)
+
+
 def _ranks_agree(rank: int, world: int):
-    import torch
-    import torch.distributed as dist
-
-    def agree(values):
-        t = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t.tolist()
-
+    gather = interleave.ranks_gather(_ranks(world))
     device = DriftingDevice(0.1 * (1 + rank), noise=0.01, seed=10 + rank)  # each rank its own drift and noise
     runs = [device.candidate(n, c) for n, c in (("A", 1.0), ("B", 0.9), ("C", 1.02))]
-    timed = interleave.time_rounds(runs, [1.0, 0.9, 1.02], 0, Plan(5, 25, 0.004, min_rounds=3), device, agree)
-    return [(t.samples_ms, t.round_ids, t.speedup, t.speedup_ci) for t in timed]
+    timed = interleave.time_rounds(runs, [1.0, 0.9, 1.02], 0, Plan(5, 25, 0.004, min_rounds=3), device, gather)
+    return [(t.samples_ms, t.round_ids, t.speedup, t.speedup_ci, t.rank_samples_ms) for t in timed]
 
 
 def test_ranks_agree_on_rounds_drops_and_times():
     a, b = distributed.run(_ranks_agree, world=2)
     assert a == b
+    for samples, _, _, _, ranks in a:  # a round's time is the slowest rank's, and every rank's is kept
+        assert len(ranks) == len(samples) and all(len(each) == 2 for each in ranks)
+        assert samples == [max(each) for each in ranks]
+
+
+class SlowCard(DriftingDevice):
+    """One rank's device: the same work, drift and noise as every other rank's (one seed), its
+    card `factor` times slower: every span it times is `factor` times as long."""
+
+    def __init__(self, factor: float, drift: float, seed: int) -> None:
+        super().__init__(drift, noise=0.01, seed=seed)
+        self.factor = factor
+
+    def elapsed_ms(self, start: float, end: float) -> float:
+        return (end - start) * self.factor
+
+
+def _cards(rank: int, world: int, factors: list[float], drift: float, seed: int):
+    device = SlowCard(factors[rank], drift, seed)
+    costs = [1.0, 0.9, 1.05]
+    runs = [device.candidate(n, c) for n, c in zip("ABC", costs)]
+    timed = interleave.time_rounds(runs, costs, 0, Plan(5, 30, 0.003, min_rounds=4), device,
+                                   interleave.ranks_gather(_ranks(world)))
+    alone = SlowCard(max(factors), drift, seed)  # the slowest card alone: what the max over ranks gives
+    reference = interleave.time_rounds([alone.candidate(n, c) for n, c in zip("ABC", costs)], costs, 0,
+                                       Plan(5, 30, 0.003, min_rounds=4), alone)
+    return [(t.samples_ms, t.round_ids, t.rank_medians(), t.rank_samples_ms) for t in timed], \
+        [(t.samples_ms, t.round_ids) for t in reference]
+
+
+def test_each_ranks_own_time_is_kept_in_the_ratio_of_its_card_and_the_rounds_are_the_slowest_cards():
+    """Ranks whose cards differ by fixed factors: each rank's median is in the ratio of those
+    factors, and a round's time is the slowest card's, exactly what timing that card alone gives
+    (the max over ranks, as before the ranks' own times were kept)."""
+    rng = random.Random()
+    world = 3
+    factors = [1.0 + rng.uniform(0.0, 0.08) for _ in range(world)]
+    drift, seed = rng.uniform(-0.1, 0.2), rng.randrange(1 << 30)
+    results = distributed.run(_cards, factors, drift, seed, world=world)
+    timed, alone = results[0]
+    assert all(r == results[0] for r in results)  # every rank holds every rank's times
+    for (samples, rounds, medians, per_rank), (alone_samples, alone_rounds) in zip(timed, alone):
+        assert rounds == alone_rounds and samples == pytest.approx(alone_samples, rel=1e-12)
+        assert samples == [max(each) for each in per_rank]
+        for k in range(world):
+            assert medians[k] / medians[0] == pytest.approx(factors[k] / factors[0], rel=1e-9)
+
+
+def test_a_lone_rank_gathers_its_own_values():
+    values = [random.random() for _ in range(3)]
+    assert interleave.ranks_gather(_ranks(1))(values) == [values]
+    assert interleave.ranks_max(_ranks(1))(values) == values
 
 
 def test_rounds_stop_within_the_time_the_sequential_mode_would_take():

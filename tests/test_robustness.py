@@ -225,6 +225,8 @@ def test_interleaved_candidates_that_do_not_fit_together_are_timed_in_groups_wit
     assert split["pairing"] == once["pairing"] == base["pairing"]
     first, second = set(split["round_ids"]), set(once["round_ids"])
     assert first and second and not first & second and first | second == set(base["round_ids"])
+    # the reference's every-rank medians are over its rounds of both groups, none above its ms (the slowest rank's)
+    assert len(base["rank_ms"]) == base["world_size"] and max(base["rank_ms"]) <= base["ms"] + 1e-6
     assert once["rel_err"] < 1e-5 and once["speedup_ci"][0] <= once["speedup"] <= once["speedup_ci"][1]
 
 

@@ -33,6 +33,7 @@ DAMAGE = [
     ("p10_ms", "x"), ("p90_ms", -0.5), ("cv", -0.1), ("cv", [1]),
     ("samples_ms", [1.0, "fast", 1.1]), ("samples_ms", [1.0, -2.0]), ("samples_ms", "1,2,3"),
     ("round_ids", [0, -1, 2]), ("round_ids", [0, 1]),  # the second: fewer than the samples
+    ("rank_ms", [1.0, -1.0]), ("rank_ms", "1,2"), ("rank_ms", [1.0, 1.1, 1.2]),  # the last: 3 ranks of a world of 2
     ("speedup", -1.0), ("speedup", "1.1"), ("speedup_ci", [1.2, 1.1]), ("speedup_ci", [1.0]), ("speedup_ci", "wide"),
     ("tokens", "4096"), ("tokens", 0), ("tokens", 4096.5), ("batch", [4096, -1]), ("batch", []),
     ("tp", 0), ("world_size", "two"), ("layers", -4),

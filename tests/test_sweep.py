@@ -192,6 +192,8 @@ def test_interleaved_rows_carry_paired_speedups_and_resume_retimes_the_reference
         logs = sorted(math.log(ratios[r] / t) for r, t in zip(split["round_ids"], split["samples_ms"]))
         cut = int(len(logs) * 0.1)  # the 10%-trimmed geometric mean of the per-round ratios
         assert split["speedup"] == pytest.approx(math.exp(statistics.fmean(logs[cut:len(logs) - cut])), rel=1e-4)
+        for r in batch.values():  # each rank's own median; a round's time is the slowest rank's, so none above ms
+            assert len(r["rank_ms"]) == r["world_size"] and max(r["rank_ms"]) <= r["ms"] + 1e-6
     assert rows[0]["pairing"] != rows[-1]["pairing"]
 
     # Resume after losing token_split at 29 tokens: it is timed again beside baseline, which is

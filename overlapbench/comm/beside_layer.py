@@ -124,9 +124,9 @@ class LayerStream:
             graphs, error = graphs and used, error or why
         runs = [captured[i] if graphs else eager[i] for i in (INLINE, PASS, OPS)]
         clock = bench.CudaClock()
-        agree = interleave.ranks_max(rt)
-        per_replay = agree([bench.warm_up(runs[INLINE], 2, 0.0, clock)])[0]
-        return time_paired(runs, per_replay, iters, clock, agree, interleave.ranks_barrier(rt), graphs, error)
+        per_replay = interleave.ranks_max(rt)([bench.warm_up(runs[INLINE], 2, 0.0, clock)])[0]
+        return time_paired(runs, per_replay, iters, clock, interleave.ranks_gather(rt), interleave.ranks_barrier(rt),
+                           graphs, error)
 
 
 @dataclass

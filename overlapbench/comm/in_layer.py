@@ -55,16 +55,16 @@ MIN_ROUNDS = 10
 
 
 def time_paired(runs: Sequence[Callable[[], object]], per_replay_ms: float, iters: int, clock: Clock,
-                agree: Callable[[list[float]], list[float]] = lambda values: values,
+                gather: Callable[[list[float]], list[list[float]]] = lambda values: [values],
                 align: Callable[[], None] = lambda: None, graphs: bool = True, graph_error: str | None = None) -> InLayer:
     """Time the three graphs `runs` (INLINE, PASS, OPS) in interleaved rounds, each replayed as
     often per round as the in-line pass (`per_replay_ms`, the same on every rank) fills a span;
-    `agree` and `align` as interleave.time_rounds takes them."""
+    `gather` and `align` as interleave.time_rounds takes them."""
     from overlapbench.timing.interleave import Plan, repetitions, time_rounds
 
     rounds = max(iters, MIN_ROUNDS)
     plan = Plan(SPAN_MS, rounds, ci_target=0.0, warmup_s=WARMUP_S, min_rounds=rounds)  # every graph in every round
-    timed = time_rounds(runs, [per_replay_ms] * 3, PASS, plan, clock, agree, align=align)
+    timed = time_rounds(runs, [per_replay_ms] * 3, PASS, plan, clock, gather, align=align)
     return InLayer.from_rounds(timed, repetitions(SPAN_MS, per_replay_ms), graphs, graph_error)
 
 

@@ -10,11 +10,13 @@ Four views of the same rows (read as tune reads them, `analysis`):
 - `--compare OLD NEW`: per point, NEW/OLD with its interval, and with `--fail-above PCT` exit 1
   on a regression (above PCT and beyond the noise of both runs);
 - `--plot FILE.png`: time per layer or GEMM (or speedup) against tokens, one line per strategy.
-Under the overview, where points were timed through stacks of several depths (`layers: [4, 8]`),
-the cost of one more layer (`steady`): marginal ms, speedup and share hidden, with intervals.
+Under the overview, a line where one card computes slower than the others beyond the noise
+(`cards`: every rank's own time of no_comm), and where points were timed through stacks of several
+depths (`layers: [4, 8]`), the cost of one more layer (`steady`): marginal ms, speedup and share
+hidden, with intervals.
 Formats: `table` (rich), `markdown`, `csv` (pandas) and `json` (a list of records).
 
-One module per view (`overview`, `steady`, `sensitivity`, `compare`, `plot`), what a cell shows (`cells`),
+One module per view (`overview`, `cards`, `steady`, `sensitivity`, `compare`, `plot`), what a cell shows (`cells`),
 rendering (`render`) and the command (`command`).
 """
 

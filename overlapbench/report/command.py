@@ -12,6 +12,7 @@ from rich.console import Console
 
 from overlapbench import printing
 from overlapbench.errors import UserError, did_you_mean
+from overlapbench.report.cards import card_notes
 from overlapbench.report.cells import legend
 from overlapbench.report.compare import compare
 from overlapbench.report.exposed_view import TIMELINES, emit_sections, sections
@@ -179,7 +180,7 @@ def run(paths: Iterable[Path], fmt: str = "table", console: Console | None = Non
     else:
         grids = [overview_grid(group, points) for group, points in views.items()]
         records = [c.record() for points in views.values() for cells in points.values() for c in cells.values()]
-        emit(grids, records, fmt, console, legend(views), footer(store))
+        emit(grids, records, fmt, console, legend(views), [*card_notes(store.measured), *footer(store)])
         emit_steady(store.measured, fmt, console)  # points timed at several depths: what one more layer costs
     if opts.plot_path is not None:
         written = plot(views, opts.plot_path, opts.plot_metric)

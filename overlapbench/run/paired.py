@@ -66,9 +66,7 @@ def measure_batch(
             results = [(c.point, c.fields | done) for c in group]
         else:
             timed, results = done
-            ref_timed.samples_ms.extend(timed.samples_ms)
-            ref_timed.round_ids.extend(timed.round_ids)
-            ref_timed.iters += timed.iters
+            ref_timed.add(timed)
             first_round = (timed.round_ids[-1] + 1) if timed.round_ids else first_round
         group = []
         _release(rt)
@@ -101,7 +99,7 @@ def _time_group(rt, ref: Prepared, group: list[Prepared], plan: Plan, pairing: s
     (point, result); or the failure of the timing as a result. Each candidate is warmed up on its
     own first: one that fails there (out of memory, a kernel error) is its own failed row, and
     the others are timed without it."""
-    agree = interleave.ranks_max(rt)
+    agree, gather = interleave.ranks_max(rt), interleave.ranks_gather(rt)
     align = interleave.ranks_barrier(rt)
     clock = bench.clock_for(rt.is_cuda)
     members, per_iter, dropped = [], [], []
@@ -119,7 +117,7 @@ def _time_group(rt, ref: Prepared, group: list[Prepared], plan: Plan, pairing: s
         what = f"{len(members)} candidates at {ref.point.tokens} tokens"
         with guard(f"timing {what} interleaved", interleave.longest_s(per_iter, plan)):
             runs = [c.run for c in members]
-            timed = phase(rt, lambda: interleave.time_rounds(runs, per_iter, 0, plan, clock, agree, first_round, align))
+            timed = phase(rt, lambda: interleave.time_rounds(runs, per_iter, 0, plan, clock, gather, first_round, align))
     except PointFailed as failure:
         return failure.result
     results = []
@@ -140,12 +138,14 @@ def _profiled(c: Prepared, fields: dict, profile: Callable[[Prepared], dict] | N
 
 
 def _fields(c: Prepared, t: Timed, pairing: str) -> dict:
-    """The row's result fields: absolute statistics over rounds (ms per layer), as in the
-    sequential mode, and the speedup over the reference in the same rounds."""
+    """The row's result fields: absolute statistics over rounds (ms per layer, the slowest
+    rank's in each round), as in the sequential mode, the speedup over the reference in the same
+    rounds, and each rank's own median ms per layer over those rounds (`rank_ms`, rank order)."""
     per_layer = [s / c.point.layers for s in t.samples_ms]
     ci = None if t.speedup_ci is None else [round(v, 6) for v in t.speedup_ci]
+    rank_ms = [round(m / c.point.layers, 6) for m in t.rank_medians()] or None
     return c.fields | bench.summarize(per_layer) | {
-        "status": "ok", "error": None, "samples_ms": [round(s, 6) for s in per_layer], "iters": t.iters,
+        "status": "ok", "error": None, "samples_ms": [round(s, 6) for s in per_layer], "rank_ms": rank_ms, "iters": t.iters,
         "timing": "interleaved", "pairing": pairing, "round_ids": list(t.round_ids),
         "speedup": None if t.speedup is None else round(t.speedup, 6), "speedup_ci": ci,
     }

@@ -17,9 +17,20 @@ round (analysis.paired_estimate), with a 95% bootstrap interval over rounds. A c
 once that interval is within +-`ci_target` of its speedup (after `min_rounds`), and the round
 already queued when it left does not count (it would move the interval it left with); the reference
 stays to the end. Rounds stop at the plan's budget of time. Everything
-device-specific is in the `Clock` and the `agree` and `align` functions, so the scheduler runs
-on a fake clock, and fake ranks, in the tests; `ranks_max` and `ranks_barrier` are those of a
+device-specific is in the `Clock` and the `gather` and `align` functions, so the scheduler runs
+on a fake clock, and fake ranks, in the tests; `ranks_gather` and `ranks_barrier` are those of a
 run's ranks (run/paired.py and comm/beside_layer.py time with them).
+
+Every rank's own times are kept. A round's time of a candidate is the slowest rank's (what the
+speedups and a row's `samples_ms` are made of: a choice whose transfers join the ranks runs at
+that pace), but the ranks need not compute at one speed: `Timed.rank_samples_ms` holds each
+rank's time in each round, so a row can say which card is slow (`rank_ms`, docs/timing.md). The
+ranks exchange their times by one all-gather on the CPU control group per round, and take the
+max from what it gathers. It costs what an all-reduce of the max would: one small collective
+(world size x candidates float64s, a few hundred bytes to a few KiB) of host memory, at the
+same host step (after the host has waited for the round's last span, while the next round stays
+queued on the device), so keeping every rank's times adds no host sync and no wait for the
+device, and the max is the same number.
 
 A candidate's span is `bench.timed_span` on bench's clocks, but the rounds do not call
 `bench.bench`: it waits for its own samples before it returns, where a round's spans are read
@@ -30,9 +41,10 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from overlapbench.timing.bench import Clock, timed_span
 from overlapbench.timing.intervals import paired_ci, paired_estimate
@@ -62,13 +74,27 @@ class Plan:
 
 @dataclass
 class Timed:
-    """One candidate's rounds: ms per iteration in each (max over ranks), and its speedup."""
+    """One candidate's rounds: ms per iteration in each (max over ranks), and its speedup; and
+    every rank's ms per iteration in each round (rank order), whose max `samples_ms` holds."""
 
     samples_ms: list[float]
     round_ids: list[int]
     iters: int  # iterations timed in all
     speedup: float | None = None  # analysis.paired_estimate of t_reference / t over rounds
     speedup_ci: tuple[float, float] | None = None
+    rank_samples_ms: list[list[float]] = field(default_factory=list)  # per round: each rank's ms
+
+    def add(self, other: Timed) -> None:
+        """Append `other`'s rounds (a later group's timing of the same candidate)."""
+        self.samples_ms.extend(other.samples_ms)
+        self.round_ids.extend(other.round_ids)
+        self.rank_samples_ms.extend(other.rank_samples_ms)
+        self.iters += other.iters
+
+    def rank_medians(self) -> list[float]:
+        """Each rank's median ms per iteration over the rounds taken (rank order); empty where
+        no round was."""
+        return [statistics.median(one) for one in zip(*self.rank_samples_ms)]
 
 
 def repetitions(span_ms: float, per_iter_ms: float) -> int:
@@ -95,12 +121,12 @@ def time_rounds(
     reference: int,
     plan: Plan,
     clock: Clock,
-    agree: Callable[[list[float]], list[float]] = lambda values: values,
+    gather: Callable[[list[float]], list[list[float]]] = lambda values: [values],
     first_round: int = 0,
     align: Callable[[], None] = lambda: None,
 ) -> list[Timed]:
     """Time `runs` interleaved; one Timed per run, in order. `per_iter_ms` (one estimate per run)
-    must be the same on every rank; `agree` returns the elementwise max over the ranks (every
+    must be the same on every rank; `gather` returns every rank's values, in rank order (every
     rank calls it at the same moments); `align` queues a barrier of the ranks on the device;
     round ids count from `first_round`."""
     reps = [repetitions(plan.span_ms, p) for p in per_iter_ms]
@@ -142,13 +168,14 @@ def time_rounds(
         number, order, spans = in_flight.popleft()
         clock.wait(spans[-1][1])
         local = [clock.elapsed_ms(*span) / reps[i] for span, i in zip(spans, order)]
-        ms = agree(local)
+        ranks = gather(local)
         if number < warm:
             continue
-        for i, t in zip(order, ms):
+        for i, t, each in zip(order, slowest(ranks), zip(*ranks)):
             if i not in active:  # it left after this round was queued
                 continue
             timed[i].samples_ms.append(t)
+            timed[i].rank_samples_ms.append(list(each))
             timed[i].round_ids.append(first_round + number - warm)
             timed[i].iters += reps[i]
         done = number - warm + 1
@@ -157,7 +184,7 @@ def time_rounds(
             _score(timed, reference, active)
             needed = [0.0 if i == reference or i not in active or _narrow(timed[i], plan.ci_target, min_rounds) else 1.0
                       for i in range(len(runs))]
-            needed = agree(needed)  # every rank drops the same candidates
+            needed = slowest(gather(needed))  # every rank drops the same candidates
             active = {reference} | {i for i in active if needed[i] > 0}
     _score(timed, reference, range(len(runs)))
     return timed
@@ -183,19 +210,35 @@ def _narrow(t: Timed, target: float, min_rounds: int) -> bool:
     return (hi - lo) / 2 <= target * t.speedup
 
 
-def ranks_max(rt) -> Callable[[list[float]], list[float]]:
-    """`time_rounds`' agree for the ranks of the runtime `rt`: the elementwise max, on the CPU
-    control group: it never waits for queued GPU work, so the next round stays queued while the
-    host reads this one."""
+def slowest(ranks: Sequence[Sequence[float]]) -> list[float]:
+    """The elementwise max of every rank's values (a round's time: the slowest rank's)."""
+    return [max(each) for each in zip(*ranks)]
+
+
+def ranks_gather(rt) -> Callable[[list[float]], list[list[float]]]:
+    """`time_rounds`' gather for the ranks of the runtime `rt`: every rank's values, in rank
+    order, by one all-gather on the CPU control group: it never waits for queued GPU work, so
+    the next round stays queued while the host reads this one. A lone rank's are its own."""
+    if rt.world_size == 1:
+        return lambda values: [list(values)]
     import torch
     import torch.distributed as dist
 
-    def agree(values: list[float]) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=rt.control)
-        return t.tolist()
+    def gather(values: list[float]) -> list[list[float]]:
+        mine = torch.tensor(values, dtype=torch.float64)
+        every = [torch.empty_like(mine) for _ in range(rt.world_size)]
+        dist.all_gather(every, mine, group=rt.control)
+        return [t.tolist() for t in every]
 
-    return agree
+    return gather
+
+
+def ranks_max(rt) -> Callable[[list[float]], list[float]]:
+    """The elementwise max over the ranks of `rt` (every rank calls it at the same moments), on
+    the CPU control group, as `ranks_gather` reads them: what the ranks agree on before they
+    time (an iteration's estimate), and comm's paired losses."""
+    gather = ranks_gather(rt)
+    return lambda values: slowest(gather(values))
 
 
 def ranks_barrier(rt) -> Callable[[], None]:

@@ -123,6 +123,7 @@ class Measured:
     round_ids: tuple[int, ...] = ()
     speedup: float | None = None  # over the reference timed beside it (whose row may be of an earlier run)
     speedup_ci: tuple[float, float] | None = None
+    rank_ms: tuple[float, ...] = ()  # each rank's median ms per layer over the rounds (older rows: none)
     # A mixed batch's decode tokens (tokens, context) beside its prefill `batch`; None for a
     # prefill-only batch (and rows written before mixed batches existed).
     decode: tuple[int, int] | None = None
@@ -149,6 +150,7 @@ class Measured:
             checked=is_checked(row), key=origin.row_key(row), run_id=row.get("run_id"), git=row.get("git"), source=source,
             pairing=row.get("pairing"), round_ids=tuple(row.get("round_ids") or ()),
             speedup=row.get("speedup"), speedup_ci=tuple(row["speedup_ci"]) if row.get("speedup_ci") else None,
+            rank_ms=tuple(row.get("rank_ms") or ()),
             decode=decode_of(row), tflops=row.get("tflops"), peak_frac=row.get("peak_frac"),
             timing=row.get("timing"), model_error=origin.model_error(row) if group.predicted else None,
             layers=row.get("layers"),

@@ -31,8 +31,10 @@ HELD_FOR = "OVERLAPBENCH_HELD_LOCK"  # a lock file the launching process holds f
 # `round_ids` which rounds of the batch's timing those are, `pairing` that timing's id (rows of one
 # pairing compare round by round), `speedup` the trimmed geometric mean over rounds of t_reference / t in the same
 # round, `speedup_ci` its 95% interval over rounds [lo, hi] (intervals.paired_interval) (the reference itself: 1.0,
-# [1.0, 1.0]), `span_ms` the time per candidate per round and `iters` the iterations timed in all;
-# sequential rows hold null there.
+# [1.0, 1.0]), `span_ms` the time per candidate per round, `iters` the iterations timed in all, and
+# `rank_ms` each rank's own median ms per layer over the same rounds, in rank order (the ranks need not
+# compute at one speed; samples_ms is the slowest's; rows made before it lack it); sequential rows hold
+# null there.
 COLUMNS = (
     "schema", "run_id", "time", "spec", "status", "error", "workload", "strategy", "knobs",
     "model", "shape", "layers", "dtype", "batch", "tokens", "tp", "world_size", "device",

@@ -66,6 +66,7 @@ FIELDS: dict[str, Kind] = {
     "ms": POSITIVE, "p10_ms": POSITIVE, "p90_ms": POSITIVE, "iqr_ms": NON_NEGATIVE, "cv": NON_NEGATIVE,
     "rel_err": ERROR, "tolerance": NON_NEGATIVE, "checked": FLAG, "graphs": FLAG,
     "samples_ms": SAMPLES, "round_ids": ROUNDS, "speedup": POSITIVE, "speedup_ci": INTERVAL, "span_ms": POSITIVE,
+    "rank_ms": SAMPLES,
     "tflops": NON_NEGATIVE, "peak_frac": NON_NEGATIVE, "peak_tflops": POSITIVE,
     # comm rows (report's comm table)
     "bytes": INDEX, "count": INDEX, "algbw": NON_NEGATIVE, "busbw": NON_NEGATIVE, "wrong": INDEX,
@@ -93,6 +94,9 @@ def problem(row: dict, required: tuple[str, ...] = ()) -> str | None:
     samples, rounds = row.get("samples_ms"), row.get("round_ids")
     if isinstance(samples, list) and isinstance(rounds, list) and rounds and len(rounds) != len(samples):
         return f"'round_ids' has {len(rounds)} entries, 'samples_ms' {len(samples)}: one per round in each"
+    ranks, world = row.get("rank_ms"), row.get("world_size")
+    if isinstance(ranks, list) and isinstance(world, int) and len(ranks) != world:
+        return f"'rank_ms' has {len(ranks)} entries, 'world_size' is {world}: one per rank"
     return None
 
 

@@ -139,12 +139,13 @@ def make_row(point: Point, result: dict, run_id: str, env: dict, measure: Measur
     # checked: the output equals baseline's within tolerance (baseline itself: the reference);
     # check: what rel_err is measured against, "baseline" or "fp32" (measure.check; the truth);
     # False for bounds that are not correct results (no_comm, comm=none): never a tuned choice.
-    # Interleaved timing (results.py): samples_ms per round, round_ids, pairing, speedup, speedup_ci.
+    # Interleaved timing (results.py): samples_ms per round, round_ids, pairing, speedup, speedup_ci,
+    # rank_ms (each rank's median).
     # attention: the attention kernels the forward ran ("cudnn", "cudnn+lse_merge", "sdpa", "math", ...),
     # so a slow strategy can be told from a slow kernel without a profile; None without attention.
     # profile_error: why --profile's profile of an ok point failed (run/sweep.py _profile); None otherwise.
     for key in ("ms", "p10_ms", "p90_ms", "iqr_ms", "cv", "graphs", "graph_error", "rel_err", "tolerance", "check", "checked",
-                "attention", "timing", "speedup", "speedup_ci", "pairing", "round_ids", "samples_ms", "profile_error"):
+                "attention", "timing", "speedup", "speedup_ci", "pairing", "round_ids", "samples_ms", "rank_ms", "profile_error"):
         row[key] = result.get(key)
     if point.workload == LAYER:  # flops, tflops, peak_frac and the device's peak (overlapbench/model/flops.py)
         row |= flops.row_fields(point.shape, point.tp, point.batch, point.decode, row["ms"], env.get("peak"))
