@@ -22,7 +22,9 @@ rule, so every rank knows where a peer's chunk j lies). One call:
 5. the caller's stream waits for both copy streams before the call returns.
 
 With chunks=1 every step runs on the caller's stream in this order: the serial schedule (no
-side streams; `sm_out=True` also makes the kernel write `out` itself instead of the copy).
+side streams). `sm_out=True` (per call, or the instance's default) makes the kernel of step 3
+write `out`'s own rows itself, and step 4 skips the local copy: chunk j's barrier then follows
+its kernel at once on the gather stream (the `ce_out: kernel` knob of the layer's strategies).
 
 Why it is safe. Within a rank, events order each kernel after its pull and each gather after
 its kernel; the copy streams fork from the caller's stream after what precedes the call and are
@@ -249,9 +251,9 @@ class CopyEngineNorm:
                  sm_out: bool = False, streams=None) -> None:
         """`sym`: a runtime.SymmetricBuffer of at least buffer_elems(...) elements (or a fake
         with the same view/handle in the CPU tests). `chunks`: pieces of own rows per call (None:
-        chunk_count decides by size). `sm_out`: the kernel also writes `out`'s own rows (6 SM
-        tensors instead of 5; no local copy). `streams`: the pipeline's stream stand-in (CPU
-        tests); default CudaStreams on a GPU, InOrder on the CPU."""
+        chunk_count decides by size). `sm_out`: the calls' default (a call may ask otherwise):
+        the kernel also writes `out`'s own rows (6 SM tensors instead of 5; no local copy).
+        `streams`: the pipeline's stream stand-in (CPU tests); default CudaStreams on a GPU, InOrder on the CPU."""
         world = sym.world
         if not 2 <= world <= MAX_WORLD:
             raise ValueError(f"world size {world} outside 2..{MAX_WORLD}")
@@ -335,10 +337,12 @@ class CopyEngineNorm:
         out: torch.Tensor,
         num_ctas: int,
         chunks: int | None = None,
+        sm_out: bool | None = None,
     ) -> torch.Tensor:
         """Reduce rows [row_start, row_end) of the partials over ranks; on this rank's own rows
         (own_rows) residual += sum; out = rmsnorm(residual) * weight on every row, every rank.
-        `chunks`: this call's (None: the instance's)."""
+        `chunks`, `sm_out`: this call's (None: the instance's). The result is the same bits either
+        way; `sm_out` may differ between ranks (it is local: no barrier depends on it)."""
         n, h = row_end - row_start, self.hidden
         check_call(row_start, row_end, self.max_tokens, num_ctas, h, None, residual=residual, out=out)
         if chunks is not None and chunks < 1:
@@ -348,6 +352,7 @@ class CopyEngineNorm:
         if n == 0:
             return out
         chunks = self.chunk_count(n, chunks)
+        sm_out = self.sm_out if sm_out is None else sm_out
         plan, barrier = self._plan(row_start, row_end, chunks), self.sym.handle.barrier
         ex = self._in_order if chunks == 1 else self._streams
         ex.fork()
@@ -359,12 +364,12 @@ class CopyEngineNorm:
             pulled.append(ex.record(SCATTER))
         for c, ready in zip(plan, pulled):
             ex.wait(MAIN, ready)
-            sm_out = out[c.lo : c.hi] if self.sm_out else None
-            ex.run(MAIN, lambda c=c, sm_out=sm_out: add_norm_rows(
-                c.part, c.staged, residual[c.lo : c.hi], weight, eps, sm_out, c.published, num_ctas,
+            own_out = out[c.lo : c.hi] if sm_out else None
+            ex.run(MAIN, lambda c=c, own_out=own_out: add_norm_rows(
+                c.part, c.staged, residual[c.lo : c.hi], weight, eps, own_out, c.published, num_ctas,
                 use_triton=out.is_cuda))
             ex.wait(GATHER, ex.record(MAIN))
-            if not self.sm_out:
+            if not sm_out:
                 ex.run(GATHER, lambda c=c: out[c.lo : c.hi].copy_(c.published))
             ex.run(GATHER, lambda: barrier(channel=1))  # every rank published chunk j (so did its pulls up to j)
             ex.run(GATHER, lambda c=c: _copy_all((out[qa:qb], src) for (qa, qb), src in c.gather))

@@ -2,8 +2,9 @@
 ranks (`run_ranks`) over a fake symmetric memory (`FakeHandle`: views of one process's tensors,
 synchronous copies, one threading barrier per channel), `SimStreams` stands in for a kernel's
 streams, and `patch_engines` hands the strategies' reducers one stand-in kernel per rank in
-place of the run's symmetric buffers. Used by tests/test_copy_engine_norm.py,
-tests/test_copy_engine_pull.py and tests/test_sequence_parallel.py (flash_agrs's transport)."""
+place of the run's symmetric buffers (`RecordingKernel`: one that only records its calls). Used by
+tests/test_copy_engine_norm.py, tests/test_copy_engine_pull.py, tests/test_sequence_parallel.py
+(flash_agrs's transport), tests/test_ce_chunks.py and tests/test_ce_out.py."""
 
 from __future__ import annotations
 
@@ -126,6 +127,24 @@ def layer_context(rank: int, world: int, shape, layers: int, seq_lens: tuple[int
     stack = build_stack(shape, layers, world, rank, torch.float32, rt.device, 0)
     ctx = BuildContext(rt, stack, seq_lens, RopeTable(shape, max(seq_lens), rt.device), tokens)
     return ctx, random_input(tokens, shape.hidden, 0, torch.float32, rt.device)
+
+
+class RecordingKernel:
+    """Stands in for the run's symmetric kernel (reducers._engine's) where only what the reducers
+    pass matters: records each call's rows, CTA budget and the keywords it was given (absent: the
+    kernel's own), and returns `out` untouched."""
+
+    returns_view = False
+
+    def __init__(self):
+        self.calls = []
+
+    def partial(self, begin, end):
+        return None
+
+    def __call__(self, row_start, row_end, residual, weight, eps, out, num_ctas, **kwargs):
+        self.calls.append((row_start, row_end, num_ctas, kwargs))
+        return out
 
 
 def patch_engines(monkeypatch, kernels: dict[str, list]) -> None:

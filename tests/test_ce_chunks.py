@@ -66,32 +66,18 @@ def test_a_grid_over_comm_and_ce_chunks_measures_each_setting_once():
                      ("token_split", "copy_engine", "auto"), ("token_split", "fused", "auto")]
 
 
-class _RecordingKernel:
-    """Stands in for CopyEngineNorm: records each call's chunk count (absent: the kernel's own)."""
-
-    returns_view = False
-
-    def __init__(self):
-        self.calls = []
-
-    def partial(self, begin, end):
-        return None
-
-    def __call__(self, row_start, row_end, residual, weight, eps, out, num_ctas, **kwargs):
-        self.calls.append((row_start, row_end, num_ctas, kwargs))
-        return out
-
-
 @pytest.fixture
 def kernel(monkeypatch):
     from overlapbench.overlap import reducers
+    from tests.fake_symmetric import RecordingKernel
 
-    made = _RecordingKernel()
+    made = RecordingKernel()
     monkeypatch.setattr(reducers, "_engine", lambda ctx, comm, make_kernel: made)
     return made
 
 
-@pytest.mark.parametrize("value, passed", [(1, {"chunks": 1}), (4, {"chunks": 4}), ("auto", {}), (None, {})])
+@pytest.mark.parametrize("value, passed", [(1, {"chunks": 1, "sm_out": False}), (4, {"chunks": 4, "sm_out": False}),
+                                           ("auto", {"sm_out": False}), (None, {"sm_out": False})])
 def test_the_count_reaches_every_call_of_the_kernel(kernel, value, passed):
     import torch
 

@@ -14,6 +14,7 @@ from overlapbench.errors import UserError
 from overlapbench.export import tokenweave_facts as facts
 from overlapbench.export.picks import Engine, Export, Pick, comment, picks, provenance
 from overlapbench.export.stand_ins import Path
+from overlapbench.overlap import comm_methods
 from overlapbench.tuned import TunedConfig
 from overlapbench.tuning.analysis import Measured
 
@@ -61,17 +62,29 @@ def entries(config: TunedConfig) -> tuple[dict[int, dict], list[str]]:
     return out, warnings
 
 
+# The copy-engine path's knobs (present in a pick only where off their defaults: sparse knobs),
+# none of which TokenWeave's fused kernel has a counterpart for, and what each sets.
+COPY_ENGINE_KNOBS = ((comm_methods.CE_CHUNKS, "the copy-engine path's pieces per reduction"),
+                     (comm_methods.CE_OUT, "who writes the rank's own rows of its output"))
+
+
+def _copy_engine_knobs(knobs: dict) -> str:
+    """`; its ce_chunks=2 (...) has no counterpart either` for the copy-engine knobs a pick sets; ''."""
+    named = [f"{name}={knobs[name]} ({what})" for name, what in COPY_ENGINE_KNOBS if name in knobs]
+    if not named:
+        return ""
+    return f"; its {' and '.join(named)} {'has' if len(named) == 1 else 'have'} no counterpart either"
+
+
 def entry_for(p: Pick) -> tuple[dict, str | None]:
     """The entry for one range, and what TokenWeave runs differently from our pick (None: nothing)."""
     builtin = _entry(facts.BUILTIN_CTAS, facts.BUILTIN_CTAS, 0)
     if p.kind == "token_split":
         if p.knobs.get("comm", "nccl") != "fused":
-            pieces = p.knobs.get("ce_chunks")  # present only where not auto (a sparse knob)
-            pieces = "" if pieces is None else (f"; its ce_chunks={pieces} (the copy-engine path's pieces per reduction) "
-                                                "has no counterpart either")
             return builtin | {"split_offset": p.knobs.get("split_offset", 0)}, (
                 f"token_split with comm={p.knobs.get('comm', 'nccl')} picked; TokenWeave reduces with its fused kernel "
-                f"only: entry keeps the cut (split_offset) and holds its built-in {facts.BUILTIN_CTAS} CTAs{pieces}")
+                f"only: entry keeps the cut (split_offset) and holds its built-in {facts.BUILTIN_CTAS} CTAs"
+                f"{_copy_engine_knobs(p.knobs)}")
         if p.knobs.get("split_ratio") is not None:
             return builtin, "token_split with split_ratio picked; TokenWeave cuts at half plus an offset only: built-in entry"
         if p.knobs.get("chunks", 2) > 2:

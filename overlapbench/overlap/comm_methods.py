@@ -3,7 +3,8 @@ normed input, as the split and fused strategies' `comm` knob names it.
 
 A record says what builds its reducer (overlap/reducers.py), which `comm` path times its
 transfer (comm/paths.py: what `predict` reads from a comm table; or why none does yet), which
-CTA budget it runs on, whether it cuts a call's rows into `ce_chunks` pieces, whether its add +
+CTA budget it runs on, whether it is the copy-engine path whose calls take the `ce_chunks` pieces
+and the `ce_out` writer of the rank's own output rows, whether its add +
 norm is deferred to the split's main lane (layer.DeferredReducer: then fused_norm, which has no
 split, does not offer it), what it needs of the machine (torch symmetric memory, NCCL windows),
 and what an engine's export calls it (export/picks.py). The
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
 
 NCCL_MAX_CTAS, COMM_CTAS = "nccl_max_ctas", "comm_ctas"  # the knobs that hold a method's CTA budget
 CE_CHUNKS, AUTO = "ce_chunks", "auto"  # the knob of a chunked method's chunk count; auto: chosen by size
+# The knob of who writes a chunked method's own rows of the output: COPY, a same-device copy of the
+# published rows on the gather copy stream (before the chunk barrier); KERNEL, the add + norm kernel.
+CE_OUT, COPY, KERNEL = "ce_out", "copy", "kernel"
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,9 @@ class CommMethod:
     windows: bool = False  # runs NCCL on registered symmetric windows: NCCL on CUDA GPUs only
     norm_after: bool = True  # a separate residual add + RMSNorm follows the transfer (a fused path norms inside)
     checked: bool = True  # its result is the layer's (none: a bound, not a correct result)
-    chunked: bool = False  # cuts a call's rows into pieces, one add + norm kernel each: the ce_chunks knob applies
+    # the copy-engine path: cuts a call's rows into pieces, one add + norm kernel each, and its own rows
+    # of the output are copied or written by that kernel: the ce_chunks and ce_out knobs apply
+    chunked: bool = False
     # its reducer is a layer.DeferredReducer: the transfer on the split's side lane, the add + norm on
     # its main lane before the rows' next compute; a split's method only (fused_norm does not offer it)
     deferred: bool = False
@@ -56,11 +62,12 @@ class CommMethod:
     def build(self, ctx: BuildContext, budget: int | str | None, knobs: dict) -> Reducer:
         """Its reducer on `budget` (the value of its budget knob), cutting each call into the
         setting's `ce_chunks` pieces where it is chunked (`auto` or absent: the kernel's count by
-        size)."""
+        size), its own output rows written as `ce_out` says (absent: copied)."""
         if not self.chunked:
             return self.reducer(ctx, budget)
         chunks = knobs.get(CE_CHUNKS, AUTO)
-        return self.reducer(ctx, budget, chunks=None if chunks == AUTO else chunks)
+        return self.reducer(ctx, budget, chunks=None if chunks == AUTO else chunks,
+                            sm_out=knobs.get(CE_OUT, COPY) == KERNEL)
 
     def transfer(self, ctas: int | str | None, nccl_max_ctas: int | str = DEFAULT) -> Transfer:
         """What one reduction sends, in the comm table's terms (model/schedule.Transfer): NCCL's
@@ -101,11 +108,11 @@ def _fused(ctx: BuildContext, ctas) -> Reducer:
     return reducers.symmetric(ctx, ctas, "fused", fused_kernel())
 
 
-def _copy_engine(ctx: BuildContext, ctas, chunks: int | None = None) -> Reducer:
+def _copy_engine(ctx: BuildContext, ctas, chunks: int | None = None, sm_out: bool = False) -> Reducer:
     from kernels.copy_engine_norm import CopyEngineNorm
     from overlapbench.overlap import reducers
 
-    return reducers.symmetric(ctx, ctas, "copy_engine", CopyEngineNorm.allocate, chunks)
+    return reducers.symmetric(ctx, ctas, "copy_engine", CopyEngineNorm.allocate, chunks, sm_out)
 
 
 def _copy_engine_pull(ctx: BuildContext, ctas) -> Reducer:
@@ -143,7 +150,7 @@ NAMES = tuple(BY_NAME)
 FUSED_CHOICES = tuple(m.name for m in METHODS if m.symmetric and not m.deferred)
 # The methods whose CTA budget is a comm_ctas knob: our kernels' grids first, then NCCL's exact budgets.
 CTA_BUDGETED = tuple(m.name for m in sorted(METHODS, key=lambda m: not m.symmetric) if m.budget == COMM_CTAS)
-CHUNKED = tuple(m.name for m in METHODS if m.chunked)  # the methods the ce_chunks knob applies to
+CHUNKED = tuple(m.name for m in METHODS if m.chunked)  # the methods the ce_chunks and ce_out knobs apply to
 PER_ROW_PATHS = tuple(m.path for m in METHODS if m.path and not m.norm_after)  # a norm inside works on whole rows
 
 
@@ -167,7 +174,7 @@ def listed(names: tuple[str, ...]) -> str:
 
 def for_split(ctx: BuildContext, knobs: dict) -> tuple:
     """The split's (after attention, after MLP) reducers, as its knobs `comm`, `comm_ctas_attn`,
-    `comm_ctas_mlp`, `nccl_max_ctas` and `ce_chunks` ask; NCCL's on the high-priority
+    `comm_ctas_mlp`, `nccl_max_ctas`, `ce_chunks` and `ce_out` ask; NCCL's on the high-priority
     communication lane. A method without a comm_ctas budget reduces both blocks with one reducer."""
     method = get(knobs["comm"])
     if method.budget == COMM_CTAS:

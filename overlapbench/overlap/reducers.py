@@ -13,9 +13,9 @@ residual token-sharded);
 the GEMM writes its partial straight into the symmetric buffer, so no copy is made.
 `copy_engine`: the copy engines reduce-scatter and all-gather between symmetric buffers, a
 local few-CTA kernel adds and normalizes the rank's own rows (kernels/copy_engine_norm.py, its
-chunked pipeline: the chunk count by size, or the `ce_chunks` knob's, passed with every call,
-so reducers of different counts share the run's one buffer); the residual stays token-sharded
-(see layer.Reducer).
+chunked pipeline: the chunk count by size, or the `ce_chunks` knob's, and who writes the rank's
+own output rows, the `ce_out` knob's, passed with every call, so reducers of different settings
+share the run's one buffer); the residual stays token-sharded (see layer.Reducer).
 `copy_engine_pull`: a deferred reducer (layer.DeferredReducer): the copy engines pull every
 peer's whole partial of the chunk's rows on the split's side lane, and one full-width add + norm
 runs on its main lane before the rows' next compute (kernels/copy_engine_pull.py); the residual
@@ -108,14 +108,17 @@ def symm_mem(ctx: BuildContext, kind: str) -> SymmMemReducer:
 class SymmetricReducer:
     """A symmetric-memory all-reduce + residual + RMSNorm on `num_ctas` CTAs; `chunks`: the
     pieces the copy-engine kernel cuts each call's rows into (None: the kernel's own count; the
-    fused kernel takes none). The count goes with every call, not into the kernel object, which
-    the run's reducers share: every rank issues the same calls with the same count, so the
-    kernel's barriers pair up."""
+    fused kernel takes none); `sm_out`: whether the copy-engine kernel's add + norm writes the
+    rank's own output rows itself instead of a copy (None: the kernel's own choice; the fused
+    kernel takes none). Both go with every call, not into the kernel object, which the run's
+    reducers share: every rank issues the same calls with the same count, so the kernel's
+    barriers pair up."""
 
     kernel: object  # kernels.allreduce_norm.AllReduceNorm or kernels.copy_engine_norm.CopyEngineNorm
     eps: float
     num_ctas: int
     chunks: int | None = None
+    sm_out: bool | None = None
 
     def out_buffer(self, chunk: Chunk) -> torch.Tensor:
         return self.kernel.partial(chunk.begin, chunk.end)
@@ -123,7 +126,7 @@ class SymmetricReducer:
     def __call__(self, partial, chunk, residual, weight, out=None):
         if out is None and not getattr(self.kernel, "returns_view", False):
             out = torch.empty_like(residual)
-        asked = {} if self.chunks is None else {"chunks": self.chunks}
+        asked = {name: value for name, value in (("chunks", self.chunks), ("sm_out", self.sm_out)) if value is not None}
         return self.kernel(chunk.begin, chunk.end, residual, weight, self.eps, out, self.num_ctas, **asked)
 
 
@@ -163,10 +166,12 @@ def _run_sized(ctx: BuildContext, key: tuple, make, capacity):
     return rt.replace_resource(key, make(ctx.tokens))
 
 
-def symmetric(ctx: BuildContext, num_ctas: int, comm: str, make_kernel, chunks: int | None = None) -> SymmetricReducer:
+def symmetric(ctx: BuildContext, num_ctas: int, comm: str, make_kernel, chunks: int | None = None,
+              sm_out: bool | None = None) -> SymmetricReducer:
     """`comm`'s kernel (made by `make_kernel`, once per run) on `num_ctas` CTAs, each call cut
-    into `chunks` pieces (None: the kernel's own count)."""
-    return SymmetricReducer(_engine(ctx, comm, make_kernel), ctx.eps, num_ctas, chunks)
+    into `chunks` pieces (None: the kernel's own count), its own output rows written by its
+    kernel where `sm_out` (None: the kernel's own choice)."""
+    return SymmetricReducer(_engine(ctx, comm, make_kernel), ctx.eps, num_ctas, chunks, sm_out)
 
 
 @dataclass

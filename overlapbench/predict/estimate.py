@@ -18,7 +18,7 @@ from overlapbench.predict.notes import ASSUMED, SKIPPED, Note
 from overlapbench.predict.timeline import COMPUTE as COMPUTE_PHASE
 from overlapbench.predict.timeline import NORM, TRANSFER, Phase, Played, play
 from overlapbench.run import piece_keys
-from overlapbench.strategies.knobs import CE_CHUNKS, GEMM_CARVEOUT
+from overlapbench.strategies.knobs import CE_CHUNKS, CE_OUT, GEMM_CARVEOUT
 from overlapbench.tuning.results import read_rows
 
 
@@ -125,6 +125,8 @@ UNMODELLED = (
                     "slowdown on fewer SMs nor what the SMs left free give the transfers is in the inputs"),
     (CE_CHUNKS, "a plan's transfers carry no piece count and the comm table's copy-engine rows are timed at the "
                 "kernel's own count, so what fewer or more pieces change is not in the inputs"),
+    (CE_OUT, "the comm table's copy-engine rows are timed with the rank's own output rows copied, and what "
+             "the kernel writing them changes (the chunk barriers' waits beside compute) is not in the inputs"),
 )
 
 

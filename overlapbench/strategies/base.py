@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from overlapbench.errors import UserError, did_you_mean, field_name
 from overlapbench.overlap import comm_methods
-from overlapbench.strategies.knobs import DEFAULT, Knob
+from overlapbench.strategies.knobs import COPY_ENGINE_KNOBS, DEFAULT, Knob
 from overlapbench.timing.step import Step
 
 if TYPE_CHECKING:
@@ -112,12 +112,14 @@ class NcclStrategy(Strategy):
         return None
 
 
-def reset_ce_chunks(knobs: dict) -> None:
-    """`ce_chunks` back to auto (and so out of the point key) where the `comm` method does not cut
-    its calls into pieces (its record's `chunked`): a grid over comm methods does not measure the
-    same setting twice."""
-    if comm_methods.CE_CHUNKS in knobs and not comm_methods.get(knobs["comm"]).chunked:
-        knobs[comm_methods.CE_CHUNKS] = comm_methods.AUTO
+def reset_copy_engine_knobs(knobs: dict) -> None:
+    """The copy-engine path's knobs (`ce_chunks`, `ce_out`) back to their defaults (and so out of
+    the point key) where the `comm` method is not that path (its record's `chunked`): a grid over
+    comm methods does not measure the same setting twice."""
+    if not comm_methods.get(knobs["comm"]).chunked:
+        for knob in COPY_ENGINE_KNOBS:
+            if knob.name in knobs:
+                knobs[knob.name] = knob.default
 
 
 class SplitStrategy(Strategy):
@@ -136,7 +138,7 @@ class SplitStrategy(Strategy):
                 knobs[name] = None
         if method.budget != comm_methods.NCCL_MAX_CTAS:
             knobs["nccl_max_ctas"] = DEFAULT
-        reset_ce_chunks(knobs)
+        reset_copy_engine_knobs(knobs)
 
     @classmethod
     def is_checked(cls, knobs):

@@ -1,15 +1,15 @@
 """`fused_norm` (TokenWeave's fuse-only): no split; every all-reduce + residual add + RMSNorm
 is one few-CTA symmetric-memory kernel that the row-parallel GEMMs write into directly
 (`comm: fused`), or copy-engine transfers around a few-CTA local add+norm (`comm: copy_engine`,
-each call's rows in `ce_chunks` pieces)."""
+each call's rows in `ce_chunks` pieces, its own output rows written as `ce_out` says)."""
 
 from __future__ import annotations
 
 from overlapbench.model.schedule import LayerPlan, Rows
 from overlapbench.overlap import comm_methods
 from overlapbench.strategies import register
-from overlapbench.strategies.base import Needs, Step, Strategy, reset_ce_chunks
-from overlapbench.strategies.knobs import CE_CHUNKS, FUSED_COMM, comm_ctas
+from overlapbench.strategies.base import Needs, Step, Strategy, reset_copy_engine_knobs
+from overlapbench.strategies.knobs import COPY_ENGINE_KNOBS, FUSED_COMM, comm_ctas
 
 
 @register
@@ -17,12 +17,12 @@ class FusedNorm(Strategy):
     name = "fused_norm"
     simplicity = 10
     summary = "no split; each all-reduce fused with residual add + RMSNorm in one few-CTA kernel"
-    knobs = (FUSED_COMM, comm_ctas("comm_ctas", "(every reduction)"), CE_CHUNKS)
+    knobs = (FUSED_COMM, comm_ctas("comm_ctas", "(every reduction)"), *COPY_ENGINE_KNOBS)
     needs = Needs(cuda=True, symmetric_memory=True)
 
     @classmethod
     def check_combination(cls, knobs, where):
-        reset_ce_chunks(knobs)
+        reset_copy_engine_knobs(knobs)
 
     @classmethod
     def plan(cls, knobs, batch):

@@ -22,7 +22,7 @@ from overlapbench.overlap.balance import balanced_ratio
 from overlapbench.overlap.comm_methods import CTA_BUDGETED, listed
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Knob, SplitStrategy
-from overlapbench.strategies.knobs import CE_CHUNKS, COMM, GEMM_CARVEOUT, NCCL_MAX_CTAS, comm_ctas
+from overlapbench.strategies.knobs import COMM, COPY_ENGINE_KNOBS, GEMM_CARVEOUT, NCCL_MAX_CTAS, comm_ctas
 
 ALIGN = Knob("align", int, 64, "round each sequence's cut to a multiple of this many tokens", bounds=(1, 4096))
 SPLIT_RATIO = Knob(
@@ -54,7 +54,7 @@ class Iso(SplitStrategy):
     summary = ("ISO: every sequence cut in two chunks; chunk 2 attends to chunk 1's KV; "
                "one chunk's all-reduce overlaps the other's compute")
     knobs = (SPLIT_RATIO, ALIGN, COMM, comm_ctas("comm_ctas", f"(comm={listed(CTA_BUDGETED)})"), NCCL_MAX_CTAS, GEMM_CARVEOUT,
-             CE_CHUNKS)
+             *COPY_ENGINE_KNOBS)
 
     cta_knobs = ("comm_ctas",)
 

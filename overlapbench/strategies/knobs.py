@@ -136,6 +136,22 @@ CE_CHUNKS = Knob(
     choices=(comm_methods.AUTO,), bounds=(1, 16), sparse=True,
 )
 
+# Who writes the rank's own rows of the copy-engine path's output (kernels/copy_engine_norm.py,
+# `sm_out`). Sparse: at copy (the path as it always ran) a setting's point key is the one it has
+# without the knob. The `comm` methods it applies to are ce_chunks' (comm_methods.CHUNKED).
+CE_OUT = Knob(
+    comm_methods.CE_OUT, str, comm_methods.COPY,
+    f"comm={comm_methods.listed(comm_methods.CHUNKED)} only: who writes the rank's own rows of each "
+    f"reduction's output: {comm_methods.COPY}, a same-device copy of the published rows on the gather copy "
+    f"stream before each piece's barrier (a copy that waits for SMs beside compute like a kernel); "
+    f"{comm_methods.KERNEL}, the add + norm kernel itself (one more write of the own rows in it; the barrier "
+    "follows the kernel at once)",
+    choices=(comm_methods.COPY, comm_methods.KERNEL), sparse=True,
+)
+# The copy-engine path's knobs, which every strategy whose `comm` can be that path takes, and
+# which are reset to their defaults with another `comm` (base.reset_copy_engine_knobs).
+COPY_ENGINE_KNOBS = (CE_CHUNKS, CE_OUT)
+
 # SMs the main lane's GEMMs leave to the communication lane. Sparse: at 0 a setting's point key is
 # the one it has without the knob.
 GEMM_CARVEOUT = Knob(

@@ -19,7 +19,7 @@ from overlapbench.overlap.balance import balanced_rows
 from overlapbench.overlap.comm_methods import CTA_BUDGETED, listed
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Knob, SplitStrategy
-from overlapbench.strategies.knobs import ALIGN, CE_CHUNKS, CHUNKS, COMM, GEMM_CARVEOUT, NCCL_MAX_CTAS, comm_ctas
+from overlapbench.strategies.knobs import ALIGN, CHUNKS, COMM, COPY_ENGINE_KNOBS, GEMM_CARVEOUT, NCCL_MAX_CTAS, comm_ctas
 
 
 def split_point(tokens: int, align: int, offset: int = 0, ratio: float | None = None) -> int:
@@ -90,7 +90,7 @@ class TokenSplit(SplitStrategy):
         NCCL_MAX_CTAS,
         CHUNKS,
         GEMM_CARVEOUT,
-        CE_CHUNKS,
+        *COPY_ENGINE_KNOBS,
     )
 
     cta_knobs = ("comm_ctas_attn", "comm_ctas_mlp")
