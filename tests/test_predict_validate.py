@@ -74,7 +74,8 @@ def test_a_study_whose_rows_carry_the_paired_term_is_also_validated_charging_it(
     outcomes = [pv.run(study, predicted, v) for v in variants]
     table = [line for line in pv.report("h200", outcomes).splitlines() if line.startswith(f"| {study.title}")]
     assert len(table) == len(variants) * len(study.measured)
-    assert [", with --in-layer measured" in line for line in table] == [False] + [True] * paired
+    sections = len(study.measured)  # a line per measured file, the default's first
+    assert [", with --in-layer measured" in line for line in table] == [False] * sections + [True] * sections * paired
     if paired:
         plain, charged = (o.sections[0][2] for o in outcomes)
         assert plain["points"] and len(plain["points"]) == len(charged["points"])

@@ -531,7 +531,15 @@ VALIDATION_ROWS = [
       for model in ("llama3-70b", "llama3-8b")
       for variant, contention in (("", "beside the layer, no in-layer term"),
                                   (MEASURED_TERM, "beside the layer, `--in-layer measured`"))),
+    *((PREDICTED_H200, "2x H200 (GPUs 0-1 of 4), a3860b5", "llama3-70b", 2,
+       "1K-16K measured at a3860b5", variant, contention)
+      for variant, contention in (("", "beside the layer, no in-layer term"),
+                                  (MEASURED_TERM, "beside the layer, `--in-layer measured`"))),
     *((PREDICTED_H200, "4x H200", model, 4, "measured on 4x H200", variant, contention)
+      for model in ("llama3-70b", "llama3-8b")
+      for variant, contention in (("", "beside TP=4's layer, no in-layer term"),
+                                  (MEASURED_TERM, "beside TP=4's layer, `--in-layer measured`"))),
+    *((PREDICTED_H200, "4x H200, a3860b5", model, 4, "measured again on 4x H200", variant, contention)
       for model in ("llama3-70b", "llama3-8b")
       for variant, contention in (("", "beside TP=4's layer, no in-layer term"),
                                   (MEASURED_TERM, "beside TP=4's layer, `--in-layer measured`"))),
@@ -545,6 +553,24 @@ def _no_comm_errors(model: str) -> dict:
     return {"a": [plain[t] for t in TOKENS[:4]], "b": [charged[t] for t in TOKENS[:4]]}
 
 
+def _predicted_points_moved() -> dict:
+    """How far the TP=4 points predict validates (its schedules: not flash_agrs, sp_baseline,
+    async_tp) moved between the c1821fe and a3860b5 studies, at most."""
+    unpredicted = ("flash_agrs", "sp_baseline", "async_tp")
+
+    def by_setting(store: str) -> dict:
+        return {(r["strategy"], r["tokens"], json.dumps(r["knobs"], sort_keys=True)): r["speedup"]
+                for r in f.rows(store) if r["status"] == "ok" and r.get("speedup") is not None
+                and r["strategy"] not in unpredicted}
+
+    out = {}
+    for tag, model in (("a", "llama3-70b"), ("b", "llama3-8b")):
+        one, two = by_setting(TP4 + f"{model}-tp4.jsonl"), by_setting(AGAIN_TP4 + f"{model}-tp4.jsonl")
+        shared = one.keys() & two.keys()
+        out[tag], out["n"] = max(abs(one[k] - two[k]) for k in shared), len(shared)
+    return out
+
+
 PREDICT_CLAIMS = [
     Claim("docs/predict.md", VALIDATION_ROW.format(device=device, model=model, tp=tp, contention=contention),
           lambda md=md, study=f"{model} TP={tp}, {measured}{variant}": f.validation_line(md, study))
@@ -554,6 +580,8 @@ PREDICT_CLAIMS = [
                              "and {b[0]}, {b[1]}, {b[2]} and {b[3]} with it", lambda: _no_comm_errors("llama3-8b")),
     Claim("docs/predict.md", "(70B: {a[0]}, {a[1]}, {a[2]}, {a[3]} against {b[0]}, {b[1]}, {b[2]}, {b[3]})",
           lambda: _no_comm_errors("llama3-70b")),
+    Claim("docs/predict.md", "whose {n} predicted points moved by at most {a:.3f} (llama3-70b) and {b:.3f} (llama3-8b) from "
+                             "the c1821fe run's", _predicted_points_moved),
     Claim("docs/predict.md", "flagged ⚠ where any token count is more than {off:.0f}% off",
           lambda: {"off": COMPUTE_OFF * 100}),
 ]

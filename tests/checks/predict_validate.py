@@ -168,7 +168,10 @@ def _h200(model: str) -> list[Study]:
                   (Need("beside-layer rows (2x H200)", f"{x2}/*/comm-beside-layer-{model}.jsonl",
                         required=False, current=IN_LAYER),),
                   ((f"{model} TP=2, measured on 2x H200 (the 9f356d8 study)",
-                    tuple(Need("the TP=2 study on 2x H200", pattern) for pattern in tp2)),)),
+                    tuple(Need("the TP=2 study on 2x H200", pattern) for pattern in tp2)),
+                   *(((f"{model} TP=2, 1K-16K measured at a3860b5 (GPUs 0 and 1 of a 4x H200 machine, the inputs' "
+                       "layer code)", (Need("the TP=2 study at a3860b5", f"{x4}/a3860b5/{model}-tp2.jsonl"),)),)
+                     if model == "llama3-70b" else ()))),
             Study("h200", model, 4, f"sweeps/{model}-tp4.yaml",
                   Need("the TP=4 pieces on one H200", f"results/h200/*/pieces-{model}-tp4-tp4.jsonl", "h200-pieces"),
                   (Need("the 4x H200 all-reduce table", f"{x4}/c1821fe/comm.jsonl"),),
@@ -179,7 +182,9 @@ def _h200(model: str) -> list[Study]:
                    Need("beside-layer rows (2x H200, TP=2's layer)", f"{x2}/*/comm-beside-layer-{model}.jsonl",
                         required=False, current=IN_LAYER)),
                   ((f"{model} TP=4, measured on 4x H200",
-                    (Need("the TP=4 study on 4x H200", f"{x4}/c1821fe/{model}-tp4.jsonl"),)),))]
+                    (Need("the TP=4 study on 4x H200", f"{x4}/c1821fe/{model}-tp4.jsonl"),)),
+                   (f"{model} TP=4, measured again on 4x H200 (the a3860b5 study, another machine)",
+                    (Need("the TP=4 study at a3860b5", f"{x4}/a3860b5/{model}-tp4.jsonl"),)),))]
 
 
 def _diagnostic(model: str) -> Study:
