@@ -129,6 +129,25 @@ def layer_context(rank: int, world: int, shape, layers: int, seq_lens: tuple[int
     return ctx, random_input(tokens, shape.hidden, 0, torch.float32, rt.device)
 
 
+def layer_outputs(world: int, handle, shape, layers: int, seq_lens: tuple[int, ...], settings) -> list[list]:
+    """Each rank's whole output (rank order) of each (strategy, knobs) setting, built and run
+    one after another on the rank's layer_context, every rank on a thread of run_ranks (a failing
+    rank aborts `handle`'s barriers)."""
+    from overlapbench import strategies
+
+    def rank_main(rank):
+        ctx, x = layer_context(rank, world, shape, layers, seq_lens)
+        outs = []
+        for name, knobs in settings:
+            cls = strategies.get(name)
+            step = cls.build(ctx, cls.check_knobs(knobs, name))
+            outs.append(step.to_full(step.forward(x)).clone())
+        return outs
+
+    rank_main.handle = handle
+    return run_ranks(world, rank_main)
+
+
 class RecordingKernel:
     """Stands in for the run's symmetric kernel (reducers._engine's) where only what the reducers
     pass matters: records each call's rows, CTA budget and the keywords it was given (absent: the

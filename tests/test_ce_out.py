@@ -195,7 +195,7 @@ def test_settings_of_both_values_share_one_buffer_and_match_the_reference(monkey
     from overlapbench.distributed.runtime import SymmetricBuffer
     from overlapbench.model.layer import reference_forward
     from overlapbench.model.models import ModelShape
-    from tests.fake_symmetric import FakeHandle, SimStreams, layer_context, patch_engines, run_ranks
+    from tests.fake_symmetric import FakeHandle, SimStreams, layer_outputs, patch_engines
 
     shape, layers, seq_lens = ModelShape(hidden=64, ffn=128, heads=8, kv_heads=4, head_dim=8), 2, (41, 23)
     tokens = sum(seq_lens)
@@ -209,19 +209,8 @@ def test_settings_of_both_values_share_one_buffer_and_match_the_reference(monkey
         ("iso", {"comm": "copy_engine", "comm_ctas": 4, "ce_chunks": 2}),
         ("fused_norm", {"comm": "copy_engine", "comm_ctas": 4}))
         for extra in ({"ce_out": "kernel"}, {})]
-
-    def rank_main(rank):
-        ctx, x = layer_context(rank, world, shape, layers, seq_lens)
-        outs = []
-        for name, knobs in settings:
-            cls = strategies.get(name)
-            step = cls.build(ctx, cls.check_knobs(knobs, name))
-            outs.append(step.to_full(step.forward(x)).clone())
-        return outs
-
-    rank_main.handle = handle
     ref = reference_forward(shape, layers, world, seq_lens, seed=0)
-    for rank, outs in enumerate(run_ranks(world, rank_main)):
+    for rank, outs in enumerate(layer_outputs(world, handle, shape, layers, seq_lens, settings)):
         for (name, knobs), out in zip(settings, outs):
             err = ((out - ref).norm() / ref.norm()).item()
             assert err < 1e-5, f"{name} {knobs} on rank {rank}: rel err {err:.2e}"

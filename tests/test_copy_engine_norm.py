@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from kernels.copy_engine_norm import CopyEngineNorm, buffer_elems  # noqa: E402
 from overlapbench.distributed.runtime import SymmetricBuffer  # noqa: E402
-from tests.fake_symmetric import EPS, FakeHandle, SimStreams, layer_context, patch_engines, run_ranks  # noqa: E402
+from tests.fake_symmetric import EPS, FakeHandle, SimStreams, layer_context, layer_outputs, patch_engines, run_ranks  # noqa: E402
 from tests.fake_symmetric import reference as _reference  # noqa: E402
 
 
@@ -178,7 +178,6 @@ def test_strategies_with_copy_engine_match_the_reference(monkeypatch, world, chu
     fake symmetric memory: the layers keep the residual token-sharded (no forward reads a row a
     reducer did not update) and the output still equals the reference. chunks None: by size
     (1 here, the serial schedule); 3: the pipeline on stand-in streams."""
-    from overlapbench import strategies
     from overlapbench.model.layer import reference_forward
     from overlapbench.model.models import ModelShape
 
@@ -188,19 +187,8 @@ def test_strategies_with_copy_engine_match_the_reference(monkeypatch, world, chu
     settings = [("fused_norm", {"comm": "copy_engine", "comm_ctas": 4}),
                 ("token_split", {"comm": "copy_engine", "comm_ctas_attn": 4, "comm_ctas_mlp": 16}),
                 ("iso", {"comm": "copy_engine", "comm_ctas": 4})]
-
-    def rank_main(rank):
-        ctx, x = layer_context(rank, world, shape, layers, seq_lens)
-        outs = []
-        for name, knobs in settings:
-            cls = strategies.get(name)
-            step = cls.build(ctx, cls.check_knobs(knobs, name))
-            outs.append(step.to_full(step.forward(x)).clone())
-        return outs
-
-    rank_main.handle = handle
     ref = reference_forward(shape, layers, world, seq_lens, seed=0)
-    for rank, outs in enumerate(run_ranks(world, rank_main)):
+    for rank, outs in enumerate(layer_outputs(world, handle, shape, layers, seq_lens, settings)):
         for (name, _), out in zip(settings, outs):
             err = ((out - ref).norm() / ref.norm()).item()
             assert err < 1e-5, f"{name} on rank {rank}: rel err {err:.2e}"
