@@ -352,15 +352,21 @@ def _again() -> dict:
     return {"a": apart("a", "b"), "b": apart("c", "d"), "same": same, "n": 2 * len(TOKENS)}
 
 
-def _shared_moves() -> dict:
-    """How far each setting's speedup moved between the two runs, and async_tp's at 32K."""
+def _runs_by_setting(model: str) -> tuple[dict, dict]:
+    """The c1821fe and a3860b5 TP=4 studies' timed rows of `model`, each keyed by its setting
+    (strategy, tokens, knobs)."""
     def by_setting(store: str) -> dict:
         return {(r["strategy"], r["tokens"], json.dumps(r["knobs"], sort_keys=True)): r
                 for r in f.rows(store) if r["status"] == "ok" and r.get("speedup") is not None}
 
+    return by_setting(TP4 + f"{model}-tp4.jsonl"), by_setting(AGAIN_TP4 + f"{model}-tp4.jsonl")
+
+
+def _shared_moves() -> dict:
+    """How far each setting's speedup moved between the two runs, and async_tp's at 32K."""
     out = {}
     for tag, model in (("a", "llama3-70b"), ("b", "llama3-8b")):
-        one, two = by_setting(TP4 + f"{model}-tp4.jsonl"), by_setting(AGAIN_TP4 + f"{model}-tp4.jsonl")
+        one, two = _runs_by_setting(model)
         out[tag] = statistics.median(abs(one[k]["speedup"] - two[k]["speedup"]) for k in one.keys() & two.keys())
         (key,) = [k for k in one if k[0] == "async_tp" and k[1] == 32768]
         out[tag + "1"], out[tag + "2"] = one[key]["speedup"], two[key]["speedup"]
@@ -557,17 +563,11 @@ def _predicted_points_moved() -> dict:
     """How far the TP=4 points predict validates (its schedules: not flash_agrs, sp_baseline,
     async_tp) moved between the c1821fe and a3860b5 studies, at most."""
     unpredicted = ("flash_agrs", "sp_baseline", "async_tp")
-
-    def by_setting(store: str) -> dict:
-        return {(r["strategy"], r["tokens"], json.dumps(r["knobs"], sort_keys=True)): r["speedup"]
-                for r in f.rows(store) if r["status"] == "ok" and r.get("speedup") is not None
-                and r["strategy"] not in unpredicted}
-
     out = {}
     for tag, model in (("a", "llama3-70b"), ("b", "llama3-8b")):
-        one, two = by_setting(TP4 + f"{model}-tp4.jsonl"), by_setting(AGAIN_TP4 + f"{model}-tp4.jsonl")
-        shared = one.keys() & two.keys()
-        out[tag], out["n"] = max(abs(one[k] - two[k]) for k in shared), len(shared)
+        one, two = _runs_by_setting(model)
+        shared = [k for k in one.keys() & two.keys() if k[0] not in unpredicted]
+        out[tag], out["n"] = max(abs(one[k]["speedup"] - two[k]["speedup"]) for k in shared), len(shared)
     return out
 
 
