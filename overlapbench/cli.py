@@ -46,7 +46,8 @@ err_console = printing.console(stderr=True)
 
 def user_errors(fn):
     """Bad input ends the command with one line on stderr and exit code 2, no traceback;
-    Ctrl-C with one line (what was kept, how to go on) and exit code 130."""
+    Ctrl-C with one line (what was kept, how to go on) and exit code 130. A worker whose run
+    left kernels queued on its GPU ends there and then (launch.end_worker)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -57,6 +58,7 @@ def user_errors(fn):
         except UserError as e:
             if os.environ.get("RANK", "0") == "0":  # under torchrun, say it once
                 err_console.print(printing.styled(("error:", "bold red"), f" {e}"), soft_wrap=True)
+            launch.end_worker(UserError.exit_code)
             raise typer.Exit(UserError.exit_code) from None
         except (launch.Interrupted, KeyboardInterrupt) as e:
             if os.environ.get("RANK", "0") == "0" and not launch.relaunched():  # the parent speaks for its workers
@@ -64,7 +66,11 @@ def user_errors(fn):
                     err_console.print(str(e) if isinstance(e, launch.Interrupted) and str(e) else "interrupted", soft_wrap=True)
                 except OSError:  # the terminal is gone (a hang-up): nobody to tell
                     pass
+            launch.end_worker(launch_log.INTERRUPTED)
             raise typer.Exit(launch_log.INTERRUPTED) from None
+        except Exception:  # a bug: its traceback as Python prints it (a relaunched worker's: to the launch log)
+            launch.end_worker(1, uncaught=True)
+            raise
 
     return wrapper
 

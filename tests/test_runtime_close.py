@@ -101,3 +101,25 @@ def test_a_session_leaves_the_group_only_when_the_run_finished(monkeypatch, fail
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_an_interrupted_close_on_gpus_frees_nothing_and_leaves_the_process_to_end_at_once(monkeypatch):
+    """On GPUs, kernels still queued may read the windows and symmetric buffers through peer
+    mappings: nothing is deregistered or dropped, and the process is marked for os._exit."""
+    journal = Journal()
+    monkeypatch.setattr(runtime, "_abandoned", False)
+    rt = runtime.Runtime(0, 2, 0, torch.device("cuda", 0), "nccl")  # no CUDA call is made: the device is never used
+    windows = [_window(journal, "pool-a")]
+    rt._windows[(8, False, torch.bfloat16)] = windows
+    kept = object()
+    rt._resources["buffers"] = kept
+
+    def collective(*args, **kwargs):
+        raise AssertionError("a collective after an interrupt: a peer may be gone")
+
+    monkeypatch.setattr(dist, "barrier", collective)
+    monkeypatch.setattr(dist, "destroy_process_group", collective)
+    assert not runtime.abandoned()
+    rt.close(clean=False)
+    assert runtime.abandoned()
+    assert journal.events == [] and windows[0].pool == "pool-a" and rt._resources == {"buffers": kept}

@@ -5,7 +5,12 @@
    first) while rank 1 is stuck in a point's warm-up and rank 0 waits for it in an NCCL
    collective, spinning in a CUDA synchronize: 20 s after the launcher ended, nvidia-smi lists no
    process of the run, and none is left on the machine.
-2. Points whose CUDA-graph capture fails, by running out of memory inside it or by an operation
+2. Ctrl-C while a batch's candidates are timed in rounds, the splits' kernels reading the peer's
+   symmetric memory: every worker ends by itself within the launcher's grace (none is killed),
+   without aborting (unmapping that memory under kernels still queued aborted both ranks at
+   exit: `terminate called ... an illegal memory access`), and nvidia-smi lists none of them
+   20 s later.
+3. Points whose CUDA-graph capture fails, by running out of memory inside it or by an operation
    CUDA forbids there (which invalidates the capture and, under torch 2.11, left the caching
    allocator believing a capture underway: `captures_underway.empty() INTERNAL ASSERT FAILED` at
    exit): they end alone (timed eagerly, the capture's reason in their row), the next batch is
@@ -95,6 +100,35 @@ def test_sigterm_while_a_rank_is_stuck_leaves_no_process_on_the_gpus(tmp_path: P
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("interrupted; ") and not any(a in err for a in ABORTS), err
     assert "were killed" in lines[0]  # the stuck ranks did not end by themselves: the launcher ended them
+
+
+def test_ctrl_c_while_splits_over_symmetric_memory_are_timed_ends_every_worker_by_itself(tmp_path: Path):
+    from overlapbench.launch.launch import GRACE_S
+
+    before = compute_pids()
+    split = {"comm": ["fused", "copy_engine"], "comm_ctas_attn": 16, "comm_ctas_mlp": 16, "align": 256}
+    spec = write_spec(tmp_path, "ctrl-c", [[16384], [8192]], {"baseline": {}, "token_split": split})
+    out = tmp_path / f"r-{random.randrange(1 << 30)}.jsonl"
+    child = subprocess.Popen([sys.executable, "-m", "overlapbench", "sweep", str(spec), "-o", str(out)], cwd=tmp_path,
+                             env=os.environ | {"PYTHONPATH": str(distributed.REPO)}, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    wait_for_event(out, ('"running"', "timing", "interleaved", '"rank": 1'), 300)
+    time.sleep(random.uniform(1, 4))  # somewhere in the rounds, kernels queued
+    on_gpus = compute_pids() - before
+    sent = time.monotonic()
+    os.kill(child.pid, signal.SIGINT)  # Ctrl-C: to the launcher, which passes it on
+    _, err = child.communicate(timeout=GRACE_S + 60)
+    ended = time.monotonic() - sent
+    print(f"the launcher ended {ended:.1f} s after Ctrl-C, exit {child.returncode}: {err.strip()}")
+    lines = err.strip().splitlines()
+    assert child.returncode == 130 and lines and lines[-1].startswith("interrupted; "), err
+    assert "killed" not in lines[-1], lines[-1]  # every worker ended by itself, within the grace
+    assert not any(a in err for a in ABORTS), err
+    time.sleep(20)
+    left = compute_pids() & on_gpus
+    print(f"20 s later on the GPUs: {sorted(compute_pids())}; of the run: {sorted(left)}")
+    assert not left, left
+    assert gone_within(str(out), 1), processes_naming(str(out))
 
 
 def test_a_failed_capture_fails_alone_and_the_run_exits_cleanly(tmp_path: Path):

@@ -31,6 +31,17 @@ def apply_safe_env(env: dict = os.environ) -> None:
         env.setdefault(key, value)
 
 
+_abandoned = False  # Runtime.close left this process's device memory to the exit (see `abandoned`)
+
+
+def abandoned() -> bool:
+    """Whether an interrupted or failed run left this process's GPU memory mapped for the exit to
+    reclaim (Runtime.close, clean=False, on GPUs): the process must then end with os._exit, not
+    through Python's teardown, whose destructors would unmap symmetric memory under kernels still
+    queued on the device."""
+    return _abandoned
+
+
 @dataclass
 class Runtime:
     rank: int
@@ -153,8 +164,17 @@ class Runtime:
         windows are deregistered and freed while their communicators live (nccl_windows.release),
         then the groups go. `clean`: every rank got here (a finished run): wait for the device
         and for the other ranks first. Otherwise (an interrupt, an error) nothing collective or
-        blocking runs: a peer may be gone or stuck; the windows are still released, and the
-        process group is left to the exit, as torch does."""
+        blocking runs: a peer may be gone or stuck. On CPU the windows are still released and
+        the process group is left to the exit, as torch does. On GPUs nothing is freed: kernels
+        still queued may read the symmetric buffers and windows through peer mappings, and
+        unmapping them under those kernels is an illegal memory access (both ranks of a stopped
+        llama3-70b TP=2 run aborted so at exit, in the symmetric allocator's destructor). The
+        process is marked `abandoned` and must end without Python's teardown (os._exit), which
+        the launch layer's `end_worker` does; the driver reclaims the memory then."""
+        global _abandoned
+        if not clean and self.is_cuda:
+            _abandoned = True
+            return
         if clean and self.is_cuda:
             torch.cuda.synchronize(self.device)
         if clean:

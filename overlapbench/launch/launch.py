@@ -192,6 +192,29 @@ def as_worker() -> None:
     sys.excepthook = _log_exception
 
 
+def end_worker(code: int, uncaught: bool = False) -> None:
+    """End a worker at once with `code` where its runtime was abandoned on its GPU
+    (runtime.abandoned: an interrupt or an error left kernels queued over symmetric memory), so
+    no destructor unmaps that memory under them; every row is written before it gets here (the
+    results store closes in the run's own `finally`). `uncaught`: called while handling an
+    unexpected error, which is reported first as Python would at exit (sys.excepthook: the
+    launch log's, in a relaunched worker). Elsewhere, nothing: the caller goes on to exit as usual."""
+    if not under_torchrun():
+        return
+    from overlapbench.distributed import runtime
+
+    if not runtime.abandoned():
+        return
+    if uncaught:
+        sys.excepthook(*sys.exc_info())
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # the terminal or pipe is gone
+            pass
+    os._exit(code)
+
+
 def _log_exception(kind, value, tb) -> None:
     import traceback
 
