@@ -74,7 +74,8 @@ def test_sigterm_while_a_rank_is_stuck_leaves_no_process_on_the_gpus(tmp_path: P
     spec = write_spec(tmp_path, "stopped", [[8192], [4096]],
                       {"baseline": {}, "fault": {"mode": "stuck_later", "at_tokens": 8192}})
     out = tmp_path / f"r-{random.randrange(1 << 30)}.jsonl"  # a name only this test's processes carry
-    child = subprocess.Popen([sys.executable, "-m", "overlapbench", "sweep", str(spec), "-o", str(out)], cwd=tmp_path,
+    child = subprocess.Popen([sys.executable, "-m", "overlapbench", "sweep", str(spec), "-o", str(out), "--nproc", "2"],
+                             cwd=tmp_path,
                              env=os.environ | {"PYTHONPATH": str(distributed.REPO)} | PLUGINS, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     # rank 1's second forward of `fault` (its capture's warm-up) never returns; rank 0's NCCL
@@ -109,7 +110,8 @@ def test_ctrl_c_while_splits_over_symmetric_memory_are_timed_ends_every_worker_b
     split = {"comm": ["fused", "copy_engine"], "comm_ctas_attn": 16, "comm_ctas_mlp": 16, "align": 256}
     spec = write_spec(tmp_path, "ctrl-c", [[16384], [8192]], {"baseline": {}, "token_split": split})
     out = tmp_path / f"r-{random.randrange(1 << 30)}.jsonl"
-    child = subprocess.Popen([sys.executable, "-m", "overlapbench", "sweep", str(spec), "-o", str(out)], cwd=tmp_path,
+    child = subprocess.Popen([sys.executable, "-m", "overlapbench", "sweep", str(spec), "-o", str(out), "--nproc", "2"],
+                             cwd=tmp_path,
                              env=os.environ | {"PYTHONPATH": str(distributed.REPO)}, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     wait_for_event(out, ('"running"', "timing", "interleaved", '"rank": 1'), 300)
@@ -136,7 +138,7 @@ def test_a_failed_capture_fails_alone_and_the_run_exits_cleanly(tmp_path: Path):
                       {"baseline": {}, "fault": {"mode": ["oom_in_capture", "invalid_capture"], "at_tokens": 4096},
                        "token_split": {"align": 256}})
     out = tmp_path / "rows.jsonl"
-    done = distributed.overlapbench("sweep", str(spec), "--output", str(out), env=PLUGINS, timeout=480, cwd=tmp_path)
+    done = distributed.overlapbench("sweep", str(spec), "--output", str(out), "--nproc", "2", env=PLUGINS, timeout=480, cwd=tmp_path)
     print(f"exit {done.returncode}; stderr:\n{done.stderr[-3000:]}")
     rows = read_rows(out)
     for r in rows:
