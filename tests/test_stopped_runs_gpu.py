@@ -138,7 +138,8 @@ def test_a_failed_capture_fails_alone_and_the_run_exits_cleanly(tmp_path: Path):
                       {"baseline": {}, "fault": {"mode": ["oom_in_capture", "invalid_capture"], "at_tokens": 4096},
                        "token_split": {"align": 256}})
     out = tmp_path / "rows.jsonl"
-    done = distributed.overlapbench("sweep", str(spec), "--output", str(out), "--nproc", "2", env=PLUGINS, timeout=480, cwd=tmp_path)
+    done = distributed.overlapbench("sweep", str(spec), "--output", str(out), "--nproc", "2", env=PLUGINS, timeout=480,
+                                    cwd=tmp_path)
     print(f"exit {done.returncode}; stderr:\n{done.stderr[-3000:]}")
     rows = read_rows(out)
     for r in rows:
