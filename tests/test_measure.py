@@ -69,6 +69,27 @@ def test_time_step_on_cpu_runs_exactly_the_counts_it_is_given():
     assert got == [(warmup + iters, iters)] * 2
 
 
+def _over_ranks(rank: int, world: int, every: list[list[float]]):
+    import torch
+
+    from overlapbench.timing import measure
+
+    return measure._over_ranks(torch.tensor(every[rank], dtype=torch.float64))
+
+
+def test_an_iteration_is_the_slowest_rank_s_and_each_rank_keeps_its_own_median():
+    """What a sequential row's samples_ms and rank_ms are made of: each rank's samples gathered,
+    the max per iteration, and each rank's median, in rank order."""
+    import statistics
+
+    world, iters = random.randrange(2, 4), random.randrange(1, 8)
+    every = [[random.uniform(0.5, 3.0) for _ in range(iters)] for _ in range(world)]
+    got = distributed.run(_over_ranks, every, world=world)
+    want = ([max(each) for each in zip(*every)], [statistics.median(samples) for samples in every])
+    for slowest, medians in got:  # every rank learns the same
+        assert slowest == pytest.approx(want[0], rel=1e-12) and medians == pytest.approx(want[1], rel=1e-12)
+
+
 class _Graph:
     """A CUDAGraph as a failed capture leaves it: capture_end may fail, pool() works only once
     capture_end got past the allocator."""

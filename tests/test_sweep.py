@@ -57,6 +57,9 @@ def test_sweep_writes_checked_rows_then_resumes(spec_file: Path, tmp_path: Path)
     for r in rows:
         assert len(r["samples_ms"]) == 3 and r["p10_ms"] <= r["ms"] <= r["p90_ms"]
         assert r["world_size"] == 2 and r["backend"] == "gloo" and r["device"] == "cpu"
+        # each rank's own median; an iteration's time is the slowest rank's, so none above ms
+        assert r["timing"] == "sequential" and len(r["rank_ms"]) == 2 and max(r["rank_ms"]) <= r["ms"] + 1e-6
+        assert min(r["rank_ms"]) > 0
         assert r["versions"]["torch"] and r["batch"] == [r["tokens"]]
 
     # Without --resume an existing store is refused, untouched.

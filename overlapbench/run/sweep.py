@@ -111,6 +111,7 @@ def measure_point(rt: runtime.Runtime, point: Point, work: Workload, spec: Sweep
         "status": "ok",
         "error": None,
         "samples_ms": [round(s, 6) for s in per_layer],
+        "rank_ms": [round(m / point.layers, 6) for m in timing.rank_medians_ms] or None,
         "graphs": timing.graphs,
         "graph_error": timing.graph_error,
         "timing": "sequential",

@@ -111,6 +111,7 @@ class Timing:
     # the CUDA graph's replay that was timed, where graphs: --profile records one more (its graph
     # lives as long as this Timing); not a statistic, so neither compared nor shown
     replay: Callable[[], object] | None = field(default=None, compare=False, repr=False)
+    rank_medians_ms: list[float] = field(default_factory=list)  # where ranks time together: each rank's own median, rank order
 
     @property
     def median_ms(self) -> float:

@@ -5,6 +5,7 @@ rank, or none); the relative error the checks use; a point's profile (the profil
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,7 +74,7 @@ def time_step(
     step: Step, x: torch.Tensor, warmup: int, iters: int, graphs: bool,
     warmup_s: float = 0.0, min_time_s: float = 0.0,
 ) -> Timing:
-    """Per-iteration times of `step`, max over ranks.
+    """Per-iteration times of `step`, max over ranks, and each rank's own median (`rank_medians_ms`).
 
     On GPUs: warm-up runs at least `warmup` iterations and `warmup_s` seconds, so clocks settle
     into the steady state the timed loop sees; the timed loop runs at least `iters` iterations and
@@ -86,12 +87,13 @@ def time_step(
     if x.device.type != "cuda":
         timed = bench(lambda: step.forward(x), 0.0, 0.0, warmup=warmup, iters=iters, clock=WallClock(),
                       before_each=dist.barrier)
-        return Timing(_max_over_ranks(torch.tensor(timed.samples_ms)), graphs=False)
+        slowest, medians = _over_ranks(torch.tensor(timed.samples_ms))
+        return Timing(slowest, graphs=False, rank_medians_ms=medians)
     run, used_graphs, error = runner(step, x, graphs)
     timed = bench(run, warmup_s * 1e3, min_time_s * 1e3, warmup=warmup, iters=iters, clock=CudaClock(),
                   agree=agreed_count, before_loop=dist.barrier)
-    local = torch.tensor(timed.samples_ms, device=x.device)
-    return Timing(_max_over_ranks(local), used_graphs, error, replay=run if used_graphs else None)
+    slowest, medians = _over_ranks(torch.tensor(timed.samples_ms, device=x.device))
+    return Timing(slowest, used_graphs, error, replay=run if used_graphs else None, rank_medians_ms=medians)
 
 
 def agreed_count(wanted: int) -> int:
@@ -105,10 +107,13 @@ def _collective_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
-def _max_over_ranks(local: torch.Tensor) -> list[float]:
+def _over_ranks(local: torch.Tensor) -> tuple[list[float], list[float]]:
+    """Every rank's samples, by one all-gather: each iteration's max over the ranks (its time: the
+    slowest rank's), and each rank's own median, in rank order (as interleave's Timed.rank_medians)."""
     gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, local)
-    return torch.stack(gathered).max(dim=0).values.tolist()
+    every = torch.stack(gathered)
+    return every.max(dim=0).values.tolist(), [statistics.median(samples) for samples in every.tolist()]
 
 
 @dataclass(frozen=True)
