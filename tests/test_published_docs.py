@@ -419,6 +419,14 @@ def _slowest_card() -> dict:
             "before": f.the_one([a.before.kind for a in lasts], "kernel before").upper(),
             "fa": _rank_row("flash_agrs")["vs"], "none": -_rank_row("none")["vs"]}
 
+def _copy_engine_waits() -> dict:
+    """The copy-engine split's rank 0 at 32K: its exposed time, and its longest barrier waits' last arrivals."""
+    ce = _ranks("copy_engine")
+    lasts = [w.last for w in ce.waits]
+    return {"exposed": ce.totals[0].exposed / 1e3, "n": len(lasts), "late": bounds((a.late for a in lasts), 1e-3),
+            "before": f.the_one([a.before.name.split(" (")[0] for a in lasts], "copy before")}
+
+
 TP4_ROW = "| {tokens} | `{{a[strategy]}}` {{a[how]}} | {{a[hidden]:.0f}}% | `{{b[strategy]}}` {{b[how]}} | {{b[hidden]:.0f}}% |"
 LONG_ROW = "| {tokens} | {{exposed:.1f}}% | `{{strategy}}` {{how}} | {{speedup:.3f}}x | {{hidden:.0f}}% |"
 TP4_CLAIMS = [
@@ -467,6 +475,9 @@ TP4_CLAIMS = [
                    "{before}", _slowest_card),
     Claim(TP4_DOC, "`flash_agrs` ends {fa:.2f} ms behind `no_comm` and the split with no transfers {none:.2f} ms ahead of it",
           _slowest_card),
+    Claim("docs/predict.md", "32/32 leaves rank 0 with {exposed:.1f} ms exposed over 4 layers, and at each of rank 0's {n} "
+                             "longest barrier waits the last rank arrived {late[lo]:.2f}-{late[hi]:.2f} ms after it, out "
+                             "of a `{before}`", _copy_engine_waits),
     Claim(TP4_DOC, "At 2K tokens on 8B the split alone takes {split8:.3f}x `no_comm`'s time, its half-size GEMMs "
                    "{gemm8:.0f}% more GPU time than the whole batch's: no split can hide more than {cap8:.0f}% of the exposed "
                    "communication there, and NCCL's symmetric kernel under it hides {best8:.0f}% in this run",
