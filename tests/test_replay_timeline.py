@@ -297,12 +297,14 @@ class CountingStep:
         return x @ self.w
 
 
-def test_a_cpu_profile_writes_no_replay_timeline(tmp_path):
+def test_a_cpu_profile_writes_no_replay_timeline_and_leaves_no_earlier_one(tmp_path):
     import torch
 
     step, replays = CountingStep(), []
     table = tmp_path / "baseline-16.txt"
     from overlapbench.timing import measure
+
+    timeline.beside(table, replay=True).write_text("an earlier run's replay of this point")
 
     parts = measure.profile_parts(step, torch.randn(16, 32), table, replay=lambda: replays.append(1))
     assert [part.what for part in parts] == ["the kernel table", "the eager timeline"]  # no replay on CPU

@@ -133,7 +133,8 @@ def profile_parts(step: Step, x: torch.Tensor, path: Path, iterations: int = 3,
     (rank 0's only); then one more forward's timeline (its device kernels, timeline.py) beside it;
     and where the step was timed as a CUDA-graph replay (`replay`: what the timed iterations ran,
     on every rank or none), one replay's timeline, its kernels linked to this rank's eager
-    forward's ops (timeline.link_replay), beside that. Every rank writes its own timelines, named
+    forward's ops (timeline.link_replay), beside that (where none is recorded, the first part
+    removes an earlier run's replay timeline of the point). Every rank writes its own timelines, named
     by `rank` (timeline.file_name: rank 0's keep the plain names), each marked `rank` of `world`.
     Parts, to run in order: the sweep lets the ranks agree after each, so no rank enters a part's
     collectives after another's part failed, and a failure names its part."""
@@ -145,8 +146,11 @@ def profile_parts(step: Step, x: torch.Tensor, path: Path, iterations: int = 3,
     eager: list[dict] = []  # the eager forward's timeline, which the replay's kernels are linked to
     table_file = path if rank == 0 else None
     eager_file, replay_file = timeline.beside(path, False, rank), timeline.beside(path, True, rank)
+    replaying = replay is not None and cuda
 
     def table() -> None:
+        if not replaying:  # an earlier run's replay of this point would read as this one's
+            replay_file.unlink(missing_ok=True)
         with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
             for _ in range(iterations):
                 step.forward(x)
@@ -165,6 +169,6 @@ def profile_parts(step: Step, x: torch.Tensor, path: Path, iterations: int = 3,
         timeline.write(timeline.link_replay(replayed, eager[0]), replay_file)
 
     parts = [ProfilePart("the kernel table", table_file, table), ProfilePart("the eager timeline", eager_file, eager_timeline)]
-    if replay is not None and cuda:
+    if replaying:
         parts.append(ProfilePart("the replay timeline", replay_file, replay_timeline))
     return parts
