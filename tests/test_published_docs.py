@@ -534,6 +534,18 @@ def _ce_pieces() -> dict:
             "s1": stretch(16, 16), "s2": stretch(32, 32), "s4": stretch(64, 512)}
 
 
+def _h100_predicted(tokens: int) -> list[float]:
+    """The H100 predictions' token_split speedups at `tokens`: on nccl_symm 16/16 and the copy engine 32/32, TP=4 then TP=8."""
+    out = []
+    for tp in (4, 8):
+        rows = [r for r in f.rows(f"results/predicted-h100/predicted-llama3-70b-tp{tp}.jsonl")
+                if r["tokens"] == tokens and r["strategy"] == "token_split" and r["knobs"].get("split_ratio") is None]
+        for comm, ctas in (("nccl_symm", 16), ("copy_engine", 32)):
+            (row,) = [r for r in rows if r["knobs"]["comm"] == comm and r["knobs"]["comm_ctas_attn"] == ctas]
+            out.append(row["speedup"])
+    return out
+
+
 # -- docs/predict.md: its validation figures, from the validation files (themselves checked to be
 # what tests/checks/predict_validate.py writes today: tests/test_predict_validate.py) -------------
 
@@ -595,7 +607,10 @@ PREDICT_CLAIMS = [
                              "the c1821fe run's", _predicted_points_moved),
     Claim("docs/predict.md", "flagged ⚠ where any token count is more than {off:.0f}% off",
           lambda: {"off": COMPUTE_OFF * 100}),
+    *[Claim("docs/predict.md", f"| {label} | {{s[0]:.2f}} | {{s[1]:.2f}} | {{s[2]:.2f}} | {{s[3]:.2f}} |",
+            lambda t=t: {"s": _h100_predicted(t)}) for t, label in zip(TOKENS, ("1K", "2K", "4K", "8K", "16K", "32K"))],
 ]
+
 
 
 POWER_RUNS = ("results/h200x4/a3860b5/power/power_beside.jsonl", "results/h200x2/277be55/power/power_beside.jsonl")
