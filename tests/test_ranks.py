@@ -193,6 +193,44 @@ def test_reading_without_the_origins_or_a_swapped_rank_names_other_ranks(tmp_pat
     assert [{1: 2, 2: 1}.get(r, r) for r in moved] == right  # the same ranks' data, under the other's number
 
 
+SECOND = 246  # a second communication stream
+
+
+def test_barriers_on_two_streams_match_by_stream_whatever_order_they_start_in(tmp_path):
+    """Each segment ends in two barriers at once, one per stream, their order of start drawn per
+    rank (so matching by order of start across streams pairs the wrong ones): each is matched with
+    its own stream's on every rank, and a wait names the rank that reached that stream's barrier last."""
+    rng = random.Random()
+    world, segments = rng.randrange(2, 5), rng.randrange(4, 9)
+    clock = [rng.uniform(0, 800) for _ in range(world)]
+    kernels: list[list[Placed]] = [[] for _ in range(world)]
+    starts = {}  # (segment, stream) -> each rank's barrier start
+    for i in range(segments):
+        for r in range(world):
+            at = clock[r] + rng.uniform(1, 20)
+            dur = rng.uniform(50, 900)
+            kernels[r].append(Placed(GEMM, MAIN, at, at + dur, {"name": "aten::mm", "flops": 2 * rng.randrange(1, 10**9)}))
+            first, second = at + dur + rng.uniform(0.5, 30), at + dur + rng.uniform(0.5, 30)
+            starts.setdefault((i, COMM), []).append(first)
+            starts.setdefault((i, SECOND), []).append(second)
+        for stream in (COMM, SECOND):
+            end = max(starts[(i, stream)]) + rng.uniform(2, 12)
+            for r in range(world):
+                kernels[r].append(Placed(BARRIER, stream, starts[(i, stream)][r], end, {"name": "symm_mem::barrier", "flops": 0}))
+        for r in range(world):
+            clock[r] = max(k.end for k in kernels[r])
+    timelines = read_all(Drawn(kernels, [], [], [], []), tmp_path, rng)
+    result = ranks.across(timelines, waits=2 * segments)
+    assert result.matched == 2 * segments and result.impossible == 0
+    zero_order = sorted(starts, key=lambda key: starts[key][0])  # rank 0's barriers in order of start
+    for w in result.waits:
+        key = zero_order[w.index]
+        assert {a.barrier.stream for a in w.arrivals} == {key[1]}
+        assert w.last.rank == max(range(world), key=lambda r: starts[key][r])
+        for a in w.arrivals:
+            assert a.late == pytest.approx(starts[key][a.rank] - starts[key][0], abs=0.01)
+
+
 def test_clocks_that_disagree_show_as_barriers_ending_before_a_peer_began(tmp_path):
     rng = random.Random()
     drawn = draw(rng, world=rng.randrange(2, 5))

@@ -9,10 +9,14 @@ timeline.py's docstring). On that axis:
 - per rank, its totals as report/exposed.py defines them (wall, comm exposed) and its barrier
   wait: the time a symmetric-memory barrier kernel (`BARRIER` in its name) runs on it (several at
   once counted once), and of it the part no compute kernel of that rank runs beside (exposed);
-- barriers are matched by their order: the i-th barrier to start on one rank is the i-th on each
-  other (the same program issues them in the same order). Where the ranks' counts differ none is
-  matched, and the reason says so. Where a rank runs barriers on several streams at once, two may
-  start in one order on one rank and the other order on another; the check below then shows it;
+- barriers are matched by their order on their stream: the i-th barrier to start on a stream of
+  one rank is the i-th on that stream of each other (the same program issues them in the same
+  order on each stream, and every rank's CUDA-graph replay numbers its streams alike), so two
+  barriers on two streams that start in one order on one rank and the other order on another
+  still match. Where the ranks' barriers are not on the same streams as often (eager forwards
+  number their streams per process), they are matched by their order of start across streams,
+  and the check below shows where that pairs the wrong ones. Where the ranks' counts differ none
+  is matched, and the reason says so;
 - a barrier kernel cannot end on any rank before every rank has reached its own (each waits for
   every peer's signal). A matched barrier that ends on some rank before another rank's started is
   impossible on a shared clock: the largest such gap (`disagreement`) is a lower bound on how far
@@ -127,6 +131,25 @@ def _totals(rank: int, t: Timeline, shift: float) -> RankTotals:
                       sum(1 for k in t.kernels if is_barrier(k)))
 
 
+def _by_stream(barriers: list[list[Kernel]]) -> list[list[Kernel]]:
+    """Every rank's barriers (each rank's in order of start) reordered so that position i holds,
+    on each rank, the same stream's same occurrence, in rank 0's order of start (the module says
+    why); as they are where the ranks' barriers are not on the same streams as often."""
+    def keyed(ks: list[Kernel]) -> list[tuple[int, int]]:
+        seen: dict[int, int] = {}
+        keys = []
+        for k in ks:
+            keys.append((k.stream, seen.get(k.stream, 0)))
+            seen[k.stream] = keys[-1][1] + 1
+        return keys
+
+    keys = [keyed(ks) for ks in barriers]
+    if any(sorted(k) != sorted(keys[0]) for k in keys[1:]):
+        return barriers
+    at = [dict(zip(k, ks)) for k, ks in zip(keys, barriers)]
+    return [[mine[key] for key in keys[0]] for mine in at]
+
+
 def across(timelines: list[Timeline], waits: int = WAITS) -> Across | None:
     """The ranks' timelines (index: rank; each with device kernels and `origin_ns`) on one axis
     (module docstring); None where fewer than two are given."""
@@ -140,6 +163,7 @@ def across(timelines: list[Timeline], waits: int = WAITS) -> Across | None:
     if len(set(counts)) > 1:
         why = "barrier counts differ: " + ", ".join(f"rank {r} {n}" for r, n in enumerate(counts))
         return Across(totals, (), why, 0, 0, 0.0)
+    barriers = _by_stream(barriers)
     impossible, disagreement = 0, 0.0
     for matched in zip(*barriers):
         arrived = max(k.start + s for k, s in zip(matched, shifts))
