@@ -47,7 +47,8 @@ err_console = printing.console(stderr=True)
 def user_errors(fn):
     """Bad input ends the command with one line on stderr and exit code 2, no traceback;
     Ctrl-C with one line (what was kept, how to go on) and exit code 130. A worker whose run
-    left kernels queued on its GPU ends there and then (launch.end_worker)."""
+    left kernels queued on its GPU ends there and then (launch.end_worker); any other ignores
+    stop signals from then on, while it exits (launch.ignore_stops_while_exiting)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -71,6 +72,8 @@ def user_errors(fn):
         except Exception:  # a bug: its traceback as Python prints it (a relaunched worker's: to the launch log)
             launch.end_worker(1, uncaught=True)
             raise
+        finally:
+            launch.ignore_stops_while_exiting()
 
     return wrapper
 

@@ -6,7 +6,10 @@ ever, through Python's teardown.
 
 Each case is a process of its own (os._exit is real): a command wrapped as the CLI wraps every
 command, under torchrun's environment or not, that marks the runtime abandoned or not, then
-ends as drawn (Ctrl-C, bad input, a bug). Python's teardown is seen by an atexit handler."""
+ends as drawn (Ctrl-C, bad input, a bug). Python's teardown is seen by an atexit handler.
+
+A worker on its way out ignores stop signals: torchrun's SIGTERM arriving during the exit raised
+KeyboardInterrupt inside an atexit callback, and Python printed a traceback to the terminal."""
 
 from __future__ import annotations
 
@@ -75,3 +78,34 @@ def test_otherwise_the_process_exits_through_python_s_teardown(ending, abandoned
     assert done.marker in done.stdout
     if ending == "bug":
         assert done.stderr.count("Traceback") == 1, done.stderr
+
+
+@pytest.mark.parametrize("ending", [None, "interrupt"], ids=["finished", "interrupted"])
+def test_a_stop_signal_while_a_worker_exits_prints_nothing(ending):
+    """SIGTERM during the interpreter's exit, as torchrun sends it a second time, turned into
+    KeyboardInterrupt by the sweep's handler: the worker ends with its command's code, quietly."""
+    script = textwrap.dedent(f"""
+        import atexit, os, signal, sys, time
+        import typer
+        from overlapbench import cli
+        from overlapbench.launch.watchdog import interrupt_on_sigterm
+
+        def during_exit():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)  # the handler runs here, if any
+
+        atexit.register(during_exit)
+
+        def command():
+            interrupt_on_sigterm()
+            if {ending!r} == "interrupt":
+                raise KeyboardInterrupt()
+
+        try:
+            cli.user_errors(command)()
+        except typer.Exit as e:
+            sys.exit(e.exit_code)
+    """)
+    env = os.environ | {"RANK": "1", "WORLD_SIZE": "2", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == (130 if ending else 0) and done.stderr == "", (done.returncode, done.stderr)

@@ -192,6 +192,17 @@ def as_worker() -> None:
     sys.excepthook = _log_exception
 
 
+def ignore_stops_while_exiting() -> None:
+    """A worker on its way out (its command returned or raised) ignores further stop signals. One
+    arriving during the interpreter's exit, where torchrun's SIGTERM comes twice, raised
+    KeyboardInterrupt inside an atexit callback, and Python printed `Exception ignored in atexit
+    callback` with a traceback to the user's terminal. torchrun's SIGKILL still ends a worker
+    whose exit hangs. Elsewhere (not under torchrun), nothing."""
+    if under_torchrun():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
+
+
 def end_worker(code: int, uncaught: bool = False) -> None:
     """End a worker at once with `code` where its runtime was abandoned on its GPU
     (runtime.abandoned: an interrupt or an error left kernels queued over symmetric memory), so
