@@ -224,7 +224,7 @@ def test_the_in_layer_rounds_run_the_three_graphs_eagerly_on_cpu(monkeypatch):
     import time
 
     from overlapbench.comm.in_layer import MIN_ROUNDS, TERM
-    from overlapbench.timing import bench, interleave
+    from overlapbench.timing import bench
 
     rng = random.Random()
     attention_ms, mlp_ms, wait_ms = rng.uniform(1, 3), rng.uniform(1, 3), rng.uniform(4, 6)
@@ -239,7 +239,6 @@ def test_the_in_layer_rounds_run_the_three_graphs_eagerly_on_cpu(monkeypatch):
         return run
 
     monkeypatch.setattr(bench, "CudaClock", bench.WallClock)
-    monkeypatch.setattr(interleave, "ranks_max", lambda rt: lambda values: values)
     stream = LayerStream(PRESETS["tiny"], 2, 0, rng.randrange(16, 64), torch.float32, "cpu")
     stream.attention, stream.mlp = busy(attention_ms), busy(mlp_ms)
     rt = SimpleNamespace(world_size=1, rank=0, device=torch.device("cpu"))
