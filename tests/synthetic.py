@@ -65,7 +65,7 @@ def row(strategy: str, tokens: int, knobs: dict | None = None, *, samples: list[
         rank_ms: list[float] | None = None, **where) -> dict:
     """One row as the sweep writes it; `where` goes to `point` (model, tp, dtype, batch, gemm, decode, layers).
     With `pairing`, timed interleaved: `samples` are per round, rounds 0, 1, ... of that pairing;
-    `rank_ms`: each rank's median, as interleaved rows carry it."""
+    `rank_ms`: each rank's median, as timed rows carry it."""
     p = point(strategy, tokens, knobs, **where)
     if samples is None:
         samples = draw(median, spread, rng or random.Random(f"{strategy}-{tokens}-{median}"))

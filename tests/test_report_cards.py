@@ -19,16 +19,18 @@ TP = 4
 TOKENS = (1024, 4096, 16384)
 
 
-def cards_store(tmp_path, rng: random.Random, gap: float, spread: float, with_ranks: bool = True):
-    """A TP=4 store: baseline, token_split and no_comm per token count, their rounds drawn with a
-    relative sd of `spread`. no_comm's ranks: one card `gap` slower than 1, the others at most
-    0.5% from 1 (the constructed factors, returned); the row's ms is the slowest rank's."""
+def cards_store(tmp_path, rng: random.Random, gap: float, spread: float, with_ranks: bool = True,
+                interleaved: bool = True):
+    """A TP=4 store: baseline, token_split and no_comm per token count, their rounds (or, not
+    `interleaved`, their iterations) drawn with a relative sd of `spread`. no_comm's ranks: one
+    card `gap` slower than 1, the others at most 0.5% from 1 (the constructed factors, returned);
+    the row's ms is the slowest rank's."""
     slow = rng.randrange(TP)
     factors = [1 + (gap if k == slow else rng.uniform(0.0, 0.005)) for k in range(TP)]
     rows = []
     for tokens in TOKENS:
         base = tokens / 1000 * (1 + rng.random())
-        pairing = f"p{tokens}"
+        pairing = f"p{tokens}" if interleaved else None
         free = base * 0.8
         rank_ms = [free * f / max(factors) for f in factors] if with_ranks else None
         rows += [
@@ -38,6 +40,8 @@ def cards_store(tmp_path, rng: random.Random, gap: float, spread: float, with_ra
             synthetic.row("no_comm", tokens, {}, samples=synthetic.draw(free, spread, rng), pairing=pairing,
                           rank_ms=rank_ms, tp=TP),
         ]
+    for row in rows if not interleaved else ():
+        row["timing"] = "sequential"
     return synthetic.write(tmp_path / "store.jsonl", rows), factors
 
 
@@ -82,6 +86,14 @@ def test_a_card_slower_beyond_the_noise_is_named_in_every_format(tmp_path, capsy
         out = io.StringIO()
         report.run([path], fmt, Console(file=out, width=400))
         assert "cards" not in out.getvalue() and json.loads(out.getvalue())
+
+
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "sequential"])
+def test_the_line_says_what_the_rows_samples_are(tmp_path, capsys, interleaved):
+    rng = random.Random()
+    path, _ = cards_store(tmp_path, rng, gap=rng.uniform(0.02, 0.06), spread=0.005, interleaved=interleaved)
+    text = " ".join(report_text(path, "table", capsys).split())
+    assert f"the {'rounds' if interleaved else 'iterations'}' spread: cv" in text
 
 
 def test_a_gap_within_the_rows_noise_is_not_named(tmp_path, capsys):

@@ -1,7 +1,8 @@
 """Which card is slow: each rank's own time of `no_comm`, the one candidate that never syncs the ranks.
 
-Interleaved rows carry `rank_ms`, each rank's median ms per layer over its rounds (docs/timing.md,
-"Every rank's time"), where the row's `ms` is the slowest rank's. A candidate whose transfers
+Rows carry `rank_ms`, each rank's median ms per layer over its rounds (interleaved timing) or its
+timed iterations (sequential; docs/timing.md, "Every rank's time"), where the row's `ms` is the
+slowest rank's. A candidate whose transfers
 join the ranks (every correct strategy) makes the faster ranks wait for the slowest at each
 transfer, so its ranks' times come out alike and say nothing of their cards. `no_comm` runs the
 same work on every rank with nothing to wait for: its ranks' times are the cards' own speeds.
@@ -13,7 +14,7 @@ The line, per group (a table) whose `no_comm` rows carry `rank_ms` of two ranks 
   the median of that over the rows, the largest and the least;
 - the gap: the median over the rows of the slowest rank's time over the fastest's, less 1;
 - the noise: the median over the same rows of their `cv` (the sd over the mean of the rounds'
-  times: how far a round typically lies from the others);
+  times, or the iterations': how far a round typically lies from the others);
 - shown only where the gap exceeds the noise. The gap is between two medians over every round of
   the row, far surer than one round, so the rule is strict on purpose: a card it names is slower
   by more than a round of the rows typically wanders, worth checking; a real but smaller gap goes
@@ -28,6 +29,8 @@ from dataclasses import dataclass
 
 from overlapbench.tuning.analysis import BOUND, Group, Measured
 
+SAMPLES = {"interleaved": "rounds", "sequential": "iterations"}  # what a row's samples are, by its timing
+
 
 @dataclass(frozen=True)
 class SlowCard:
@@ -38,6 +41,7 @@ class SlowCard:
     fastest: int
     gap: float  # median over the rows of slowest / fastest - 1
     noise: float  # median over the rows of their cv
+    samples: str  # what the rows' samples are: "rounds" (interleaved), "iterations" (sequential), else "samples"
     points: int  # the rows it is the median over
     token_counts: bool  # each row a token count of its own (else: points of several batches or depths)
 
@@ -48,8 +52,8 @@ class SlowCard:
     def line(self) -> str:
         over = f"{self.points} token counts" if self.token_counts else f"{self.points} points"
         return (f"cards ({self.group.label()}): rank {self.slowest} took {self.gap:.1%} longer than rank "
-                f"{self.fastest} at {BOUND} (median over {over}; the rounds' spread: cv {self.noise:.1%}); every "
-                f"choice that communicates runs at the slowest card's pace")
+                f"{self.fastest} at {BOUND} (median over {over}; the {self.samples}' spread: cv {self.noise:.1%}); "
+                f"every choice that communicates runs at the slowest card's pace")
 
 
 def slow_cards(measured: Iterable[Measured]) -> list[SlowCard]:
@@ -68,7 +72,9 @@ def slow_cards(measured: Iterable[Measured]) -> list[SlowCard]:
         gap = statistics.median(m.rank_ms[slowest] / m.rank_ms[fastest] for m in rows) - 1
         noise = statistics.median(m.cv for m in rows)
         distinct = len({m.tokens for m in rows}) == len(rows)
-        found.append(SlowCard(group, slowest, fastest, gap, noise, len(rows), distinct))
+        (timing, *others) = {m.timing for m in rows}
+        samples = "samples" if others else SAMPLES.get(timing, "samples")
+        found.append(SlowCard(group, slowest, fastest, gap, noise, samples, len(rows), distinct))
     return found
 
 

@@ -123,7 +123,7 @@ class Measured:
     round_ids: tuple[int, ...] = ()
     speedup: float | None = None  # over the reference timed beside it (whose row may be of an earlier run)
     speedup_ci: tuple[float, float] | None = None
-    rank_ms: tuple[float, ...] = ()  # each rank's median ms per layer over the rounds (older rows: none)
+    rank_ms: tuple[float, ...] = ()  # each rank's median ms per layer over the rounds or iterations (older rows: none)
     # A mixed batch's decode tokens (tokens, context) beside its prefill `batch`; None for a
     # prefill-only batch (and rows written before mixed batches existed).
     decode: tuple[int, int] | None = None

@@ -139,8 +139,8 @@ def make_row(point: Point, result: dict, run_id: str, env: dict, measure: Measur
     # checked: the output equals baseline's within tolerance (baseline itself: the reference);
     # check: what rel_err is measured against, "baseline" or "fp32" (measure.check; the truth);
     # False for bounds that are not correct results (no_comm, comm=none): never a tuned choice.
-    # Interleaved timing (results.py): samples_ms per round, round_ids, pairing, speedup, speedup_ci,
-    # rank_ms (each rank's median).
+    # Interleaved timing (results.py): samples_ms per round, round_ids, pairing, speedup, speedup_ci;
+    # both timings: rank_ms (each rank's median).
     # attention: the attention kernels the forward ran ("cudnn", "cudnn+lse_merge", "sdpa", "math", ...),
     # so a slow strategy can be told from a slow kernel without a profile; None without attention.
     # profile_error: why --profile's profile of an ok point failed (run/sweep.py _profile); None otherwise.
