@@ -4,10 +4,9 @@ Rows carry `rank_ms`, each rank's median ms per layer over its rounds (interleav
 timed iterations (sequential; docs/timing.md, "Every rank's time"), where the row's `ms` is the
 slowest rank's. A candidate whose transfers join the ranks (every correct strategy) makes the
 faster ranks wait for the slowest at each transfer, so its ranks' times come out alike and say
-nothing of their cards. `no_comm` runs the
-same work on every rank with nothing to wait for: its ranks' times are the cards' own speeds.
-(A split with `comm: none` never syncs the ranks either; `no_comm` is in every layer sweep, and
-one candidate keeps the line one number.)
+nothing of their cards. `no_comm` runs the same work on every rank with nothing to wait for: its
+ranks' times are the cards' own speeds. (A split with `comm: none` never syncs the ranks either;
+`no_comm` is in every layer sweep, and one candidate keeps the line one number.)
 
 The line, per group (a table) whose `no_comm` rows carry `rank_ms` of two ranks or more:
 - the slowest and fastest rank: each rank's time in a row over the row's median over its ranks,
