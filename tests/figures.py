@@ -20,6 +20,23 @@ from tests.checks import predict_validation as validation
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# The TP=4 studies on 4x H200, and again on the code of a3860b5 (another machine), at these token counts.
+TP4 = "results/h200x4/c1821fe/"
+AGAIN_TP4 = "results/h200x4/a3860b5/"
+TP4_STUDIES = {model: (TP4 + f"{model}-tp4.jsonl",) for model in ("llama3-70b", "llama3-8b")}
+TOKENS = (1024, 2048, 4096, 8192, 16384, 32768)
+
+
+def tp4_runs_by_setting(model: str) -> tuple[dict, dict]:
+    """The c1821fe and a3860b5 TP=4 studies' timed rows of `model`, each keyed by its setting
+    (strategy, tokens, knobs)."""
+    def by_setting(store: str) -> dict:
+        return {(r["strategy"], r["tokens"], json.dumps(r["knobs"], sort_keys=True)): r
+                for r in rows(store) if r["status"] == "ok" and r.get("speedup") is not None}
+
+    return by_setting(TP4 + f"{model}-tp4.jsonl"), by_setting(AGAIN_TP4 + f"{model}-tp4.jsonl")
+
+
 def path(relative: str) -> Path:
     return ROOT / relative
 

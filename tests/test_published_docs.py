@@ -34,15 +34,12 @@ def _table_row(tokens: int) -> dict:
 
 ROW = ("| {tokens} | {{ref_ms:.3f}} | {{best_ms:.3f}} `{{best_how}}` | `{{strategy}}` {{how}} | "
        "{{speedup:.3f}}x ±{{pm:.1f}}% | {{vs_best:.3f}}x | {{hidden:.0f}}% |")
-TP4 = "results/h200x4/c1821fe/"  # the TP=4 studies on 4x H200
-README_TP4 = {"llama3-70b": (TP4 + "llama3-70b-tp4.jsonl",), "llama3-8b": (TP4 + "llama3-8b-tp4.jsonl",)}
-TOKENS = (1024, 2048, 4096, 8192, 16384, 32768)
 README_ROWS = [
     Claim("README.md", ROW.format(tokens=tokens), lambda tokens=tokens: _table_row(tokens))
-    for tokens in TOKENS
+    for tokens in f.TOKENS
 ] + [
     Claim("README.md", ROW.format(tokens=tokens), lambda stores=stores, tokens=tokens: f.picks_by_tokens(*stores)[tokens])
-    for stores in README_TP4.values() for tokens in TOKENS
+    for stores in f.TP4_STUDIES.values() for tokens in f.TOKENS
 ]
 
 
@@ -202,289 +199,6 @@ RESULTS_CLAIMS = [
 ]
 
 
-# -- docs/results-tp4.md ---------------------------------------------------------------------------
-
-
-TP4_DOC = "docs/results-tp4.md"
-LONG_TP4 = "results/h200x4/d273c63/long-llama3-70b-tp4.jsonl"
-
-
-def _fastest_row(tokens: int) -> dict:
-    return {"a": f.fastest_by_tokens(*README_TP4["llama3-70b"])[tokens],
-            "b": f.fastest_by_tokens(*README_TP4["llama3-8b"])[tokens]}
-
-
-def _busbw(store: str, op: str, strategy: str, ctas, size: int) -> float:
-    (row,) = [r for r in f.rows(TP4 + store) if r["op"] == op and r["strategy"] == strategy
-              and str(r["knobs"].get("ctas")) == str(ctas) and r["bytes"] == size]
-    return row["busbw"]
-
-
-def _tp4_comm() -> dict:
-    paths = {"n": ("nccl", "default"), "s": ("nccl_symm", 16), "t": ("symm_two_shot", None), "o": ("symm_one_shot", None),
-             "f": ("fused_norm", 32), "c": ("copy_engine_norm", 32)}
-    out = {k + size: _busbw("comm.jsonl", "all_reduce", path, ctas, n) for k, (path, ctas) in paths.items()
-           for size, n in (("64", 64 << 20), ("1g", 1 << 30))}
-    sp = {"ag_n": ("all_gather", "nccl", "default"), "ag_s": ("all_gather", "nccl_symm", 16),
-          "ag_c": ("all_gather", "copy_engine", None),
-          "rs_n": ("reduce_scatter", "nccl", "default"), "rs_s": ("reduce_scatter", "nccl_symm", 16)}
-    return out | {k: _busbw("comm-sp.jsonl", op, path, ctas, 64 << 20) for k, (op, path, ctas) in sp.items()}
-
-
-def _over_free() -> dict:
-    over = lambda stores: bounds(v["over_free"] for v in f.fastest_by_tokens(*stores).values())
-    return {"a": over(README_TP4["llama3-70b"]), "b": over(README_TP4["llama3-8b"])}
-
-
-PROFILES_TP4 = "results/h200x4/8203cf7/"
-SPLIT = "token_split-{tokens}-align=256-split_offset=0-comm="
-
-
-def _profiled(name: str, tokens: int) -> dict:
-    """A TP=4 profile's points: kernel GPU ms per layer by kind (tally), and each row's timed ms."""
-    folder = f.path(PROFILES_TP4 + name)
-    rows = f.rows(PROFILES_TP4 + name + ".jsonl")
-    layers = f.the_one([r["layers"] for r in rows], "layers")
-    timed = {r["strategy"] + ("" if r["strategy"] != "token_split" else "=" + r["knobs"]["comm"]): r["ms"] for r in rows}
-    split = SPLIT.format(tokens=tokens)
-    files = {"no_comm": f"no_comm-{tokens}.txt", "none": f"{split}none.txt",
-             "fused": f"{split}fused-comm_ctas_attn=16-comm_ctas_mlp=16.txt",
-             "copy_engine": f"{split}copy_engine-comm_ctas_attn=32-comm_ctas_mlp=32.txt",
-             "nccl_symm": f"{split}nccl_symm-comm_ctas_attn=16-comm_ctas_mlp=16.txt"}
-    kernels = {k: tally(folder / v, layers) for k, v in files.items() if (folder / v).is_file()}
-    return {"kernels": kernels, "timed": timed}
-
-
-def _where_the_rest_goes() -> dict:
-    big, small = _profiled("profile-70b-tp4", 32768), _profiled("profile-8b-tp4", 2048)
-    bk, bt = big["kernels"], big["timed"]
-    sk, st = small["kernels"], small["timed"]
-    return {"split70": bt["token_split=none"] - bt["no_comm"], "base70": bt["baseline"] - bt["no_comm"],
-            "fused70": bt["token_split=fused"] - bt["token_split=none"],
-            "gemm_fused": bk["fused"]["gemm"] - bk["none"]["gemm"],
-            "att_fused": bk["fused"]["attention"] - bk["none"]["attention"],
-            "ce70": bt["token_split=copy_engine"] - bt["token_split=none"],
-            "gemm_ce": bk["copy_engine"]["gemm"] - bk["none"]["gemm"], "norm_ce": bk["copy_engine"]["norm"] - bk["none"]["norm"],
-            "fa70": bt["flash_agrs"] - bt["no_comm"],
-            "split8": st["token_split=none"] / st["no_comm"], "gemm8": (sk["none"]["gemm"] / sk["no_comm"]["gemm"] - 1) * 100,
-            "cap8": (st["baseline"] - st["token_split=none"]) / (st["baseline"] - st["no_comm"]) * 100,
-            "best8": (st["baseline"] - st["token_split=nccl_symm"]) / (st["baseline"] - st["no_comm"]) * 100}
-
-
-LONG_TP4_AGAIN = {"llama3-70b": "results/h200x4/9ba11d6/long-llama3-70b-tp4.jsonl",
-                  "llama3-8b": "results/h200x4/9ba11d6/long-llama3-8b-tp4.jsonl"}
-PULL_TP4 = "results/h200x4/9ba11d6/copy-engine-pull-llama3-70b-tp4.jsonl"
-REPLAYS_TP4 = "results/h200x4/9ba11d6/profile-70b-tp4/"
-
-
-def _speedups(store: str, strategy: str, keep) -> list[float]:
-    """The speedups of one setting (`keep(knobs)`) at the long sizes, in token order."""
-    rows = sorted((r for r in f.rows(store) if r["strategy"] == strategy and keep(r["knobs"])), key=lambda r: r["tokens"])
-    return [r["speedup"] for r in rows]
-
-
-def _flash_agrs_again() -> dict:
-    one = lambda knobs: knobs["chunks_per_rank"] == 1
-    long, again = _speedups(LONG_TP4_AGAIN["llama3-70b"], "flash_agrs", one), _speedups(PULL_TP4, "flash_agrs", one)
-    moving = lambda knobs: knobs["comm"] != "none"
-    split = [max(r["speedup"] for r in f.rows(LONG_TP4_AGAIN["llama3-70b"]) if r["strategy"] == "token_split"
-                 and moving(r["knobs"]) and r["tokens"] == t) for t in (16384, 32768, 65536)]
-    return {"s": split, "a": again, "l": long, "apart": max(abs(x - y) for x, y in zip(long, again))}
-
-
-def _replay(pattern: str):
-    """The exposure of the one replay timeline at 32K whose file name matches `pattern`."""
-    from overlapbench.report import exposed
-    from overlapbench.timing import timeline
-
-    (path,) = [p for p in f.path(REPLAYS_TP4).glob(timeline.file_name(pattern.format(tokens=32768), replay=True))
-               if timeline.RANK_TAG not in p.name]  # rank 0's
-    return exposed.analyze(exposed.read(path).kernels)
-
-
-REPLAY_POINTS = {"no_comm": "no_comm-{tokens}-*", "baseline": "baseline-{tokens}-*",
-                 "fused": SPLIT + "fused-*", "copy_engine": SPLIT + "copy_engine-*", "none": SPLIT + "none-*",
-                 "flash_agrs": "flash_agrs-{tokens}-*"}
-
-
-def _replay_row(name: str) -> dict:
-    free, point = _replay(REPLAY_POINTS["no_comm"]), _replay(REPLAY_POINTS[name])
-    barrier = sum(i.exposed for i in point.intervals if "barrier" in i.transfer.name)
-    return {"wall": (point.wall - free.wall) / 1e3, "compute": (point.compute - free.compute) / 1e3,
-            "exposed": point.exposed / 1e3, "barrier": barrier / 1e3, "idle": (point.idle - free.idle) / 1e3}
-
-
-REPLAY_ROW = "| {label} | {{wall:+.2f}} | {{compute:+.2f}} | {{exposed:.2f}} | {{barrier:.2f}} | {{idle:+.2f}} |"
-REPLAY_LABELS = {"baseline": "baseline", "fused": "`token_split` fused, 16/16 CTAs",
-                 "copy_engine": "`token_split` copy_engine, 32/32 CTAs",
-                 "flash_agrs": "`flash_agrs` copy_engine, 2 chunks/rank", "none": "`token_split` comm=none"}
-
-
-def _replay_caveat() -> dict:
-    rows = {r["strategy"]: r["ms"] for r in f.rows("results/h200x4/9ba11d6/profile-70b-tp4.jsonl")
-            if r["strategy"] in ("no_comm", "flash_agrs")}
-    free = _replay(REPLAY_POINTS["no_comm"])
-    return {"replay": free.wall / 1e3, "timed4": 4 * rows["no_comm"], "free": rows["no_comm"], "fa": rows["flash_agrs"],
-            "behind": (rows["flash_agrs"] / rows["no_comm"] - 1) * 100}
-
-
-
-AGAIN_TP4 = "results/h200x4/a3860b5/"  # the TP=4 studies and profiles again, on the code of a3860b5
-AGAIN_ROW = ("| {tokens} | {{a[speedup]:.3f}}x, {{a[hidden]:.0f}}% | {{b[speedup]:.3f}}x, {{b[hidden]:.0f}}% | "
-             "{{c[speedup]:.3f}}x, {{c[hidden]:.0f}}% | {{d[speedup]:.3f}}x, {{d[hidden]:.0f}}% |")
-
-
-def _two_runs() -> dict:
-    """Each model's fastest choice per token count in the c1821fe and the a3860b5 study."""
-    fastest = lambda folder, model: f.fastest_by_tokens(folder + f"{model}-tp4.jsonl")
-    return {"a": fastest(TP4, "llama3-70b"), "b": fastest(AGAIN_TP4, "llama3-70b"),
-            "c": fastest(TP4, "llama3-8b"), "d": fastest(AGAIN_TP4, "llama3-8b")}
-
-
-def _again_row(tokens: int) -> dict:
-    return {k: v[tokens] for k, v in _two_runs().items()}
-
-
-def _again() -> dict:
-    runs = _two_runs()
-    apart = lambda x, y: max(abs(runs[x][t]["speedup"] - runs[y][t]["speedup"]) for t in TOKENS)
-    same = sum(runs[x][t]["strategy"] == runs[y][t]["strategy"] for x, y in (("a", "b"), ("c", "d")) for t in TOKENS)
-    return {"a": apart("a", "b"), "b": apart("c", "d"), "same": same, "n": 2 * len(TOKENS)}
-
-
-def _runs_by_setting(model: str) -> tuple[dict, dict]:
-    """The c1821fe and a3860b5 TP=4 studies' timed rows of `model`, each keyed by its setting
-    (strategy, tokens, knobs)."""
-    def by_setting(store: str) -> dict:
-        return {(r["strategy"], r["tokens"], json.dumps(r["knobs"], sort_keys=True)): r
-                for r in f.rows(store) if r["status"] == "ok" and r.get("speedup") is not None}
-
-    return by_setting(TP4 + f"{model}-tp4.jsonl"), by_setting(AGAIN_TP4 + f"{model}-tp4.jsonl")
-
-
-def _shared_moves() -> dict:
-    """How far each setting's speedup moved between the two runs, and async_tp's at 32K."""
-    out = {}
-    for tag, model in (("a", "llama3-70b"), ("b", "llama3-8b")):
-        one, two = _runs_by_setting(model)
-        out[tag] = statistics.median(abs(one[k]["speedup"] - two[k]["speedup"]) for k in one.keys() & two.keys())
-        (key,) = [k for k in one if k[0] == "async_tp" and k[1] == 32768]
-        out[tag + "1"], out[tag + "2"] = one[key]["speedup"], two[key]["speedup"]
-        out[tag + "ms1"], out[tag + "ms2"] = one[key]["ms"], two[key]["ms"]
-    return out
-
-
-def _rank_replays(name: str) -> list:
-    """Every rank's replay timeline (rank order) of one a3860b5 profile point at 32K on llama3-70b."""
-    from overlapbench.report import exposed
-    from overlapbench.timing import timeline
-
-    folder = f.path(AGAIN_TP4 + "profile-70b-tp4/")
-    point = REPLAY_POINTS[name].format(tokens=32768)
-    (zero,) = [p for p in folder.glob(timeline.file_name(point, replay=True)) if timeline.RANK_TAG not in p.name]
-    stem = zero.name.removesuffix(timeline.REPLAY_SUFFIX)
-    return [exposed.read(zero.with_name(timeline.file_name(stem, replay=True, rank=k))) for k in range(4)]
-
-
-def _ranks(name: str):
-    from overlapbench.report import ranks
-
-    return ranks.across(_rank_replays(name))
-
-
-def _walls(name: str) -> list[float]:
-    return [t.wall / 1e3 for t in _ranks(name).totals]
-
-
-def _rank_row(name: str) -> dict:
-    walls = _walls(name)
-    return {"w": walls, "vs": max(walls) - max(_walls("no_comm"))}
-
-
-RANK_ROW = "| {label} | {{w[0]:.2f}} | {{w[1]:.2f}} | {{w[2]:.2f}} | {{w[3]:.2f}} | {{vs:+.2f}} |"
-RANK_LABELS = {"no_comm": "`no_comm`", **REPLAY_LABELS}
-JOINED = ("baseline", "fused", "copy_engine", "flash_agrs")  # the points whose transfers join the ranks
-
-
-def _slowest_card() -> dict:
-    free, split = _walls("no_comm"), _walls("none")
-    slow = lambda walls: (max(walls) / walls[0] - 1) * 100
-    fa = _ranks("flash_agrs")
-    lasts = [w.last for w in fa.waits]
-    return {"free": slow(free), "split": slow(split), "slowest": free.index(max(free)),
-            "spread": max(max(_walls(n)) - min(_walls(n)) for n in JOINED),
-            "barrier": fa.totals[0].barrier / 1e3, "bexp": fa.totals[0].barrier_exposed / 1e3, "n": len(lasts),
-            "last": f.the_one([a.rank for a in lasts], "last to arrive"),
-            "late": bounds((a.late for a in lasts), 1e-3),
-            "before": f.the_one([a.before.kind for a in lasts], "kernel before").upper(),
-            "fa": _rank_row("flash_agrs")["vs"], "none": -_rank_row("none")["vs"]}
-
-def _copy_engine_waits() -> dict:
-    """The copy-engine split's rank 0 at 32K: its exposed time, and its longest barrier waits' last arrivals."""
-    ce = _ranks("copy_engine")
-    lasts = [w.last for w in ce.waits]
-    return {"exposed": ce.totals[0].exposed / 1e3, "n": len(lasts), "late": bounds((a.late for a in lasts), 1e-3),
-            "before": f.the_one([a.before.name.split(" (")[0] for a in lasts], "copy before")}
-
-
-TP4_ROW = "| {tokens} | `{{a[strategy]}}` {{a[how]}} | {{a[hidden]:.0f}}% | `{{b[strategy]}}` {{b[how]}} | {{b[hidden]:.0f}}% |"
-LONG_ROW = "| {tokens} | {{exposed:.1f}}% | `{{strategy}}` {{how}} | {{speedup:.3f}}x | {{hidden:.0f}}% |"
-TP4_CLAIMS = [
-    Claim(TP4_DOC, "takes {a[lo]:.1f}-{a[hi]:.1f}% of a Llama-3-70B layer's time from 32K down to 1K tokens, and "
-                   "{b[lo]:.1f}-{b[hi]:.1f}% of a Llama-3-8B layer's",
-          lambda: {"a": bounds(f.comm_shares(*README_TP4["llama3-70b"]), 100),
-                   "b": bounds(f.comm_shares(*README_TP4["llama3-8b"]), 100)}),
-    *[Claim(TP4_DOC, TP4_ROW.format(tokens=t), lambda t=t: _fastest_row(t)) for t in TOKENS],
-    Claim(TP4_DOC, "the fastest choice takes {a[lo]:.3f}-{a[hi]:.3f}x `no_comm`'s time on 70B and {b[lo]:.3f}-{b[hi]:.3f}x on 8B",
-          _over_free),
-    *[Claim(TP4_DOC, LONG_ROW.format(tokens=t), lambda t=t: f.fastest_by_tokens(LONG_TP4)[t]) for t in (16384, 32768, 65536)],
-    Claim(TP4_DOC, "NCCL's ring at its default {n64:.0f} / {n1g:.0f}, its symmetric kernel on 16 CTAs {s64:.0f} / {s1g:.0f}, "
-                   "PyTorch's two-shot {t64:.0f} / {t1g:.0f} and one-shot {o64:.0f} / {o1g:.0f}, our fused all-reduce + RMSNorm "
-                   "on 32 CTAs {f64:.0f} / {f1g:.0f}, the copy-engine path on 32 CTAs {c64:.0f} / {c1g:.0f}. At 64 MiB the "
-                   "all-gather runs at {ag_n:.0f} (NCCL's ring), {ag_s:.0f} (symmetric, 16 CTAs) and {ag_c:.0f} (copy engine), "
-                   "the reduce-scatter at {rs_n:.0f} and {rs_s:.0f}", _tp4_comm),
-    Claim(TP4_DOC, "At 32K tokens on 70B the split itself costs nothing ({split70:+.2f} ms per layer against `no_comm`, of "
-                   "{base70:.2f} ms of exposed communication). On our fused kernel (16 CTAs) the split takes {fused70:.2f} ms "
-                   "more per layer than with no communication: its GEMMs take {gemm_fused:.2f} ms more and its attention "
-                   "{att_fused:.2f} ms more, the SMs the kernel holds. On the copy engine it takes {ce70:.2f} ms more: its GEMMs "
-                   "{gemm_ce:.2f} ms more, and the path's add + RMSNorm kernel on 32 CTAs runs {norm_ce:.2f} ms of GPU time "
-                   "beside them. `flash_agrs` on the copy engine ends {fa70:.2f} ms behind `no_comm`", _where_the_rest_goes),
-    *[Claim(TP4_DOC, LONG_ROW.format(tokens=t), lambda m=m, t=t: f.fastest_by_tokens(LONG_TP4_AGAIN[m])[t])
-      for m in LONG_TP4_AGAIN for t in (16384, 32768, 65536)],
-    Claim(TP4_DOC, "the best split setting of the same run reaches {s[0]:.3f}x, {s[1]:.3f}x and {s[2]:.3f}x", _flash_agrs_again),
-    Claim(TP4_DOC, "gave {a[0]:.3f}x, {a[1]:.3f}x and {a[2]:.3f}x against this run's {l[0]:.3f}x, {l[1]:.3f}x and {l[2]:.3f}x",
-          _flash_agrs_again),
-    *[Claim(TP4_DOC, REPLAY_ROW.format(label=label), lambda name=name: _replay_row(name))
-      for name, label in REPLAY_LABELS.items()],
-    Claim(TP4_DOC, "This replay's `no_comm` takes {replay:.2f} ms for the 4 layers, where the timed rows of the same run say "
-                   "{timed4:.2f} (4 x {free:.2f}", _replay_caveat),
-    Claim(TP4_DOC, "The timed rows put `flash_agrs` {behind:.1f}% behind `no_comm` ({fa:.2f} against {free:.2f} ms per layer)",
-          _replay_caveat),
-    *[Claim(TP4_DOC, AGAIN_ROW.format(tokens=t), lambda t=t: _again_row(t)) for t in TOKENS],
-    Claim(TP4_DOC, "The best speedups of the two runs are at most {a:.3f} apart on 70B and {b:.3f} on 8B, and the fastest "
-                   "family is the same at {same} of the {n} points", _again),
-    Claim(TP4_DOC, "a speedup moved by a median of {a:.3f} on 70B and {b:.3f} on 8B. One setting did not reproduce: "
-                   "`async_tp` at 32K went from {a1:.3f}x to {a2:.3f}x on 70B and from {b1:.3f}x to {b2:.3f}x on 8B (its "
-                   "time per layer from {ams1:.2f} to {ams2:.2f} ms and from {bms1:.2f} to {bms2:.2f})", _shared_moves),
-    *[Claim(TP4_DOC, RANK_ROW.format(label=label), lambda name=name: _rank_row(name)) for name, label in RANK_LABELS.items()],
-    Claim(TP4_DOC, "with nothing to wait for, rank {slowest} takes {free:.1f}% longer than rank 0 for the same work "
-                   "(`no_comm`; {split:.1f}% with the split and no transfers)", _slowest_card),
-    Claim(TP4_DOC, "its ranks' walls agree within {spread:.1f} ms", _slowest_card),
-    Claim(TP4_DOC, "rank 0 spends {barrier:.2f} ms in barriers, {bexp:.2f} ms of them with no compute beside it: at each of "
-                   "its {n} longest waits rank {last} arrived last, {late[lo]:.2f}-{late[hi]:.2f} ms after rank 0, out of a "
-                   "{before}", _slowest_card),
-    Claim(TP4_DOC, "`flash_agrs` ends {fa:.2f} ms behind `no_comm` and the split with no transfers {none:.2f} ms ahead of it",
-          _slowest_card),
-    Claim("docs/predict.md", "32/32 leaves rank 0 with {exposed:.1f} ms exposed over 4 layers, and at each of rank 0's {n} "
-                             "longest barrier waits the last rank arrived {late[lo]:.2f}-{late[hi]:.2f} ms after it, out "
-                             "of a `{before}`", _copy_engine_waits),
-    Claim(TP4_DOC, "At 2K tokens on 8B the split alone takes {split8:.3f}x `no_comm`'s time, its half-size GEMMs "
-                   "{gemm8:.0f}% more GPU time than the whole batch's: no split can hide more than {cap8:.0f}% of the exposed "
-                   "communication there, and NCCL's symmetric kernel under it hides {best8:.0f}% in this run",
-          _where_the_rest_goes),
-]
-
-
 # -- docs/timing.md, workload.md, tune-and-report.md ---------------------------------------------
 
 
@@ -579,7 +293,7 @@ def _no_comm_errors(model: str) -> dict:
     section = f"{model} TP=2, measured on 2x H200 (the 9f356d8 study)"
     plain = f.validation_errors(PREDICTED_H200, section, "no_comm")
     charged = f.validation_errors(PREDICTED_H200, section + MEASURED_TERM, "no_comm")
-    return {"a": [plain[t] for t in TOKENS[:4]], "b": [charged[t] for t in TOKENS[:4]]}
+    return {"a": [plain[t] for t in f.TOKENS[:4]], "b": [charged[t] for t in f.TOKENS[:4]]}
 
 
 def _predicted_points_moved() -> dict:
@@ -588,7 +302,7 @@ def _predicted_points_moved() -> dict:
     unpredicted = ("flash_agrs", "sp_baseline", "async_tp")
     out = {}
     for tag, model in (("a", "llama3-70b"), ("b", "llama3-8b")):
-        one, two = _runs_by_setting(model)
+        one, two = f.tp4_runs_by_setting(model)
         shared = [k for k in one.keys() & two.keys() if k[0] not in unpredicted]
         out[tag], out["n"] = max(abs(one[k]["speedup"] - two[k]["speedup"]) for k in shared), len(shared)
     return out
@@ -608,7 +322,7 @@ PREDICT_CLAIMS = [
     Claim("docs/predict.md", "flagged ⚠ where any token count is more than {off:.0f}% off",
           lambda: {"off": COMPUTE_OFF * 100}),
     *[Claim("docs/predict.md", f"| {label} | {{s[0]:.2f}} | {{s[1]:.2f}} | {{s[2]:.2f}} | {{s[3]:.2f}} |",
-            lambda t=t: {"s": _h100_predicted(t)}) for t, label in zip(TOKENS, ("1K", "2K", "4K", "8K", "16K", "32K"))],
+            lambda t=t: {"s": _h100_predicted(t)}) for t, label in zip(f.TOKENS, ("1K", "2K", "4K", "8K", "16K", "32K"))],
 ]
 
 
@@ -660,7 +374,7 @@ DOCS_CLAIMS = [
 ]
 
 
-ALL_CLAIMS = README_ROWS + RESULTS_CLAIMS + TP4_CLAIMS + DOCS_CLAIMS + PREDICT_CLAIMS
+ALL_CLAIMS = README_ROWS + RESULTS_CLAIMS + DOCS_CLAIMS + PREDICT_CLAIMS
 
 
 @pytest.mark.parametrize("claim", ALL_CLAIMS, ids=lambda c: f"{c.doc}: {c.text[:50]}")
