@@ -16,6 +16,7 @@ import torch.distributed as dist
 from overlapbench.errors import one_line
 from overlapbench.timing.bench import CudaClock, Timing, WallClock, bench
 from overlapbench.timing.cuda_graph import capture
+from overlapbench.timing.interleave import slowest
 from overlapbench.timing.step import Step
 
 REL_ERR_CHUNK = 1 << 24  # elements per fp32 slice: 64 MiB, whatever the output's size
@@ -109,11 +110,12 @@ def _collective_device() -> torch.device:
 
 def _over_ranks(local: torch.Tensor) -> tuple[list[float], list[float]]:
     """Every rank's samples, by one all-gather: each iteration's max over the ranks (its time: the
-    slowest rank's), and each rank's own median, in rank order (as interleave's Timed.rank_medians)."""
+    slowest rank's, interleave.slowest), and each rank's own median, in rank order (as
+    interleave's Timed.rank_medians)."""
     gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, local)
-    every = torch.stack(gathered)
-    return every.max(dim=0).values.tolist(), [statistics.median(samples) for samples in every.tolist()]
+    every = [samples.tolist() for samples in gathered]
+    return slowest(every), [statistics.median(samples) for samples in every]
 
 
 @dataclass(frozen=True)
