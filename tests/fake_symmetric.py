@@ -129,10 +129,13 @@ def layer_context(rank: int, world: int, shape, layers: int, seq_lens: tuple[int
     return ctx, random_input(tokens, shape.hidden, 0, torch.float32, rt.device)
 
 
-def layer_outputs(world: int, handle, shape, layers: int, seq_lens: tuple[int, ...], settings) -> list[list]:
+def layer_outputs(world: int, handle, shape, layers: int, seq_lens: tuple[int, ...], settings,
+                  observe=None) -> list[list]:
     """Each rank's whole output (rank order) of each (strategy, knobs) setting, built and run
     one after another on the rank's layer_context, every rank on a thread of run_ranks (a failing
-    rank aborts `handle`'s barriers)."""
+    rank aborts `handle`'s barriers). `observe(rank, run)`, where given, runs each setting in its
+    place (`run()` gives the output) and returns what is kept of it: what the fakes logged
+    during that setting beside its output, say."""
     from overlapbench import strategies
 
     def rank_main(rank):
@@ -141,7 +144,11 @@ def layer_outputs(world: int, handle, shape, layers: int, seq_lens: tuple[int, .
         for name, knobs in settings:
             cls = strategies.get(name)
             step = cls.build(ctx, cls.check_knobs(knobs, name))
-            outs.append(step.to_full(step.forward(x)).clone())
+
+            def run(step=step):
+                return step.to_full(step.forward(x)).clone()
+
+            outs.append(run() if observe is None else observe(rank, run))
         return outs
 
     rank_main.handle = handle

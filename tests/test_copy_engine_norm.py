@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from kernels.copy_engine_norm import CopyEngineNorm, buffer_elems  # noqa: E402
 from overlapbench.distributed.runtime import SymmetricBuffer  # noqa: E402
-from tests.fake_symmetric import EPS, FakeHandle, SimStreams, layer_context, layer_outputs, patch_engines, run_ranks  # noqa: E402
+from tests.fake_symmetric import EPS, FakeHandle, SimStreams, layer_outputs, patch_engines, run_ranks  # noqa: E402
 from tests.fake_symmetric import reference as _reference  # noqa: E402
 
 
@@ -200,7 +200,6 @@ def test_ce_chunks_cut_every_call_and_settings_of_different_counts_share_one_buf
     `ce_chunks` differ, back to back, on stand-in streams: every call of a setting is cut into
     its count (one channel-1 barrier per piece after the call's channel-0 barrier, on every
     rank), and every output equals the reference."""
-    from overlapbench import strategies
     from overlapbench.model.layer import reference_forward
     from overlapbench.model.models import ModelShape
 
@@ -212,21 +211,14 @@ def test_ce_chunks_cut_every_call_and_settings_of_different_counts_share_one_buf
                 ("fused_norm", {"comm": "copy_engine", "comm_ctas": 4, "ce_chunks": 4}),
                 ("token_split", {"comm": "copy_engine", "split_ratio": "balanced", "chunks": 3, "ce_chunks": 2})]
 
-    def rank_main(rank):
-        ctx, x = layer_context(rank, world, shape, layers, seq_lens)
-        outs = []
-        for name, knobs in settings:
-            cls = strategies.get(name)
-            step = cls.build(ctx, cls.check_knobs(knobs, name))
-            logged = len(handle.log[rank])
-            out = step.to_full(step.forward(x)).clone()
-            calls = "".join(map(str, handle.log[rank][logged:])).split("0")[1:]  # each call: "0" then one "1" a piece
-            outs.append((out, {len(c) for c in calls}, len(calls)))
-        return outs
+    def with_pieces(rank, run):
+        logged = len(handle.log[rank])
+        out = run()
+        calls = "".join(map(str, handle.log[rank][logged:])).split("0")[1:]  # each call: "0" then one "1" a piece
+        return out, {len(c) for c in calls}, len(calls)
 
-    rank_main.handle = handle
     ref = reference_forward(shape, layers, world, seq_lens, seed=0)
-    for rank, outs in enumerate(run_ranks(world, rank_main)):
+    for rank, outs in enumerate(layer_outputs(world, handle, shape, layers, seq_lens, settings, with_pieces)):
         for (name, knobs), (out, pieces, calls) in zip(settings, outs):
             err = ((out - ref).norm() / ref.norm()).item()
             assert err < 1e-5, f"{name} {knobs} on rank {rank}: rel err {err:.2e}"
