@@ -171,11 +171,17 @@ def _h200(model: str) -> list[Study]:
                     tuple(Need("the TP=2 study on 2x H200", pattern) for pattern in tp2)),
                    *(((f"{model} TP=2, 1K-16K measured at a3860b5 (GPUs 0 and 1 of a 4x H200 machine, the inputs' "
                        "layer code)", (Need("the TP=2 study at a3860b5", f"{x4}/a3860b5/{model}-tp2.jsonl"),)),)
-                     if model == "llama3-70b" else ()))),
+                     if model == "llama3-70b" else ()),
+                   (f"{model} TP=2, 1K-32K measured at 60ae8af (GPUs 0 and 1 of a 4x H200 machine)",
+                    (Need("the TP=2 study at 60ae8af", f"{x4}/60ae8af/{model}-tp2.jsonl"),)))),
             Study("h200", model, 4, f"sweeps/{model}-tp4.yaml",
                   Need("the TP=4 pieces on one H200", f"results/h200/*/pieces-{model}-tp4-tp4.jsonl", "h200-pieces"),
-                  (Need("the 4x H200 all-reduce table", f"{x4}/c1821fe/comm.jsonl"),),
-                  (Need("beside-layer rows (4x H200)", f"{x4}/*/comm-beside-layer-{model}.jsonl",
+                  (Need("the 4x H200 all-reduce table", f"{x4}/c1821fe/comm.jsonl"),
+                   # beside-layer rows at 512 tokens, a 1K split's chunk, which the 1K-32K rows below
+                   # lack: predict takes every --comm file's beside rows together
+                   Need("beside-layer rows at 512 tokens (4x H200)", f"{x4}/60ae8af/comm-beside-layer-{model}.jsonl",
+                        required=False)),
+                  (Need("beside-layer rows (4x H200)", f"{x4}/9ba11d6/comm-beside-layer-{model}.jsonl",
                         "h200x4-layer", required=False, current=IN_LAYER),
                    # until those are measured: the TP=2 shard's rows, which predict uses as they are
                    # and says so ("substituted")
