@@ -278,6 +278,10 @@ VALIDATION_ROWS = [
        "1K-16K measured at a3860b5", variant, contention)
       for variant, contention in (("", "beside the layer, no in-layer term"),
                                   (MEASURED_TERM, "beside the layer, `--in-layer measured`"))),
+    *((PREDICTED_H200, "2x H200 (GPUs 0-1 of 4), 60ae8af", model, 2, "1K-32K measured at 60ae8af", variant, contention)
+      for model in ("llama3-70b", "llama3-8b")
+      for variant, contention in (("", "beside the layer, no in-layer term"),
+                                  (MEASURED_TERM, "beside the layer, `--in-layer measured`"))),
     *((PREDICTED_H200, "4x H200", model, 4, "measured on 4x H200", variant, contention)
       for model in ("llama3-70b", "llama3-8b")
       for variant, contention in (("", "beside TP=4's layer, no in-layer term"),
@@ -308,11 +312,30 @@ def _predicted_points_moved() -> dict:
     return out
 
 
+def _in_layer_decision(study: str) -> dict:
+    """A study's summary line without and with the in-layer term (`a`, `b`), for the decision
+    docs/predict.md draws."""
+    return {"a": f.validation_line(PREDICTED_H200, study), "b": f.validation_line(PREDICTED_H200, study + MEASURED_TERM)}
+
+
 PREDICT_CLAIMS = [
     Claim("docs/predict.md", VALIDATION_ROW.format(device=device, model=model, tp=tp, contention=contention),
           lambda md=md, study=f"{model} TP={tp}, {measured}{variant}": f.validation_line(md, study))
     for md, device, model, tp, measured, variant, contention in VALIDATION_ROWS
 ] + [
+    Claim("docs/predict.md", "with the term, llama3-70b's median goes {a[median]} to {b[median]}, its 90th percentile "
+                             "{a[p90]} to {b[p90]}, its worst {a[worst]} to {b[worst]}, {a[picks]} picks either way",
+          lambda: _in_layer_decision("llama3-70b TP=2, 1K-32K measured at 60ae8af")),
+    Claim("docs/predict.md", "llama3-8b's {a[median]} to {b[median]}, {a[p90]} to {b[p90]}, {a[worst]} to {b[worst]}, and its "
+                             "picks from {a[picks]} to {b[picks]}",
+          lambda: _in_layer_decision("llama3-8b TP=2, 1K-32K measured at 60ae8af")),
+    Claim("docs/predict.md", "llama3-70b median {a[median]} to {b[median]} with it, 90th percentile {a[p90]} to {b[p90]}, "
+                             "worst {a[worst]} to {b[worst]}; llama3-8b {c[median]} to {d[median]}, {c[p90]} to {d[p90]}, "
+                             "{c[worst]} to {d[worst]}; the same picks",
+          lambda: {"a": f.validation_line(PREDICTED_H200, "llama3-70b TP=4, measured on 4x H200"),
+                   "b": f.validation_line(PREDICTED_H200, "llama3-70b TP=4, measured on 4x H200" + MEASURED_TERM),
+                   "c": f.validation_line(PREDICTED_H200, "llama3-8b TP=4, measured on 4x H200"),
+                   "d": f.validation_line(PREDICTED_H200, "llama3-8b TP=4, measured on 4x H200" + MEASURED_TERM)}),
     Claim("docs/predict.md", "at llama3-8b 1K-8K is predicted {a[0]}, {a[1]}, {a[2]} and {a[3]} off without the term "
                              "and {b[0]}, {b[1]}, {b[2]} and {b[3]} with it", lambda: _no_comm_errors("llama3-8b")),
     Claim("docs/predict.md", "(70B: {a[0]}, {a[1]}, {a[2]}, {a[3]} against {b[0]}, {b[1]}, {b[2]}, {b[3]})",
@@ -345,7 +368,75 @@ def _power() -> dict:
             "capped": f.the_one([run[c]["power_capped"]["min"] for run in runs for c in run if "gemm" in c], "capped")}
 
 
+CE_OUT = {4: "results/h200x4/60ae8af/ce-out-llama3-70b-tp4.jsonl", 2: "results/h200x4/60ae8af/ce-out-llama3-70b-tp2.jsonl"}
+
+
+def _ce_out_row(rows: list[dict], strategy: str, **knobs) -> dict:
+    """The one row of `rows` of `strategy` whose knobs hold `knobs` (None: the knob unset)."""
+    return f.the_one([r for r in rows if r["strategy"] == strategy and all(r["knobs"].get(k) == v for k, v in knobs.items())],
+                     f"{strategy} {knobs}")
+
+
+def _copy_over_kernel(copy: dict, kernel: dict) -> dict:
+    """The rounds' ratios copy / kernel of two rows timed in the same rounds: median, 10th and 90th percentile."""
+    a, b = (dict(zip(r["round_ids"], r["samples_ms"])) for r in (copy, kernel))
+    ratios = [a[i] / b[i] for i in a if i in b]
+    q = statistics.quantiles(ratios, n=10)
+    return {"m": statistics.median(ratios), "lo": q[0], "hi": q[-1]}
+
+
+def _ce_out(tp: int) -> dict:
+    """`ce_out: copy` against `kernel` in the ce_out study at `tp` (llama3-70b): per token count,
+    what the copy-engine split 32/32 costs over the split with `comm: none` (ms per layer) and the
+    share of the baseline's exposed communication it hides (%), each way; and the rounds' ratios
+    copy / kernel of the split (`s`) and of fused_norm (`n`)."""
+    rows = [r for r in f.rows(CE_OUT[tp]) if r["status"] == "ok"]
+    out: dict = {}
+    for t in sorted({r["tokens"] for r in rows}):
+        at = [r for r in rows if r["tokens"] == t]
+        ways = (("copy", None), ("kernel", "kernel"))  # copy is the knob's default: unset in the rows
+        split = {o: _ce_out_row(at, "token_split", comm="copy_engine", ce_out=k) for o, k in ways}
+        norm = {o: _ce_out_row(at, "fused_norm", comm="copy_engine", ce_out=k) for o, k in ways}
+        alone = _ce_out_row(at, "token_split", comm="none")["ms"]
+        base, free = _ce_out_row(at, "baseline")["ms"], _ce_out_row(at, "no_comm")["ms"]
+        out[t] = {**{f"over_{o}": r["ms"] - alone for o, r in split.items()},
+                  **{f"hid_{o}": (base - r["ms"]) / (base - free) * 100 for o, r in split.items()},
+                  "s": _copy_over_kernel(split["copy"], split["kernel"]), "n": _copy_over_kernel(norm["copy"], norm["kernel"])}
+    return out
+
+
+def _ce_out_tp4() -> dict:
+    return {f"t{t // 1024}": v for t, v in _ce_out(4).items()}
+
+
+def _ce_out_tp2() -> dict:
+    return {f"t{t // 1024}": v for t, v in _ce_out(2).items()}
+
+
+def _power_third_host() -> dict:
+    lines = [json.loads(line) for line in f.path("results/h200x2/60ae8af/power/power_beside.jsonl").read_text().splitlines()
+             if line.strip()]
+    run = {r["condition"]: r for r in lines if r["kind"] == "condition"}
+    return {"pull": -run["gemm+peer_pull"]["gemm_tflops_vs_alone"]["median"] * 100,
+            "push": -run["gemm+peer_push"]["gemm_tflops_vs_alone"]["median"] * 100,
+            "mhz": run["gemm"]["sm_mhz"]["median"]}
+
+
 DOCS_CLAIMS = [
+    Claim("docs/long-prompts.md", "the GEMMs alone at {mhz:.0f} MHz, at the cap) measured less: {pull:.2f}% (pull) and "
+                                  "{push:.2f}% (push)", _power_third_host),
+    Claim("docs/long-prompts.md", "`copy` against `kernel`: {t2[over_copy]:.3f} against {t2[over_kernel]:.3f} at 2K, "
+                                  "{t8[over_copy]:.3f} against {t8[over_kernel]:.3f} at 8K, {t32[over_copy]:.3f} against "
+                                  "{t32[over_kernel]:.3f} at 32K; the share of the baseline's exposed communication it "
+                                  "hides: {t2[hid_copy]:.0f}% against {t2[hid_kernel]:.0f}%, {t8[hid_copy]:.0f}% against "
+                                  "{t8[hid_kernel]:.0f}%, {t32[hid_copy]:.0f}% against {t32[hid_kernel]:.0f}%", _ce_out_tp4),
+    Claim("docs/long-prompts.md", "a median of {t2[s][m]:.3f} (10th-90th percentile {t2[s][lo]:.3f}-{t2[s][hi]:.3f}) at 2K, "
+                                  "{t8[s][m]:.3f} ({t8[s][lo]:.3f}-{t8[s][hi]:.3f}) at 8K, {t32[s][m]:.3f} "
+                                  "({t32[s][lo]:.3f}-{t32[s][hi]:.3f}) at 32K", _ce_out_tp4),
+    Claim("docs/long-prompts.md", "gains nothing (medians {t2[n][m]:.3f}, {t8[n][m]:.3f}, {t32[n][m]:.3f})", _ce_out_tp4),
+    Claim("docs/long-prompts.md", "(the split {t2[s][m]:.3f}, {t8[s][m]:.3f}, {t32[s][m]:.3f}; fused_norm {t2[n][m]:.3f}, "
+                                  "{t8[n][m]:.3f}, {t32[n][m]:.3f})", _ce_out_tp2),
+    Claim("docs/long-prompts.md", "What is left at 32K ({t32[over_kernel]:.2f} ms per layer over the split alone)", _ce_out_tp4),
     Claim("docs/long-prompts.md", "hold GPU 0 at its power cap in every sample ({w[lo]:.0f}-{w[hi]:.0f} W, the SM clock at "
                                   "{mhz[0]:.0f} and {mhz[1]:.0f} MHz", _power),
     Claim("docs/long-prompts.md", "at {gbps[lo]:.0f} GB/s with no SM kernel at all, cost the GEMMs "

@@ -174,6 +174,12 @@ def _shared_moves() -> dict:
     return out
 
 
+def _async_tp_again() -> dict:
+    """70B's async_tp in 60ae8af's async-tp-32k-tp4 run: speedup and ms per layer by token count."""
+    rows = [r for r in f.rows("results/h200x4/60ae8af/async-tp-32k-tp4.jsonl") if r["strategy"] == "async_tp"]
+    return {f"t{r['tokens'] // 1024}": r for r in rows}
+
+
 def _rank_replays(name: str) -> list:
     """Every rank's replay timeline (rank order) of one a3860b5 profile point at 32K on llama3-70b."""
     from overlapbench.report import exposed
@@ -227,6 +233,65 @@ def _copy_engine_waits() -> dict:
             "before": f.the_one([a.before.name.split(" (")[0] for a in lasts], "copy before")}
 
 
+SMALL_SPLITS = "results/h200x4/60ae8af/profile-70b-tp4-1k-2k"  # llama3-70b TP=4's splits at 1K and 2K
+
+
+def _small_split(tokens: int) -> dict:
+    """The 70B TP=4 split on `nccl_symm` 16/16 against the split with `comm: none` at one token
+    count (60ae8af's profile): timed ms per layer, the eager kernel table's GEMM ms per layer, and
+    rank 0's replay (compute busy and exposed, ms per layer), with how far apart the ranks'
+    replays started (ms)."""
+    from overlapbench.report import exposed, ranks
+    from overlapbench.timing import timeline
+
+    rows = f.rows(SMALL_SPLITS + ".jsonl")
+    layers = f.the_one([r["layers"] for r in rows], "layers")
+    timed = {r["knobs"].get("comm", r["strategy"]): r["ms"] for r in rows if r["tokens"] == tokens}
+    folder = f.path(SMALL_SPLITS)
+    split = SPLIT.format(tokens=tokens)
+    names = {"none": f"{split}none-{layers}layers", "symm": f"{split}nccl_symm-comm_ctas_attn=16-comm_ctas_mlp=16-{layers}layers"}
+    gemm = {k: tally(folder / f"{v}.txt", layers)["gemm"] for k, v in names.items()}
+    replays = {k: [exposed.read(folder / timeline.file_name(v, replay=True, rank=r)) for r in range(4)]
+               for k, v in names.items()}
+    zero = {k: exposed.analyze(v[0].kernels) for k, v in replays.items()}
+    shifts = [abs(t.shift) for t in ranks.across(replays["symm"]).totals]
+    return {"timed": timed["nccl_symm"] - timed["none"], "gemm": gemm["symm"] - gemm["none"],
+            "compute": (zero["symm"].compute - zero["none"].compute) / 1e3 / layers,
+            "exposed": zero["symm"].exposed / 1e3 / layers, "apart": max(shifts) / 1e3}
+
+
+def _charge(model: str, commit: str, tokens: int, path: str) -> float:
+    """What the beside-layer rows of TP=4's layer charge a transfer on `path` (16 CTAs) beside a
+    layer pass of `tokens` rows: the compute's loss x the transfer's stretch."""
+    (row,) = [r for r in f.rows(f"results/h200x4/{commit}/comm-beside-layer-{model}.jsonl")
+              if r["status"] == "ok" and r["strategy"] == path and str(r["knobs"]["ctas"]) == "16"
+              and r["beside_layer"]["tokens"] == tokens]
+    loss = row["compute_loss_paired"] if row.get("compute_loss_paired") is not None else row["compute_loss"]
+    return loss * row["beside_ms"] / row["ms"]
+
+
+def _small_charges() -> dict:
+    out = {}
+    for tag, model in (("a", "llama3-70b"), ("b", "llama3-8b")):
+        for name, path in (("symm", "nccl_symm"), ("fused", "fused_norm")):
+            out[f"{tag}_{name}"] = _charge(model, "60ae8af", 512, path)
+            out[f"{tag}_{name}1"] = _charge(model, "9ba11d6", 1024, path)
+    return out
+
+
+def _worst_sm_points() -> dict:
+    """The TP=4 validation's errors of the SM-based splits at the token counts docs/predict.md names."""
+    split = "token_split comm={} comm_ctas_attn=16 comm_ctas_mlp=16"
+    errors = lambda model, comm: f.validation_errors("results/predicted-h200/validation.md",
+                                                     f"{model} TP=4, measured on 4x H200", split.format(comm))
+    return {"a": errors("llama3-70b", "nccl_symm"), "b": errors("llama3-8b", "nccl_symm"),
+            "c": errors("llama3-8b", "fused")}
+
+
+def _small_splits() -> dict:
+    return {"a": _small_split(1024), "b": _small_split(2048)}
+
+
 TP4_ROW = "| {tokens} | `{{a[strategy]}}` {{a[how]}} | {{a[hidden]:.0f}}% | `{{b[strategy]}}` {{b[how]}} | {{b[hidden]:.0f}}% |"
 LONG_ROW = "| {tokens} | {{exposed:.1f}}% | `{{strategy}}` {{how}} | {{speedup:.3f}}x | {{hidden:.0f}}% |"
 TP4_CLAIMS = [
@@ -275,6 +340,21 @@ TP4_CLAIMS = [
                    "{before}", _slowest_card),
     Claim(TP4_DOC, "`flash_agrs` ends {fa:.2f} ms behind `no_comm` and the split with no transfers {none:.2f} ms ahead of it",
           _slowest_card),
+    Claim(TP4_DOC, "put 70B's `async_tp` back at {t32[speedup]:.3f}x at 32K ({t32[ms]:.2f} ms per layer) and "
+                   "{t16[speedup]:.3f}x at 16K", _async_tp_again),
+    Claim("docs/predict.md", "`nccl_symm` at 70B 1K ({a[1024]}) and 8B 1K-2K ({b[1024]}, {b[2048]}), the fused kernel at 8B 1K "
+                             "({c[1024]}) and 4K-8K ({c[4096]}, {c[8192]})", _worst_sm_points),
+    Claim("docs/predict.md", "charge about as much: at 70B `nccl_symm` 16 CTAs {a_symm:.2f} (the 1K rows: {a_symm1:.2f}) "
+                             "and the fused kernel {a_fused:.2f} ({a_fused1:.2f}); at 8B {b_symm:.2f} ({b_symm1:.2f}) and "
+                             "{b_fused:.2f} ({b_fused1:.2f})", _small_charges),
+    Claim("docs/predict.md", "over the split with `comm: none` the `nccl_symm` 16/16 split cost {a[timed]:.3f} ms per layer at "
+                             "1K and {b[timed]:.3f} at 2K", _small_splits),
+    Claim("docs/predict.md", "In the eager kernel tables its GEMMs ran {a[gemm]:.2f} ms per layer longer than the split "
+                             "alone's at 1K and {b[gemm]:.2f} at 2K", _small_splits),
+    Claim("docs/predict.md", "rank 0's compute was busy {b[compute]:.2f} ms per layer longer than the split alone's and "
+                             "{b[exposed]:.2f} ms per layer of transfers were exposed, the four ranks' replays starting "
+                             "within {b[apart]:.1f} ms of each other", _small_splits),
+    Claim("docs/predict.md", "At 1K the ranks' replays started up to {a[apart]:.1f} ms apart", _small_splits),
     Claim("docs/predict.md", "32/32 leaves rank 0 with {exposed:.1f} ms exposed over 4 layers, and at each of rank 0's {n} "
                              "longest barrier waits the last rank arrived {late[lo]:.2f}-{late[hi]:.2f} ms after it, out "
                              "of a `{before}`", _copy_engine_waits),
