@@ -139,7 +139,7 @@ def _profile(rt: runtime.Runtime, point: Point, step, work: Workload, profile_di
     name = results.profile_name(point.strategy, point.tokens, point.knobs, point.decode.as_dict() if point.decode else None,
                                 point.layers)
     parts = measure.profile_parts(step, work.x, profile_dir / f"{name}.txt", replay=replay, rank=rt.rank,
-                                  world=rt.world_size)
+                                  world=rt.world_size, in_step=rt.in_step)
     for i, part in enumerate(parts):
         try:
             _phase(rt, part.run)

@@ -130,14 +130,16 @@ class ProfilePart:
 
 
 def profile_parts(step: Step, x: torch.Tensor, path: Path, iterations: int = 3,
-                  replay: Callable[[], object] | None = None, rank: int = 0, world: int = 1) -> list[ProfilePart]:
+                  replay: Callable[[], object] | None = None, rank: int = 0, world: int = 1,
+                  in_step: Callable[[], None] | None = None) -> list[ProfilePart]:
     """A few eager forwards under torch.profiler, their kernel table (by device time) to `path`
     (rank 0's only); then one more forward's timeline (its device kernels, timeline.py) beside it;
     and where the step was timed as a CUDA-graph replay (`replay`: what the timed iterations ran,
     on every rank or none), one replay's timeline, its kernels linked to this rank's eager
     forward's ops (timeline.link_replay), beside that (where none is recorded, the first part
     removes an earlier run's replay timeline of the point). Every rank writes its own timelines, named
-    by `rank` (timeline.file_name: rank 0's keep the plain names), each marked `rank` of `world`.
+    by `rank` (timeline.file_name: rank 0's keep the plain names), each marked `rank` of `world`,
+    each forward started after `in_step` (Runtime.in_step: every rank at once; timeline.record).
     Parts, to run in order: the sweep lets the ranks agree after each, so no rank enters a part's
     collectives after another's part failed, and a failure names its part."""
     from torch.profiler import ProfilerActivity, profile
@@ -163,11 +165,11 @@ def profile_parts(step: Step, x: torch.Tensor, path: Path, iterations: int = 3,
             table_file.write_text(f"{iterations} eager forwards\n{text}\n")
 
     def eager_timeline() -> None:
-        eager.append(timeline.record(lambda: step.forward(x), cuda, rank, world))
+        eager.append(timeline.record(lambda: step.forward(x), cuda, rank, world, in_step))
         timeline.write(eager[0], eager_file)
 
     def replay_timeline() -> None:
-        replayed = timeline.record(replay, cuda, rank, world)
+        replayed = timeline.record(replay, cuda, rank, world, in_step)
         timeline.write(timeline.link_replay(replayed, eager[0]), replay_file)
 
     parts = [ProfilePart("the kernel table", table_file, table), ProfilePart("the eager timeline", eager_file, eager_timeline)]

@@ -60,7 +60,7 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -107,15 +107,19 @@ def prepare_for_graphs() -> None:
             pass
 
 
-def record(forward, cuda: bool, rank: int = 0, world: int = 1) -> dict:
+def record(forward, cuda: bool, rank: int = 0, world: int = 1, in_step: Callable[[], None] | None = None) -> dict:
     """Run `forward()` once under torch.profiler (shapes and FLOPs recorded, the device waited
     for) and return its timeline, as `rank` of `world` recorded it. Every rank calls it: the
-    forward holds collectives."""
+    forward holds collectives. `in_step` (Runtime.in_step: the ranks' host barrier) runs under the
+    profiler just before the forward, so every rank's forward starts at once, however long its
+    profiler took to start; it launches no kernel, so the timeline is the forward's alone."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities, record_shapes=True, with_flops=True) as prof:
+        if in_step is not None:
+            in_step()
         forward()
         if cuda:
             torch.cuda.synchronize()
