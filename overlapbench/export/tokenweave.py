@@ -14,7 +14,7 @@ from overlapbench.errors import UserError
 from overlapbench.export import tokenweave_facts as facts
 from overlapbench.export.picks import Engine, Export, Pick, comment, picks, provenance
 from overlapbench.export.stand_ins import Path
-from overlapbench.overlap import comm_methods
+from overlapbench.strategies import knobs as strategy_knobs
 from overlapbench.tuned import TunedConfig
 from overlapbench.tuning.analysis import Measured
 
@@ -62,15 +62,11 @@ def entries(config: TunedConfig) -> tuple[dict[int, dict], list[str]]:
     return out, warnings
 
 
-# The copy-engine path's knobs (present in a pick only where off their defaults: sparse knobs),
-# none of which TokenWeave's fused kernel has a counterpart for, and what each sets.
-COPY_ENGINE_KNOBS = ((comm_methods.CE_CHUNKS, "the copy-engine path's pieces per reduction"),
-                     (comm_methods.CE_OUT, "who writes the rank's own rows of its output"))
-
-
 def _copy_engine_knobs(knobs: dict) -> str:
-    """`; its ce_chunks=2 (...) has no counterpart either` for the copy-engine knobs a pick sets; ''."""
-    named = [f"{name}={knobs[name]} ({what})" for name, what in COPY_ENGINE_KNOBS if name in knobs]
+    """`; its ce_chunks=2 (...) has no counterpart either` for the copy-engine knobs a pick sets
+    (present only where off their defaults: sparse knobs), none of which TokenWeave's fused kernel
+    has; ''."""
+    named = [f"{k.name}={knobs[k.name]} ({k.summary})" for k in strategy_knobs.COPY_ENGINE_KNOBS if k.name in knobs]
     if not named:
         return ""
     return f"; its {' and '.join(named)} {'has' if len(named) == 1 else 'have'} no counterpart either"

@@ -46,6 +46,7 @@ class Knob:
     # knob added to a strategy keeps the points of earlier runs, and the reference's default
     # setting, what they were.
     sparse: bool = False
+    summary: str = ""  # what it sets, in a few words, for notes that name it (an export's)
 
     def domain(self) -> str:
         parts = []
@@ -133,7 +134,7 @@ CE_CHUNKS = Knob(
     "add + norm kernel each beside the copy engines' pulls (1: the serial schedule, no side streams); auto: by "
     "size (the kernel's own count, as `comm --ce-chunks auto`). Each piece's kernel waits for "
     "SMs held by the layer's GEMMs and attention, so fewer pieces queue fewer times beside the layer",
-    choices=(comm_methods.AUTO,), bounds=(1, 16), sparse=True,
+    choices=(comm_methods.AUTO,), bounds=(1, 16), sparse=True, summary="the copy-engine path's pieces per reduction",
 )
 
 # Who writes the rank's own rows of the copy-engine path's output (kernels/copy_engine_norm.py,
@@ -146,7 +147,7 @@ CE_OUT = Knob(
     f"stream before each piece's barrier (a copy that waits for SMs beside compute like a kernel); "
     f"{comm_methods.KERNEL}, the add + norm kernel itself (one more write of the own rows in it; the barrier "
     "follows the kernel at once)",
-    choices=(comm_methods.COPY, comm_methods.KERNEL), sparse=True,
+    choices=(comm_methods.COPY, comm_methods.KERNEL), sparse=True, summary="who writes the rank's own rows of its output",
 )
 # The copy-engine path's knobs, which every strategy whose `comm` can be that path takes, and
 # which are reset to their defaults with another `comm` (base.reset_copy_engine_knobs).
