@@ -353,10 +353,15 @@ PREDICT_CLAIMS = [
 POWER_RUNS = ("results/h200x4/a3860b5/power/power_beside.jsonl", "results/h200x2/277be55/power/power_beside.jsonl")
 
 
+def _power_conditions(run: str) -> dict[str, dict]:
+    """A power probe run's condition rows, by condition."""
+    lines = [json.loads(line) for line in f.path(run).read_text().splitlines() if line.strip()]
+    return {r["condition"]: r for r in lines if r["kind"] == "condition"}
+
+
 def _power() -> dict:
     """The power probe's conditions on both hosts: the GEMMs alone, beside NVLink copies, beside a local copy."""
-    lines = lambda run: [json.loads(line) for line in f.path(run).read_text().splitlines() if line.strip()]
-    runs = [{r["condition"]: r for r in lines(run) if r["kind"] == "condition"} for run in POWER_RUNS]
+    runs = [_power_conditions(run) for run in POWER_RUNS]
     over = lambda cond, field, scale=1.0: bounds((run[cond][field]["median"] for run in runs), scale)
     peer = [run[c] for run in runs for c in ("gemm+peer_pull", "gemm+peer_push")]
     return {"w": over("gemm", "power_w"), "mhz": [run["gemm"]["sm_mhz"]["median"] for run in runs],
@@ -414,9 +419,7 @@ def _ce_out_tp2() -> dict:
 
 
 def _power_third_host() -> dict:
-    lines = [json.loads(line) for line in f.path("results/h200x2/60ae8af/power/power_beside.jsonl").read_text().splitlines()
-             if line.strip()]
-    run = {r["condition"]: r for r in lines if r["kind"] == "condition"}
+    run = _power_conditions("results/h200x2/60ae8af/power/power_beside.jsonl")
     return {"pull": -run["gemm+peer_pull"]["gemm_tflops_vs_alone"]["median"] * 100,
             "push": -run["gemm+peer_push"]["gemm_tflops_vs_alone"]["median"] * 100,
             "mhz": run["gemm"]["sm_mhz"]["median"]}

@@ -10,6 +10,7 @@ import statistics
 
 import pytest
 
+from overlapbench.comm import paired_loss
 from overlapbench.report.profile import tally
 from tests import figures as f
 from tests.published import Claim, bounds
@@ -266,8 +267,7 @@ def _charge(model: str, commit: str, tokens: int, path: str) -> float:
     (row,) = [r for r in f.rows(f"results/h200x4/{commit}/comm-beside-layer-{model}.jsonl")
               if r["status"] == "ok" and r["strategy"] == path and str(r["knobs"]["ctas"]) == "16"
               and r["beside_layer"]["tokens"] == tokens]
-    loss = row["compute_loss_paired"] if row.get("compute_loss_paired") is not None else row["compute_loss"]
-    return loss * row["beside_ms"] / row["ms"]
+    return paired_loss.loss_of(row, paired_loss.LAYER) * row["beside_ms"] / row["ms"]
 
 
 def _small_charges() -> dict:

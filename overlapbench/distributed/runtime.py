@@ -175,10 +175,8 @@ class Runtime:
         if not clean and self.is_cuda:
             _abandoned = True
             return
-        if clean and self.is_cuda:
-            torch.cuda.synchronize(self.device)
         if clean:
-            dist.barrier(group=self.control)
+            self.in_step()
         self._resources.clear()  # the steps' buffers and kernels, which may view the windows
         gc.collect()
         for made in self._windows.values():
