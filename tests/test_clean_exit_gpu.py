@@ -52,7 +52,8 @@ def _assert_clean(done, what: str) -> None:
 
 def test_sweep_on_windows_and_symmetric_memory_is_correct_and_exits_cleanly(tmp_path: Path):
     out = tmp_path / "rows.jsonl"
-    done = distributed.overlapbench("sweep", str(_write_spec(tmp_path, GRID)), "--output", str(out), timeout=480)
+    done = distributed.overlapbench("sweep", str(_write_spec(tmp_path, GRID)), "--nproc", "2", "--output", str(out),
+                                    timeout=480)
     _assert_clean(done, "sweep")
     rows = read_rows(out)
     not_ok = [(r["strategy"], r["knobs"], r["tokens"], r["error"]) for r in rows if r["status"] != "ok"]
@@ -65,7 +66,8 @@ def test_sweep_on_windows_and_symmetric_memory_is_correct_and_exits_cleanly(tmp_
 def test_sweep_with_a_failing_point_exits_cleanly(tmp_path: Path):
     grid = {"baseline": {"nccl_symm": True}, "fault": {"mode": "raise", "at_tokens": 1023}}
     out = tmp_path / "rows.jsonl"
-    done = distributed.overlapbench("sweep", str(_write_spec(tmp_path, grid, "clean-exit-fault")), "--output", str(out),
+    done = distributed.overlapbench("sweep", str(_write_spec(tmp_path, grid, "clean-exit-fault")), "--nproc", "2",
+                                    "--output", str(out),
                                     env=PLUGINS, timeout=480)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "terminate called" not in done.stderr and "communicator was aborted" not in done.stderr, done.stderr[-3000:]
