@@ -418,3 +418,27 @@ def test_tune_says_what_a_tuned_file_it_replaces_held(tmp_path):
     assert second.returncode == 0, second.stderr
     line = next(line for line in second.stdout.splitlines() if line.startswith("wrote "))
     assert line.endswith(" (replacing the config it held: runs runa: 1-4096 token_split)"), second.stdout
+
+
+@pytest.mark.parametrize(("gpus", "spec_tp", "ranks"), [
+    (4, 2, 2),  # a tp: 2 spec on a 4-GPU machine: 2 of its GPUs, not a refusal
+    (4, 4, 4), (4, "auto", 4), (4, 8, 4),  # more than the machine has: all of them, which the spec's check refuses
+    (0, 1, 1), (0, "auto", 2), (0, 4, 2),  # without GPUs: 2 gloo processes unless the spec asks for fewer
+])
+def test_a_sweep_launches_the_specs_tp_where_the_machine_holds_it(monkeypatch, gpus, spec_tp, ranks):
+    from overlapbench.launch import launch
+
+    monkeypatch.setattr(launch, "local_gpus", lambda: gpus)
+    assert launch.default_nproc(spec_tp) == ranks
+    assert launch.default_nproc() == (gpus or 2)  # no spec (comm): the machine's
+
+
+def test_a_tp_1_spec_runs_on_one_process_without_nproc(tmp_path):
+    """Started plainly with no --nproc, a `tp: 1` spec launches one process (2 gloo processes
+    would be refused by the spec's own tp check)."""
+    path = write_spec(tmp_path, "one", tokens=[16], tp=1)
+    out = tmp_path / "r.jsonl"
+    done = overlapbench("sweep", str(path), "-o", str(out), timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = read_rows(out)
+    assert rows and all(len(r["ranks"]) == 1 for r in rows), [r["ranks"] for r in rows]

@@ -64,9 +64,12 @@ def gpu_sharing_check(nproc: int, need_bytes: int | None, force: bool) -> str | 
     return gpu_sharing.check(*gpu_sharing.survey(uuids), need_bytes, force)
 
 
-def default_nproc() -> int:
-    """All local GPUs, or 2 gloo processes on a machine without any."""
-    return local_gpus() or 2
+def default_nproc(spec_tp: int | str | None = None) -> int:
+    """A spec's numeric `tp` where this machine holds that many ranks (a GPU each; 2 gloo processes
+    on a machine without GPUs), so a `tp: 2` spec runs on 2 of a 4-GPU machine's GPUs; else all
+    local GPUs, or 2 gloo processes on a machine without any."""
+    machine = local_gpus() or 2
+    return spec_tp if isinstance(spec_tp, int) and 1 <= spec_tp <= machine else machine
 
 
 def oversubscription(nproc: int) -> str | None:
