@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The TP=4 studies on 4x H200, and again on the code of a3860b5 (another machine), at these token counts.
 TP4 = "results/h200x4/c1821fe/"
 AGAIN_TP4 = "results/h200x4/a3860b5/"
+CE_OUT_TP4 = "results/h200x4/1968c70/"  # the TP=4 studies with `ce_out: kernel` in the grid
 TP4_STUDIES = {model: (TP4 + f"{model}-tp4.jsonl",) for model in ("llama3-70b", "llama3-8b")}
 TOKENS = (1024, 2048, 4096, 8192, 16384, 32768)
 
@@ -261,11 +262,13 @@ def found_in(text_file: str, pattern: str) -> list[str]:
 def _how(knobs: dict) -> str:
     """A pick's knobs as the README's tables name them: its path (`comm`, or an SP strategy's
     `transport`), the CTA budgets, and the split's or the exchange's shape where it is not the default
-    (`balanced`, `4 chunks`, `2 chunks/rank`)."""
+    (`balanced`, `4 chunks`, `2 chunks/rank`), and the copy engine's own rows written by the kernel
+    (`ce_out kernel`)."""
     ctas = [str(v) for k, v in knobs.items() if "ctas" in k and k != "nccl_max_ctas" and v not in (None, analysis.DEFAULT)]
     shape = [knobs["split_ratio"] if knobs.get("split_ratio") == "balanced" else "",
              f"{knobs['chunks']} chunks" if (knobs.get("chunks") or 2) > 2 else "",
-             f"{knobs['chunks_per_rank']} chunks/rank" if (knobs.get("chunks_per_rank") or 1) > 1 else ""]
+             f"{knobs['chunks_per_rank']} chunks/rank" if (knobs.get("chunks_per_rank") or 1) > 1 else "",
+             "ce_out kernel" if knobs.get("ce_out") == "kernel" else ""]
     path = str(knobs.get("comm") or knobs.get("transport") or "")
     return ", ".join(filter(None, [path, f"{'/'.join(ctas)} CTAs" if ctas else "", *shape]))
 

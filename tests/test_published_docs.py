@@ -26,6 +26,7 @@ RESULTS = "docs/results-h200.md"
 
 
 README_70B = ("results/h100x2/331cb63/llama3-70b-tp2.jsonl",)  # the TP=2 run on 2x H100
+README_TP4 = {model: (f.CE_OUT_TP4 + f"{model}-tp4.jsonl",) for model in ("llama3-70b", "llama3-8b")}  # ce_out swept
 
 
 def _table_row(tokens: int) -> dict:
@@ -39,7 +40,7 @@ README_ROWS = [
     for tokens in f.TOKENS
 ] + [
     Claim("README.md", ROW.format(tokens=tokens), lambda stores=stores, tokens=tokens: f.picks_by_tokens(*stores)[tokens])
-    for stores in f.TP4_STUDIES.values() for tokens in f.TOKENS
+    for stores in README_TP4.values() for tokens in f.TOKENS
 ]
 
 

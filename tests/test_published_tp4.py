@@ -292,6 +292,65 @@ def _small_splits() -> dict:
     return {"a": _small_split(1024), "b": _small_split(2048)}
 
 
+
+CE_ROW = ("| {tokens} | `{{a[strategy]}}` {{a[how]}} | {{a[speedup]:.3f}}x, {{a[hidden]:.0f}}% | "
+          "`{{b[strategy]}}` {{b[how]}} | {{b[speedup]:.3f}}x, {{b[hidden]:.0f}}% |")
+CE_STUDIES = {"a": f.CE_OUT_TP4 + "llama3-70b-tp4.jsonl", "b": f.CE_OUT_TP4 + "llama3-8b-tp4.jsonl"}
+
+
+def _ce_row(tokens: int) -> dict:
+    return {k: f.fastest_by_tokens(store)[tokens] for k, store in CE_STUDIES.items()}
+
+
+def _span(tokens: list[int]) -> str:
+    """Consecutive token counts of f.TOKENS as '2K-8K'."""
+    at = [f.TOKENS.index(t) for t in sorted(tokens)]
+    assert at and at == list(range(at[0], at[-1] + 1)), f"not one run of token counts: {tokens}"
+    return f"{min(tokens) // 1024}K-{max(tokens) // 1024}K"
+
+
+def _split_rows(store: str, ce_out: str) -> dict[int, float]:
+    """The copy-engine split 32/32's ms per layer by token count, with the own rows' writer `ce_out`."""
+    knobs = {"comm": "copy_engine", "comm_ctas_attn": 32, "comm_ctas_mlp": 32}
+    return {r["tokens"]: r["ms"] for r in f.rows(store) if r["strategy"] == "token_split" and r["status"] == "ok"
+            and all(r["knobs"].get(k) == v for k, v in knobs.items()) and r["knobs"].get("ce_out", "copy") == ce_out
+            and not r["knobs"].get("split_ratio") and not r["knobs"].get("chunks")}
+
+
+def _ce_out_against_copy() -> dict:
+    out = {}
+    for k, store in CE_STUDIES.items():
+        kernel, copy = _split_rows(store, "kernel"), _split_rows(store, "copy")
+        ratio = {t: kernel[t] / copy[t] for t in f.TOKENS}
+        fastest = f.fastest_by_tokens(store)
+        out[k] = bounds(ratio.values())
+        out[k + "_at"] = min(ratio, key=ratio.get)
+        out[k + "_span"] = _span([t for t, v in fastest.items() if v["how"].endswith("ce_out kernel")])
+    return out
+
+
+def _ce_out_run_against_a3860b5() -> dict:
+    out = {}
+    for k, model in (("a", "llama3-70b"), ("b", "llama3-8b")):
+        before = f.fastest_by_tokens(f.AGAIN_TP4 + f"{model}-tp4.jsonl")
+        now = f.fastest_by_tokens(f.CE_OUT_TP4 + f"{model}-tp4.jsonl")
+        out[k] = max(abs(now[t]["speedup"] - before[t]["speedup"]) for t in f.TOKENS)
+        out.update({f"{k}{t // 1024}": (before[t]["speedup"], now[t]["speedup"]) for t in (8192, 16384)})
+    return out
+
+
+def _ties_no_comm() -> dict:
+    """70B at 8K in the ce_out run: the split with `ce_out: kernel` against `no_comm`, paired."""
+    from overlapbench.tuning import analysis, tune
+
+    ((_, _, at),) = [b for b in f.batches_of(CE_STUDIES["a"]) if sum(b[1][0]) == 8192]
+    (split,) = [m for m in at if m.strategy == "token_split" and m.knobs.get("ce_out") == "kernel"
+                and m.knobs.get("comm") == "copy_engine" and not m.knobs.get("split_ratio")]
+    free = analysis.bound(at)
+    g = tune.gain(split, free)
+    return {"kernel": split.ms, "free": free.ms, "g": g.speedup, "lo": g.lo, "hi": g.hi}
+
+
 TP4_ROW = "| {tokens} | `{{a[strategy]}}` {{a[how]}} | {{a[hidden]:.0f}}% | `{{b[strategy]}}` {{b[how]}} | {{b[hidden]:.0f}}% |"
 LONG_ROW = "| {tokens} | {{exposed:.1f}}% | `{{strategy}}` {{how}} | {{speedup:.3f}}x | {{hidden:.0f}}% |"
 TP4_CLAIMS = [
@@ -362,6 +421,15 @@ TP4_CLAIMS = [
                    "{gemm8:.0f}% more GPU time than the whole batch's: no split can hide more than {cap8:.0f}% of the exposed "
                    "communication there, and NCCL's symmetric kernel under it hides {best8:.0f}% in this run",
           _where_the_rest_goes),
+    *[Claim(TP4_DOC, CE_ROW.format(tokens=t), lambda t=t: _ce_row(t)) for t in f.TOKENS],
+    Claim(TP4_DOC, "`kernel` takes {a[lo]:.3f}-{a[hi]:.3f} of `copy`'s time on 70B and {b[lo]:.3f}-{b[hi]:.3f} on 8B "
+                   "over 1K-32K, the least at {a_at} tokens on 70B and {b_at} on 8B. It makes the split the fastest "
+                   "choice at {a_span} on 70B and {b_span} on 8B", _ce_out_against_copy),
+    Claim(TP4_DOC, "the fastest choice's speedup moved by at most {a:.3f} on 70B and {b:.3f} on 8B: up at 70B's 8K "
+                   "({a8[0]:.3f}x to {a8[1]:.3f}x) and 8B's 8K and 16K ({b8[0]:.3f}x to {b8[1]:.3f}x, {b16[0]:.3f}x to "
+                   "{b16[1]:.3f}x)", _ce_out_run_against_a3860b5),
+    Claim(TP4_DOC, "At 70B 8K the split with `kernel` ties `no_comm`: {kernel:.3f} against {free:.3f} ms per layer, "
+                   "paired {g:.3f}x (95% interval {lo:.3f}-{hi:.3f})", _ties_no_comm),
 ]
 
 

@@ -190,7 +190,9 @@ def _h200(model: str) -> list[Study]:
                   ((f"{model} TP=4, measured on 4x H200",
                     (Need("the TP=4 study on 4x H200", f"{x4}/c1821fe/{model}-tp4.jsonl"),)),
                    (f"{model} TP=4, measured again on 4x H200 (the a3860b5 study, another machine)",
-                    (Need("the TP=4 study at a3860b5", f"{x4}/a3860b5/{model}-tp4.jsonl"),)),))]
+                    (Need("the TP=4 study at a3860b5", f"{x4}/a3860b5/{model}-tp4.jsonl"),)),
+                   (f"{model} TP=4, measured at 1968c70 on a third 4x H200 machine (its `ce_out: kernel` points skipped)",
+                    (Need("the TP=4 study at 1968c70", f"{x4}/1968c70/{model}-tp4.jsonl"),)),))]
 
 
 def _diagnostic(model: str) -> Study:
