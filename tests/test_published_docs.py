@@ -291,6 +291,10 @@ VALIDATION_ROWS = [
       for model in ("llama3-70b", "llama3-8b")
       for variant, contention in (("", "beside TP=4's layer, no in-layer term"),
                                   (MEASURED_TERM, "beside TP=4's layer, `--in-layer measured`"))),
+    *((PREDICTED_H200, "4x H200, 1968c70", model, 4, "measured at 1968c70 on a third 4x H200 machine", variant, contention)
+      for model in ("llama3-70b", "llama3-8b")
+      for variant, contention in (("", "beside TP=4's layer, no in-layer term"),
+                                  (MEASURED_TERM, "beside TP=4's layer, `--in-layer measured`"))),
 ]
 
 
@@ -426,7 +430,69 @@ def _power_third_host() -> dict:
             "mhz": run["gemm"]["sm_mhz"]["median"]}
 
 
+CE_OUT_RUNS = {"a": f.CE_OUT_TP4 + "llama3-70b-tp4.jsonl", "b": f.CE_OUT_TP4 + "llama3-8b-tp4.jsonl",
+               "la": f.CE_OUT_TP4 + "long-llama3-70b-tp4.jsonl", "lb": f.CE_OUT_TP4 + "long-llama3-8b-tp4.jsonl"}
+
+
+def _k(tokens: list[int]) -> str:
+    """Token counts as the docs name a run of them: '4K' or '2K-32K'."""
+    lo, hi = min(tokens) // 1024, max(tokens) // 1024
+    return f"{lo}K" if lo == hi else f"{lo}K-{hi}K"
+
+
+def _ce_out_picked() -> dict:
+    """Where tune picks the split with `ce_out: kernel` in the 1968c70 runs, and `kernel` over
+    `copy` (the split 32/32's ms) over both runs' token counts."""
+    out: dict = {}
+    ratios = []
+    for k in ("a", "b"):
+        picks = f.picks_by_tokens(CE_OUT_RUNS[k])
+        out[k] = _k([t for t, v in picks.items() if v["how"].endswith("ce_out kernel")])
+        split = {(r["tokens"], r["knobs"].get("ce_out", "copy")): r["ms"] for r in f.rows(CE_OUT_RUNS[k])
+                 if r["strategy"] == "token_split" and r["knobs"].get("comm") == "copy_engine"
+                 and r["knobs"].get("comm_ctas_attn") == 32 and not r["knobs"].get("split_ratio")
+                 and not r["knobs"].get("chunks")}
+        ratios += [split[t, "kernel"] / split[t, "copy"] for t in f.TOKENS]
+    return out | {"r": bounds(ratios)}
+
+
+def _ties_with_no_comm() -> dict:
+    """Each 1968c70 run's fastest correct choice against `no_comm`, paired (tune.gain): the points
+    whose 95% interval holds 1.0, in order (70B 1K-32K first)."""
+    from overlapbench.tuning import analysis, tune
+
+    ties, points = [], 0
+    for store in CE_OUT_RUNS.values():
+        for _, _, at in f.batches_of(store):
+            free = analysis.bound(at)
+            best = min((m for m in at if m.checked and m.strategy != analysis.BOUND and m.knobs.get("comm") != "none"),
+                       key=lambda m: m.ms)
+            g, points = tune.gain(best, free), points + 1
+            if g.lo <= 1.0 <= g.hi:
+                ties.append({"g": g.speedup, "lo": g.lo, "hi": g.hi, "tokens": best.tokens})
+    return {"n": len(ties), "points": points, "t": ties}
+
+
+def _tp4_targets_1968c70() -> dict:
+    hid = {k: {t: v["hidden"] for t, v in f.fastest_by_tokens(store).items()} for k, store in CE_OUT_RUNS.items()}
+    return {"a2": hid["a"][2048], "a": bounds(hid["a"][t] for t in f.TOKENS if t >= 4096),
+            "b4": hid["b"][4096], "b": bounds(hid["b"][t] for t in f.TOKENS if t >= 8192),
+            "la": [hid["la"][t] for t in (16384, 32768, 65536)], "lb": [hid["lb"][t] for t in (16384, 32768, 65536)]}
+
+
 DOCS_CLAIMS = [
+    Claim("docs/predict.md", "while `tune`'s pick in those runs is the `kernel` split at {a} (70B) and {b} (8B)",
+          _ce_out_picked),
+    Claim("docs/long-prompts.md", "`tune` picks it at {a} on 70B and {b} on 8B (the README's TP=4 tables), and in the same "
+                                  "runs `kernel` takes {r[lo]:.3f}-{r[hi]:.3f} of `copy`'s time at 1K-32K", _ce_out_picked),
+    Claim("docs/long-prompts.md", "holds 1.0 at {n} of the 4 runs' {points} points: the copy-engine split with `kernel` at "
+                                  "70B 8K ({t[0][g]:.3f}x, {t[0][lo]:.3f}-{t[0][hi]:.3f}) and, in the 8B long-prompt run "
+                                  "(a716ed20b51d), at 16K ({t[1][g]:.3f}x, {t[1][lo]:.3f}-{t[1][hi]:.3f})", _ties_with_no_comm),
+    Claim("docs/long-prompts.md", "70B hides {a2:.0f}% at 2K and {a[lo]:.0f}-{a[hi]:.0f}% at 4K-32K, so its target is met "
+                                  "from 4K and missed at 2K; 8B hides {b4:.0f}% at 4K and {b[lo]:.0f}-{b[hi]:.0f}% at 8K-32K, "
+                                  "met from 8K and missed at 4K. The long-prompt runs: 70B {la[0]:.0f}%, {la[1]:.0f}% and "
+                                  "{la[2]:.0f}% at 16K, 32K and 64K, 8B {lb[0]:.0f}%, {lb[1]:.0f}% and {lb[2]:.0f}%",
+          _tp4_targets_1968c70),
     Claim("docs/long-prompts.md", "the GEMMs alone at {mhz:.0f} MHz, at the cap) measured less: {pull:.2f}% (pull) and "
                                   "{push:.2f}% (push)", _power_third_host),
     Claim("docs/long-prompts.md", "`copy` against `kernel`: {t2[over_copy]:.3f} against {t2[over_kernel]:.3f} at 2K, "

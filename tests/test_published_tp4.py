@@ -6,6 +6,7 @@ fails with the passage as it should read."""
 
 from __future__ import annotations
 
+import functools
 import statistics
 
 import pytest
@@ -237,28 +238,71 @@ def _copy_engine_waits() -> dict:
 SMALL_SPLITS = "results/h200x4/60ae8af/profile-70b-tp4-1k-2k"  # llama3-70b TP=4's splits at 1K and 2K
 
 
-def _small_split(tokens: int) -> dict:
-    """The 70B TP=4 split on `nccl_symm` 16/16 against the split with `comm: none` at one token
-    count (60ae8af's profile): timed ms per layer, the eager kernel table's GEMM ms per layer, and
-    rank 0's replay (compute busy and exposed, ms per layer), with how far apart the ranks'
-    replays started (ms)."""
+def _replays_apart(run: str, tokens: int) -> float:
+    """How far apart (ms) the ranks' graph replays of a profile run's `nccl_symm` 16/16 split started."""
     from overlapbench.report import exposed, ranks
     from overlapbench.timing import timeline
 
-    rows = f.rows(SMALL_SPLITS + ".jsonl")
-    layers = f.the_one([r["layers"] for r in rows], "layers")
-    timed = {r["knobs"].get("comm", r["strategy"]): r["ms"] for r in rows if r["tokens"] == tokens}
-    folder = f.path(SMALL_SPLITS)
+    layers = f.the_one([r["layers"] for r in f.rows(run + ".jsonl")], "layers")
+    name = f"{SPLIT.format(tokens=tokens)}nccl_symm-comm_ctas_attn=16-comm_ctas_mlp=16-{layers}layers"
+    replays = [exposed.read(f.path(run) / timeline.file_name(name, replay=True, rank=r)) for r in range(4)]
+    return max(abs(t.shift) for t in ranks.across(replays).totals) / 1e3
+
+
+IN_STEP = "results/h200x4/1968c70/profile-70b-tp4-1k-2k"  # the same points, the ranks in step
+
+
+def _in_step(tokens: int) -> dict:
+    """The 70B TP=4 split on `nccl_symm` 16/16 against the split with `comm: none` in the in-step
+    profile (1968c70), at one token count: timed ms per layer; per rank of the graph replays, the
+    4-layer cost per layer (`wall`), the middle layers' (layer 2's first GEMM to layer 4's, per
+    layer: `mid`) and the GEMMs' extra GPU time per layer (`gemm`), ms; how far apart the ranks'
+    replays started (ms, over all points); and the all-reduce beside each gate-up GEMM (the
+    layer's largest): where it started into the GEMM (us) and how much longer the GEMM ran than
+    its twin in the split with `comm: none` (us), split into those that started with the GEMM
+    (within 10 us) and those that started later."""
+    from overlapbench.report import exposed, ranks
+    from overlapbench.timing import timeline
+
+    rows = [r for r in f.rows(IN_STEP + ".jsonl") if r["tokens"] == tokens]
+    layers, tp = f.the_one([r["layers"] for r in rows], "layers"), f.the_one([r["tp"] for r in rows], "tp")
+    shape = f.the_one([r["shape"] for r in rows], "shape")
+    timed = {r["knobs"].get("comm", r["strategy"]): r["ms"] for r in rows}
+    half = tokens // 2  # the split's two chunks (align 256, no offset)
+    qkv = 2 * half * shape["hidden"] * (shape["heads"] + 2 * shape["kv_heads"]) * shape["head_dim"] // tp
+    gate_up = 2 * half * shape["hidden"] * 2 * shape["ffn"] // tp
     split = SPLIT.format(tokens=tokens)
-    names = {"none": f"{split}none-{layers}layers", "symm": f"{split}nccl_symm-comm_ctas_attn=16-comm_ctas_mlp=16-{layers}layers"}
-    gemm = {k: tally(folder / f"{v}.txt", layers)["gemm"] for k, v in names.items()}
-    replays = {k: [exposed.read(folder / timeline.file_name(v, replay=True, rank=r)) for r in range(4)]
+    names = {"none": f"{split}none-{layers}layers", "no_comm": f"no_comm-{tokens}-{layers}layers",
+             **{k: f"{split}{comm}-comm_ctas_attn=16-comm_ctas_mlp=16-{layers}layers"
+                for k, comm in (("symm", "nccl_symm"), ("fused", "fused"))}}
+    folder = f.path(IN_STEP)
+    replays = {k: [exposed.read(folder / timeline.file_name(v, replay=True, rank=r)) for r in range(tp)]
                for k, v in names.items()}
-    zero = {k: exposed.analyze(v[0].kernels) for k, v in replays.items()}
-    shifts = [abs(t.shift) for t in ranks.across(replays["symm"]).totals]
-    return {"timed": timed["nccl_symm"] - timed["none"], "gemm": gemm["symm"] - gemm["none"],
-            "compute": (zero["symm"].compute - zero["none"].compute) / 1e3 / layers,
-            "exposed": zero["symm"].exposed / 1e3 / layers, "apart": max(shifts) / 1e3}
+    gemms = lambda t, flops: sorted((k for k in t.kernels if k.kind == "gemm" and k.flops == flops), key=lambda k: k.start)
+    gemm_us = lambda t: sum(k.end - k.start for k in t.kernels if k.kind == "gemm")
+    out = {"wall": [], "mid": [], "gemm": [], "with": [], "later": []}
+    for symm, none in zip(replays["symm"], replays["none"]):
+        starts = [[k.start for k in gemms(t, qkv)][::2] for t in (symm, none)]  # each layer's first QKV GEMM
+        assert all(len(s) == layers for s in starts), "a layer's QKV GEMMs not found by their FLOPs"
+        out["mid"].append(((starts[0][3] - starts[0][1]) - (starts[1][3] - starts[1][1])) / 2 / 1e3)
+        out["wall"].append((exposed.analyze(symm.kernels).wall - exposed.analyze(none.kernels).wall) / layers / 1e3)
+        out["gemm"].append((gemm_us(symm) - gemm_us(none)) / layers / 1e3)
+        for g, twin in zip(gemms(symm, gate_up), gemms(none, gate_up), strict=True):
+            first = min((k for k in symm.kernels if k.is_transfer and k.start < g.end and k.end > g.start), key=lambda k: k.start)
+            case = (first.start - g.start, (g.end - g.start) - (twin.end - twin.start))
+            out["with" if case[0] <= 10 else "later"].append(case)
+    apart = max(abs(t.shift) for v in replays.values() for t in ranks.across(v).totals) / 1e3
+    into = lambda cases, i: bounds(c[i] for c in cases) if cases else {"lo": 0, "hi": 0}
+    return {"timed": timed["nccl_symm"] - timed["none"], "fused": timed["fused"] - timed["none"],
+            "wall": bounds(out["wall"]), "mid": bounds(out["mid"]), "gemm": bounds(out["gemm"]), "apart": apart,
+            "n": len(out["with"]) + len(out["later"]), "n_with": len(out["with"]), "n_later": len(out["later"]),
+            "with_at": into(out["with"], 0), "with_len": into(out["with"], 1),
+            "later_at": into(out["later"], 0), "later_len": into(out["later"], 1)}
+
+
+@functools.cache
+def _in_steps() -> dict:
+    return {"a": _in_step(1024), "b": _in_step(2048), "old": _replays_apart(SMALL_SPLITS, 1024)}
 
 
 def _charge(model: str, commit: str, tokens: int, path: str) -> float:
@@ -286,10 +330,6 @@ def _worst_sm_points() -> dict:
                                                      f"{model} TP=4, measured on 4x H200", split.format(comm))
     return {"a": errors("llama3-70b", "nccl_symm"), "b": errors("llama3-8b", "nccl_symm"),
             "c": errors("llama3-8b", "fused")}
-
-
-def _small_splits() -> dict:
-    return {"a": _small_split(1024), "b": _small_split(2048)}
 
 
 
@@ -406,14 +446,23 @@ TP4_CLAIMS = [
     Claim("docs/predict.md", "charge about as much: at 70B `nccl_symm` 16 CTAs {a_symm:.2f} (the 1K rows: {a_symm1:.2f}) "
                              "and the fused kernel {a_fused:.2f} ({a_fused1:.2f}); at 8B {b_symm:.2f} ({b_symm1:.2f}) and "
                              "{b_fused:.2f} ({b_fused1:.2f})", _small_charges),
-    Claim("docs/predict.md", "over the split with `comm: none` the `nccl_symm` 16/16 split cost {a[timed]:.3f} ms per layer at "
-                             "1K and {b[timed]:.3f} at 2K", _small_splits),
-    Claim("docs/predict.md", "In the eager kernel tables its GEMMs ran {a[gemm]:.2f} ms per layer longer than the split "
-                             "alone's at 1K and {b[gemm]:.2f} at 2K", _small_splits),
-    Claim("docs/predict.md", "rank 0's compute was busy {b[compute]:.2f} ms per layer longer than the split alone's and "
-                             "{b[exposed]:.2f} ms per layer of transfers were exposed, the four ranks' replays starting "
-                             "within {b[apart]:.1f} ms of each other", _small_splits),
-    Claim("docs/predict.md", "At 1K the ranks' replays started up to {a[apart]:.1f} ms apart", _small_splits),
+    Claim("docs/predict.md", "their replays started within {apart:.2f} ms of each other, where those of 60ae8af's profile "
+                             "began up to {old:.1f} ms apart). Timed, the `nccl_symm` 16/16 split cost {a[timed]:.3f} ms per "
+                             "layer over the split with `comm: none` at 1K and {b[timed]:.3f} at 2K. In the graph replays the "
+                             "4-layer stack cost {a[wall][lo]:.3f}-{a[wall][hi]:.3f} ms per layer more on the four ranks at 1K, "
+                             "its middle layers (layer 2's first GEMM to layer 4's) {a[mid][lo]:.3f}-{a[mid][hi]:.3f}",
+          lambda: _in_steps() | {"apart": max(_in_steps()["a"]["apart"], _in_steps()["b"]["apart"])}),
+    Claim("docs/predict.md", "At 2K the middle layers cost {b[mid][lo]:.3f}-{b[mid][hi]:.3f} ms per layer, nearly all of it "
+                             "GEMM time (the GEMMs ran {b[gemm][lo]:.3f}-{b[gemm][hi]:.3f} ms per layer longer on the four "
+                             "ranks, {a[gemm][lo]:.3f}-{a[gemm][hi]:.3f} at 1K)", _in_steps),
+    Claim("docs/predict.md", "at 1K it started {a[later_at][lo]:.0f}-{a[later_at][hi]:.0f} us into the GEMM in {a[n_later]} of "
+                             "{a[n]} cases and left the GEMM's time as it was ({a[later_len][lo]:+.0f} to "
+                             "{a[later_len][hi]:+.0f} us against its twin in the split alone); at 2K it started with the GEMM "
+                             "(within {b_within:.0f} us of its start) in {b[n_with]} of {b[n]} and lengthened it by "
+                             "{b[with_len][lo]:.0f}-{b[with_len][hi]:.0f} us, and in the other {b[n_later]} it started "
+                             "{b[later_at][lo]:.0f}-{b[later_at][hi]:.0f} us in",
+          lambda: _in_steps() | {"b_within": max(abs(v) for v in _in_steps()["b"]["with_at"].values())}),
+    Claim("docs/predict.md", "The timed loop's {a[timed]:.3f} is about the middle layers'", _in_steps),
     Claim("docs/predict.md", "32/32 leaves rank 0 with {exposed:.1f} ms exposed over 4 layers, and at each of rank 0's {n} "
                              "longest barrier waits the last rank arrived {late[lo]:.2f}-{late[hi]:.2f} ms after it, out "
                              "of a `{before}`", _copy_engine_waits),
