@@ -132,6 +132,37 @@ def test_each_replayed_kernel_takes_the_op_and_size_of_its_eager_twin(seed):
         assert k.get("bytes") == want, (launch.name, i)
 
 
+def back_to_back(program: list[Launch], rng: random.Random, replays: int) -> tuple[dict, list[int]]:
+    """`replays` replays of the program's graph, each after the one before has ended (a stream
+    runs one graph launch after the other), as one timeline; per kernel, the program index it runs."""
+    kernels, runs, names, end = [], [], None, 0.0
+    for _ in range(replays):
+        one, ran = replay_timeline(program, rng, {})
+        shift = end + rng.randrange(1, 50) - min(k["start"] for k in one["kernels"])
+        kernels += [dict(k, start=k["start"] + shift) for k in one["kernels"]]
+        runs += ran
+        names, end = one["names"], max(k["start"] + shift + k["dur"] for k in one["kernels"])
+    return _timeline(names, [], kernels, host_ops=rng.randrange(1, 20)), runs
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_replays_back_to_back_link_each_replay_s_kernels_to_the_same_twins(seed):
+    rng = random.Random(seed)
+    program = random_program(rng)
+    eager = eager_timeline(program, rng)
+    replays = rng.randrange(2, 6)
+    timed, runs = back_to_back(program, rng, replays)
+    linked = timeline.link_replay(timed, eager, replays)
+    assert linked["unmatched"] == [] and linked["linked"] == replays * len(program) and linked["replays"] == replays
+    order = sorted(range(len(runs)), key=lambda j: (timed["kernels"][j]["start"], timed["kernels"][j]["dur"]))
+    for j in order:
+        assert linked["ops"][linked["kernels"][j]["op"]] == program[runs[j]].op
+    short = timeline.link_replay(timed, eager, replays + 1)  # a count that does not hold them: nothing linked
+    counts = {eager["names"][k["name"]] for k in eager["kernels"]}
+    assert short["linked"] == 0 and {u["name"] for u in short["unmatched"]} == counts
+    assert all(u["why"] == timeline.COUNTS_DIFFER and u["replay"] == replays * u["eager"] for u in short["unmatched"])
+
+
 def test_a_name_whose_counts_differ_is_linked_to_nothing_and_listed():
     rng = random.Random()  # fresh
     program = random_program(rng)
@@ -252,6 +283,23 @@ def test_report_reads_a_graph_replay_where_one_lies_beside_the_table_and_says_so
     assert {fmt: report_text(rows, folder, fmt, timeline="eager") for fmt in before} == before  # as without the file
     (folder / timeline.file_name("baseline-2048", replay=True)).unlink()
     assert {fmt: report_text(rows, folder, fmt) for fmt in before} == before
+
+
+def test_report_names_how_many_replays_a_timeline_holds_and_compares_only_like_with_like(tmp_path):
+    rng = random.Random()
+    rows, folder, planned = profiled_folder(tmp_path, rng, {"baseline", "no_comm"})
+    replays = rng.randrange(2, 9)
+    for name, count in (("baseline-2048", replays), ("no_comm-2048", 1)):
+        eager = json.loads((folder / timeline.file_name(name)).read_text())
+        _, replay = replayed(planned[name], rng)
+        replay = dict(replay, ops=[], kernels=[dict(k, op=None) for k in replay["kernels"]])
+        linked = timeline.link_replay(replay, eager) | {"replays": count}  # the count as profile_parts records it
+        timeline.write(linked, folder / timeline.file_name(name, replay=True))
+    text = report_text(rows, folder)
+    assert any(t.startswith(f"baseline-2048 ({replays} graph replays): wall") for t in text.splitlines())
+    assert any(t.startswith("no_comm-2048 (graph replay): wall") for t in text.splitlines())
+    assert (f"against no_comm: not shown (no_comm read from its graph replay, this point from its {replays} graph "
+            "replays)") in text
 
 
 def test_report_names_a_replay_s_unlinked_kernels_and_falls_back_where_it_has_none(tmp_path):

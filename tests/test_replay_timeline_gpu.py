@@ -26,13 +26,14 @@ pytestmark = distributed.two_gpus()
 NOT_WORK = ("nccl:", "cuda", "aten::", "record_param_comms", "ProfilerStep", "Activity Buffer")  # ranges, host calls
 
 
-def sweep_spec(tmp_path: Path, interleave: bool | str) -> Path:
+def sweep_spec(tmp_path: Path, interleave: bool | str, profile_replays: int = 1) -> Path:
     path = tmp_path / "replay.yaml"
     path.write_text(yaml.safe_dump({
         "name": "replay-timeline", "model": "llama3-8b", "tp": 2, "layers": 2, "dtype": "bf16", "tokens": [2048],
         "strategies": {"baseline": {}, "no_comm": {}, "token_split": [
             {"comm": "none"}, {"comm": "copy_engine", "comm_ctas_attn": 32, "comm_ctas_mlp": 32}]},
-        "measure": {"warmup": 1, "iters": 3, "graphs": True, "interleave": interleave, "timeout_s": 600},
+        "measure": {"warmup": 1, "iters": 3, "graphs": True, "interleave": interleave, "timeout_s": 600,
+                    "profile_replays": profile_replays},
     }))
     return path
 
@@ -117,3 +118,33 @@ def test_each_point_timed_as_a_replay_has_a_linked_replay_timeline(tmp_path: Pat
     for point, _, _ in replayed:
         assert f"{point} (graph replay): wall" in shown.stdout, shown.stdout[-3000:]
     assert "across ranks (2 ranks' graph replays on one clock" in shown.stdout, shown.stdout[-3000:]
+
+
+def test_profile_replays_records_that_many_replays_back_to_back_each_linked(tmp_path: Path):
+    """`measure.profile_replays: 3`: each replay timeline holds 3 replays, one after the other:
+    every GEMM and transfer of the eager forward three times, with its FLOPs and bytes, and the
+    report names the count."""
+    from collections import Counter
+
+    from overlapbench.report import exposed
+    from overlapbench.timing import timeline
+
+    out, folder = tmp_path / "rows.jsonl", tmp_path / "profile"
+    done = distributed.overlapbench("sweep", str(sweep_spec(tmp_path, "auto", profile_replays=3)), "--nproc", "2",
+                                    "--output", str(out), "--profile", str(folder), timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [r for r in read_rows(out) if r["graphs"]]
+    assert rows and all(r.get("profile_error") is None for r in rows), [r.get("profile_error") for r in rows]
+    for r in rows:
+        table = folder / f"{profile_name(r['strategy'], r['tokens'], r['knobs'], layers=r['layers'])}.txt"
+        for rank in (0, 1):
+            path = timeline.beside(table, replay=True, rank=rank)
+            assert json.loads(path.read_text())["replays"] == 3, path
+            replay, eager = exposed.read(path), exposed.read(timeline.beside(table, rank=rank))
+            for kind, what in (("gemm", "flops"), ("comm", "bytes")):
+                got = Counter((k.name, getattr(k, what) or 0) for k in replay.kernels if k.kind == kind)
+                want = Counter((k.name, getattr(k, what) or 0) for k in eager.kernels if k.kind == kind)
+                assert got == Counter({key: 3 * n for key, n in want.items()}), (path.name, kind)
+    shown = distributed.overlapbench("report", str(out), "--profile", str(folder), env={"COLUMNS": "250"})
+    assert shown.returncode == 0, shown.stderr
+    assert "(3 graph replays): wall" in shown.stdout, shown.stdout[-3000:]

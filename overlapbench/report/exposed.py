@@ -129,8 +129,9 @@ class Timeline:
     """A timeline file as read: the device profiled, the host ops seen, the kernels in start
     order; whether it is a CUDA-graph replay's, and (for one) the kernel names that could not be
     linked to their ops (timeline.link_replay's `unmatched`: name, both counts, why); whose it is
-    (`rank` of `world`; a file from before ranks wrote theirs: rank 0, world None) and the
-    profiler's timestamp of its time 0 (`origin_ns`; None where not recorded)."""
+    (`rank` of `world`; a file from before ranks wrote theirs: rank 0, world None), the
+    profiler's timestamp of its time 0 (`origin_ns`; None where not recorded), and how many
+    graph replays it holds back to back (`replays`: 1 for an eager forward's and older files)."""
 
     device: str
     host_ops: int
@@ -140,6 +141,7 @@ class Timeline:
     rank: int = 0
     world: int | None = None
     origin_ns: int | None = None
+    replays: int = 1
 
 
 def read(path: Path) -> Timeline:
@@ -155,7 +157,7 @@ def read(path: Path) -> Timeline:
         world, origin = data.get("world"), data.get("origin_ns")
         return Timeline(str(data["device"]), int(data["host_ops"]), kernels, bool(data.get("replay", False)), unmatched,
                         int(data.get("rank", 0)), None if world is None else int(world),
-                        None if origin is None else int(origin))
+                        None if origin is None else int(origin), int(data.get("replays", 1)))
     except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
         raise UserError(f"--profile: {path} is not a timeline of `sweep --profile` ({e}); "
                         "delete it, or profile the point again") from None

@@ -38,8 +38,8 @@ LONGEST = 8  # exposed intervals shown per point
 HEADER = ["start ms", "length ms", "exposed ms", "transfer (stream)", "bytes", "after (stream)", "GFLOP", "then (stream)"]
 TITLE = ("Exposed communication: one eager forward per point (rank 0), from its device kernels; "
          "ms from the forward's first kernel")
-TITLE_REPLAY = ("Exposed communication: per point (rank 0) one CUDA-graph replay of the timed step, else one eager "
-                "forward, from its device kernels; ms from its first kernel")
+TITLE_REPLAY = ("Exposed communication: per point (rank 0) one CUDA-graph replay of the timed step (or the replays "
+                "back to back its line names), else one eager forward, from its device kernels; ms from its first kernel")
 REPLAY, EAGER = "graph replay", "eager forward"  # what a point's timeline recorded
 TIMELINES = ("replay", "eager")  # --timeline: a replay's where kept (the default), or the eager forward's always
 UNLINKED_SHOWN = 4  # names of a replay's unlinked kernels shown on its line
@@ -146,7 +146,7 @@ def sections(found: dict[tuple[str, int], list[Account]], folder: Path,
         bound = next((reads[a.name] for a in points if _is_bound(a.name) and reads[a.name].result), None)
         for a in points:
             got = reads[a.name]
-            name = f"{a.name} ({got.source})" if tagged and got.source is not None else a.name
+            name = f"{a.name} ({_source_text(got)})" if tagged and got.source is not None else a.name
             record: dict = {"timeline": got.file, "exposure": None}
             if tagged:
                 record |= {"timeline_of": got.source,
@@ -166,9 +166,9 @@ def sections(found: dict[tuple[str, int], list[Account]], folder: Path,
                 grid = intervals_grid(name, got.result) if got.result.intervals else None
                 line = totals_line(name, got.result)
                 if bound is not None and not _is_bound(a.name):
-                    notes.append(against_line(got.result, bound.result) if bound.source == got.source else
-                                 f"  against {BOUND}: not shown ({BOUND} read from its {bound.source}, "
-                                 f"this point from its {got.source})")
+                    notes.append(against_line(got.result, bound.result) if _source_text(bound) == _source_text(got) else
+                                 f"  against {BOUND}: not shown ({BOUND} read from its {_source_text(bound)}, "
+                                 f"this point from its {_source_text(got)})")
                 notes += [u for u in [unlinked_line(got.timeline)] if u is not None]
                 across = ranks_view.part(folder, a.name, got.source == REPLAY, got.timeline, name)
                 if across is not None:
@@ -178,6 +178,14 @@ def sections(found: dict[tuple[str, int], list[Account]], folder: Path,
             parts.append(Section("\n".join([line, *notes]), grid, tagged, waits))
             records[a.name] = record
     return parts, records
+
+
+def _source_text(got: Read) -> str | None:
+    """What a point's timeline recorded, as its lines name it: `graph replay`, `eager forward`, or
+    `N graph replays` where it holds N back to back (measure.profile_replays)."""
+    if got.source == REPLAY and got.timeline is not None and got.timeline.replays > 1:
+        return f"{got.timeline.replays} {REPLAY}s"
+    return got.source
 
 
 def _is_bound(name: str) -> bool:

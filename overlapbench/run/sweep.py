@@ -103,7 +103,7 @@ def measure_point(rt: runtime.Runtime, point: Point, work: Workload, spec: Sweep
         timing = _phase(rt, lambda: measure.time_step(step, work.x, m.warmup, m.iters, m.graphs, m.warmup_s, m.min_time_s))
         if profile_dir is not None:
             status("profiling")
-        profiled = _profile(rt, point, step, work, profile_dir, timing.replay)
+        profiled = _profile(rt, point, step, work, profile_dir, timing.replay, m.profile_replays)
     except PointFailed as failure:
         return fields | failure.result
     per_layer = [s / point.layers for s in timing.samples_ms]
@@ -119,9 +119,10 @@ def measure_point(rt: runtime.Runtime, point: Point, work: Workload, spec: Sweep
 
 
 def _profile(rt: runtime.Runtime, point: Point, step, work: Workload, profile_dir: Path | None,
-             replay: Callable[[], object] | None = None) -> dict:
+             replay: Callable[[], object] | None = None, replays: int = 1) -> dict:
     """With --profile, the point's kernel table and timeline, and where it was timed as a graph
-    replay (`replay`) that replay's timeline (measure.profile_parts), the ranks agreeing after
+    replay (`replay`) the timeline of `replays` replays back to back (measure.profile_parts;
+    the spec's measure.profile_replays), the ranks agreeing after
     each part: the fields the profile adds to the point's row. The command refuses --profile on
     CPU; the rank code profiles any device (on CPU: host ops, a timeline without device kernels,
     no replay).
@@ -139,7 +140,7 @@ def _profile(rt: runtime.Runtime, point: Point, step, work: Workload, profile_di
     name = results.profile_name(point.strategy, point.tokens, point.knobs, point.decode.as_dict() if point.decode else None,
                                 point.layers)
     parts = measure.profile_parts(step, work.x, profile_dir / f"{name}.txt", replay=replay, rank=rt.rank,
-                                  world=rt.world_size, in_step=rt.in_step)
+                                  world=rt.world_size, in_step=rt.in_step, replays=replays)
     for i, part in enumerate(parts):
         try:
             _phase(rt, part.run)
@@ -181,7 +182,8 @@ def measure_batch(rt: runtime.Runtime, todo: list[Point], work: Workload, spec: 
 
     def profile(c: paired.Prepared) -> dict:  # c.run: the graph's replay where it was captured
         with watchdog.guard(f"profiling {_describe(c.point)}"):
-            return _profile(rt, c.point, c.step, work, profile_dir, c.run if c.fields.get("graphs") else None)
+            return _profile(rt, c.point, c.step, work, profile_dir, c.run if c.fields.get("graphs") else None,
+                            spec.measure.profile_replays)
 
     return paired.measure_batch(rt, todo, reference, prepare, plan, pairing, watchdog.guard, profile)
 

@@ -13,6 +13,7 @@ from overlapbench import strategies
 from overlapbench.errors import UserError, field_name, positive_int, reject_unknown_keys, shown
 
 CHECKS = ("auto", "baseline", "fp32")  # measure.check
+MAX_PROFILE_REPLAYS = 16  # measure.profile_replays
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,10 @@ class Measure:
     # where a token's top-k experts flip; the truth measures each against what it approximates.
     # auto: fp32 at tp >= 8 and for MoE shapes in bf16/fp16, else baseline.
     check: str = "auto"
+    # With --profile: how many CUDA-graph replays of the step the replay timeline records back to
+    # back, as a timed span runs them after the ranks meet. One shows the first replay after the
+    # meeting alone; more show whether what it pays recurs in the replays after it.
+    profile_replays: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) or self.warmup < 0:
@@ -72,6 +77,10 @@ class Measure:
         if self.interleave not in (True, False, "auto"):
             raise UserError(f"measure.interleave: must be true, false or auto, got {shown(self.interleave)}")
         positive_int(self.rounds, "measure.rounds")
+        positive_int(self.profile_replays, "measure.profile_replays")
+        if self.profile_replays > MAX_PROFILE_REPLAYS:
+            raise UserError(f"measure.profile_replays: at most {MAX_PROFILE_REPLAYS} (each replay's kernels are "
+                            f"written to the timeline), got {shown(self.profile_replays)}")
         for name, top in (("span_ms", 60_000), ("ci_target", 1), ("time_factor", 100)):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= top:

@@ -131,11 +131,12 @@ class ProfilePart:
 
 def profile_parts(step: Step, x: torch.Tensor, path: Path, iterations: int = 3,
                   replay: Callable[[], object] | None = None, rank: int = 0, world: int = 1,
-                  in_step: Callable[[], None] | None = None) -> list[ProfilePart]:
+                  in_step: Callable[[], None] | None = None, replays: int = 1) -> list[ProfilePart]:
     """A few eager forwards under torch.profiler, their kernel table (by device time) to `path`
     (rank 0's only); then one more forward's timeline (its device kernels, timeline.py) beside it;
     and where the step was timed as a CUDA-graph replay (`replay`: what the timed iterations ran,
-    on every rank or none), one replay's timeline, its kernels linked to this rank's eager
+    on every rank or none), the timeline of `replays` replays back to back (as a timed span runs
+    them after the ranks meet), its kernels linked to this rank's eager
     forward's ops (timeline.link_replay), beside that (where none is recorded, the first part
     removes an earlier run's replay timeline of the point). Every rank writes its own timelines, named
     by `rank` (timeline.file_name: rank 0's keep the plain names), each marked `rank` of `world`,
@@ -169,8 +170,12 @@ def profile_parts(step: Step, x: torch.Tensor, path: Path, iterations: int = 3,
         timeline.write(eager[0], eager_file)
 
     def replay_timeline() -> None:
-        replayed = timeline.record(replay, cuda, rank, world, in_step)
-        timeline.write(timeline.link_replay(replayed, eager[0]), replay_file)
+        def back_to_back() -> None:
+            for _ in range(replays):
+                replay()
+
+        replayed = timeline.record(back_to_back, cuda, rank, world, in_step)
+        timeline.write(timeline.link_replay(replayed, eager[0], replays), replay_file)
 
     parts = [ProfilePart("the kernel table", table_file, table), ProfilePart("the eager timeline", eager_file, eager_timeline)]
     if replaying:

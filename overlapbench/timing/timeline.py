@@ -263,10 +263,12 @@ def _why_unmatched(mine: list[dict], theirs: list[dict]) -> str | None:
     return None
 
 
-def link_replay(replay: dict, eager: dict) -> dict:
-    """`replay` (the timeline of one CUDA-graph replay, `from_events`) with each kernel linked to
-    its op through its twin in `eager` (an eager forward of the same step): per kernel name, the
-    replay's i-th kernel in start order is the eager forward's i-th, and takes its op (name, FLOPs,
+def link_replay(replay: dict, eager: dict, replays: int = 1) -> dict:
+    """`replay` (the timeline of `replays` CUDA-graph replays back to back, `from_events`) with each
+    kernel linked to its op through its twin in `eager` (an eager forward of the same step): per
+    kernel name, the replay's i-th kernel in start order is the eager forward's i-th, counting
+    the eager forward's kernels again for each replay (the replays of one stream run one after
+    the other, so each name's kernels come replay by replay), and takes its op (name, FLOPs,
     shapes) and, where the replay's event recorded no size of its own (a memcpy node may not),
     its `bytes`. A name whose kernels cannot be paired surely (`_why_unmatched`: counts that
     differ, as where only the eager forward runs a kernel or the graph holds one it does not;
@@ -293,10 +295,10 @@ def link_replay(replay: dict, eager: dict) -> dict:
     theirs_by_name = _by_name(eager)
     unmatched, linked = [], 0
     for name, mine in _by_name(replay).items():
-        theirs = theirs_by_name.get(name, [])
+        theirs = theirs_by_name.get(name, []) * replays
         why = _why_unmatched(mine, theirs)
         if why is not None:
-            unmatched.append({"name": name, "replay": len(mine), "eager": len(theirs), "why": why})
+            unmatched.append({"name": name, "replay": len(mine), "eager": len(theirs) // replays, "why": why})
             continue
         for k, twin in zip(mine, theirs):
             copied = copy_of[id(k)]
@@ -307,4 +309,5 @@ def link_replay(replay: dict, eager: dict) -> dict:
     eager_only = {eager["names"][k["name"]] for k in eager["kernels"]} - set(replay["names"])
     for name in sorted(eager_only):
         unmatched.append({"name": name, "replay": 0, "eager": len(theirs_by_name[name]), "why": COUNTS_DIFFER})
-    return replay | {"replay": True, "ops": ops, "kernels": kernels, "linked": linked, "unmatched": unmatched}
+    return replay | {"replay": True, "replays": replays, "ops": ops, "kernels": kernels, "linked": linked,
+                     "unmatched": unmatched}
