@@ -161,13 +161,13 @@ def run(paths: Iterable[Path], fmt: str = "table", console: Console | None = Non
         return 0
     if opts.profile_dir is not None:  # the kernel tables, then each point's exposed communication
         found, missing = accounts(store.rows, opts.profile_dir)
+        parts = []
         if found:
             grids, records, note = profile_view(found)
             parts, exposure = sections(found, opts.profile_dir, opts.timeline or TIMELINES[0])
             emit(grids, [r | exposure[r["table"]] for r in records], fmt, console, note)
         emit_unprofiled(missing, fmt, console)  # the points whose profile failed in the sweep
-        if found:
-            emit_sections(parts, fmt, console)
+        emit_sections(parts, fmt, console)
         return 0
     comm_rows = [r for r in store.rows if analysis.workload_of(r) == COMM]
     if not store.measured and comm_rows:

@@ -213,7 +213,10 @@ def _read(folder: Path, a: Account, prefer: str) -> Read:
 
 
 def emit_sections(parts: list[Section], fmt: str, console: Console) -> None:
-    """The sections under the kernel tables (table and markdown; csv and json carry the records)."""
+    """The sections under the kernel tables (table and markdown; csv and json carry the records);
+    nothing where no point was profiled."""
+    if not parts:
+        return
     title = TITLE_REPLAY if any(part.tagged for part in parts) else TITLE
     if fmt == "table":
         console.print()
