@@ -422,7 +422,7 @@ def test_tune_says_what_a_tuned_file_it_replaces_held(tmp_path):
 
 @pytest.mark.parametrize(("gpus", "spec_tp", "ranks"), [
     (4, 2, 2),  # a tp: 2 spec on a 4-GPU machine: 2 of its GPUs, not a refusal
-    (4, 4, 4), (4, "auto", 4), (4, 8, 4),  # more than the machine has: all of them, which the spec's check refuses
+    (4, 4, 4), (4, "auto", 4), (8, 1, 1),
     (0, 1, 1), (0, "auto", 2), (0, 4, 2),  # without GPUs: 2 gloo processes unless the spec asks for fewer
 ])
 def test_a_sweep_launches_the_specs_tp_where_the_machine_holds_it(monkeypatch, gpus, spec_tp, ranks):
@@ -431,6 +431,16 @@ def test_a_sweep_launches_the_specs_tp_where_the_machine_holds_it(monkeypatch, g
     monkeypatch.setattr(launch, "local_gpus", lambda: gpus)
     assert launch.default_nproc(spec_tp) == ranks
     assert launch.default_nproc() == (gpus or 2)  # no spec (comm): the machine's
+
+
+def test_a_spec_asking_more_gpus_than_the_machine_has_is_refused_naming_both(monkeypatch):
+    from overlapbench.launch import launch
+
+    gpus = random.randrange(1, 8)
+    tp = gpus + random.randrange(1, 8)
+    monkeypatch.setattr(launch, "local_gpus", lambda: gpus)
+    with pytest.raises(UserError, match=f"tp: {tp} needs {tp} GPUs and this machine has {gpus}; .*--nproc {tp}"):
+        launch.default_nproc(tp)
 
 
 def test_a_tp_1_spec_runs_on_one_process_without_nproc(tmp_path):

@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+from overlapbench.errors import UserError
 from overlapbench.launch import gpu_sharing, launch_agent, launch_log, process_tree
 
 RELAUNCHED = "OVERLAPBENCH_RELAUNCHED"  # set for the workers of `relaunch`: the parent speaks for them
@@ -67,8 +68,15 @@ def gpu_sharing_check(nproc: int, need_bytes: int | None, force: bool) -> str | 
 def default_nproc(spec_tp: int | str | None = None) -> int:
     """A spec's numeric `tp` where this machine holds that many ranks (a GPU each; 2 gloo processes
     on a machine without GPUs), so a `tp: 2` spec runs on 2 of a 4-GPU machine's GPUs; else all
-    local GPUs, or 2 gloo processes on a machine without any."""
-    machine = local_gpus() or 2
+    local GPUs, or 2 gloo processes on a machine without any. A spec asking for more GPUs than the
+    machine has is refused here, naming both (ranks sharing GPUs would time contention); on a
+    machine without GPUs the spec's own tp check says how to launch more processes."""
+    gpus = local_gpus()
+    if gpus and isinstance(spec_tp, int) and spec_tp > gpus:
+        raise UserError(f"tp: {spec_tp} needs {spec_tp} GPUs and this machine has {gpus}; run it where {spec_tp} "
+                        f"are (or across nodes under torchrun: docs/sweeps.md), set tp to {gpus} or 'auto', or pass "
+                        f"--nproc {spec_tp} to let ranks share GPUs")
+    machine = gpus or 2
     return spec_tp if isinstance(spec_tp, int) and 1 <= spec_tp <= machine else machine
 
 

@@ -78,7 +78,10 @@ def main(options: Options) -> int:
         return launch_pieces(path, o.output, o.tp)
     cuda = launch.local_gpus() > 0
     loaded = spec_mod.load(path, cuda=cuda)
-    world = o.nproc or launch.default_nproc(loaded.tp)
+    try:
+        world = o.nproc or launch.default_nproc(loaded.tp)
+    except UserError as e:
+        raise UserError(f"{path}: {e}") from None
     warning = launch.oversubscription(world)
     if warning:
         _warn(warning)
