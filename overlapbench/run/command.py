@@ -27,8 +27,7 @@ class Options:
     """Measure every strategy x knob setting x batch of a spec; append one row per point.
 
     Under torchrun it runs as launched (any number of nodes); started plainly it re-launches
-    itself on the spec's tp GPUs where the machine has them, else on all local GPUs (2 gloo
-    processes on CPU), after checking that the spec fits
+    itself on the spec's tp GPUs (`tp: auto`: all local GPUs; 2 gloo processes on CPU), after checking that the spec fits
     the machine (memory, on CPU its size, on GPUs what other processes hold: see --force).
     Every point is checked against baseline's output before it is timed. Stopped (Ctrl-C,
     SIGTERM, SIGHUP), it keeps the finished rows and ends every process it started.
@@ -37,7 +36,7 @@ class Options:
     spec: Annotated[Path | None, typer.Argument(metavar="SPEC.yaml", help="Sweep spec (YAML). Default: the built-in demo (a copy of sweeps/quick.yaml).")] = None
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Results file (.jsonl). Default: the spec's 'output', else a new results/{name}-{time}.jsonl.")] = None
     resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted sweep (the --output file, else the newest results/{name}-*.jsonl): skip points already done.")] = False
-    nproc: Annotated[int | None, typer.Option("--nproc", help="Processes to launch when not under torchrun. Default: the spec's tp where the machine has that many GPUs (2 processes on CPU), else all local GPUs, or 2 on CPU.")] = None
+    nproc: Annotated[int | None, typer.Option("--nproc", help="Processes to launch when not under torchrun. Default: the spec's tp (refused where this machine has fewer GPUs); tp: auto takes all local GPUs; on CPU 2 processes, or the spec's tp where it is 1.")] = None
     profile: Annotated[Path | None, typer.Option("--profile", help="Also profile each point: its kernel table and one forward's kernel timeline into this folder (needs CUDA GPUs; read with report --profile).")] = None
     force: Annotated[bool, typer.Option("--force", help="Run even when a check before the launch refuses: a spec estimated to need more host memory than this machine has, a GPU-sized spec (no cpu: section) on a machine without GPUs, or one that would fit a GPU but not what other processes leave free on it.")] = False
     pieces: Annotated[bool, typer.Option("--pieces", help="Instead: time the compute pieces of one TP=--tp rank's layer on one GPU (what `overlapbench predict --compute` reads).")] = False
