@@ -12,6 +12,7 @@ import datetime as dt
 import json
 import re
 import statistics
+from collections.abc import Iterable
 from pathlib import Path
 
 from overlapbench.tuning import analysis, batches, results, tune
@@ -257,6 +258,41 @@ def the_one(values: list, what: str):
 def found_in(text_file: str, pattern: str) -> list[str]:
     """Every match of a regex's first group in a committed text file."""
     return re.findall(pattern, path(text_file).read_text(), re.M)
+
+
+def the_row(rows: list[dict], strategy: str, **knobs) -> dict:
+    """The one row of `rows` of `strategy` whose knobs hold `knobs` (None: the knob unset)."""
+    return the_one([r for r in rows if r["strategy"] == strategy and all(r["knobs"].get(k) == v for k, v in knobs.items())],
+                   f"{strategy} {knobs}")
+
+
+def ce_split_ms(store: str, ce_out: str | None) -> dict[int, float]:
+    """The copy-engine split 32/32 (whole-half cut, 2 chunks) by token count: its ms per layer with
+    the own rows' writer `ce_out` (None: the knob unset, `copy`)."""
+    ok = [r for r in rows(store) if r["status"] == "ok"]
+    return {t: the_row([r for r in ok if r["tokens"] == t], "token_split", comm="copy_engine", comm_ctas_attn=32,
+                       split_ratio=None, chunks=None, ce_out=ce_out)["ms"]
+            for t in sorted({r["tokens"] for r in ok})}
+
+
+def token_span(tokens: Iterable[int]) -> str:
+    """Consecutive token counts of TOKENS as the docs name them: '4K' or '2K-32K'."""
+    at = sorted(TOKENS.index(t) for t in tokens)
+    assert at and at == list(range(at[0], at[-1] + 1)), f"not one run of token counts: {sorted(tokens)}"
+    lo, hi = TOKENS[at[0]] // 1024, TOKENS[at[-1]] // 1024
+    return f"{lo}K" if lo == hi else f"{lo}K-{hi}K"
+
+
+def against_no_comm(store: str) -> dict[int, tuple[analysis.Measured, analysis.Measured, tune.Gain]]:
+    """Per token count of a store (one batch each): its fastest correct choice that communicates,
+    `no_comm`, and the choice's paired gain over it (tune.gain: speedup and 95% interval)."""
+    out = {}
+    for _, composition, at in batches_of(store):
+        free = analysis.bound(at)
+        best = min((m for m in at if m.checked and m.strategy != analysis.BOUND and m.knobs.get("comm") != "none"),
+                   key=lambda m: m.ms)
+        out[sum(composition[0])] = (best, free, tune.gain(best, free))
+    return out
 
 
 def _how(knobs: dict) -> str:

@@ -381,12 +381,6 @@ def _power() -> dict:
 CE_OUT = {4: "results/h200x4/60ae8af/ce-out-llama3-70b-tp4.jsonl", 2: "results/h200x4/60ae8af/ce-out-llama3-70b-tp2.jsonl"}
 
 
-def _ce_out_row(rows: list[dict], strategy: str, **knobs) -> dict:
-    """The one row of `rows` of `strategy` whose knobs hold `knobs` (None: the knob unset)."""
-    return f.the_one([r for r in rows if r["strategy"] == strategy and all(r["knobs"].get(k) == v for k, v in knobs.items())],
-                     f"{strategy} {knobs}")
-
-
 def _copy_over_kernel(copy: dict, kernel: dict) -> dict:
     """The rounds' ratios copy / kernel of two rows timed in the same rounds: median, 10th and 90th percentile."""
     a, b = (dict(zip(r["round_ids"], r["samples_ms"])) for r in (copy, kernel))
@@ -405,10 +399,10 @@ def _ce_out(tp: int) -> dict:
     for t in sorted({r["tokens"] for r in rows}):
         at = [r for r in rows if r["tokens"] == t]
         ways = (("copy", None), ("kernel", "kernel"))  # copy is the knob's default: unset in the rows
-        split = {o: _ce_out_row(at, "token_split", comm="copy_engine", ce_out=k) for o, k in ways}
-        norm = {o: _ce_out_row(at, "fused_norm", comm="copy_engine", ce_out=k) for o, k in ways}
-        alone = _ce_out_row(at, "token_split", comm="none")["ms"]
-        base, free = _ce_out_row(at, "baseline")["ms"], _ce_out_row(at, "no_comm")["ms"]
+        split = {o: f.the_row(at, "token_split", comm="copy_engine", ce_out=k) for o, k in ways}
+        norm = {o: f.the_row(at, "fused_norm", comm="copy_engine", ce_out=k) for o, k in ways}
+        alone = f.the_row(at, "token_split", comm="none")["ms"]
+        base, free = f.the_row(at, "baseline")["ms"], f.the_row(at, "no_comm")["ms"]
         out[t] = {**{f"over_{o}": r["ms"] - alone for o, r in split.items()},
                   **{f"hid_{o}": (base - r["ms"]) / (base - free) * 100 for o, r in split.items()},
                   "s": _copy_over_kernel(split["copy"], split["kernel"]), "n": _copy_over_kernel(norm["copy"], norm["kernel"])}
@@ -434,12 +428,6 @@ CE_OUT_RUNS = {"a": f.CE_OUT_TP4 + "llama3-70b-tp4.jsonl", "b": f.CE_OUT_TP4 + "
                "la": f.CE_OUT_TP4 + "long-llama3-70b-tp4.jsonl", "lb": f.CE_OUT_TP4 + "long-llama3-8b-tp4.jsonl"}
 
 
-def _k(tokens: list[int]) -> str:
-    """Token counts as the docs name a run of them: '4K' or '2K-32K'."""
-    lo, hi = min(tokens) // 1024, max(tokens) // 1024
-    return f"{lo}K" if lo == hi else f"{lo}K-{hi}K"
-
-
 def _ce_out_picked() -> dict:
     """Where tune picks the split with `ce_out: kernel` in the 1968c70 runs, and `kernel` over
     `copy` (the split 32/32's ms) over both runs' token counts."""
@@ -447,30 +435,18 @@ def _ce_out_picked() -> dict:
     ratios = []
     for k in ("a", "b"):
         picks = f.picks_by_tokens(CE_OUT_RUNS[k])
-        out[k] = _k([t for t, v in picks.items() if v["how"].endswith("ce_out kernel")])
-        split = {(r["tokens"], r["knobs"].get("ce_out", "copy")): r["ms"] for r in f.rows(CE_OUT_RUNS[k])
-                 if r["strategy"] == "token_split" and r["knobs"].get("comm") == "copy_engine"
-                 and r["knobs"].get("comm_ctas_attn") == 32 and not r["knobs"].get("split_ratio")
-                 and not r["knobs"].get("chunks")}
-        ratios += [split[t, "kernel"] / split[t, "copy"] for t in f.TOKENS]
+        out[k] = f.token_span(t for t, v in picks.items() if v["how"].endswith("ce_out kernel"))
+        kernel, copy = f.ce_split_ms(CE_OUT_RUNS[k], "kernel"), f.ce_split_ms(CE_OUT_RUNS[k], None)
+        ratios += [kernel[t] / copy[t] for t in f.TOKENS]
     return out | {"r": bounds(ratios)}
 
 
 def _ties_with_no_comm() -> dict:
-    """Each 1968c70 run's fastest correct choice against `no_comm`, paired (tune.gain): the points
-    whose 95% interval holds 1.0, in order (70B 1K-32K first)."""
-    from overlapbench.tuning import analysis, tune
-
-    ties, points = [], 0
-    for store in CE_OUT_RUNS.values():
-        for _, _, at in f.batches_of(store):
-            free = analysis.bound(at)
-            best = min((m for m in at if m.checked and m.strategy != analysis.BOUND and m.knobs.get("comm") != "none"),
-                       key=lambda m: m.ms)
-            g, points = tune.gain(best, free), points + 1
-            if g.lo <= 1.0 <= g.hi:
-                ties.append({"g": g.speedup, "lo": g.lo, "hi": g.hi, "tokens": best.tokens})
-    return {"n": len(ties), "points": points, "t": ties}
+    """Each 1968c70 run's fastest correct choice against `no_comm`, paired: the points whose 95%
+    interval holds 1.0, in order (70B 1K-32K first)."""
+    gains = [g for store in CE_OUT_RUNS.values() for *_, g in f.against_no_comm(store).values()]
+    ties = [{"g": g.speedup, "lo": g.lo, "hi": g.hi} for g in gains if g.lo <= 1.0 <= g.hi]
+    return {"n": len(ties), "points": len(gains), "t": ties}
 
 
 def _tp4_targets_1968c70() -> dict:

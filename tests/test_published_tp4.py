@@ -342,30 +342,15 @@ def _ce_row(tokens: int) -> dict:
     return {k: f.fastest_by_tokens(store)[tokens] for k, store in CE_STUDIES.items()}
 
 
-def _span(tokens: list[int]) -> str:
-    """Consecutive token counts of f.TOKENS as '2K-8K'."""
-    at = [f.TOKENS.index(t) for t in sorted(tokens)]
-    assert at and at == list(range(at[0], at[-1] + 1)), f"not one run of token counts: {tokens}"
-    return f"{min(tokens) // 1024}K-{max(tokens) // 1024}K"
-
-
-def _split_rows(store: str, ce_out: str) -> dict[int, float]:
-    """The copy-engine split 32/32's ms per layer by token count, with the own rows' writer `ce_out`."""
-    knobs = {"comm": "copy_engine", "comm_ctas_attn": 32, "comm_ctas_mlp": 32}
-    return {r["tokens"]: r["ms"] for r in f.rows(store) if r["strategy"] == "token_split" and r["status"] == "ok"
-            and all(r["knobs"].get(k) == v for k, v in knobs.items()) and r["knobs"].get("ce_out", "copy") == ce_out
-            and not r["knobs"].get("split_ratio") and not r["knobs"].get("chunks")}
-
-
 def _ce_out_against_copy() -> dict:
     out = {}
     for k, store in CE_STUDIES.items():
-        kernel, copy = _split_rows(store, "kernel"), _split_rows(store, "copy")
+        kernel, copy = f.ce_split_ms(store, "kernel"), f.ce_split_ms(store, None)
         ratio = {t: kernel[t] / copy[t] for t in f.TOKENS}
         fastest = f.fastest_by_tokens(store)
         out[k] = bounds(ratio.values())
         out[k + "_at"] = min(ratio, key=ratio.get)
-        out[k + "_span"] = _span([t for t, v in fastest.items() if v["how"].endswith("ce_out kernel")])
+        out[k + "_span"] = f.token_span(t for t, v in fastest.items() if v["how"].endswith("ce_out kernel"))
     return out
 
 
@@ -380,15 +365,11 @@ def _ce_out_run_against_a3860b5() -> dict:
 
 
 def _ties_no_comm() -> dict:
-    """70B at 8K in the ce_out run: the split with `ce_out: kernel` against `no_comm`, paired."""
-    from overlapbench.tuning import analysis, tune
-
-    ((_, _, at),) = [b for b in f.batches_of(CE_STUDIES["a"]) if sum(b[1][0]) == 8192]
-    (split,) = [m for m in at if m.strategy == "token_split" and m.knobs.get("ce_out") == "kernel"
-                and m.knobs.get("comm") == "copy_engine" and not m.knobs.get("split_ratio")]
-    free = analysis.bound(at)
-    g = tune.gain(split, free)
-    return {"kernel": split.ms, "free": free.ms, "g": g.speedup, "lo": g.lo, "hi": g.hi}
+    """70B at 8K in the ce_out run: its fastest choice, the split with `ce_out: kernel`, against
+    `no_comm`, paired."""
+    best, free, g = f.against_no_comm(CE_STUDIES["a"])[8192]
+    assert best.strategy == "token_split" and best.knobs.get("ce_out") == "kernel", best.describe()
+    return {"kernel": best.ms, "free": free.ms, "g": g.speedup, "lo": g.lo, "hi": g.hi}
 
 
 TP4_ROW = "| {tokens} | `{{a[strategy]}}` {{a[how]}} | {{a[hidden]:.0f}}% | `{{b[strategy]}}` {{b[how]}} | {{b[hidden]:.0f}}% |"
