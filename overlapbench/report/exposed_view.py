@@ -146,7 +146,8 @@ def sections(found: dict[tuple[str, int], list[Account]], folder: Path,
         bound = next((reads[a.name] for a in points if _is_bound(a.name) and reads[a.name].result), None)
         for a in points:
             got = reads[a.name]
-            name = f"{a.name} ({_source_text(got)})" if tagged and got.source is not None else a.name
+            source = _source_text(got)
+            name = f"{a.name} ({source})" if tagged and source is not None else a.name
             record: dict = {"timeline": got.file, "exposure": None}
             if tagged:
                 record |= {"timeline_of": got.source,
@@ -166,9 +167,10 @@ def sections(found: dict[tuple[str, int], list[Account]], folder: Path,
                 grid = intervals_grid(name, got.result) if got.result.intervals else None
                 line = totals_line(name, got.result)
                 if bound is not None and not _is_bound(a.name):
-                    notes.append(against_line(got.result, bound.result) if _source_text(bound) == _source_text(got) else
-                                 f"  against {BOUND}: not shown ({BOUND} read from its {_source_text(bound)}, "
-                                 f"this point from its {_source_text(got)})")
+                    bound_source = _source_text(bound)
+                    notes.append(against_line(got.result, bound.result) if bound_source == source else
+                                 f"  against {BOUND}: not shown ({BOUND} read from its {bound_source}, "
+                                 f"this point from its {source})")
                 notes += [u for u in [unlinked_line(got.timeline)] if u is not None]
                 across = ranks_view.part(folder, a.name, got.source == REPLAY, got.timeline, name)
                 if across is not None:

@@ -27,8 +27,8 @@ class Options:
     """Measure every strategy x knob setting x batch of a spec; append one row per point.
 
     Under torchrun it runs as launched (any number of nodes); started plainly it re-launches
-    itself on the spec's tp GPUs (`tp: auto`: all local GPUs; 2 gloo processes on CPU), after checking that the spec fits
-    the machine (memory, on CPU its size, on GPUs what other processes hold: see --force).
+    itself on the spec's tp GPUs (`tp: auto`: all local GPUs; 2 gloo processes on CPU), after
+    checking that the spec fits the machine (memory, on CPU its size, on GPUs what other processes hold: see --force).
     Every point is checked against baseline's output before it is timed. Stopped (Ctrl-C,
     SIGTERM, SIGHUP), it keeps the finished rows and ends every process it started.
     """
