@@ -182,16 +182,23 @@ def _async_tp_again() -> dict:
     return {f"t{r['tokens'] // 1024}": r for r in rows}
 
 
+def _rank_replays_of(folder, point: str, world: int = 4) -> list:
+    """Every rank's replay timeline (rank order) of a profiled point (`point`: its file stem)."""
+    from overlapbench.report import exposed
+    from overlapbench.timing import timeline
+
+    return [exposed.read(folder / timeline.file_name(point, replay=True, rank=k)) for k in range(world)]
+
+
 def _rank_replays(name: str) -> list:
     """Every rank's replay timeline (rank order) of one a3860b5 profile point at 32K on llama3-70b."""
-    from overlapbench.report import exposed
     from overlapbench.timing import timeline
 
     folder = f.path(f.AGAIN_TP4 + "profile-70b-tp4/")
     point = REPLAY_POINTS[name].format(tokens=32768)
     (zero,) = [p for p in folder.glob(timeline.file_name(point, replay=True)) if timeline.RANK_TAG not in p.name]
     stem = zero.name.removesuffix(timeline.REPLAY_SUFFIX)
-    return [exposed.read(zero.with_name(timeline.file_name(stem, replay=True, rank=k))) for k in range(4)]
+    return _rank_replays_of(folder, stem)
 
 
 def _ranks(name: str):
@@ -240,12 +247,11 @@ SMALL_SPLITS = "results/h200x4/60ae8af/profile-70b-tp4-1k-2k"  # llama3-70b TP=4
 
 def _replays_apart(run: str, tokens: int) -> float:
     """How far apart (ms) the ranks' graph replays of a profile run's `nccl_symm` 16/16 split started."""
-    from overlapbench.report import exposed, ranks
-    from overlapbench.timing import timeline
+    from overlapbench.report import ranks
 
     layers = f.the_one([r["layers"] for r in f.rows(run + ".jsonl")], "layers")
     name = f"{SPLIT.format(tokens=tokens)}nccl_symm-comm_ctas_attn=16-comm_ctas_mlp=16-{layers}layers"
-    replays = [exposed.read(f.path(run) / timeline.file_name(name, replay=True, rank=r)) for r in range(4)]
+    replays = _rank_replays_of(f.path(run), name)
     return max(abs(t.shift) for t in ranks.across(replays).totals) / 1e3
 
 
@@ -262,7 +268,6 @@ def _in_step(tokens: int) -> dict:
     its twin in the split with `comm: none` (us), split into those that started with the GEMM
     (within 10 us) and those that started later."""
     from overlapbench.report import exposed, ranks
-    from overlapbench.timing import timeline
 
     rows = [r for r in f.rows(IN_STEP + ".jsonl") if r["tokens"] == tokens]
     layers, tp = f.the_one([r["layers"] for r in rows], "layers"), f.the_one([r["tp"] for r in rows], "tp")
@@ -276,8 +281,7 @@ def _in_step(tokens: int) -> dict:
              **{k: f"{split}{comm}-comm_ctas_attn=16-comm_ctas_mlp=16-{layers}layers"
                 for k, comm in (("symm", "nccl_symm"), ("fused", "fused"))}}
     folder = f.path(IN_STEP)
-    replays = {k: [exposed.read(folder / timeline.file_name(v, replay=True, rank=r)) for r in range(tp)]
-               for k, v in names.items()}
+    replays = {k: _rank_replays_of(folder, v, tp) for k, v in names.items()}
     gemms = lambda t, flops: sorted((k for k in t.kernels if k.kind == "gemm" and k.flops == flops), key=lambda k: k.start)
     gemm_us = lambda t: sum(k.end - k.start for k in t.kernels if k.kind == "gemm")
     out = {"wall": [], "mid": [], "gemm": [], "with": [], "later": []}
