@@ -2,7 +2,8 @@
 # It makes the run's folders ($OUT comes back from the device call; $WORK is packed into
 # $OUT/$ARCHIVE), exports the environment every process keeps (NVLink multicast off), writes
 # env.txt and the summary's first line, and defines
-#   step NAME TIMEOUT_S COMMAND...  run it under a timeout, note its wall time and exit code in
+#   step NAME TIMEOUT_S COMMAND...  run it under a timeout (SIGINT first, as Ctrl-C: a sweep keeps
+#                                   its rows, pytest names the failures so far; SIGKILL 30 s on), note its wall time and exit code in
 #                                   summary.txt, end what still holds a GPU after it, then pack
 #   leftovers                       the processes still on the GPUs, noted in summary.txt and
 #                                   killed: the machine is the script's, and a survivor of one
@@ -33,7 +34,7 @@ step() {
   local name=$1 limit=$2 start
   shift 2
   start=$(date +%s)
-  timeout "$limit" "$@"
+  timeout --signal=INT --kill-after=30 "$limit" "$@"
   echo "$name: exit $? in $(( $(date +%s) - start )) s" | tee -a "$SUMMARY"
   sleep 1
   leftovers

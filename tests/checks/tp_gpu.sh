@@ -67,7 +67,7 @@ if [[ $STEPS == *,power,* ]]; then
   tail -n 9 "$WORK/power.out" | tee -a "$SUMMARY"
 fi
 if [[ $STEPS == *,tests,* ]]; then
-  step tests "${TESTS_TIMEOUT:-360}" python -m pytest -q -m gpu -rs -p no:cacheprovider --durations=25 \
+  step tests "${TESTS_TIMEOUT:-360}" python -m pytest -q -m gpu -rfEs -p no:cacheprovider --durations=25 \
     ${TESTS_SELECT:+-k "$TESTS_SELECT"} tests > "$WORK/gpu-tests.log" 2>&1
   tail -n 3 "$WORK/gpu-tests.log" | tee -a "$SUMMARY"
 fi
