@@ -279,7 +279,7 @@ def test_report_reads_a_graph_replay_where_one_lies_beside_the_table_and_says_so
     assert base["timeline"] == "baseline-2048.replay.timeline.json" and base["timeline_of"] == "graph replay"
     assert base["exposure"]["exposed_ms"] == pytest.approx(want["exposed"] / 1e3) and base["unlinked"] == []
     assert base["exposure"]["longest"][0]["transfer"]["bytes"] is not None  # linked through the eager twin
-    assert records["no_comm-2048"]["timeline_of"] == "eager forward"
+    assert (records["no_comm-2048"]["timeline_of"], records["no_comm-2048"]["replays"]) == ("eager forward", None)
     assert {fmt: report_text(rows, folder, fmt, timeline="eager") for fmt in before} == before  # as without the file
     (folder / timeline.file_name("baseline-2048", replay=True)).unlink()
     assert {fmt: report_text(rows, folder, fmt) for fmt in before} == before
@@ -300,6 +300,9 @@ def test_report_names_how_many_replays_a_timeline_holds_and_compares_only_like_w
     assert any(t.startswith("no_comm-2048 (graph replay): wall") for t in text.splitlines())
     assert (f"against no_comm: not shown (no_comm read from its graph replay, this point from its {replays} graph "
             "replays)") in text
+    records = {r["table"]: r for r in json.loads(report_text(rows, folder, "json"))}
+    assert (records["baseline-2048"]["timeline_of"], records["baseline-2048"]["replays"]) == ("graph replay", replays)
+    assert (records["no_comm-2048"]["timeline_of"], records["no_comm-2048"]["replays"]) == ("graph replay", 1)
 
 
 def test_report_names_a_replay_s_unlinked_kernels_and_falls_back_where_it_has_none(tmp_path):

@@ -136,8 +136,9 @@ def sections(found: dict[tuple[str, int], list[Account]], folder: Path,
     """Per profiled point (in the kernel tables' order) its section; and by table name what its
     record (json, csv) adds: `timeline` (the file's name, or null) and `exposure` (the totals in
     ms, the shares, and the LONGEST intervals; null without device kernels); where some point
-    reads a graph replay, also `timeline_of` (REPLAY, EAGER, or null) and `unlinked` (a replay's
-    kernel names not linked to their ops). `prefer`: "replay" (a graph replay's timeline where
+    reads a graph replay, also `timeline_of` (REPLAY, EAGER, or null), `replays` (how many graph
+    replays back to back the timeline holds; null for an eager forward's or none) and `unlinked` (a
+    replay's kernel names not linked to their ops). `prefer`: "replay" (a graph replay's timeline where
     one lies there) or "eager"."""
     reads = {a.name: _read(folder, a, prefer) for points in found.values() for a in points}  # each read once
     tagged = any(r.source == REPLAY or r.note is not None for r in reads.values())
@@ -150,7 +151,8 @@ def sections(found: dict[tuple[str, int], list[Account]], folder: Path,
             name = f"{a.name} ({source})" if tagged and source is not None else a.name
             record: dict = {"timeline": got.file, "exposure": None}
             if tagged:
-                record |= {"timeline_of": got.source,
+                replays = got.timeline.replays if got.source == REPLAY and got.timeline is not None else None
+                record |= {"timeline_of": got.source, "replays": replays,
                            "unlinked": [dict(u) for u in got.timeline.unmatched] if got.timeline else []}
             notes = [f"  {got.note}"] if got.note is not None else []
             waits = None
