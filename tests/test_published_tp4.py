@@ -258,18 +258,18 @@ def _replays_apart(run: str, tokens: int) -> float:
 IN_STEP = "results/h200x4/1968c70/profile-70b-tp4-1k-2k"  # the same points, the ranks in step
 
 
-def _in_step(tokens: int) -> dict:
-    """The 70B TP=4 split on `nccl_symm` 16/16 against the split with `comm: none` in the in-step
-    profile (1968c70), at one token count: timed ms per layer; per rank of the graph replays, the
-    4-layer cost per layer (`wall`), the middle layers' (layer 2's first GEMM to layer 4's, per
-    layer: `mid`) and the GEMMs' extra GPU time per layer (`gemm`), ms; how far apart the ranks'
-    replays started (ms, over all points); and the all-reduce beside each gate-up GEMM (the
-    layer's largest): where it started into the GEMM (us) and how much longer the GEMM ran than
-    its twin in the split with `comm: none` (us), split into those that started with the GEMM
-    (within 10 us) and those that started later."""
+def _in_step(tokens: int, run: str = IN_STEP, comm: str = "nccl_symm") -> dict:
+    """llama3-70b's split on `comm` 16/16 against the split with `comm: none` in a profile run whose
+    ranks were in step (default: 1968c70's at TP=4), at one token count: timed ms per layer; per
+    rank of the graph replays, the stack's cost per layer (`wall`), the middle layers' (each
+    replay's layer 2's first GEMM to its layer 4's, per layer: `mid`) and the GEMMs' extra GPU time
+    per layer (`gemm`), ms; how far apart the ranks' replays started (ms, over all points); and the
+    all-reduce beside each gate-up GEMM (the layer's largest): where it started into the GEMM (us)
+    and how much longer the GEMM ran than its twin in the split with `comm: none` (us), split into
+    those that started with the GEMM (within 10 us) and those that started later."""
     from overlapbench.report import exposed, ranks
 
-    rows = [r for r in f.rows(IN_STEP + ".jsonl") if r["tokens"] == tokens]
+    rows = [r for r in f.rows(run + ".jsonl") if r["tokens"] == tokens]
     layers, tp = f.the_one([r["layers"] for r in rows], "layers"), f.the_one([r["tp"] for r in rows], "tp")
     shape = f.the_one([r["shape"] for r in rows], "shape")
     timed = {r["knobs"].get("comm", r["strategy"]): r["ms"] for r in rows}
@@ -278,26 +278,30 @@ def _in_step(tokens: int) -> dict:
     gate_up = 2 * half * shape["hidden"] * 2 * shape["ffn"] // tp
     split = SPLIT.format(tokens=tokens)
     names = {"none": f"{split}none-{layers}layers", "no_comm": f"no_comm-{tokens}-{layers}layers",
-             **{k: f"{split}{comm}-comm_ctas_attn=16-comm_ctas_mlp=16-{layers}layers"
-                for k, comm in (("symm", "nccl_symm"), ("fused", "fused"))}}
-    folder = f.path(IN_STEP)
+             **{k: f"{split}{k}-comm_ctas_attn=16-comm_ctas_mlp=16-{layers}layers" for k in ("nccl_symm", "fused")}}
+    folder = f.path(run)
     replays = {k: _rank_replays_of(folder, v, tp) for k, v in names.items()}
+    back_to_back = f.the_one([t.replays for v in replays.values() for t in v], "replays")
     gemms = lambda t, flops: sorted((k for k in t.kernels if k.kind == "gemm" and k.flops == flops), key=lambda k: k.start)
     gemm_us = lambda t: sum(k.end - k.start for k in t.kernels if k.kind == "gemm")
     out = {"wall": [], "mid": [], "gemm": [], "with": [], "later": []}
-    for symm, none in zip(replays["symm"], replays["none"]):
+    for symm, none in zip(replays[comm], replays["none"]):
         starts = [[k.start for k in gemms(t, qkv)][::2] for t in (symm, none)]  # each layer's first QKV GEMM
-        assert all(len(s) == layers for s in starts), "a layer's QKV GEMMs not found by their FLOPs"
-        out["mid"].append(((starts[0][3] - starts[0][1]) - (starts[1][3] - starts[1][1])) / 2 / 1e3)
-        out["wall"].append((exposed.analyze(symm.kernels).wall - exposed.analyze(none.kernels).wall) / layers / 1e3)
-        out["gemm"].append((gemm_us(symm) - gemm_us(none)) / layers / 1e3)
+        assert all(len(s) == layers * back_to_back for s in starts), "a layer's QKV GEMMs not found by their FLOPs"
+        for r in range(back_to_back):
+            first = r * layers
+            out["mid"].append(((starts[0][first + 3] - starts[0][first + 1]) - (starts[1][first + 3] - starts[1][first + 1]))
+                              / 2 / 1e3)
+        stack = layers * back_to_back
+        out["wall"].append((exposed.analyze(symm.kernels).wall - exposed.analyze(none.kernels).wall) / stack / 1e3)
+        out["gemm"].append((gemm_us(symm) - gemm_us(none)) / stack / 1e3)
         for g, twin in zip(gemms(symm, gate_up), gemms(none, gate_up), strict=True):
             first = min((k for k in symm.kernels if k.is_transfer and k.start < g.end and k.end > g.start), key=lambda k: k.start)
             case = (first.start - g.start, (g.end - g.start) - (twin.end - twin.start))
             out["with" if case[0] <= 10 else "later"].append(case)
     apart = max(abs(t.shift) for v in replays.values() for t in ranks.across(v).totals) / 1e3
     into = lambda cases, i: bounds(c[i] for c in cases) if cases else {"lo": 0, "hi": 0}
-    return {"timed": timed["nccl_symm"] - timed["none"], "fused": timed["fused"] - timed["none"],
+    return {"timed": timed[comm] - timed["none"], "fused": timed["fused"] - timed["none"],
             "wall": bounds(out["wall"]), "mid": bounds(out["mid"]), "gemm": bounds(out["gemm"]), "apart": apart,
             "n": len(out["with"]) + len(out["later"]), "n_with": len(out["with"]), "n_later": len(out["later"]),
             "with_at": into(out["with"], 0), "with_len": into(out["with"], 1),
@@ -307,6 +311,17 @@ def _in_step(tokens: int) -> dict:
 @functools.cache
 def _in_steps() -> dict:
     return {"a": _in_step(1024), "b": _in_step(2048), "old": _replays_apart(SMALL_SPLITS, 1024)}
+
+
+FOUR_REPLAYS = {4: "results/h200x4/f9d2080/profile-70b-tp4-1k-2k", 2: "results/h200x2/f320f41/profile-70b-tp2-1k-2k"}
+
+
+@functools.cache
+def _four_replays(tp: int, comm: str) -> dict:
+    """`_in_step` at 1K (`a`) and 2K (`b`) of the profile at `tp` with four replays back to back; and
+    how far the transfer started before the GEMM (us) where it started with it, over both sizes (`ahead`)."""
+    a, b = (_in_step(t, FOUR_REPLAYS[tp], comm) for t in (1024, 2048))
+    return {"a": a, "b": b, "ahead": bounds(-v for x in (a, b) for v in x["with_at"].values())}
 
 
 def _charge(model: str, commit: str, tokens: int, path: str) -> float:
@@ -448,6 +463,24 @@ TP4_CLAIMS = [
                              "{b[later_at][lo]:.0f}-{b[later_at][hi]:.0f} us in",
           lambda: _in_steps() | {"b_within": max(abs(v) for v in _in_steps()["b"]["with_at"].values())}),
     Claim("docs/predict.md", "The timed loop's {a[timed]:.3f} is about the middle layers'", _in_steps),
+    Claim("docs/predict.md", "at 1K the all-reduce beside the gate-up GEMM started "
+                             "{a[later_at][lo]:.0f}-{a[later_at][hi]:.0f} us into it in {a[n_later]} of {a[n]} cases and "
+                             "left it as it was ({a[later_len][lo]:+.0f} to "
+                             "{a[later_len][hi]:+.0f} us); at 2K it started with the GEMM in {b[n_with]} of {b[n]} and "
+                             "lengthened it by {b[with_len][lo]:.0f}-{b[with_len][hi]:.0f} us, and in the other {b[n_later]} "
+                             "it started {b[later_at][lo]:.0f}-{b[later_at][hi]:.0f} us in. Timed, `nccl_symm` cost "
+                             "{a[timed]:.3f} ms per layer over the split alone at 1K and {b[timed]:.3f} at 2K",
+          lambda: _four_replays(4, "nccl_symm")),
+    Claim("docs/predict.md", "is launched {ahead[lo]:.0f}-{ahead[hi]:.0f} us before the gate-up GEMM beside it (and just before "
+                             "the QKV GEMM) in {a[n_with]} of {a[n]} cases at 1K and {b[n_with]} of {b[n]} at 2K, and the "
+                             "GEMM runs {a[with_len][lo]:.0f}-{a[with_len][hi]:.0f} us longer than its twin at 1K",
+          lambda: _four_replays(2, "fused")),
+    Claim("docs/predict.md", "So the fused split costs {a[timed]:.3f} ms per layer over the split alone at 1K",
+          lambda: _four_replays(2, "fused")),
+    Claim("docs/predict.md", "`nccl_symm` 16/16 started with the gate-up GEMM in {a[n_with]} of {a[n]} cases at 1K "
+                             "({a[with_len][lo]:+.0f} to {a[with_len][hi]:+.0f} us) and {a[later_at][lo]:.0f}-"
+                             "{a[later_at][hi]:.0f} us into it in {a[n_later]} ({a[later_len][lo]:+.0f} to "
+                             "{a[later_len][hi]:+.0f} us): {a[timed]:.3f} ms per layer", lambda: _four_replays(2, "nccl_symm")),
     Claim("docs/predict.md", "32/32 leaves rank 0 with {exposed:.1f} ms exposed over 4 layers, and at each of rank 0's {n} "
                              "longest barrier waits the last rank arrived {late[lo]:.2f}-{late[hi]:.2f} ms after it, out "
                              "of a `{before}`", _copy_engine_waits),
