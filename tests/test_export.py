@@ -160,13 +160,17 @@ def test_tokenweave_keeps_the_cut_of_a_split_it_reduces_differently():
 def test_tokenweave_says_which_split_knobs_it_has_no_entry_for():
     fused = {"align": 256, "comm": "fused", "comm_ctas_attn": 32, "comm_ctas_mlp": 16, "split_offset": 0}
     export = tokenweave.export(config([(1, 4000, "token_split", fused | {"chunks": 4}),
-                                       (4001, 9000, "token_split", fused | {"gemm_carveout": 8})]), [], "s", None)
+                                       (4001, 9000, "token_split", fused | {"gemm_carveout": 8}),
+                                       (9001, 20000, "token_split", fused | {"reduce_start": "after_next_gemm"})]),
+                                [], "s", None)
     table = json.loads(export.files["llama_config_2.json"])
     assert table["4000"] == {"attention_ctas": 16, "mlp_ctas": 16, "split_offset": 0}  # its built-in entry
     assert table["9000"] == {"attention_ctas": 32, "mlp_ctas": 16, "split_offset": 0}  # the CTAs, not the carveout
+    assert table["20000"] == table["9000"]  # the CTAs and the cut, not the later start
     text = " | ".join(export.warnings)
     assert "chunks=4 picked; TokenWeave cuts the batch in two" in text
     assert "4001..9000 tokens: token_split with gemm_carveout=8 picked" in text
+    assert "9001..20000 tokens: token_split with reduce_start=after_next_gemm picked; TokenWeave starts each" in text
 
 
 def test_tokenweave_mixtral_switch_and_unknown_family():

@@ -86,7 +86,7 @@ def test_the_real_split_runs_the_tasks_predict_plays(monkeypatch):
     shape = ModelShape(hidden=64, ffn=128, heads=4, kv_heads=2, head_dim=16)
     seen = []
     compute, reduce = split_mod.SplitForward._compute, split_mod.SplitForward._reduce
-    monkeypatch.setattr(split_mod.SplitForward, "_compute", lambda self, t: seen.append(t) or compute(self, t))
+    monkeypatch.setattr(split_mod.SplitForward, "_compute", lambda self, t, *gate: seen.append(t) or compute(self, t, *gate))
     monkeypatch.setattr(split_mod.SplitForward, "_reduce", lambda self, t, p: seen.append(t) or reduce(self, t, p))
     rt = runtime.Runtime(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
     seq_lens = (23, 18)

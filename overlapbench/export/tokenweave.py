@@ -90,6 +90,10 @@ def entry_for(p: Pick) -> tuple[dict, str | None]:
         if p.knobs.get("gemm_carveout", 0):
             return entry, (f"token_split with gemm_carveout={p.knobs['gemm_carveout']} picked; TokenWeave's GEMMs use "
                            "every SM: the entry keeps the CTAs and the cut, not the carveout")
+        if p.knobs.get("reduce_start", strategy_knobs.READY) != strategy_knobs.READY:
+            return entry, (f"token_split with reduce_start={p.knobs['reduce_start']} picked; TokenWeave starts each "
+                           "reduction as soon as its partial is ready: the entry keeps the CTAs and the cut, not the "
+                           "later start")
         align = p.knobs.get("align", facts.SPLIT_ALIGN)
         if align != facts.SPLIT_ALIGN:
             return entry, f"token_split align={align} picked; TokenWeave rounds the cut to {facts.SPLIT_ALIGN}"

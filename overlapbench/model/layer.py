@@ -81,26 +81,37 @@ def attention_partial(
     rope: RopeTable,
     kv: KVBuffer | None,
     out: torch.Tensor | None = None,
+    after_first_gemm: Callable[[], None] | None = None,
 ) -> torch.Tensor:
     """QKV (+ bias) -> q/k norms -> RoPE -> causal attention -> O-proj of one chunk: this
-    rank's partial sum."""
+    rank's partial sum. `after_first_gemm` is called once the QKV GEMM is issued."""
     w = stack.layers[layer]
     into = None if kv is None else kv.rows_of(chunk)
-    q, k, v = rope_qkv(stack, w, qkv_projection(w, normed), chunk.positions, rope, kv_out=into)
+    qkv = qkv_projection(w, normed)
+    if after_first_gemm is not None:
+        after_first_gemm()
+    q, k, v = rope_qkv(stack, w, qkv, chunk.positions, rope, kv_out=into)
     if kv is not None and into is None:
         kv.store(chunk, k, v)
     return torch.matmul(attend(stack, q, k, v, chunk, kv, layer=layer), w.wo.t(), out=out)
 
 
 def mlp_partial(
-    stack: Stack, layer: int, normed: torch.Tensor, out: torch.Tensor | None = None
+    stack: Stack, layer: int, normed: torch.Tensor, out: torch.Tensor | None = None,
+    after_first_gemm: Callable[[], None] | None = None,
 ) -> torch.Tensor:
     """gate/up -> SiLU * up -> down of one chunk: this rank's partial sum (a MoE layer: router,
-    then every token's experts, overlapbench/model/moe.py)."""
+    then every token's experts, overlapbench/model/moe.py). `after_first_gemm` is called once the
+    gate/up GEMM is issued (a MoE layer's: before its router, which runs no GEMM of the chunk's size)."""
     w = stack.layers[layer]
     if w.router is not None:
+        if after_first_gemm is not None:
+            after_first_gemm()
         return moe_partial(normed, w.router, w.w_gate_up, w.w_down, stack.shape.top_k, out)
-    return torch.matmul(swiglu(normed @ w.w_gate_up.t()), w.w_down.t(), out=out)
+    gate_up = normed @ w.w_gate_up.t()
+    if after_first_gemm is not None:
+        after_first_gemm()
+    return torch.matmul(swiglu(gate_up), w.w_down.t(), out=out)
 
 
 class Reducer(Protocol):
@@ -167,12 +178,13 @@ class LocalReducer:
 
 def compute_block(
     stack: Stack, task: Task, normed: torch.Tensor, chunk: Chunk, rope: RopeTable, kv: KVBuffer | None,
-    out: torch.Tensor | None = None,
+    out: torch.Tensor | None = None, after_first_gemm: Callable[[], None] | None = None,
 ) -> torch.Tensor:
-    """A compute task of a schedule (model/schedule.py): its block's partial sum of the chunk."""
+    """A compute task of a schedule (model/schedule.py): its block's partial sum of the chunk;
+    `after_first_gemm` is called once the block's first GEMM is issued (QKV, gate/up)."""
     if task.block == ATTENTION:
-        return attention_partial(stack, task.layer, normed, chunk, rope, kv, out)
-    return mlp_partial(stack, task.layer, normed, out)
+        return attention_partial(stack, task.layer, normed, chunk, rope, kv, out, after_first_gemm)
+    return mlp_partial(stack, task.layer, normed, out, after_first_gemm)
 
 
 def norm_weight(stack: Stack, task: Task) -> torch.Tensor:

@@ -44,6 +44,29 @@ def split(layers: int, chunks: int) -> list[Task]:
             for work, lane in ((COMPUTE, MAIN), (REDUCE, SIDE))]
 
 
+def behind_next_compute(tasks: list[Task]) -> list[Task]:
+    """The same tasks with each reduction listed after the compute that follows it (the stack's
+    last reduction stays last): each lane's order and the data rule are unchanged, only which of
+    the two is issued first. The run issues that compute first and has the reduction wait for its
+    first GEMM (`gated_by`), so the GEMM takes the SMs before the transfer's kernels ask for any."""
+    out = list(tasks)
+    j = 0
+    while j + 1 < len(out):
+        if out[j].work == REDUCE and out[j + 1].work == COMPUTE:
+            out[j], out[j + 1] = out[j + 1], out[j]
+            j += 2
+        else:
+            j += 1
+    return out
+
+
+def gated_by(tasks: list[Task]) -> list[int | None]:
+    """For each reduction listed right after another chunk's compute (behind_next_compute), that
+    compute's index: the reduction waits for its first GEMM; None for every other task."""
+    return [j - 1 if task.work == REDUCE and j > 0 and tasks[j - 1].work == COMPUTE and tasks[j - 1].chunk != task.chunk
+            else None for j, task in enumerate(tasks)]
+
+
 def previous_of_chunk(tasks: list[Task]) -> list[int | None]:
     """For each task, the index of the task it waits for beyond its lane's order: the previous
     task of the same chunk (None for a chunk's first task)."""

@@ -36,7 +36,7 @@ import torch
 from overlapbench.model.chunks import Chunk, KVBuffer
 from overlapbench.model.layer import DeferredReducer, Reducer, compute_block, norm_weight
 from overlapbench.model.norms import rms_norm
-from overlapbench.model.schedule import ATTENTION, COMPUTE, SIDE, Task, previous_of_chunk, split
+from overlapbench.model.schedule import ATTENTION, COMPUTE, SIDE, Task, behind_next_compute, gated_by, previous_of_chunk, split
 from overlapbench.timing.step import BuildContext, Step
 
 
@@ -51,6 +51,7 @@ class SplitPlan:
     chunks: tuple[Chunk, ...]
     order: torch.Tensor | None = None
     gemm_carveout: int = 0  # SMs the GEMMs leave free while the forward runs (gemm_sm_carveout)
+    after_next_gemm: bool = False  # each reduction waits for the next compute's first GEMM (reduce_start)
 
     def __post_init__(self) -> None:
         ends = [c.end for c in self.chunks]
@@ -62,7 +63,9 @@ class SplitPlan:
 class Lanes:
     """Runs a schedule's tasks (model/schedule.py) on two streams: the main lane on the current
     stream, the side lane on the runtime's high-priority side stream; a task whose chunk's
-    previous task ran on the other lane waits for that task's event (schedule.previous_of_chunk).
+    previous task ran on the other lane waits for that task's event (schedule.previous_of_chunk),
+    and a reduction gated by a compute (schedule.gated_by) for the event that compute records
+    after its first GEMM (`first_gemm_done`).
 
     On CPU both lanes run inline, in program order: the same arithmetic, no overlap.
     """
@@ -70,16 +73,32 @@ class Lanes:
     def __init__(self, ctx: BuildContext, tasks: list[Task]) -> None:
         self.cuda = ctx.runtime.is_cuda
         self.side = ctx.runtime.side_stream() if self.cuda else None
-        self.tasks, self.previous = tasks, previous_of_chunk(tasks)
+        self.tasks, self.previous, self.gates = tasks, previous_of_chunk(tasks), gated_by(tasks)
         self.done: list[object] = [None] * len(tasks)  # each task's event, where another lane waits for it
+        self.first_gemm: dict[int, object] = {}  # a gating compute's index -> its event after its first GEMM
+        self.gating = {g for g in self.gates if g is not None}
+
+    def first_gemm_done(self, j: int):
+        """What compute task j calls once its first GEMM is issued: where a reduction waits for
+        it, record an event on its stream; else None (nothing to call)."""
+        if not self.cuda or j not in self.gating:
+            return None
+
+        def record() -> None:
+            self.first_gemm[j] = torch.cuda.Event()
+            self.first_gemm[j].record(torch.cuda.current_stream())
+
+        return record
 
     def run(self, j: int, fn):
         if not self.cuda:
             return fn()
-        task, before = self.tasks[j], self.previous[j]
+        task, before, gate = self.tasks[j], self.previous[j], self.gates[j]
         stream = self.side if task.lane == SIDE else torch.cuda.current_stream()
         if before is not None and self.tasks[before].lane != task.lane:
             stream.wait_event(self.done[before])
+        if gate is not None:
+            stream.wait_event(self.first_gemm[gate])
         with torch.cuda.stream(stream):
             result = fn()
             self.done[j] = torch.cuda.Event()
@@ -106,13 +125,14 @@ class SplitForward:
         make = lambda: torch.empty(tokens, hidden, dtype=ctx.stack.dtype, device=ctx.runtime.device)
         self.residual, self.normed, self.partials = make(), make(), make()
         self.kv = KVBuffer(tokens, ctx.stack.kv_heads, ctx.stack.shape.head_dim, ctx.stack.dtype, ctx.runtime.device)
-        self.tasks = split(len(ctx.stack.layers), len(plan.chunks))
+        tasks = split(len(ctx.stack.layers), len(plan.chunks))
+        self.tasks = behind_next_compute(tasks) if plan.after_next_gemm else tasks
         self.pending: dict[int, Task] = {}  # chunk -> its reduce task whose finish is still to run (deferred reducers)
 
     def _reducer(self, task: Task) -> Reducer:
         return self.after_attention if task.block == ATTENTION else self.after_mlp
 
-    def _compute(self, task: Task) -> torch.Tensor:
+    def _compute(self, task: Task, after_first_gemm=None) -> torch.Tensor:
         """The block's partial sum, written where its reducer will reduce it: the reducer's
         buffer (a symmetric one, which the two reducers share unless their CTA budgets give them
         NCCL windows of two groups), or the chunk's rows of `partials`. First the chunk's pending
@@ -121,7 +141,8 @@ class SplitForward:
         chunk = self.plan.chunks[task.chunk]
         buffer = self._reducer(task).out_buffer(chunk)
         out = self.partials[chunk.rows] if buffer is None else buffer
-        return compute_block(self.ctx.stack, task, self.normed[chunk.rows], chunk, self.ctx.rope, self.kv, out)
+        return compute_block(self.ctx.stack, task, self.normed[chunk.rows], chunk, self.ctx.rope, self.kv, out,
+                             after_first_gemm)
 
     def _reduce(self, task: Task, partial: torch.Tensor) -> None:
         chunk, reducer = self.plan.chunks[task.chunk], self._reducer(task)
@@ -155,7 +176,7 @@ class SplitForward:
         partials: dict[int, torch.Tensor] = {}  # chunk -> its latest partial sum
         for j, task in enumerate(self.tasks):
             if task.work == COMPUTE:
-                partials[task.chunk] = lanes.run(j, lambda t=task: self._compute(t))
+                partials[task.chunk] = lanes.run(j, lambda t=task, k=j: self._compute(t, lanes.first_gemm_done(k)))
             else:
                 lanes.run(j, lambda t=task: self._reduce(t, partials[t.chunk]))
         lanes.join()

@@ -18,7 +18,7 @@ from overlapbench.predict.notes import ASSUMED, SKIPPED, Note
 from overlapbench.predict.timeline import COMPUTE as COMPUTE_PHASE
 from overlapbench.predict.timeline import NORM, TRANSFER, Phase, Played, play
 from overlapbench.run import piece_keys
-from overlapbench.strategies.knobs import CE_CHUNKS, CE_OUT, GEMM_CARVEOUT
+from overlapbench.strategies.knobs import CE_CHUNKS, CE_OUT, GEMM_CARVEOUT, REDUCE_START
 from overlapbench.tuning.results import read_rows
 
 
@@ -127,6 +127,9 @@ UNMODELLED = (
                 "kernel's own count, so what fewer or more pieces change is not in the inputs"),
     (CE_OUT, "the comm table's copy-engine rows are timed with the rank's own output rows copied, and what "
              "the kernel writing them changes (the chunk barriers' waits beside compute) is not in the inputs"),
+    (REDUCE_START, "the model starts each reduction when its partial is ready and charges contention as a "
+                   "smooth loss; which kernel takes the SMs first, and what waiting for the next GEMM's end "
+                   "changes, is not in the inputs"),
 )
 
 

@@ -22,7 +22,15 @@ from overlapbench.overlap.balance import balanced_ratio
 from overlapbench.overlap.comm_methods import CTA_BUDGETED, listed
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Knob, SplitStrategy
-from overlapbench.strategies.knobs import COMM, COPY_ENGINE_KNOBS, GEMM_CARVEOUT, NCCL_MAX_CTAS, comm_ctas
+from overlapbench.strategies.knobs import (
+    AFTER_NEXT_GEMM,
+    COMM,
+    COPY_ENGINE_KNOBS,
+    GEMM_CARVEOUT,
+    NCCL_MAX_CTAS,
+    REDUCE_START,
+    comm_ctas,
+)
 
 ALIGN = Knob("align", int, 64, "round each sequence's cut to a multiple of this many tokens", bounds=(1, 4096))
 SPLIT_RATIO = Knob(
@@ -54,7 +62,7 @@ class Iso(SplitStrategy):
     summary = ("ISO: every sequence cut in two chunks; chunk 2 attends to chunk 1's KV; "
                "one chunk's all-reduce overlaps the other's compute")
     knobs = (SPLIT_RATIO, ALIGN, COMM, comm_ctas("comm_ctas", f"(comm={listed(CTA_BUDGETED)})"), NCCL_MAX_CTAS, GEMM_CARVEOUT,
-             *COPY_ENGINE_KNOBS)
+             REDUCE_START, *COPY_ENGINE_KNOBS)
 
     cta_knobs = ("comm_ctas",)
 
@@ -80,4 +88,5 @@ class Iso(SplitStrategy):
 
         parts, order = layout(cls.plan(knobs, ctx.batch).chunks, ctx.seq_lens, ctx.runtime.device, ctx.decode)
         cta = {"comm_ctas_attn": knobs["comm_ctas"], "comm_ctas_mlp": knobs["comm_ctas"]}
-        return split_step(ctx, SplitPlan(parts, order, knobs.get("gemm_carveout", 0)), for_split(ctx, knobs | cta))
+        plan = SplitPlan(parts, order, knobs.get("gemm_carveout", 0), knobs.get("reduce_start") == AFTER_NEXT_GEMM)
+        return split_step(ctx, plan, for_split(ctx, knobs | cta))

@@ -153,6 +153,19 @@ CE_OUT = Knob(
 # which are reset to their defaults with another `comm` (base.reset_copy_engine_knobs).
 COPY_ENGINE_KNOBS = (CE_CHUNKS, CE_OUT)
 
+# When a split's reduction starts against the compute beside it. Sparse: at ready a setting's
+# point key is the one it has without the knob.
+READY, AFTER_NEXT_GEMM = "ready", "after_next_gemm"
+REDUCE_START = Knob(
+    "reduce_start", str, READY,
+    f"when each chunk's reduction starts on the communication lane: {READY}, as soon as its partial sum "
+    f"is (TokenWeave's order: its kernels are launched before the next chunk's first GEMM and take SMs the "
+    f"GEMM then waits for); {AFTER_NEXT_GEMM}, once the next chunk's first GEMM (QKV, gate/up) has ended, "
+    "so no transfer kernel holds SMs that GEMM asks for, and the transfer hides behind the rest of that "
+    "compute",
+    choices=(READY, AFTER_NEXT_GEMM), sparse=True, summary="when a chunk's reduction starts",
+)
+
 # SMs the main lane's GEMMs leave to the communication lane. Sparse: at 0 a setting's point key is
 # the one it has without the knob.
 GEMM_CARVEOUT = Knob(

@@ -19,7 +19,17 @@ from overlapbench.overlap.balance import balanced_rows
 from overlapbench.overlap.comm_methods import CTA_BUDGETED, listed
 from overlapbench.strategies import register
 from overlapbench.strategies.base import Knob, SplitStrategy
-from overlapbench.strategies.knobs import ALIGN, CHUNKS, COMM, COPY_ENGINE_KNOBS, GEMM_CARVEOUT, NCCL_MAX_CTAS, comm_ctas
+from overlapbench.strategies.knobs import (
+    AFTER_NEXT_GEMM,
+    ALIGN,
+    CHUNKS,
+    COMM,
+    COPY_ENGINE_KNOBS,
+    GEMM_CARVEOUT,
+    NCCL_MAX_CTAS,
+    REDUCE_START,
+    comm_ctas,
+)
 
 
 def split_point(tokens: int, align: int, offset: int = 0, ratio: float | None = None) -> int:
@@ -90,6 +100,7 @@ class TokenSplit(SplitStrategy):
         NCCL_MAX_CTAS,
         CHUNKS,
         GEMM_CARVEOUT,
+        REDUCE_START,
         *COPY_ENGINE_KNOBS,
     )
 
@@ -121,4 +132,6 @@ class TokenSplit(SplitStrategy):
 
         # rows of the flattened batch: the decode tokens, then the sequences
         chunks, _ = layout(cls.plan(knobs, ctx.batch).chunks, ctx.seq_lens, ctx.runtime.device, ctx.decode)
-        return split_step(ctx, SplitPlan(chunks, gemm_carveout=knobs.get("gemm_carveout", 0)), for_split(ctx, knobs))
+        plan = SplitPlan(chunks, gemm_carveout=knobs.get("gemm_carveout", 0),
+                         after_next_gemm=knobs.get("reduce_start") == AFTER_NEXT_GEMM)
+        return split_step(ctx, plan, for_split(ctx, knobs))
