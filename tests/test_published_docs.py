@@ -395,17 +395,16 @@ def _miss(store: str, target: float, knobs: dict) -> dict:
 
 
 def _twin_stretch_70b_32k() -> dict:
-    """The TP=2 copy-engine split at 32K against its `comm: none` twin on both ranks (tests/checks/twin_stretch.py):
+    """The TP=2 copy-engine split at 32K against its `comm: none` twin on both ranks (report/twins.py):
     the GEMMs' median stretch (%), their stretch per layer (ms) and the share of their time with nothing beside."""
-    from overlapbench.report import exposed
+    from overlapbench.report import exposed, twins
     from overlapbench.timing import timeline
-    from tests.checks import twin_stretch
 
     folder = f.path("results/h200x2/f320f41/profile-tp2-misses-70b")
     split = "token_split-32768-align=256-split_offset=0-split_ratio=balanced-comm="
     point, twin = split + "copy_engine-comm_ctas_attn=32-comm_ctas_mlp=32-4layers", split + "none-4layers"
     read = lambda name, rank: exposed.read(folder / timeline.file_name(name, replay=True, rank=rank))
-    found = [twin_stretch.compare(read(point, r), read(twin, r), 4) for r in (0, 1)]
+    found = [twins.compare(read(point, r), read(twin, r), 4) for r in (0, 1)]
     return {"pct": bounds(r.gemm_median_pct for r in found), "ms": bounds(r.stretch["gemm"] for r in found),
             "none": bounds(100 * r.beside["nothing"] / sum(r.beside.values()) for r in found)}
 

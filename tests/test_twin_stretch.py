@@ -1,19 +1,28 @@
-"""tests/checks/twin_stretch.py on synthetic graph-replay timelines: a point whose GEMMs are
-lengthened by planted amounts beside planted transfer-path kernels, against a twin that runs the
+"""report/twins.py (`report --profile`'s lines under a point whose `comm: none` twin was profiled,
+and tests/checks/twin_stretch.py, the same per rank) on synthetic graph-replay timelines: a point
+whose GEMMs are lengthened by planted amounts beside planted transfer-path kernels, against a twin that runs the
 same compute kernels (in another order, so a match by name alone pairs the wrong ones). Fresh
 random durations; the stretch, the GEMM time by what ran beside it and the order counts are known
 by construction."""
 
 from __future__ import annotations
 
+import io
+import json
 import random
 import statistics
 
 import pytest
+from rich.console import Console
 
+from overlapbench import report
+from overlapbench.report import twins
 from overlapbench.timing import timeline
+from overlapbench.tuning.results import profile_name
+from tests import synthetic
 from tests.checks import twin_stretch
 from tests.test_exposed import ATTENTION, GEMM, MAIN, NCCL, NORM, PEER_COPY, SIDE, Planned, timeline_of
+from tests.test_report_diagnostics import profiler_table
 
 COMM = 13
 BARRIER = "c10d::symmetric_memory::barrier_kernel(unsigned long)"  # one CTA: not an order
@@ -70,7 +79,7 @@ def test_the_stretch_what_ran_beside_and_the_order_are_the_planted_ones(tmp_path
     write(tmp_path, POINT, point, replays, rng)
     write(tmp_path, TWIN, twin, replays, rng)
     per_layer_ms = replays * 2 * 1e3
-    got = twin_stretch.compare(twin_stretch.load(tmp_path, POINT, 0), twin_stretch.load(tmp_path, TWIN, 0), 2)
+    got = twins.compare(twin_stretch.load(tmp_path, POINT, 0), twin_stretch.load(tmp_path, TWIN, 0), 2)
 
     want = {"gemm": sum(grow[g] for g in "abcd"), "attention": grow["attn"], "other": grow["norm"]}
     assert got.stretch == pytest.approx({k: v / per_layer_ms for k, v in want.items()}, abs=1e-9)
@@ -92,3 +101,51 @@ def test_a_missing_timeline_or_layer_count_is_one_line_and_exit_2(tmp_path, caps
     assert twin_stretch.main([str(tmp_path), "token_split-512", TWIN]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and "POINT/TWIN" in err[0] and "--layers" in err[1]
+
+
+def test_report_profile_says_what_the_transfers_cost_the_compute_against_the_twin(tmp_path):
+    """A sweep's rows with the copy-engine split, its `comm: none` twin (other CTA and copy-engine
+    knobs: a twin differs from its point in the transfer path only) and a split with another cut
+    (no twin of it): the report's lines and record under the point are the planted stretch."""
+    rng = random.Random()  # fresh
+    twin, point, base, grow, beside = planted(rng)
+    replays = rng.randrange(1, 4)
+    split = {"align": 256, "split_offset": 0}
+    rows = [synthetic.row("no_comm", 512, {}, layers=2),
+            synthetic.row("token_split", 512, split | {"comm": "copy_engine", "comm_ctas_attn": 32, "comm_ctas_mlp": 32,
+                                                       "ce_out": "kernel"}, layers=2),
+            synthetic.row("token_split", 512, split | {"comm": "none"}, layers=2),
+            synthetic.row("token_split", 512, {"align": 256, "split_offset": 64, "comm": "fused"}, layers=2)]
+    folder = tmp_path / "profile"
+    folder.mkdir()
+    names = [profile_name(r["strategy"], r["tokens"], r["knobs"], None, 2) for r in rows]
+    for name in names:
+        (folder / f"{name}.txt").write_text(profiler_table({GEMM: rng.uniform(1, 9), NCCL: rng.uniform(0.1, 2)}, 2))
+    for name, kernels in ((names[1], point), (names[2], twin), (names[3], point)):
+        write(folder, name, kernels, replays, rng)
+    results = synthetic.write(tmp_path / "r.jsonl", rows)
+    out = io.StringIO()
+    assert report.run([results], "table", Console(file=out, width=400), profile_dir=folder) == 0
+    text = out.getvalue().splitlines()
+    per_layer_ms = replays * 2 * 1e3
+    at = next(i for i, t in enumerate(text) if t.startswith(names[1]))
+    want = {"gemm": sum(grow[g] for g in "abcd"), "attention": grow["attn"], "other": grow["norm"]}
+    assert any(t.startswith("  against its comm: none twin: wall ") and
+               f"compute kernels longer by gemm {want['gemm'] / per_layer_ms:+.3f}, attention "
+               f"{want['attention'] / per_layer_ms:+.3f}, other {want['other'] / per_layer_ms:+.3f}" in t
+               for t in text[at:at + 8]), "\n".join(text[at:at + 8])
+    other = next(i for i, t in enumerate(text) if t.startswith(names[3]))
+    assert not any("comm: none twin" in t for t in text[other:other + 6])  # another cut: no twin
+    records = {r["table"]: r for r in json.loads(_report(results, folder, "json"))}
+    got = records[names[1]]["against_twin"]
+    assert got["twin"] == names[2] and got["matched"] == 6
+    gemm = sum(beside.values())
+    assert got["gemm_beside_ms"] == pytest.approx({k: v / per_layer_ms for k, v in beside.items()}, abs=1e-9)
+    assert got["orders"]["transfer first"] == {"count": 1, "gemm_stretch_median_us": pytest.approx(grow["a"])}
+    assert gemm > 0 and "against_twin" not in records[names[3]] and "against_twin" not in records[names[0]]
+
+
+def _report(results, folder, fmt: str) -> str:
+    out = io.StringIO()
+    assert report.run([results], fmt, Console(file=out, width=400), profile_dir=folder) == 0
+    return out.getvalue()

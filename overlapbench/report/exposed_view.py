@@ -18,6 +18,11 @@ Where the point's other ranks wrote their timelines of that kind beside rank 0's
 does, timing/timeline.py), the lines under its line add each rank's totals and a second table
 names rank 0's longest barrier waits: the rank that arrived last and what it ran just before
 (ranks_view.py); json/csv records add `across_ranks`. Folders without rank files print as before.
+
+Where a point's `comm: none` twin (the same split, no transfer; profile.twin_row) was profiled
+too and its timeline is of the same kind, lines under the point's say what its transfers cost its
+compute against the twin's (report/twins.py: the compute stretch by kind, what ran beside its
+GEMMs, which transfers took SMs before the GEMM beside them); records add `against_twin`.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from overlapbench.report import exposed, ranks_view
+from overlapbench.errors import UserError
+from overlapbench.report import exposed, ranks_view, twins
 from overlapbench.report.cells import Grid, number_cell, short, text_cell
 from overlapbench.report.profile import Account
 from overlapbench.report.render import print_grid, to_markdown
@@ -174,6 +180,15 @@ def sections(found: dict[tuple[str, int], list[Account]], folder: Path,
                                  f"  against {BOUND}: not shown ({BOUND} read from its {bound_source}, "
                                  f"this point from its {source})")
                 notes += [u for u in [unlinked_line(got.timeline)] if u is not None]
+                twin = reads.get(a.twin) if a.twin is not None else None
+                if twin is not None and twin.result is not None and twin.source == got.source:
+                    try:
+                        stretch = twins.compare(got.timeline, twin.timeline, a.layers)
+                    except UserError as e:
+                        notes.append(f"  against its comm: none twin: not shown ({e})")
+                    else:
+                        notes += twins.lines(stretch)
+                        record["against_twin"] = {"twin": a.twin} | stretch.as_dict()
                 across = ranks_view.part(folder, a.name, got.source == REPLAY, got.timeline, name)
                 if across is not None:
                     notes += across.lines

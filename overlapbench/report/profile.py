@@ -21,11 +21,15 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
+from overlapbench import strategies
 from overlapbench.errors import UserError
 from overlapbench.report.cells import Grid, Shown, text_cell
 from overlapbench.report.render import stderr_console
+from overlapbench.strategies import knobs as strategy_knobs
 from overlapbench.tuning import analysis
 from overlapbench.tuning.results import profile_name
+
+NO_TRANSFER = "none"  # the `comm` method that reduces nothing (a split's bound)
 
 KINDS = (  # a kernel's kind: the first whose keys its name contains (lower case)
     ("gemm", ("nvjet", "gemm", "cutlass", "xmma")),
@@ -81,6 +85,8 @@ class Account:
     per_kind: dict[str, float]
     timed_ms: float | None
     profile_error: str | None = None  # the row's: a later part of its profile failed (its table is whole)
+    layers: int = 1  # per forward: a timeline's ms per layer is its total over replays x layers
+    twin: str | None = None  # the table name of its `comm: none` twin where one was profiled (twin_row)
 
     @property
     def kernels_ms(self) -> float:
@@ -110,6 +116,27 @@ def _table(row: dict, folder: Path) -> tuple[str, Path | None]:
     return next(((n, folder / f"{n}.txt") for n in names if (folder / f"{n}.txt").is_file()), (names[0], None))
 
 
+def transfer_knobs(strategy: str) -> set[str]:
+    """The knobs of `strategy` that choose its transfer path and nothing of its compute: what a
+    point and its twin may differ in."""
+    path = (strategy_knobs.COMM, strategy_knobs.NCCL_MAX_CTAS, strategy_knobs.REDUCE_START, *strategy_knobs.COPY_ENGINE_KNOBS)
+    return {k.name for k in path} | set(strategies.get(strategy).cta_knobs)
+
+
+def twin_row(row: dict, rows: list[dict]) -> dict | None:
+    """The row of `rows` that is `row`'s twin: the same group, batch, depth, strategy and compute
+    knobs, with `comm: none` (the same compute, no transfer: report/twins.py compares their
+    timelines); None where `row` transfers nothing, has no `comm` knob, or has no twin."""
+    comm = strategy_knobs.COMM.name
+    if row["knobs"].get(comm, NO_TRANSFER) == NO_TRANSFER:
+        return None
+    path = transfer_knobs(row["strategy"])
+    compute = lambda r: {k: v for k, v in r["knobs"].items() if k not in path}
+    same = lambda r: (r["strategy"] == row["strategy"] and r["tokens"] == row["tokens"] and r.get("decode") == row.get("decode")
+                      and r.get("layers") == row.get("layers") and analysis.Group.of(r) == analysis.Group.of(row))
+    return next((r for r in rows if r["knobs"].get(comm) == NO_TRANSFER and same(r) and compute(r) == compute(row)), None)
+
+
 def accounts(rows: list[dict], folder: Path) -> tuple[dict[tuple[str, int], list[Account]], list[Unprofiled]]:
     """Per group and token count, the profiled points of `rows` whose table is in `folder`, no_comm
     first; and the points whose profile failed and left no table there."""
@@ -124,8 +151,10 @@ def accounts(rows: list[dict], folder: Path) -> tuple[dict[tuple[str, int], list
         if table is not None:
             timed = row["ms"] if row.get("status") == "ok" else None
             group = analysis.Group.of(row).label()
+            twin = twin_row(row, rows)
+            twin_name = None if twin is None else _table(twin, folder)[0]
             found[group, row["tokens"]].append(Account(name, row["tokens"], group, tally(table, row["layers"]), timed,
-                                                       row.get("profile_error")))
+                                                       row.get("profile_error"), row["layers"], twin_name))
         elif row.get("profile_error"):
             missing.append(Unprofiled(name, row["tokens"], analysis.Group.of(row).label(), row["profile_error"]))
     if not found and not missing:
