@@ -394,6 +394,22 @@ def _miss(store: str, target: float, knobs: dict) -> dict:
     return {"hid": (base - best) / (base - free) * 100, "cut": best - (base - target * (base - free))}
 
 
+def _replay_against_no_comm_70b_32k() -> dict:
+    """Rank 0's four graph replays of the TP=2 copy-engine split at 32K against no_comm's (ms over
+    the 16 layers): wall, compute busy, exposed and idle; and the split with no transfers' wall."""
+    from overlapbench.report import exposed
+    from overlapbench.timing import timeline
+
+    folder = f.path("results/h200x2/f320f41/profile-tp2-misses-70b")
+    split = "token_split-32768-align=256-split_offset=0-split_ratio=balanced-comm="
+    got = {k: exposed.analyze(exposed.read(folder / timeline.file_name(name, replay=True)).kernels)
+           for k, name in (("ce", split + "copy_engine-comm_ctas_attn=32-comm_ctas_mlp=32-4layers"),
+                           ("none", split + "none-4layers"), ("free", "no_comm-32768-4layers"))}
+    d = lambda k, field: (getattr(got[k], field) - getattr(got["free"], field)) / 1e3
+    return {"wall": d("ce", "wall"), "busy": d("ce", "compute"), "exposed": d("ce", "exposed"), "idle": d("ce", "idle"),
+            "none": -d("none", "wall")}
+
+
 def _twin_stretch_70b_32k() -> dict:
     """The TP=2 copy-engine split at 32K against its `comm: none` twin on both ranks (report/twins.py):
     the GEMMs' median stretch (%), their stretch per layer (ms) and the share of their time with nothing beside."""
@@ -510,6 +526,10 @@ DOCS_CLAIMS = [
                                   "llama3-8b, 4 | 4K | 0ab2948801b9 | copy-engine split 32/32, `ce_out: kernel` | "
                                   "{d[hid]:.0f}% | 80% | {d[cut]:.3f} |",
           lambda: {k: _miss(*v) for k, v in MISSES.items()}),
+    Claim("docs/long-prompts.md", "Over 16 layers rank 0's replays take {wall:.1f} ms longer than `no_comm`'s: {busy:.1f} ms "
+                                  "more compute busy time, {exposed:.1f} ms of transfers with no compute beside them, "
+                                  "{idle:.1f} ms idle; the split with no transfers takes {none:.1f} ms less than `no_comm`",
+          _replay_against_no_comm_70b_32k),
     Claim("docs/long-prompts.md", "the GEMMs run {pct[lo]:.1f}-{pct[hi]:.1f}% longer (each rank's median), "
                                   "{ms[lo]:.2f}-{ms[hi]:.2f} ms per layer in all, though {none[lo]:.0f}-{none[hi]:.0f}% of "
                                   "their time has nothing of the transfer path beside it", _twin_stretch_70b_32k),
