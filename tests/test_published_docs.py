@@ -394,17 +394,26 @@ def _miss(store: str, target: float, knobs: dict) -> dict:
     return {"hid": (base - best) / (base - free) * 100, "cut": best - (base - target * (base - free))}
 
 
+MISSES_70B_TP2 = "results/h200x2/f320f41/profile-tp2-misses-70b"
+SPLIT_32K = "token_split-32768-align=256-split_offset=0-split_ratio=balanced-comm="
+CE_32K, NONE_32K = SPLIT_32K + "copy_engine-comm_ctas_attn=32-comm_ctas_mlp=32-4layers", SPLIT_32K + "none-4layers"
+
+
+def _replay_32k(name: str, rank: int = 0):
+    """One rank's graph-replay timeline (four replays) of a point of the TP=2 70B 32K miss profile."""
+    from overlapbench.report import exposed
+    from overlapbench.timing import timeline
+
+    return exposed.read(f.path(MISSES_70B_TP2) / timeline.file_name(name, replay=True, rank=rank))
+
+
 def _replay_against_no_comm_70b_32k() -> dict:
     """Rank 0's four graph replays of the TP=2 copy-engine split at 32K against no_comm's (ms over
     the 16 layers): wall, compute busy, exposed and idle; and the split with no transfers' wall."""
     from overlapbench.report import exposed
-    from overlapbench.timing import timeline
 
-    folder = f.path("results/h200x2/f320f41/profile-tp2-misses-70b")
-    split = "token_split-32768-align=256-split_offset=0-split_ratio=balanced-comm="
-    got = {k: exposed.analyze(exposed.read(folder / timeline.file_name(name, replay=True)).kernels)
-           for k, name in (("ce", split + "copy_engine-comm_ctas_attn=32-comm_ctas_mlp=32-4layers"),
-                           ("none", split + "none-4layers"), ("free", "no_comm-32768-4layers"))}
+    got = {k: exposed.analyze(_replay_32k(name).kernels)
+           for k, name in (("ce", CE_32K), ("none", NONE_32K), ("free", "no_comm-32768-4layers"))}
     d = lambda k, field: (getattr(got[k], field) - getattr(got["free"], field)) / 1e3
     return {"wall": d("ce", "wall"), "busy": d("ce", "compute"), "exposed": d("ce", "exposed"), "idle": d("ce", "idle"),
             "none": -d("none", "wall")}
@@ -413,14 +422,9 @@ def _replay_against_no_comm_70b_32k() -> dict:
 def _twin_stretch_70b_32k() -> dict:
     """The TP=2 copy-engine split at 32K against its `comm: none` twin on both ranks (report/twins.py):
     the GEMMs' median stretch (%), their stretch per layer (ms) and the share of their time with nothing beside."""
-    from overlapbench.report import exposed, twins
-    from overlapbench.timing import timeline
+    from overlapbench.report import twins
 
-    folder = f.path("results/h200x2/f320f41/profile-tp2-misses-70b")
-    split = "token_split-32768-align=256-split_offset=0-split_ratio=balanced-comm="
-    point, twin = split + "copy_engine-comm_ctas_attn=32-comm_ctas_mlp=32-4layers", split + "none-4layers"
-    read = lambda name, rank: exposed.read(folder / timeline.file_name(name, replay=True, rank=rank))
-    found = [twins.compare(read(point, r), read(twin, r), 4) for r in (0, 1)]
+    found = [twins.compare(_replay_32k(CE_32K, r), _replay_32k(NONE_32K, r), 4) for r in (0, 1)]
     return {"pct": bounds(r.gemm_median_pct for r in found), "ms": bounds(r.stretch["gemm"] for r in found),
             "none": bounds(100 * r.beside["nothing"] / sum(r.beside.values()) for r in found)}
 

@@ -34,6 +34,7 @@ CE_CHUNKS, AUTO = "ce_chunks", "auto"  # the knob of a chunked method's chunk co
 # The knob of who writes a chunked method's own rows of the output: COPY, a same-device copy of the
 # published rows on the gather copy stream (before the chunk barrier); KERNEL, the add + norm kernel.
 CE_OUT, COPY, KERNEL = "ce_out", "copy", "kernel"
+NONE = "none"  # the method that reduces nothing: a split's bound (what the split alone costs)
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ METHODS = (
                "token_split and iso only)", _copy_engine_pull, None, None, None, symmetric=True, norm_after=False,
                deferred=True, unpriced="no comm path times its transfer yet, and its add + norm runs on the main "
                "lane, where a plan's reductions do not put one"),
-    CommMethod("none", "no reduction (a bound, not a correct result: what the split alone costs)", _none, None, None,
+    CommMethod(NONE, "no reduction (a bound, not a correct result: what the split alone costs)", _none, None, None,
                None, checked=False),
 )
 BY_NAME = {m.name: m for m in METHODS}

@@ -29,8 +29,6 @@ from overlapbench.strategies import knobs as strategy_knobs
 from overlapbench.tuning import analysis
 from overlapbench.tuning.results import profile_name
 
-NO_TRANSFER = "none"  # the `comm` method that reduces nothing (a split's bound)
-
 KINDS = (  # a kernel's kind: the first whose keys its name contains (lower case)
     ("gemm", ("nvjet", "gemm", "cutlass", "xmma")),
     ("attention", ("sdpa", "flash", "fmha", "attention")),
@@ -127,14 +125,14 @@ def twin_row(row: dict, rows: list[dict]) -> dict | None:
     """The row of `rows` that is `row`'s twin: the same group, batch, depth, strategy and compute
     knobs, with `comm: none` (the same compute, no transfer: report/twins.py compares their
     timelines); None where `row` transfers nothing, has no `comm` knob, or has no twin."""
-    comm = strategy_knobs.COMM.name
-    if row["knobs"].get(comm, NO_TRANSFER) == NO_TRANSFER:
+    comm, none = strategy_knobs.COMM.name, strategy_knobs.NO_TRANSFER
+    if row["knobs"].get(comm, none) == none:
         return None
     path = transfer_knobs(row["strategy"])
     compute = lambda r: {k: v for k, v in r["knobs"].items() if k not in path}
     same = lambda r: (r["strategy"] == row["strategy"] and r["tokens"] == row["tokens"] and r.get("decode") == row.get("decode")
                       and r.get("layers") == row.get("layers") and analysis.Group.of(r) == analysis.Group.of(row))
-    return next((r for r in rows if r["knobs"].get(comm) == NO_TRANSFER and same(r) and compute(r) == compute(row)), None)
+    return next((r for r in rows if r["knobs"].get(comm) == none and same(r) and compute(r) == compute(row)), None)
 
 
 def accounts(rows: list[dict], folder: Path) -> tuple[dict[tuple[str, int], list[Account]], list[Unprofiled]]:

@@ -105,6 +105,7 @@ ALLREDUCE = Knob(
     choices=("nccl", "one_shot", "two_shot"), sparse=True,
 )
 COMM = Knob("comm", str, "nccl", comm_methods.help_text(comm_methods.NAMES), choices=comm_methods.NAMES)
+NO_TRANSFER = comm_methods.NONE  # COMM's value that reduces nothing: a split's bound
 FUSED_COMM = Knob("comm", str, "fused", comm_methods.help_text(comm_methods.FUSED_CHOICES),
                   choices=comm_methods.FUSED_CHOICES)
 ALIGN = Knob("align", int, 256, "round the cut to a multiple of this many tokens", bounds=(1, 4096))
