@@ -5,6 +5,7 @@ sizes those tests run at (world_params, Launches, bf16_tolerance)."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import pickle
@@ -109,18 +110,27 @@ def rel_err(out, ref) -> float:
     return err if err == err else float("inf")
 
 
-def graph_forward(step, x):
-    """A step's output from one CUDA-graph replay (timing/cuda_graph.capture: warmed up on a side
-    stream, as the sweep captures it)."""
+def graph_forward(step, x, replays: int = 1):
+    """A step's output from its CUDA graph replayed `replays` times (timing/cuda_graph.capture:
+    warmed up on a side stream, as the sweep captures it)."""
     import torch
 
     from overlapbench.timing.cuda_graph import capture
 
     out = {}
     graph = capture(lambda: out.update(y=step.forward(x)))
-    graph.replay()
+    for _ in range(replays):
+        graph.replay()
     torch.cuda.synchronize()
     return out["y"]
+
+
+def digest(t) -> str:
+    """The bits of a 16-bit tensor (bf16, fp16) as a hex string: equal digests, equal bits, so
+    ranks and runs compare outputs without shipping them."""
+    import torch
+
+    return hashlib.sha256(t.contiguous().view(torch.int16).cpu().numpy().tobytes()).hexdigest()
 
 
 def build_step(ctx, strategy: str, knobs: dict):

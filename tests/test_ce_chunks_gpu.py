@@ -20,8 +20,6 @@ tests/test_ce_chunks.py's and tests/test_ce_out.py's. Only the ce_out cases: -k 
 
 from __future__ import annotations
 
-import hashlib
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -67,11 +65,6 @@ def _twin(label: str) -> str:
     return next(c[0] for c in CASES if c[1:4] == (shape, lens, strategy) and c[4] == plain)
 
 
-def _digest(t) -> str:
-    """The bits of a bf16 tensor (equal digests: equal bits)."""
-    return hashlib.sha256(t.contiguous().view(torch.int16).cpu().numpy().tobytes()).hexdigest()
-
-
 def _run_cases(rank: int, world: int) -> dict:
     from kernels.copy_engine_norm import CopyEngineNorm
     from overlapbench.distributed import runtime
@@ -112,7 +105,7 @@ def _run_cases(rank: int, world: int) -> dict:
             torch.cuda.synchronize()
             out[f"pieces {label}"] = sorted(set(pieces))
             out[f"writers {label}"] = sorted(set(writers), key=str)
-            out[f"bits {label}"] = _digest(step.to_full(y))
+            out[f"bits {label}"] = distributed.digest(step.to_full(y))
             errors = [distributed.rel_err(step.to_full(y), ref), distributed.rel_err(step.to_full(step.forward(x)), ref)]
             out[label] = max(errors)
             out[f"graph {label}"] = distributed.rel_err(step.to_full(distributed.graph_forward(step, x)), ref)

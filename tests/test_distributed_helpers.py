@@ -130,3 +130,19 @@ def test_each_world_dependent_gpu_module_has_cases_at_both_sizes():
             path, rest = line.split("[ws", 1)
             counts[Path(path.split("::")[0]).stem, int(rest.split("-", 1)[0])] += 1
     assert all(counts.values()), [key for key, n in counts.items() if not n]
+
+
+def test_digest_tells_bits_apart_that_compare_equal_as_numbers():
+    """The bit digest the GPU tests compare ranks and runs by: equal for equal bits, different for
+    one bit flipped, and for +0.0 against -0.0, which == calls equal."""
+    import torch
+
+    t = torch.randn(64, 48, generator=torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little")))
+    t = t.to(torch.bfloat16)
+    assert distributed.digest(t) == distributed.digest(t.clone())
+    assert distributed.digest(t.t()) != distributed.digest(t)  # the same numbers in another order differ
+    flipped = t.clone().view(torch.int16)
+    flipped[5, 7] ^= 1
+    assert distributed.digest(flipped.view(torch.bfloat16)) != distributed.digest(t)
+    zeros = torch.zeros(8, dtype=torch.bfloat16)
+    assert bool((zeros == -zeros).all()) and distributed.digest(zeros) != distributed.digest(-zeros)

@@ -13,8 +13,6 @@ tests/test_reduce_start.py.
 
 from __future__ import annotations
 
-import hashlib
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -43,10 +41,6 @@ SETTINGS = [
 ]
 CASES = [(f"{lens} {strategy} {knobs}", lens, strategy, knobs) for lens, strategy, knobs in SETTINGS]
 LABELS = [c[0] for c in CASES]
-
-
-def _digest(t) -> str:
-    return hashlib.sha256(t.contiguous().view(torch.int16).cpu().numpy().tobytes()).hexdigest()
 
 
 def _run_cases(rank: int, world: int) -> dict:
@@ -81,7 +75,7 @@ def _run_cases(rank: int, world: int) -> dict:
                 recorded.clear()
                 eager = step.to_full(step.forward(x)).clone()
                 out[f"events {start} {label}"] = len(recorded)
-                bits[start] = _digest(eager)
+                bits[start] = distributed.digest(eager)
                 if start == "late":
                     again = step.to_full(step.forward(x)).clone()
                     replayed = step.to_full(distributed.graph_forward(step, x)).clone()

@@ -61,21 +61,6 @@ GRAPH_CASES = [(_label("graph", s, k), "small", (1023,), s, k)
                for s, k in FEW + [("flash_agrs", {"transport": "sm", "chunks_per_rank": 4})]]
 
 
-def _graph_forward(step, x):
-    """The step's output from a CUDA-graph replay (warm-up on a side stream, as measure does)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step.forward(x)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = step.forward(x)
-    graph.replay()
-    graph.replay()
-    return y
-
-
 def _run_cases(rank: int, world: int) -> dict:
     from overlapbench.distributed import runtime
     from overlapbench.model.layer import reference_forward
@@ -101,7 +86,7 @@ def _run_cases(rank: int, world: int) -> dict:
             step = distributed.build_step(ctx, strategy, knobs)
             x = random_input(sum(lens), shape.hidden, 0, torch.bfloat16, rt.device)
             if label.startswith("graph"):
-                errors[label] = distributed.rel_err(step.to_full(_graph_forward(step, x)), ref)
+                errors[label] = distributed.rel_err(step.to_full(distributed.graph_forward(step, x, replays=2)), ref)
             else:
                 first = distributed.rel_err(step.to_full(step.forward(x)), ref)
                 errors[label] = max(first, distributed.rel_err(step.to_full(step.forward(x)), ref))
@@ -119,7 +104,7 @@ def _run_cases(rank: int, world: int) -> dict:
             step = distributed.build_step(ctx, strategy, knobs)
             errors[label] = distributed.rel_err(step.to_full(step.forward(x)), ref)
             graph_label = _label("graph", label)  # replayed from a CUDA graph, as the sweep times it
-            errors[graph_label] = distributed.rel_err(step.to_full(_graph_forward(step, x)), ref)
+            errors[graph_label] = distributed.rel_err(step.to_full(distributed.graph_forward(step, x, replays=2)), ref)
         except Exception as e:
             errors[label] = distributed.error_text(e)
         torch.cuda.synchronize()
