@@ -1,7 +1,8 @@
 """Processes for the tests: a function on N gloo processes (CPU) or NCCL ones (GPUs), each
 rank's return value collected; the command line run as a user runs it; what the GPU tests that
-run every case in one set of processes report per case (rel_err, error_text); and the world
-sizes those tests run at (world_params, Launches, bf16_tolerance)."""
+run every case in one set of processes report per case (rel_err, error_text, digest) and launch
+them by (nccl_launches); and the world sizes those tests run at (world_params, Launches,
+bf16_tolerance)."""
 
 from __future__ import annotations
 
@@ -91,6 +92,12 @@ class Launches:
         if not ok:
             raise value
         return value
+
+
+def nccl_launches(run_cases: Callable[[int, int], dict], timeout: float = 600) -> Launches:
+    """The Launches of a GPU module whose cases all run in one set of NCCL processes per world
+    size: `run_cases(rank, world)` on every rank, each rank's dict of results collected."""
+    return Launches(lambda world: run(run_cases, world=world, timeout=timeout, backend="nccl"))
 
 
 def bf16_tolerance(world: int) -> float:

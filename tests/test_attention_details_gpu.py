@@ -79,7 +79,7 @@ def _run(rank: int, world: int) -> dict:
 
 @pytest.fixture(scope="module")
 def results() -> distributed.Launches:
-    return distributed.Launches(lambda world: distributed.run(_run, world=world, timeout=300, backend="nccl"))
+    return distributed.nccl_launches(_run, timeout=300)
 
 
 @pytest.mark.parametrize(("world", "label"), distributed.world_params(lambda world: [c[0] for c in cases(world)]))

@@ -117,7 +117,7 @@ def _run_cases(rank: int, world: int) -> dict:
 
 @pytest.fixture(scope="module")
 def results() -> distributed.Launches:
-    return distributed.Launches(lambda world: distributed.run(_run_cases, world=world, timeout=600, backend="nccl"))
+    return distributed.nccl_launches(_run_cases)
 
 
 @pytest.mark.parametrize(("world", "label"), distributed.world_params(LABELS))

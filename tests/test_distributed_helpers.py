@@ -146,3 +146,20 @@ def test_digest_tells_bits_apart_that_compare_equal_as_numbers():
     assert distributed.digest(flipped.view(torch.bfloat16)) != distributed.digest(t)
     zeros = torch.zeros(8, dtype=torch.bfloat16)
     assert bool((zeros == -zeros).all()) and distributed.digest(zeros) != distributed.digest(-zeros)
+
+
+def test_nccl_launches_runs_a_module_s_cases_once_per_world_size_on_nccl(monkeypatch):
+    calls = []
+
+    def run(fn, *args, world, timeout, backend):
+        calls.append((fn, args, world, timeout, backend))
+        return [{"rank": r} for r in range(world)]
+
+    def cases(rank, world):
+        return {}
+
+    monkeypatch.setattr(distributed, "run", run)
+    launches = distributed.nccl_launches(cases, timeout=7)
+    assert launches(4) == launches(4) == [{"rank": r} for r in range(4)] and len(launches(2)) == 2
+    assert calls == [(cases, (), 4, 7, "nccl"), (cases, (), 2, 7, "nccl")]
+    assert distributed.nccl_launches(cases)(2) and calls[-1][3] == 600

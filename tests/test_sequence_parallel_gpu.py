@@ -113,7 +113,7 @@ def _run_cases(rank: int, world: int) -> dict:
 
 @pytest.fixture(scope="module")
 def results() -> distributed.Launches:
-    return distributed.Launches(lambda world: distributed.run(_run_cases, world=world, timeout=300, backend="nccl"))
+    return distributed.nccl_launches(_run_cases, timeout=300)
 
 
 LABELS = [c[0] for c in LAYER_CASES + GRAPH_CASES + MICRO_CASES] + [_label("graph", c[0]) for c in MICRO_CASES]
