@@ -7,13 +7,13 @@ import math
 import random
 import re
 import statistics
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from overlapbench.timing import bench as timing
 from overlapbench.timing.bench import Timing, WallClock, bench
+from tests.fake_time import FakeTime
 
 
 class Counted:
@@ -28,19 +28,6 @@ class Counted:
     def __call__(self) -> None:
         self.calls += 1
         torch.mm(self.a, self.b, out=self.out)
-
-
-class FakeTime:
-    """time.perf_counter for bench's module, moved on only by the work: each call of `fn` takes
-    `per_call_ms`, so every count a budget gives is known in advance."""
-
-    def __init__(self, monkeypatch, per_call_ms: float) -> None:
-        self.now, self.per_call_ms, self.calls = 1000.0, per_call_ms, 0
-        monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: self.now))
-
-    def fn(self) -> None:
-        self.calls += 1
-        self.now += self.per_call_ms / 1e3
 
 
 def test_counts_given_are_run_exactly_and_each_sample_is_a_call():

@@ -26,6 +26,7 @@ from overlapbench.errors import UserError
 from overlapbench.model.layer import attention_partial, mlp_partial
 from overlapbench.model.models import PRESETS
 from overlapbench.tuning.results import ResultStore, read_rows
+from tests.fake_time import FakeTime
 
 ROOT = Path(__file__).parents[1]
 
@@ -216,7 +217,7 @@ def test_the_layer_stream_runs_the_shards_attention_then_mlp():
 
 def test_the_in_layer_rounds_run_the_three_graphs_eagerly_on_cpu(monkeypatch):
     """The in-layer term's wiring, on CPU: no graphs (all three eager), one rank. Attention, MLP and
-    the all-reduce stand in as pieces of known lengths that move a clock of their own, which the
+    the all-reduce stand in as pieces of known lengths that move a clock of their own (fake_time), which the
     timing reads for the host's time too (bench's perf_counter: warm_up and the wall clock's marks),
     so every time is exact whatever else the machine runs: the in-line pass runs the all-reduce
     twice, the two all-reduces alone twice, the pass never, each as often per round; the term is 0
@@ -226,20 +227,13 @@ def test_the_in_layer_rounds_run_the_three_graphs_eagerly_on_cpu(monkeypatch):
 
     rng = random.Random()
     attention_ms, mlp_ms, wait_ms = rng.uniform(1, 3), rng.uniform(1, 3), rng.uniform(4, 6)
-    now_s, calls = [rng.uniform(0, 1e3)], []
-
-    def piece(ms: float, counted: bool = False):
-        def run() -> None:
-            calls.extend([1] if counted else [])
-            now_s[0] += ms / 1e3
-        return run
-
-    monkeypatch.setattr(bench, "time", SimpleNamespace(perf_counter=lambda: now_s[0]))
+    clock, calls = FakeTime(monkeypatch, start_s=rng.uniform(0, 1e3)), []
     monkeypatch.setattr(bench, "CudaClock", bench.WallClock)
     stream = LayerStream(PRESETS["tiny"], 2, 0, rng.randrange(16, 64), torch.float32, "cpu")
-    stream.attention, stream.mlp = piece(attention_ms), piece(mlp_ms)
+    stream.attention, stream.mlp = clock.piece(attention_ms), clock.piece(mlp_ms)
     rt = SimpleNamespace(world_size=1, rank=0, device=torch.device("cpu"))
-    fields = stream.in_layer(rt, piece(wait_ms, counted=True), iters=rng.randrange(1, MIN_ROUNDS)).fields()
+    all_reduce = clock.piece(wait_ms, then=lambda: calls.append(1))
+    fields = stream.in_layer(rt, all_reduce, iters=rng.randrange(1, MIN_ROUNDS)).fields()
     assert not fields["in_layer_graphs"] and fields["in_layer_rounds"] == MIN_ROUNDS
     assert fields[TERM] == pytest.approx(0, abs=1e-6), fields
     assert fields["in_layer_pass_ms"] == pytest.approx(attention_ms + mlp_ms)
