@@ -452,3 +452,31 @@ def test_a_tp_1_spec_runs_on_one_process_without_nproc(tmp_path):
     assert done.returncode == 0, done.stderr
     rows = read_rows(out)
     assert rows and all(len(r["ranks"]) == 1 for r in rows), [r["ranks"] for r in rows]
+
+
+def test_a_rank_whose_limit_fires_writes_where_it_was_then_waits_for_the_others_to(tmp_path, monkeypatch):
+    """Which rank's time limit fires first is a race; its exit has torchrun stop the others. So it
+    writes its stack to the launch log, then lives STACKS_GRACE_S more, in which the other ranks'
+    limits (the hung rank's among them) fire and write theirs, and only then exits."""
+    from overlapbench.launch import watchdog
+
+    log = tmp_path / "r.jsonl.launch-1.log"
+    log.write_text("== the launcher's header\n")
+    monkeypatch.setenv(launch_log.LOG, str(log))
+    done = []
+    monkeypatch.setattr(watchdog.time, "sleep", lambda s: done.append(("waited", s, log.read_text())))
+
+    def exit_(code):
+        done.append(("exit", code))
+        raise SystemExit(code)
+
+    monkeypatch.setattr(watchdog.os, "_exit", exit_)
+    rank, limit = random.randrange(8), random.uniform(1, 900)
+    with pytest.raises(SystemExit):
+        watchdog.Watchdog(limit, rank)._expire("point 'x tokens=29'", limit)
+    (waited, grace, written), last = done
+    assert (waited, grace, last) == ("waited", watchdog.STACKS_GRACE_S, ("exit", watchdog.TIMED_OUT))
+    assert f"rank {rank}: point 'x tokens=29' ran longer than {limit:g} s (measure.timeout_s); where it was:" in written
+    assert "test_a_rank_whose_limit_fires_writes_where_it_was" in written  # this thread's stack, before the wait
+    assert watchdog.STACKS_GRACE_S >= 1  # ranks reach a point up to seconds apart under load
+    assert [e["event"] for e in launch_log.events(log)] == ["timeout"]

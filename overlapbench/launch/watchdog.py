@@ -12,10 +12,16 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from overlapbench.launch import launch_log
 
 TIMED_OUT = 3  # a worker's exit code when the time limit stopped it
+# How long a rank whose limit fired lives on after writing where it was, so that the other ranks'
+# limits, each started as its rank reached the same point, fire within it and write theirs too
+# before this exit has torchrun stop them: which rank fires first is a race, and the rank that hung,
+# whose stack says why, need not win it (under load the ranks reach a point up to seconds apart).
+STACKS_GRACE_S = 3.0
 
 
 class Watchdog:
@@ -50,6 +56,7 @@ class Watchdog:
                 f.write(line)
                 f.flush()
                 faulthandler.dump_traceback(file=f, all_threads=True)
+        time.sleep(STACKS_GRACE_S)
         os._exit(TIMED_OUT)
 
 
