@@ -457,26 +457,48 @@ def test_a_tp_1_spec_runs_on_one_process_without_nproc(tmp_path):
 def test_a_rank_whose_limit_fires_writes_where_it_was_then_waits_for_the_others_to(tmp_path, monkeypatch):
     """Which rank's time limit fires first is a race; its exit has torchrun stop the others. So it
     writes its stack to the launch log, then lives STACKS_GRACE_S more, in which the other ranks'
-    limits (the hung rank's among them) fire and write theirs, and only then exits."""
+    limits (the hung rank's among them) fire and write theirs, and only then exits; a block that
+    ends in that grace goes no further."""
+    import threading
+    from types import SimpleNamespace
+
     from overlapbench.launch import watchdog
 
     log = tmp_path / "r.jsonl.launch-1.log"
     log.write_text("== the launcher's header\n")
     monkeypatch.setenv(launch_log.LOG, str(log))
-    done = []
-    monkeypatch.setattr(watchdog.time, "sleep", lambda s: done.append(("waited", s, log.read_text())))
+    done, graced = [], threading.Event()
 
-    def exit_(code):
+    def wait(s: float) -> None:
+        done.append(("waited", s, log.read_text()))
+        graced.wait(10)
+
+    def exit_(code: int) -> None:  # the limit's thread then ends; the process goes on
         done.append(("exit", code))
-        raise SystemExit(code)
 
-    monkeypatch.setattr(watchdog.os, "_exit", exit_)
-    rank, limit = random.randrange(8), random.uniform(1, 900)
-    with pytest.raises(SystemExit):
-        watchdog.Watchdog(limit, rank)._expire("point 'x tokens=29'", limit)
+    monkeypatch.setattr(watchdog, "time", SimpleNamespace(sleep=wait))
+    monkeypatch.setattr(watchdog, "os", SimpleNamespace(_exit=exit_))
+    rank, limit = random.randrange(8), random.uniform(0.01, 0.05)
+    dog, passed = watchdog.Watchdog(limit, rank), []
+
+    def point() -> None:
+        with dog.guard("point 'x tokens=29'"):
+            while not done:  # a point that only ran long: it ends once its limit has fired
+                time.sleep(0.005)
+        passed.append("the next point")
+
+    runner = threading.Thread(target=point, daemon=True)  # left blocked: the process would have ended
+    runner.start()
+    runner.join(2)
+    assert runner.is_alive() and not passed  # it waits for the end, not the next point
+    graced.set()
+    for _ in range(200):
+        if len(done) == 2:
+            break
+        time.sleep(0.01)
     (waited, grace, written), last = done
     assert (waited, grace, last) == ("waited", watchdog.STACKS_GRACE_S, ("exit", watchdog.TIMED_OUT))
     assert f"rank {rank}: point 'x tokens=29' ran longer than {limit:g} s (measure.timeout_s); where it was:" in written
-    assert "test_a_rank_whose_limit_fires_writes_where_it_was" in written  # this thread's stack, before the wait
+    assert "in point" in written  # the stacks, the point's thread among them, before the wait
     assert watchdog.STACKS_GRACE_S >= 1  # ranks reach a point up to seconds apart under load
-    assert [e["event"] for e in launch_log.events(log)] == ["timeout"]
+    assert [e["event"] for e in launch_log.events(log)] == ["running", "timeout"] and runner.is_alive() and not passed

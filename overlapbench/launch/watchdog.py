@@ -27,13 +27,16 @@ STACKS_GRACE_S = 3.0
 class Watchdog:
     def __init__(self, limit_s: float, rank: int) -> None:
         self.limit_s, self.rank = limit_s, rank
+        self.fired = threading.Event()  # a limit fired: the process ends STACKS_GRACE_S later
 
     @contextlib.contextmanager
     def guard(self, what: str, extra_s: float = 0.0):
         """Ends the process (torchrun then stops the other ranks) if the block outlives the limit
         (plus `extra_s`, for a block known to run long: a batch's interleaved rounds). Each rank
         tells the launch log what it runs, so a run that dies can name the point of the rank that
-        died (ranks are not in lockstep between collectives)."""
+        died (ranks are not in lockstep between collectives). A block that ends after its limit
+        fired goes no further (no row of a point said to be over its limit, nothing of the next)
+        while the process waits out the grace in which the other ranks write their stacks."""
         launch_log.event("running", what=what, rank=self.rank)
         timer = threading.Timer(self.limit_s + extra_s, self._expire, args=(what, self.limit_s + extra_s))
         timer.daemon = True
@@ -42,8 +45,11 @@ class Watchdog:
             yield
         finally:
             timer.cancel()
+            if self.fired.is_set():
+                threading.Event().wait()  # until the limit's thread ends the process
 
     def _expire(self, what: str, limit_s: float) -> None:
+        self.fired.set()
         line = f"rank {self.rank}: {what} ran longer than {limit_s:g} s (measure.timeout_s); where it was:\n"
         launch_log.event("timeout", rank=self.rank, what=what, limit_s=limit_s)
         log = launch_log.current()
