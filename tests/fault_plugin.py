@@ -23,10 +23,11 @@ class Fault(Strategy):
              "built only), or in its forwards after the check's (stuck_later; oom_in_warmup: on every rank), or inside "
              "a CUDA-graph capture (oom_in_capture: more memory than the GPU has free; invalid_capture: a synchronize, "
              "which CUDA forbids there and answers by invalidating the capture), or while its output is checked "
-             "(oom_in_check), or in --profile's forwards (raise_in_profile, oom_in_profile: on every rank, before "
+             "(oom_in_check; wrong: its output 5% off), or in --profile's forwards (raise_in_profile, oom_in_profile: "
+             "on every rank, before "
              "the first profiled forward's collectives; raise_in_timeline: after the eager timeline's forward)",
              choices=("raise", "crash", "hang", "oom", "oom_once", "stuck_later", "oom_in_warmup", "oom_in_capture",
-                      "invalid_capture", "oom_in_check", "raise_in_profile", "oom_in_profile", "raise_in_timeline")),
+                      "invalid_capture", "oom_in_check", "wrong", "raise_in_profile", "oom_in_profile", "raise_in_timeline")),
         Knob("at_tokens", int, 1, "the token count where it strikes", bounds=(1, 1 << 30)),
         Knob("on_rank", int, 1, "the rank it strikes on", bounds=(0, 1024)),
     )
@@ -48,6 +49,10 @@ class Fault(Strategy):
         if mode == "oom_in_check":
             to_full = step.to_full
             step.to_full = lambda out: to_full(out).as_subclass(_out_of_memory_when_read())
+            return step
+        if mode == "wrong":
+            to_full = step.to_full
+            step.to_full = lambda out: to_full(out) * 1.05
             return step
         if mode == "oom_once":
             if ctx.tokens in _STRUCK:

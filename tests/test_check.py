@@ -1,5 +1,5 @@
 """measure.check: points checked against the fp32 truth where bf16 rounding between two correct
-schedules grows past a fixed tolerance (TP >= 8, MoE top-k flips)."""
+schedules grows past a fixed tolerance (TP >= 8, MoE top-k flips, deep stacks)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,15 @@ from overlapbench.tuning.results import read_rows
 from tests import distributed
 
 
-def test_auto_checks_against_fp32_at_tp8_and_for_moe_in_half_precision():
+def test_auto_checks_against_fp32_at_tp8_for_moe_and_deep_stacks_in_half_precision():
     auto = Measure()
-    assert auto.checks_against_fp32(8, False, "bf16") and auto.checks_against_fp32(2, True, "fp16")
-    assert not auto.checks_against_fp32(4, False, "bf16") and not auto.checks_against_fp32(8, True, "fp32")
-    assert Measure(check="fp32").checks_against_fp32(2, False, "bf16")
-    assert not Measure(check="baseline").checks_against_fp32(8, True, "bf16")
+    assert auto.checks_against_fp32(8, False, "bf16", 1) and auto.checks_against_fp32(2, True, "fp16", 1)
+    assert not auto.checks_against_fp32(4, False, "bf16", 4) and not auto.checks_against_fp32(8, True, "fp32", 80)
+    # rounding drifts with ranks x layers: TP=2 through 8 layers stays on baseline, TP=4 through 8 does not
+    assert not auto.checks_against_fp32(2, False, "bf16", 8) and auto.checks_against_fp32(4, False, "bf16", 8)
+    assert auto.checks_against_fp32(2, False, "bf16", 16) and not auto.checks_against_fp32(1, False, "bf16", 16)
+    assert Measure(check="fp32").checks_against_fp32(2, False, "bf16", 1)
+    assert not Measure(check="baseline").checks_against_fp32(8, True, "bf16", 80)
     with pytest.raises(UserError, match="measure.check"):
         Measure(check="exact")
 
@@ -83,3 +86,32 @@ def test_rel_err_summed_over_slices_equals_the_whole_tensor_norm(monkeypatch):
     assert measure.rel_err(out, ref) == float("inf")
     with pytest.raises(ValueError, match="shape"):
         measure.rel_err(out[:-1], ref)
+
+
+DEEP = """
+name: check-auto-deep
+model: tiny
+tp: 1
+layers: [2, 17]
+dtype: bf16
+tokens: [29]
+strategies:
+  baseline: {}
+  token_split: {align: 8}
+measure: {warmup: 1, iters: 2, timeout_s: 60}
+"""
+
+
+@pytest.mark.slow
+def test_auto_checks_a_stack_past_the_rounded_depth_against_the_truth_and_a_shallow_one_against_baseline(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(DEEP)  # tp 1: 2 layers within ROUNDED_STACK, 17 past it
+    out = tmp_path / "r.jsonl"
+    done = distributed.overlapbench("sweep", str(spec), "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = {(r["strategy"], r["layers"]): r for r in read_rows(out)}
+    assert {r["status"] for r in rows.values()} == {"ok"}
+    assert {layers: r["check"] for (_, layers), r in rows.items()} == {2: "baseline", 17: "fp32"}
+    assert rows["baseline", 2]["rel_err"] is None  # the reference against itself: not checked
+    assert 0 < rows["baseline", 17]["rel_err"] < 2e-2  # against the truth: its rounding
+    assert rows["token_split", 17]["tolerance"] >= 1e-2

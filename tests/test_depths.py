@@ -78,6 +78,12 @@ def test_the_footprint_counts_each_point_at_its_depth_and_the_deepest_stack():
     assert size.points == alone[2].points + alone[5].points
 
 
+def test_the_footprint_counts_the_fp32_truth_where_the_deepest_stack_is_checked_against_it():
+    shallow, deep = parse([4, 8], dtype="bf16"), parse([4, 16], dtype="bf16")  # TP=2: 16 and 32 rank-layers
+    per_layer = lambda s: footprint.estimate(s, s.points(2, False), cuda=False).weights_bytes / max(s.depths)
+    assert per_layer(deep) == pytest.approx(1.5 * per_layer(shallow))  # the truth's copy beside the stack
+
+
 # -- rows at two depths ----------------------------------------------------------------------------
 
 # Stack times T(L) = per_layer * L + ends (ms): the split hides more per layer but ends worse.

@@ -38,16 +38,21 @@ def sweep(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_a_failing_point_is_a_row_and_the_sweep_goes_on(tmp_path: Path):
-    grid = {"baseline": {}, "fault": {"mode": ["raise", "oom", "oom_in_check"], "at_tokens": 29}, "token_split": {"align": 8}}
+    grid = {"baseline": {}, "fault": {"mode": ["raise", "oom", "oom_in_check", "wrong"], "at_tokens": 29},
+            "token_split": {"align": 8}}
     path = write_spec(tmp_path, grid)
     out = tmp_path / "r.jsonl"
     done = sweep(str(path), "--output", str(out))
     assert done.returncode == 0, done.stderr
     rows = read_rows(out)
-    assert len(rows) == 3 * 5
+    assert len(rows) == 3 * 6
     failed = [r for r in rows if r["status"] != "ok"]
     assert [(r["strategy"], r["knobs"]["mode"], r["tokens"]) for r in failed] == [
-        ("fault", "raise", 29), ("fault", "oom", 29), ("fault", "oom_in_check", 29)]
+        ("fault", "raise", 29), ("fault", "oom", 29), ("fault", "oom_in_check", 29), ("fault", "wrong", 29)]
+    wrong = failed[3]  # a timing of it would be a result of a wrong computation: there is none
+    assert wrong["rel_err"] == pytest.approx(0.05, rel=1e-3) and wrong["ms"] is None and wrong["check"] == "baseline"
+    assert wrong["error"] == ("wrong result: rel_err 0.05 > tolerance 0.0001 of baseline's output "
+                              "(measure.check: fp32 checks against the fp32 truth)")
     assert failed[0]["error"] == "rank 1: RuntimeError: injected kernel error"
     assert "OutOfMemoryError" in failed[1]["error"] and failed[0]["ms"] is None
     assert failed[2]["error"].startswith("rank 1: OutOfMemoryError") and "in the check" in failed[2]["error"]

@@ -61,8 +61,9 @@ def estimate(spec: SweepSpec, points: list[Point], cuda: bool) -> Footprint:
         activations = max(p.tokens for p in points) * (k + n) * elem * 2
         flops = sum(2 * p.tokens * n * k / tp for p in points) * forwards
         return Footprint(len(points), weights, activations, flops / 1e12)
-    truth = spec.measure.checks_against_fp32(first.tp, first.shape.moe, first.dtype)
-    params = _params_per_rank(first) * max(p.layers for p in points)  # one stack at a time: the deepest's
+    deepest = max(p.layers for p in points)  # one stack at a time: the deepest's
+    truth = spec.measure.checks_against_fp32(first.tp, first.shape.moe, first.dtype, deepest)
+    params = _params_per_rank(first) * deepest
     weights = params * FP32 + (params * elem if truth else 0)  # built in fp32; the truth's fp32 copy beside the stack
     activations = max(_activations(p, elem, cuda) for p in points)
     flops = sum(layer_flops(p.shape, p.tp, p.batch, None if p.decode is None else (p.decode.tokens, p.decode.context))
