@@ -421,3 +421,25 @@ def ops_over_table(beside: str, table: str) -> list[float]:
     times = _table_ms(table)
     keyed = ((r, (r["strategy"], str(r["knobs"].get("ctas")), r["bytes"])) for r in rows(beside) if r["status"] == "ok")
     return [r["in_layer_ops_ms"] / 2 / times[key] for r, key in keyed if key in times]
+
+
+_PROFILE_POINT = re.compile(r"(\S+) \(\d+ graph replays?\): wall (.*?)(?=\S+ \(\d+ graph replays?\)|$)")
+_TABLE_LINE = ("│", "┃", "┏", "┡", "└", "━")
+
+
+def profile_summaries(report_txt: str) -> dict[str, str]:
+    """Each point's summary in a committed `report --profile` text (what follows '(N graph
+    replays): wall'), its wrapped lines joined: point name -> summary, flattened. A line the
+    terminal wrapped (80 columns, not a table's) runs on into the next without a space."""
+    text = ""
+    for line in path(report_txt).read_text().split("\n"):
+        text += line if len(line) >= 80 and not line.startswith(_TABLE_LINE) else line + " "
+    return {m.group(1): m.group(2) for m in _PROFILE_POINT.finditer(" ".join(text.split()))}
+
+
+def profile_figure(report_txt: str, point: str, pattern: str) -> float:
+    """One number of a point's `report --profile` summary: the first group of `pattern`."""
+    found = re.search(pattern, profile_summaries(report_txt)[point])
+    if found is None:
+        raise AssertionError(f"{report_txt}: no '{pattern}' under {point}")
+    return float(found.group(1))

@@ -162,8 +162,9 @@ REDUCE_START = Knob(
     f"when each chunk's reduction starts on the communication lane: {READY}, as soon as its partial sum "
     f"is (TokenWeave's order: its kernels are launched before the next chunk's first GEMM and take SMs the "
     f"GEMM then waits for); {AFTER_NEXT_GEMM}, once the next chunk's first GEMM (QKV, gate/up) has ended, "
-    "so no transfer kernel holds SMs that GEMM asks for, and the transfer hides behind the rest of that "
-    "compute",
+    "so the transfer runs mostly beside the attention and smaller kernels after it, not the GEMMs: it pays "
+    "for SM-based paths where that compute can hide it (nccl_symm from 4K tokens of llama3-70b), and "
+    "only delays the copy engine, whose transfers take no SMs from a GEMM (docs/long-prompts.md)",
     choices=(READY, AFTER_NEXT_GEMM), sparse=True, summary="when a chunk's reduction starts",
 )
 
