@@ -24,8 +24,8 @@ class Fault(Strategy):
              "a CUDA-graph capture (oom_in_capture: more memory than the GPU has free; invalid_capture: a synchronize, "
              "which CUDA forbids there and answers by invalidating the capture), or while its output is checked "
              "(oom_in_check; wrong: its output 5% off), or in --profile's forwards (raise_in_profile, oom_in_profile: "
-             "on every rank, before "
-             "the first profiled forward's collectives; raise_in_timeline: after the eager timeline's forward)",
+             "on every rank, before the first profiled forward's collectives; raise_in_timeline: after the eager "
+             "timeline's forward)",
              choices=("raise", "crash", "hang", "oom", "oom_once", "stuck_later", "oom_in_warmup", "oom_in_capture",
                       "invalid_capture", "oom_in_check", "wrong", "raise_in_profile", "oom_in_profile", "raise_in_timeline")),
         Knob("at_tokens", int, 1, "the token count where it strikes", bounds=(1, 1 << 30)),

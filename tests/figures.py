@@ -9,6 +9,7 @@ relative to the repository root.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import re
 import statistics
@@ -427,10 +428,12 @@ _PROFILE_POINT = re.compile(r"(\S+) \(\d+ graph replays?\): wall (.*?)(?=\S+ \(\
 _TABLE_LINE = ("│", "┃", "┏", "┡", "└", "━")
 
 
+@functools.cache
 def profile_summaries(report_txt: str) -> dict[str, str]:
     """Each point's summary in a committed `report --profile` text (what follows '(N graph
     replays): wall'), its wrapped lines joined: point name -> summary, flattened. A line the
-    terminal wrapped (80 columns, not a table's) runs on into the next without a space."""
+    terminal wrapped (80 columns, not a table's) runs on into the next without a space. Read once
+    per file: the figures of one report all come from it."""
     text = ""
     for line in path(report_txt).read_text().split("\n"):
         text += line if len(line) >= 80 and not line.startswith(_TABLE_LINE) else line + " "

@@ -28,6 +28,8 @@ PROFILES = {2: (SHORT + "report-profile-order-70b-tp2.txt", "results/h200x2/ecca
             4: (SHORT + "report-profile-order-70b-tp4.txt",)}
 AFTER = "after_next_gemm"
 SHORT_TOKENS, LONG_TOKENS = (1024, 2048, 4096), (8192, 16384, 32768)
+TP2_70B = {**dict.fromkeys(SHORT_TOKENS, ORDER[2]), **dict.fromkeys(LONG_TOKENS, ORDER_LONG["70b", 2])}
+TP4_70B = {**dict.fromkeys(SHORT_TOKENS, ORDER[4]), **dict.fromkeys(LONG_TOKENS, ORDER_LONG["70b", 4])}
 
 
 def _at(store: str, tokens: int, layers: int) -> list[dict]:
@@ -59,14 +61,14 @@ def _both_starts(store: str, tokens: int, **knobs) -> tuple[float, float]:
 
 # -- the order table -------------------------------------------------------------------------------
 
-NCCL_SYMM, FUSED = dict(comm="nccl_symm", comm_ctas_attn=16), dict(comm="fused", comm_ctas_attn=16)
-CE = dict(comm="copy_engine", comm_ctas_attn=32)
+# gemm_carveout=None: no SMs left free (the rows of runs without the knob have it unset too)
+NCCL_SYMM = dict(comm="nccl_symm", comm_ctas_attn=16, gemm_carveout=None)
+FUSED = dict(comm="fused", comm_ctas_attn=16, gemm_carveout=None)
+CE = dict(comm="copy_engine", comm_ctas_attn=32, gemm_carveout=None)
 ORDER_ROWS = [  # (label, TP, {token count: store}, knobs)
-    ("llama3-70b, `nccl_symm` 16/16", 2, {**dict.fromkeys(SHORT_TOKENS, ORDER[2]),
-                                           **dict.fromkeys(LONG_TOKENS, ORDER_LONG["70b", 2])}, NCCL_SYMM),
+    ("llama3-70b, `nccl_symm` 16/16", 2, TP2_70B, NCCL_SYMM),
     ("llama3-8b, `nccl_symm` 16/16", 2, dict.fromkeys(LONG_TOKENS, ORDER_LONG["8b", 2]), NCCL_SYMM),
-    ("llama3-70b, `nccl_symm` 16/16", 4, {**dict.fromkeys(SHORT_TOKENS, ORDER[4]),
-                                           **dict.fromkeys(LONG_TOKENS, ORDER_LONG["70b", 4])}, NCCL_SYMM),
+    ("llama3-70b, `nccl_symm` 16/16", 4, TP4_70B, NCCL_SYMM),
     ("llama3-70b, fused 16/16", 2, dict.fromkeys(SHORT_TOKENS, ORDER[2]), FUSED),
     ("llama3-70b, fused 16/16", 4, dict.fromkeys(SHORT_TOKENS, ORDER[4]), FUSED),
     ("llama3-70b, copy engine 32/32", 2, dict.fromkeys(SHORT_TOKENS, ORDER[2]), CE),
@@ -84,8 +86,7 @@ def _order_cells(stores: dict[int, str], knobs: dict) -> str:
         if tokens not in stores:
             cells.append("-")
             continue
-        extra = {"gemm_carveout": None} if stores[tokens] == ORDER[2] else {}
-        ready, after = _both_starts(stores[tokens], tokens, **knobs, **extra)
+        ready, after = _both_starts(stores[tokens], tokens, **knobs)
         cells.append(f"{_pct(ready)} -> {_pct(after)}")
     return " | ".join(cells)
 
@@ -99,7 +100,7 @@ def _carveout_max() -> dict:
     moved = []
     for knobs in (FUSED, NCCL_SYMM, CE, {"comm": "none"}):
         for tokens in SHORT_TOKENS:
-            at = {c: hidden(ORDER[2], tokens, reduce_start=None, gemm_carveout=c, **knobs)
+            at = {c: hidden(ORDER[2], tokens, reduce_start=None, **(knobs | {"gemm_carveout": c}))
                   for c in (None, 16, 32) if c is None or knobs is not CE or c == 16}
             moved += [abs(v - at[None]) for v in at.values()]
     return {"carve_max": max(moved)}
@@ -107,10 +108,8 @@ def _carveout_max() -> dict:
 
 def _best_long() -> dict:
     after = dict(comm="nccl_symm", reduce_start=AFTER)
-    b70 = {t: hidden(ORDER[2] if t < 8192 else ORDER_LONG["70b", 2], t, comm_ctas_attn=16, **after,
-                     **({"gemm_carveout": None} if t < 8192 else {})) for t in (4096, 8192, 32768)}
-    ce70 = {t: hidden(ORDER[2] if t < 8192 else ORDER_LONG["70b", 2], t, comm="copy_engine", reduce_start=None,
-                      **({"gemm_carveout": None} if t < 8192 else {})) for t in (4096, 8192, 32768)}
+    b70 = {t: hidden(TP2_70B[t], t, **NCCL_SYMM, reduce_start=AFTER) for t in (4096, 8192, 32768)}
+    ce70 = {t: hidden(TP2_70B[t], t, comm="copy_engine", gemm_carveout=None, reduce_start=None) for t in (4096, 8192, 32768)}
     store8 = ORDER_LONG["8b", 2]
     return {"b70": b70, "ce70": ce70,
             "b8": {16384: hidden(store8, 16384, comm_ctas_attn=16, **after)},

@@ -52,7 +52,7 @@ class Measure:
     # What a point's output is checked against: `baseline`'s output within `tolerance`, or
     # (fp32) the truth, baseline's arithmetic in fp32 on the same rounded weights and input, within
     # max(tolerance, 2 x baseline's own distance from it). Two correct bf16 schedules differ by
-    # their rounding, which grows with the ranks summed (7.5e-3 at TP=4 against 1e-2) and jumps
+    # their rounding, which grows with the ranks summed and the layers (ROUNDED_STACK) and jumps
     # where a token's top-k experts flip; the truth measures each against what it approximates.
     # auto: fp32 at tp >= 8, for MoE shapes and past ROUNDED_STACK (tp x layers) in bf16/fp16,
     # else baseline.
