@@ -268,9 +268,18 @@ PREDICTED_H100, PREDICTED_H200 = "results/predicted-h100/validation.md", "result
 VALIDATION_ROW = ("| {device} | {model} | {tp} | {{points}} | {{median}} | {{p90}} | {{worst}} | {{picks}} | {contention} "
                   "| {{compute}} |")
 MEASURED_TERM = ", with --in-layer measured"
+def _h100_in_layer() -> dict:
+    """The 2x H100 validation lines of both models, without and with the measured in-layer term."""
+    line = lambda model, variant: {k: float(v) for k, v in f.validation_line(
+        PREDICTED_H100, f"{model} TP=2, measured on 2x H100{variant}").items() if k in ("median", "p90", "worst")}
+    return {m[7:]: {"off": line(m, ""), "on": line(m, MEASURED_TERM)} for m in ("llama3-70b", "llama3-8b")}
+
+
 VALIDATION_ROWS = [
-    (PREDICTED_H100, "2x H100", "llama3-70b", 2, "measured on 2x H100", "", "beside the layer, no in-layer term"),
-    (PREDICTED_H100, "2x H100", "llama3-8b", 2, "measured on 2x H100", "", "beside the layer, no in-layer term"),
+    *((PREDICTED_H100, "2x H100", model, 2, "measured on 2x H100", variant, contention)
+      for model in ("llama3-70b", "llama3-8b")
+      for variant, contention in (("", "beside the layer, no in-layer term"),
+                                  (MEASURED_TERM, "beside the layer, `--in-layer measured`"))),
     *((PREDICTED_H200, "2x H200", model, 2, "measured on 2x H200", variant, contention)
       for model in ("llama3-70b", "llama3-8b")
       for variant, contention in (("", "beside the layer, no in-layer term"),
@@ -347,6 +356,11 @@ PREDICT_CLAIMS = [
           lambda: _no_comm_errors("llama3-70b")),
     Claim("docs/predict.md", "whose {n} predicted points moved by at most {a:.3f} (llama3-70b) and {b:.3f} (llama3-8b) from "
                              "the c1821fe run's", _predicted_points_moved),
+    Claim("docs/predict.md", "the term does the same: llama3-70b's median stays {70b[on][median]:.3f}, its 90th percentile "
+                             "goes {70b[off][p90]:.3f} to {70b[on][p90]:.3f}, its worst {70b[off][worst]:.3f} to "
+                             "{70b[on][worst]:.3f}; llama3-8b's {8b[off][median]:.3f} to {8b[on][median]:.3f}, "
+                             "{8b[off][p90]:.3f} to {8b[on][p90]:.3f}, {8b[off][worst]:.3f} to {8b[on][worst]:.3f}",
+          _h100_in_layer),
     Claim("docs/predict.md", "flagged ⚠ where any token count is more than {off:.0f}% off",
           lambda: {"off": COMPUTE_OFF * 100}),
     *[Claim("docs/predict.md", f"| {label} | {{s[0]:.2f}} | {{s[1]:.2f}} | {{s[2]:.2f}} | {{s[3]:.2f}} |",
@@ -540,6 +554,9 @@ DOCS_CLAIMS = [
     Claim("docs/long-prompts.md", "A fourth (`results/h200x2/f320f41/power.out`, run 50aab1e43574; the GEMMs alone at "
                                   "{mhz:.0f} MHz) measured the most: {pull:.2f}% (pull) and {push:.2f}% (push)",
           lambda: _power_on("results/h200x2/f320f41/power/power_beside.jsonl")),
+    Claim("docs/long-prompts.md", "(`results/h100x2/34bc5e1/power.out`, run b2dfe08a31f6; the GEMMs alone at {mhz:.0f} MHz, "
+                                  "at the cap) pay it too: {pull:.2f}% (pull) and {push:.2f}% (push)",
+          lambda: _power_on("results/h100x2/34bc5e1/power/power_beside.jsonl")),
     Claim("docs/long-prompts.md", "`copy` against `kernel`: {t2[over_copy]:.3f} against {t2[over_kernel]:.3f} at 2K, "
                                   "{t8[over_copy]:.3f} against {t8[over_kernel]:.3f} at 8K, {t32[over_copy]:.3f} against "
                                   "{t32[over_kernel]:.3f} at 32K; the share of the baseline's exposed communication it "
