@@ -9,6 +9,8 @@ passage as it should read and what the document says there instead.
 
     Claim("README.md", "flash_agrs {lo:.3f}-{hi:.3f}x over async_tp",
           lambda: bounds(relative(best_speedups(RUNS, "flash_agrs"), best_speedups(RUNS, "async_tp"))))
+
+A module of claims makes its test with `claims_test(CLAIMS)`: one case per claim.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import string
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,3 +66,16 @@ def bounds(values: Iterable[float], scale: float = 1.0) -> dict[str, float]:
     if not values:
         raise AssertionError("no values to take the range of: the cited files hold none")
     return {"lo": min(values), "hi": max(values)}
+
+
+def claims_test(claims: list[Claim]) -> Callable[[Claim], None]:
+    """A test with one case per claim, named by its document and the passage's first words; a
+    case fails with the passage as it should read and what the document says instead."""
+
+    @pytest.mark.parametrize("claim", claims, ids=lambda c: f"{c.doc}: {flat(c.text)[:60]}")
+    def test_each_figure_follows_from_the_files_it_cites(claim: Claim) -> None:
+        problem = claim.problem()
+        if problem:
+            pytest.fail(problem, pytrace=False)
+
+    return test_each_figure_follows_from_the_files_it_cites

@@ -7,13 +7,11 @@ from __future__ import annotations
 import json
 import statistics
 
-import pytest
-
 from overlapbench.report import rounds
 from overlapbench.report.profile import tally
 from tests import figures as f
 from tests.checks.predict_validation import COMPUTE_OFF
-from tests.published import Claim, bounds, flat
+from tests.published import Claim, bounds, claims_test, flat
 
 R = "results/h200x2/"
 RUNS_70B = (R + "9f356d8/llama3-70b-tp2-1k-4k.jsonl", R + "9f356d8/llama3-70b-tp2-8k-32k.jsonl")
@@ -600,10 +598,7 @@ DOCS_CLAIMS = [
 ALL_CLAIMS = README_ROWS + RESULTS_CLAIMS + DOCS_CLAIMS + PREDICT_CLAIMS
 
 
-@pytest.mark.parametrize("claim", ALL_CLAIMS, ids=lambda c: f"{c.doc}: {c.text[:50]}")
-def test_each_published_figure_follows_from_its_rows(claim: Claim):
-    problem = claim.problem()
-    assert problem is None, problem
+test_each_published_figure_follows_from_its_rows = claims_test(ALL_CLAIMS)
 
 
 def test_a_changed_figure_is_caught():

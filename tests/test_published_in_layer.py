@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import statistics
 
-import pytest
-
 from tests import figures as f
-from tests.published import Claim, bounds
+from tests.published import Claim, bounds, claims_test
 
 X2 = "results/h200x2/"
 TABLE = X2 + "bbc1676/comm.jsonl"
@@ -114,10 +112,7 @@ CLAIMS = [
 ]
 
 
-@pytest.mark.parametrize("claim", CLAIMS, ids=lambda c: c.text[:50])
-def test_each_figure_follows_from_its_rows(claim: Claim):
-    problem = claim.problem()
-    assert problem is None, problem
+test_each_figure_follows_from_its_rows = claims_test(CLAIMS)
 
 
 def test_a_changed_figure_is_caught():

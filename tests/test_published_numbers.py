@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from tests import figures as f
-from tests.published import Claim, bounds, flat
+from tests import published
+from tests.published import Claim, bounds, claims_test
 
 H = "results/h200x2/README.md"
 R = "results/h200x2/"
@@ -137,11 +138,7 @@ CLAIMS = [
 ]
 
 
-@pytest.mark.parametrize("claim", CLAIMS, ids=lambda c: flat(c.text)[:60])
-def test_published_figure_is_what_the_files_give(claim):
-    problem = claim.problem()
-    if problem:
-        pytest.fail(problem, pytrace=False)
+test_published_figure_is_what_the_files_give = claims_test(CLAIMS)
 
 
 # The mechanism itself ---------------------------------------------------------------------
@@ -152,6 +149,20 @@ def test_a_changed_figure_fails_and_shows_the_true_passage():
     assert claim.problem("Two runs\nagree at 6 of 6 token\ncounts.") is None  # markdown wraps lines
     problem = claim.problem("Two runs agree at 5 of 6 token counts.")
     assert "should say 'agree at 6 of 6 token counts'" in problem and "'agree at 5 of 6 token counts" in problem
+
+
+def test_a_claims_test_fails_a_stale_passage_and_passes_a_true_one(tmp_path, monkeypatch):
+    """The test `claims_test` makes: one case per claim, failing with the passage as it should read."""
+    monkeypatch.setattr(published, "ROOT", tmp_path)
+    (tmp_path / "doc.md").write_text("Two runs agree at 5 of 6\ntoken counts.")
+    stale = Claim("doc.md", "agree at {same} of 6 token counts", lambda: {"same": 6})
+    true = Claim("doc.md", "agree at {same} of 6 token counts", lambda: {"same": 5})
+    test = claims_test([stale, true])
+    (cases,) = [m for m in test.pytestmark if m.name == "parametrize"]
+    assert cases.args[1] == [stale, true]
+    test(true)
+    with pytest.raises(pytest.fail.Exception, match="should say 'agree at 6 of 6 token counts'"):
+        test(stale)
 
 
 def test_every_claim_of_a_document_fails_on_a_changed_number():

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import functools
 
-import pytest
-
 from overlapbench.report.steady import steady
 from overlapbench.tuning import analysis, tune
 from tests import figures as f
-from tests.published import Claim, bounds
+from tests.published import Claim, bounds, claims_test
 
 DOC = "docs/long-prompts.md"
 SHORT = "results/h200x4/01de86b/"  # 1K-4K on 4x H200 (TP=2 on GPUs 0 and 1), and the first steady runs
@@ -296,10 +294,7 @@ CLAIMS = [
 ]
 
 
-@pytest.mark.parametrize("claim", CLAIMS, ids=lambda c: c.text[:60])
-def test_each_published_order_figure_follows_from_its_rows(claim: Claim):
-    problem = claim.problem()
-    assert problem is None, problem
+test_each_published_order_figure_follows_from_its_rows = claims_test(CLAIMS)
 
 
 def test_a_changed_order_figure_is_caught():
