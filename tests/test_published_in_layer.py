@@ -53,12 +53,12 @@ def _excess() -> dict:
 
 def _excess_h100() -> dict:
     """The same on 2x H100: the 331cb63 studies against the cc10b27 table, and the 34bc5e1 rows' paired term."""
-    study = lambda m: f"results/h100x2/331cb63/{m}-tp2.jsonl"
-    term = lambda m: f.in_layer_terms_us(f"results/h100x2/34bc5e1/comm-beside-layer-{m}.jsonl")
-    paid = {m: f.in_line_excess_us("results/h100x2/cc10b27/comm.jsonl", study(m)) for m in STUDIES}
+    paid = {m: f.in_line_excess_us("results/h100x2/cc10b27/comm.jsonl", f"results/h100x2/331cb63/{m}-tp2.jsonl")
+            for m in STUDIES}
+    term = {m: f.in_layer_terms_us(f"results/h100x2/34bc5e1/comm-beside-layer-{m}.jsonl") for m in STUDIES}
     return {"a": _listed(paid["llama3-8b"]), "b": _listed(paid["llama3-70b"]),
-            "c": _listed(term("llama3-8b"), ""), "d": _listed(term("llama3-70b"), ""),
-            "off": max(abs(term(m)[t] - paid[m][t]) for m in STUDIES for t in SMALL[:3])}
+            "c": _listed(term["llama3-8b"], ""), "d": _listed(term["llama3-70b"], ""),
+            "off": max(abs(term[m][t] - paid[m][t]) for m in STUDIES for t in SMALL[:3])}
 
 
 def _excess_tp4() -> dict:

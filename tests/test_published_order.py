@@ -131,14 +131,24 @@ def _again() -> dict:
     return {"r": by_depth(comm="nccl_symm", comm_ctas_attn=16), "c": by_depth(comm="copy_engine", split_ratio=None)}
 
 
+# the long-prompt grid's copy-engine splits of two chunks (equal or balanced cut) and its order split
+H100_CE = dict(comm="copy_engine", comm_ctas_attn=32, chunks=None)
+H100_ORDER = dict(comm="nccl_symm", reduce_start=AFTER)
+
+
+def _order_lead(store: str, tokens: int) -> float:
+    """Points the order split hides beyond the better of the two copy-engine cuts."""
+    return hidden(store, tokens, **H100_ORDER) - max(hidden(store, tokens, split_ratio=r, **H100_CE)
+                                                     for r in (None, "balanced"))
+
+
 def _h100_row(model: str, tokens: int) -> dict:
     """One row of the 2x H100 long-prompt table: each choice's hidden share and what tune picks."""
     store = H100_LONG[model]
     pick = f.picks_by_tokens(store)[tokens]
-    ce = dict(comm="copy_engine", comm_ctas_attn=32, chunks=None)
-    return {"order": hidden(store, tokens, comm="nccl_symm", reduce_start=AFTER),
-            "equal": hidden(store, tokens, split_ratio=None, **ce),
-            "balanced": hidden(store, tokens, split_ratio="balanced", **ce),
+    return {"order": hidden(store, tokens, **H100_ORDER),
+            "equal": hidden(store, tokens, split_ratio=None, **H100_CE),
+            "balanced": hidden(store, tokens, split_ratio="balanced", **H100_CE),
             "fused": hidden(store, tokens, "fused_norm"),
             "alone": hidden(store, tokens, comm="none", chunks=None),
             "pick": "`fused_norm`" if pick["strategy"] == "fused_norm" else f"the `{pick['how'].split(',')[0]}` split"}
@@ -148,13 +158,9 @@ def _h100_bests() -> dict:
     """The best choice's share per model and size on 2x H100, the order's lead over the copy engine
     where it leads, and the split alone's range."""
     best = {m: {t: best_hidden(H100_LONG[m], t) for t in H100_TOKENS} for m in H100_LONG}
-    lead = {t: hidden(H100_LONG["8b"], t, comm="nccl_symm", reduce_start=AFTER)
-            - max(hidden(H100_LONG["8b"], t, comm="copy_engine", comm_ctas_attn=32, chunks=None, split_ratio=r)
-                  for r in (None, "balanced")) for t in (16384, 32768)}
+    lead = {t: _order_lead(H100_LONG["8b"], t) for t in (16384, 32768)}
     alone = bounds(hidden(H100_LONG[m], t, comm="none", chunks=None) for m in H100_LONG for t in H100_TOKENS)
-    at64 = hidden(H100_LONG["70b"], 65536, comm="nccl_symm", reduce_start=AFTER) - max(
-        hidden(H100_LONG["70b"], 65536, comm="copy_engine", comm_ctas_attn=32, chunks=None, split_ratio=r)
-        for r in (None, "balanced"))
+    at64 = _order_lead(H100_LONG["70b"], 65536)
     return {"a": best["70b"], "b": best["8b"], "lead": lead, "at64": at64, "alone": alone}
 
 
