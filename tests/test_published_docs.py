@@ -295,7 +295,24 @@ VALIDATION_ROWS = [
       for model in ("llama3-70b", "llama3-8b")
       for variant, contention in (("", "beside TP=4's layer, no in-layer term"),
                                   (MEASURED_TERM, "beside TP=4's layer, `--in-layer measured`"))),
+    *((PREDICTED_H200, "4x H200, 2112bbf, one machine's inputs", model, 4, "2112bbf's study, table and layer rows, one machine",
+       variant, contention)
+      for model in ("llama3-70b", "llama3-8b")
+      for variant, contention in (("", "beside TP=4's layer, no in-layer term"),
+                                  (MEASURED_TERM, "beside TP=4's layer, `--in-layer measured`"))),
 ]
+
+
+def _tp4_in_brief() -> dict:
+    """predict.md's TP=4 summary: over the default (no in-layer term) TP=4 lines of the 4x H200
+    validation, one per run, the picks per model and the medians' and worst points' ranges."""
+    lines = {(model, measured): f.validation_line(PREDICTED_H200, f"{model} TP=4, {measured}")
+             for _, _, model, tp, measured, variant, _ in VALIDATION_ROWS if tp == 4 and not variant}
+    picks = lambda model: [int(v["picks"].split()[0]) for (m, _), v in lines.items() if m == model]
+    (eight,) = set(picks("llama3-8b"))
+    return {"runs": ["zero", "one", "two", "three", "four", "five"][len(lines) // 2],
+            "a": bounds(picks("llama3-70b")), "b": eight,
+            "m": bounds(float(v["median"]) for v in lines.values()), "w": bounds(float(v["worst"]) for v in lines.values())}
 
 
 def _no_comm_errors(model: str) -> dict:
@@ -334,6 +351,11 @@ PREDICT_CLAIMS = [
           lambda md=md, study=f"{model} TP={tp}, {measured}{variant}": f.validation_line(md, study))
     for md, device, model, tp, measured, variant, contention in VALIDATION_ROWS
 ] + [
+    Claim("docs/predict.md", "**TP=4** (4x H200, {runs} runs on {runs} machines): llama3-70b's picks are right at "
+                             "{a[lo]:.0f}-{a[hi]:.0f} of 6, llama3-8b's at {b} of 6; medians {m[lo]:.3f}-{m[hi]:.3f}, worst "
+                             "{w[lo]:.2f}-{w[hi]:.2f}", _tp4_in_brief),
+    Claim("docs/predict.md", "They fare as the other machines' lines do (llama3-8b {a[picks]}, worst {a[worst]})",
+          lambda: {"a": f.validation_line(PREDICTED_H200, "llama3-8b TP=4, 2112bbf's study, table and layer rows, one machine")}),
     Claim("docs/predict.md", "with the term, llama3-70b's median goes {a[median]} to {b[median]}, its 90th percentile "
                              "{a[p90]} to {b[p90]}, its worst {a[worst]} to {b[worst]}, {a[picks]} picks either way",
           lambda: _in_layer_decision("llama3-70b TP=2, 1K-32K measured at 60ae8af")),

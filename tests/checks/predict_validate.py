@@ -112,10 +112,11 @@ class Study:
     contention: tuple[Need, ...]  # the first found is used (beside the layer before beside GEMMs)
     measured: tuple[tuple[str, tuple[Need, ...]], ...]  # (a section's title, the rows it compares with)
     diagnostic: bool = False  # inputs of several device kinds, on purpose (a diagnostic, not a validation)
+    inputs: str = ""  # which inputs, where a model and TP are validated from two sets (", ..." or "")
 
     @property
     def title(self) -> str:
-        return f"{self.model} TP={self.tp}"
+        return f"{self.model} TP={self.tp}{self.inputs}"
 
     def contention_found(self) -> Need | None:
         """The contention input used: the first of `contention` committed."""
@@ -192,7 +193,17 @@ def _h200(model: str) -> list[Study]:
                    (f"{model} TP=4, measured again on 4x H200 (the a3860b5 study, another machine)",
                     (Need("the TP=4 study at a3860b5", f"{x4}/a3860b5/{model}-tp4.jsonl"),)),
                    (f"{model} TP=4, measured at 1968c70 on a third 4x H200 machine (its `ce_out: kernel` points skipped)",
-                    (Need("the TP=4 study at 1968c70", f"{x4}/1968c70/{model}-tp4.jsonl"),)),))]
+                    (Need("the TP=4 study at 1968c70", f"{x4}/1968c70/{model}-tp4.jsonl"),)),)),
+            # the same grid from the table and the layer's rows (512 tokens to 32K in one run) of the
+            # machine that timed the study they are held to, all of 2112bbf's code
+            Study("h200", model, 4, f"sweeps/{model}-tp4.yaml",
+                  Need("the TP=4 pieces on one H200", f"results/h200/*/pieces-{model}-tp4-tp4.jsonl", "h200-pieces"),
+                  (Need("the 4x H200 all-reduce table at 2112bbf", f"{x4}/2112bbf/comm.jsonl"),),
+                  (Need("beside-layer rows at 2112bbf (4x H200)", f"{x4}/2112bbf/comm-beside-layer-{model}.jsonl",
+                        current=IN_LAYER),),
+                  ((f"{model} TP=4, 2112bbf's study, table and layer rows, one machine",
+                    (Need("the TP=4 study at 2112bbf", f"{x4}/2112bbf/{model}-tp4.jsonl"),)),),
+                  inputs=", one machine's inputs (2112bbf)")]
 
 
 def _diagnostic(model: str) -> Study:
