@@ -236,3 +236,46 @@ def test_the_committed_h100_table_returns_its_measured_times():
                if r["strategy"] == "nccl_symm" and r["knobs"]["ctas"] == 16 and r["bytes"] == 64 * 2**20)
     table = CommTable.read([REAL])
     assert table.world_size == 2 and table.time_ms("nccl_symm", 16, 64 * 2**20).ms == row["ms"]
+
+
+def _pieces(row: dict, chunks: int) -> dict:
+    """A copy-engine row as `comm --ce-chunks N` writes it: the count in its knobs and its key."""
+    key = json.loads(row["key"]) | {"chunks": chunks}
+    return row | {"knobs": row["knobs"] | {"chunks": chunks}, "key": json.dumps(key, sort_keys=True)}
+
+
+def test_rows_of_a_set_piece_count_are_left_out_and_said(tmp_path):
+    rng = random.Random()
+    own = {b: rng.uniform(0.02, 2) for b in SIZES}  # the kernel's own count, what a split runs
+    rows = [comm_row("copy_engine_norm", 32, b, ms, hidden=8192) for b, ms in own.items()]
+    rows += [_pieces(comm_row("copy_engine_norm", 32, b, ms * rng.uniform(1.5, 3), hidden=8192), c)
+             for b, ms in own.items() for c in (1, 4)]
+    table = CommTable.read([write(tmp_path / "ce.jsonl", rows)])
+    for b, ms in own.items():
+        assert table.time_ms("copy_engine_norm", 32, b, 8192).ms == ms  # not a median with the set counts
+    (note,) = [n.text for n in table.notes]
+    assert "16 copy_engine_norm rows timed at a set piece count (--ce-chunks 1, 4) left out" in note
+
+
+def test_a_table_of_set_piece_counts_only_lacks_the_path(tmp_path):
+    rng = random.Random()
+    rows = [comm_row("nccl", "default", b, rng.uniform(0.02, 2)) for b in SIZES]
+    rows += [_pieces(comm_row("copy_engine_norm", 32, b, rng.uniform(0.02, 2), hidden=8192), 4) for b in SIZES]
+    table = CommTable.read([write(tmp_path / "ce.jsonl", rows)])
+    assert table.paths() == ["nccl"]
+    with pytest.raises(UserError, match="no 'copy_engine_norm' rows"):
+        table.time_ms("copy_engine_norm", 32, SIZES[0], 8192)
+    with pytest.raises(UserError, match=r"every one timed at a set piece count \(--ce-chunks\)"):
+        CommTable.read([write(tmp_path / "only.jsonl", rows[len(SIZES):])])
+
+
+def test_contention_leaves_out_rows_of_a_set_piece_count(tmp_path):
+    rng = random.Random()
+    own = {b: (rng.uniform(0.02, 0.3), rng.uniform(1.5, 6)) for b in SIZES}
+    rows = [comm_row("copy_engine_norm", 32, b, rng.uniform(0.05, 2), beside=own[b]) for b in SIZES]
+    rows += [_pieces(comm_row("copy_engine_norm", 32, b, rng.uniform(0.05, 2), beside=(0.6, 20.0)), 1) for b in SIZES]
+    contention = Contention.read([write(tmp_path / "beside.jsonl", rows)])
+    for b, (loss, stretch) in own.items():
+        got = contention.at("copy_engine_norm", 32, b)
+        assert (got.gemm_loss, got.transfer_stretch) == (pytest.approx(loss), pytest.approx(stretch))
+    assert any("(--ce-chunks 1) left out" in n.text for n in contention.notes)

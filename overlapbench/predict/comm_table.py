@@ -101,21 +101,22 @@ class CommTable:
     @classmethod
     def from_rows(cls, rows: list[dict], source: str = "comm rows") -> CommTable:
         """The ok all-reduce rows of `overlapbench comm` (those timed beside a GEMM are not a path's
-        own time: contention.py reads them)."""
+        own time: contention.py reads them), less those timed at a set piece count (left out and
+        said: `set_piece_counts`)."""
         points: dict[Key, list[tuple[int, float]]] = defaultdict(list)
         worlds, devices = set(), set()
+        rows, notes = set_piece_counts([row for row in rows if _alone_all_reduce(row)], source)
         for row in rows:
-            if not _alone_all_reduce(row):
-                continue
             path, ctas, hidden = point_key(row)
             points[(path, ctas, hidden)].append((row["bytes"], row["ms"]))
             worlds.add(row.get("world_size"))
             devices.add(row.get("device"))
         if not points:
-            raise UserError(f"{source}: no ok all_reduce rows of `overlapbench comm` (beside-GEMM rows do not count); "
+            why = "every one timed at a set piece count (--ce-chunks)" if notes else "beside-GEMM rows do not count"
+            raise UserError(f"{source}: no ok all_reduce rows of `overlapbench comm` ({why}); "
                             f"run `overlapbench comm --ops all_reduce` for a table")
         world = one_world_size(worlds, f"{source}: rows", "a comm table is of one world size")
-        return cls(_medians(points), world, " and ".join(sorted(devices - {None})) or None, source)
+        return cls(_medians(points), world, " and ".join(sorted(devices - {None})) or None, source, notes)
 
     @classmethod
     def from_nccl_tests(cls, text: str, path: str = "nccl", world_size: int | None = None,
@@ -225,6 +226,27 @@ def point_key(row: dict) -> Key:
     ctas = key.get("ctas", (row.get("knobs") or {}).get("ctas"))
     hidden = key.get("hidden") if row["strategy"] in PER_ROW_PATHS else None
     return row["strategy"], ctas, hidden
+
+
+def piece_count(row: dict) -> int | None:
+    """The piece count a copy-engine row was timed at (`comm --ce-chunks`), or None: the
+    kernel's own count by size, which is what a split's copy-engine reductions run (`ce_chunks`
+    at its default, the only setting predict prices)."""
+    return (row.get("knobs") or {}).get("chunks")
+
+
+def set_piece_counts(rows: list[dict], source: str) -> tuple[list[dict], list[Note]]:
+    """`rows` less those timed at a set piece count, and a note saying what was left out: kept,
+    they would share a key with the rows of the kernel's own count and move its medians."""
+    kept = [row for row in rows if piece_count(row) is None]
+    left = [row for row in rows if piece_count(row) is not None]
+    if not left:
+        return kept, []
+    paths = ", ".join(sorted({row["strategy"] for row in left}))
+    counts = ", ".join(str(c) for c in sorted({piece_count(row) for row in left}))
+    return kept, [Note(FLAGGED, f"{source}: {len(left)} {paths} rows timed at a set piece count (--ce-chunks {counts}) "
+                                f"left out: a split's copy-engine reductions run the kernel's own count, the rows "
+                                f"timed without --ce-chunks")]
 
 
 def is_beside(row: dict) -> bool:

@@ -39,7 +39,14 @@ from overlapbench.comm.paired_loss import GEMM as GEMM_STREAM
 from overlapbench.comm.paired_loss import LAYER as LAYER_STREAM
 from overlapbench.comm.paired_loss import loss_of
 from overlapbench.errors import UserError
-from overlapbench.predict.comm_table import Ctas, is_beside, nearest_budget, one_world_size, point_key
+from overlapbench.predict.comm_table import (
+    Ctas,
+    is_beside,
+    nearest_budget,
+    one_world_size,
+    point_key,
+    set_piece_counts,
+)
 from overlapbench.predict.notes import ASSUMED, FLAGGED, MEASURED, SUBSTITUTED, Note, joined
 from overlapbench.tuning.results import read_rows
 
@@ -86,10 +93,12 @@ class Contention:
     def from_rows(cls, rows: list[dict], source: str = "comm rows", model: str | None = None,
                   tp: int | None = None) -> Contention:
         """`model` and `tp`: the layer predicted, whose own beside-layer rows are chosen where the
-        rows hold several layers' (another's are used where they do not, with a note)."""
+        rows hold several layers' (another's are used where they do not, with a note). Rows timed
+        at a set piece count are left out, as the comm table leaves them (`set_piece_counts`)."""
         gemm: dict[BudgetKey, dict[int, list]] = defaultdict(lambda: defaultdict(list))
         layers: dict[tuple[str, int], list[dict]] = defaultdict(list)
         worlds, layer_worlds = set(), set()
+        rows, left_out = set_piece_counts([row for row in rows if _beside_layer(row) or _beside_gemm(row)], source)
         for row in rows:
             if _beside_layer(row):
                 layers[(row["beside_layer"]["model"], row["beside_layer"]["tp"])].append(row)
@@ -101,6 +110,7 @@ class Contention:
             raise UserError(f"{source}: no ok all_reduce rows timed beside compute; run `overlapbench comm "
                             f"--beside-layer MODEL` (or --beside-gemm) for them")
         layer_of, notes = _chosen_layer(sorted(layers), model, tp)
+        notes = left_out + notes
         pairs, inline = defaultdict(lambda: defaultdict(list)), defaultdict(lambda: defaultdict(list))
         stale = []
         for row in layers.get(layer_of, []):

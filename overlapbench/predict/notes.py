@@ -13,7 +13,7 @@ INTERPOLATED = "interpolated across a gap"  # between two measured sizes further
 SUBSTITUTED = "substituted"  # another CTA budget, hidden, path or table stood in for the one asked
 RESCALED = "rescaled"  # a table of another world size scaled to the one predicted
 ASSUMED = "assumed"  # no measurement at all: a default stood in
-FLAGGED = "flagged"  # an input that looks cut off or has holes
+FLAGGED = "flagged"  # an input that looks cut off, has holes, or holds rows left out
 KINDS = (SKIPPED, EXTRAPOLATED, INTERPOLATED, SUBSTITUTED, RESCALED, ASSUMED, FLAGGED)
 # What a row's contention and in-layer term were measured beside, with their values: in its notes
 # only (the summary says it once, for the whole run: Contention.described).
