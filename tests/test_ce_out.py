@@ -222,24 +222,48 @@ def test_settings_of_both_values_share_one_buffer_and_match_the_reference(monkey
 # --- predict and export ---------------------------------------------------------------------------
 
 
-def test_predict_skips_a_point_that_sets_it_naming_the_knob(tmp_path):
-    """The comm table's copy-engine rows copy the own rows: a point with `ce_out: kernel` is a
-    skipped row with the reason, the same setting at `copy` is predicted as ever."""
+def _predicted_split(tmp_path, inputs) -> dict[str, dict]:
+    """llama3-8b-like token_split on the copy engine 16/16 with its own rows copied and written by
+    the kernel, predicted from `inputs`: {ce_out: row}, one token count."""
     from overlapbench.predict.command import predict
     from overlapbench.predict.summary import Summary
     from overlapbench.tuning.results import read_rows
+    from tests.test_predict_estimate import SPEC
+
+    setting = {"comm": "copy_engine", "comm_ctas_attn": 16, "comm_ctas_mlp": 16}
+    spec_ = SPEC | {"tokens": [4096],
+                    "strategies": {"token_split": [setting, setting | {"ce_out": "kernel"}]}}
+    out = tmp_path / f"predicted-{random.randrange(10**9)}.jsonl"
+    predict(spec.from_dict(spec_, "predicted", cuda=True), 2, inputs, out, summary=Summary())
+    return {r["knobs"].get("ce_out", "copy"): r for r in read_rows(out) if r["strategy"] == "token_split"}
+
+
+def test_predict_prices_kernel_out_from_its_own_comm_path_and_skips_without_it(tmp_path):
+    """A split with `ce_out: kernel` sends the copy_engine_norm_kernel path's transfer: predicted
+    from that path's rows where the table holds them (rows as the copy path's: the same time;
+    faster rows: a faster layer), a skipped row naming the comm command that times them where it
+    does not; the same setting at `copy` is predicted as ever."""
+    from overlapbench.predict.comm_table import CommTable
     from tests.test_predict_estimate import SPEC, _inputs
 
-    rng = random.Random()
-    setting = {"comm": "copy_engine", "comm_ctas_attn": 16, "comm_ctas_mlp": 16}
-    spec_ = SPEC | {"strategies": SPEC["strategies"] | {"token_split": [setting, setting | {"ce_out": "kernel"}]}}
-    out, summary = tmp_path / "predicted.jsonl", Summary()
-    predict(spec.from_dict(spec_, "predicted", cuda=True), 2, _inputs(rng.randrange(100)), out, summary=summary)
-    rows = [r for r in read_rows(out) if r["strategy"] == "token_split"]
-    set_ = [r for r in rows if "ce_out" in r["knobs"]]
-    assert set_ and all(r["status"] == "skipped" and r["error"].startswith("ce_out=kernel is not predicted: ")
-                        for r in set_)
-    assert all(r["status"] == "ok" for r in rows if "ce_out" not in r["knobs"])
+    inputs = _inputs(random.randrange(100))
+    without = _predicted_split(tmp_path, inputs)
+    assert without["copy"]["status"] == "ok" and without["kernel"]["status"] == "skipped"
+    assert "no 'copy_engine_norm_kernel' rows" in without["kernel"]["error"]
+    assert "`overlapbench comm --paths copy_engine_norm_kernel`" in without["kernel"]["error"]
+
+    copy_rows = inputs.comm.entries[("copy_engine_norm", 16, SPEC["shape"]["hidden"])]
+    factor = random.uniform(0.3, 0.8)
+    for rows, same in ((copy_rows, True), ([(b, ms * factor) for b, ms in copy_rows], False)):
+        kernel_key = ("copy_engine_norm_kernel", 16, SPEC["shape"]["hidden"])
+        inputs.comm = CommTable(inputs.comm.entries | {kernel_key: rows}, 2, "GPU", "synthetic")
+        got = _predicted_split(tmp_path, inputs)
+        assert {r["status"] for r in got.values()} == {"ok"}
+        assert got["copy"]["ms"] == without["copy"]["ms"]
+        if same:
+            assert got["kernel"]["ms"] == pytest.approx(got["copy"]["ms"])
+        else:
+            assert got["kernel"]["ms"] < got["copy"]["ms"]
 
 
 def test_the_tokenweave_export_says_it_has_no_counterpart():

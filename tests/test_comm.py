@@ -115,7 +115,8 @@ def test_cases_on_gloo_skip_symmetric_memory_and_ctas():
     assert {c.strategy for c in ran} == {"gloo"} and {c.ctas for c in ran} == {None}
     assert {(c.op, c.path) for c in cases if c.skip} == {
         ("all_reduce", "symm_one_shot"), ("all_reduce", "symm_two_shot"), ("all_reduce", "fused_norm"),
-        ("all_gather", "copy_engine"), ("all_reduce", "copy_engine_norm"), ("all_reduce", "fused_norm_v1"),
+        ("all_gather", "copy_engine"), ("all_reduce", "copy_engine_norm"), ("all_reduce", "copy_engine_norm_kernel"),
+        ("all_reduce", "fused_norm_v1"),
         ("all_reduce", "fused_norm_push"), ("all_reduce", "fused_norm_pull_push"),
         ("all_reduce", "nccl_symm"), ("all_gather", "nccl_symm"), ("reduce_scatter", "nccl_symm")}
     assert all("gloo on CPU" in c.skip for c in cases if c.path != "nccl")
@@ -374,7 +375,7 @@ def test_command_end_to_end_on_gloo(tmp_path: Path):
     assert {(r["op"], r["size"]) for r in measured} == {(op, s) for op in paths.OPS for s in (K, 2 * K, 4 * K)}
     assert all(r["wrong"] == 0 and r["path"] == "gloo" and r["time_us"] > 0 and r["busbw"] > 0 for r in measured)
     windows = {p.name for p in paths.PATHS_BY_NAME.values() if p.window}  # NCCL's windows: CUDA only, as symmetric memory
-    assert {r["path"] for r in records if r["status"] == "skipped"} == set(SYMMETRIC_PATHS) | windows
+    assert {r["path"] for r in records if r["status"] == "skipped"} == set(SYMMETRIC_PATHS) & set(paths.DEFAULT_PATHS) | windows
     stored = read_rows(out)
     assert len(stored) == len(records) and all(r["workload"] == "comm" and r["spec"] == "comm" for r in stored)
     assert {r["world_size"] for r in stored} == {2} and {r["backend"] for r in stored} == {"gloo"}
@@ -448,10 +449,12 @@ def test_beside_gemm_columns_and_table():
 def test_ce_chunks_make_a_case_block_each_with_keys_only_where_asked():
     plain = paths.make_cases(bench(), world=2, backend="nccl", dtype="bf16", hidden=1024)
     chunked = paths.make_cases(bench(), world=2, backend="nccl", dtype="bf16", hidden=1024, ce_chunks=(1, None, 4))
+    for path in paths.COPY_ENGINE_NORM_PATHS:  # the rows copied or written by the kernel: cut alike
+        ce = [c for c in chunked if c.path == path]
+        assert [c.chunks for c in ce[:3 * len(bench().sizes)]] == [1] * 4 + [None] * 4 + [4] * 4  # per budget: a block each
+        assert len(ce) == 3 * len([c for c in plain if c.path == path])
+    assert {c.chunks for c in chunked if c.path not in paths.COPY_ENGINE_NORM_PATHS} == {None}
     ce = [c for c in chunked if c.path == "copy_engine_norm"]
-    assert [c.chunks for c in ce[:3 * len(bench().sizes)]] == [1] * 4 + [None] * 4 + [4] * 4  # per budget: a block each
-    assert len(ce) == 3 * len([c for c in plain if c.path == "copy_engine_norm"])
-    assert {c.chunks for c in chunked if c.path != "copy_engine_norm"} == {None}
     assert all("chunks" not in json.loads(c.key()) for c in plain), "the keys of plain runs do not name chunks"
     assert len({c.key() for c in ce}) == len(ce) and json.loads(ce[0].key())["chunks"] == 1
 
@@ -519,7 +522,7 @@ def test_by_default_comm_runs_every_path_that_has_run_on_a_gpu_and_the_layers_co
                                      warmup=0, graphs=False, fmt="csv", output=None, resume=False, nproc=None)
 
     untried = {name for name, path in paths.PATHS_BY_NAME.items() if not path.by_default}
-    assert not untried  # every path has run on a GPU
+    assert untried == {"copy_engine_norm_kernel"}  # the one path no GPU has run yet
     opts = parsed(None)
     assert set(opts.paths) == set(paths.PATHS) - untried == set(CommSpec.from_yaml({}, cuda=False).paths)
     assert set(paths.DEFAULT_PATHS) == set(paths.PATHS) - untried

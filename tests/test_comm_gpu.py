@@ -64,12 +64,15 @@ def test_every_path_is_exact(runs, world, dtype):
     assert {r["ctas"] for r in ok if r["path"] == "fused_norm"} == {1, 3, 64}
     assert {r["ctas"] for r in ok if r["path"] == "copy_engine_norm"} == {1, 3, 64}
     assert {r["chunks"] for r in ok if r["path"] == "copy_engine_norm"} == {None, 1, 3}  # auto, serial, pipelined
+    assert {(r["ctas"], r["chunks"]) for r in ok if r["path"] == "copy_engine_norm_kernel"} == {
+        (c, k) for c in (1, 3, 64) for k in (None, 1, 3)}  # the kernel writing its own rows: exact alike
     assert {r["ctas"] for r in ok if r["path"] == "fused_norm_v1"} == {1, 3, 64}
     assert {r["ctas"] for r in ok if r["path"] == "fused_norm_push"} == {1, 3, 64}
     assert {r["ctas"] for r in ok if r["path"] == "fused_norm_pull_push"} == {1, 3, 64}
     assert {r["ctas"] for r in ok if r["path"] == "nccl"} == {"default", 4}
     skipped = [r for r in records if r["status"] == "skipped"]
-    row_paths = ("fused_norm", "fused_norm_v1", "fused_norm_push", "fused_norm_pull_push", "copy_engine_norm")
+    row_paths = ("fused_norm", "fused_norm_v1", "fused_norm_push", "fused_norm_pull_push", "copy_engine_norm",
+                 "copy_engine_norm_kernel")
     assert all(r["path"] in row_paths and "below one row" in r["error"] for r in skipped), skipped
     assert {r["backend"] for r in rows} == {"nccl"} and {r["world_size"] for r in rows} == {world}
     assert all(r["multicast_env"]["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" for r in rows)

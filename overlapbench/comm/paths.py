@@ -166,12 +166,18 @@ def copy_engine_norm_bench(rt: Runtime, case: Case, buffers: Buffers) -> Bench:
     return _norm_bench(rt, case, buffers.copy_engine_norm(case), chunks=case.chunks)
 
 
+def copy_engine_norm_kernel_bench(rt: Runtime, case: Case, buffers: Buffers) -> Bench:
+    """copy_engine_norm with the add + norm kernel writing this rank's own output rows where the
+    copy engine copies them: the transfer of a copy-engine split with `ce_out: kernel`."""
+    return _norm_bench(rt, case, buffers.copy_engine_norm(case), chunks=case.chunks, sm_out=True)
+
+
 def _norm_bench(rt: Runtime, case: Case, kernel, **call) -> Bench:
     """An all-reduce + norm engine on rows x hidden: the partial sums are reduced over ranks, the
     residual becomes residual + sum (exact: small integers) on the rows this rank keeps (all of
     them, or its own with a sharded residual) and out becomes rmsnorm(residual) * weight
     (checked against the torch reference to one rounding step). `call`: the engine's own
-    keyword arguments (copy_engine_norm: chunks)."""
+    keyword arguments (copy_engine_norm: chunks, sm_out)."""
     import torch
 
     from kernels.rmsnorm import add_rmsnorm_reference
@@ -287,8 +293,11 @@ PATHS_BY_NAME = {
         CommPath("copy_engine", ("all_gather",), copy_engine_bench, _own_grid, buffer="symmetric"),
         CommPath("copy_engine_norm", ("all_reduce",), copy_engine_norm_bench, _norm_ctas,
                  buffer="copy_engine_norm", rows=True, world=(2, 8)),
+        CommPath("copy_engine_norm_kernel", ("all_reduce",), copy_engine_norm_kernel_bench, _norm_ctas,
+                 buffer="copy_engine_norm", rows=True, world=(2, 8), by_default=False),
     )
 }
+COPY_ENGINE_NORM_PATHS = ("copy_engine_norm", "copy_engine_norm_kernel")  # the paths --ce-chunks cuts
 PATHS = tuple(PATHS_BY_NAME)
 DEFAULT_PATHS = tuple(name for name, path in PATHS_BY_NAME.items() if path.by_default)
 PATHS_BY_OP = {op: tuple(p.name for p in PATHS_BY_NAME.values() if op in p.ops) for op in OPS}
@@ -316,7 +325,7 @@ def make_cases(bench: Any, world: int, backend: str, dtype: str, hidden: int, ho
                 skip = skip or "--beside-layer needs CUDA GPUs (the layer's bf16 kernels beside the path)"
             unit, unit_words = path.unit(op, world, elem, hidden)
             for ctas in path.ctas(bench, backend):
-                for chunks in ce_chunks if path.name == "copy_engine_norm" else (None,):
+                for chunks in ce_chunks if path.name in COPY_ENGINE_NORM_PATHS else (None,):
                     for size in bench.sizes:
                         count = size // elem // unit * unit
                         too_small = None if count else f"{format_bytes(size)} is below {unit_words} ({unit * elem} B)"

@@ -55,6 +55,9 @@ class CommMethod:
     # the copy-engine path: cuts a call's rows into pieces, one add + norm kernel each, and its own rows
     # of the output are copied or written by that kernel: the ce_chunks and ce_out knobs apply
     chunked: bool = False
+    # a chunked method's comm path where the add + norm kernel writes the rank's own rows (`ce_out:
+    # kernel`): its transfer is timed as a path of its own (comm/paths.py)
+    kernel_out_path: str | None = None
     # its reducer is a layer.DeferredReducer: the transfer on the split's side lane, the add + norm on
     # its main lane before the rows' next compute; a split's method only (fused_norm does not offer it)
     deferred: bool = False
@@ -70,16 +73,18 @@ class CommMethod:
         return self.reducer(ctx, budget, chunks=None if chunks == AUTO else chunks,
                             sm_out=knobs.get(CE_OUT, COPY) == KERNEL)
 
-    def transfer(self, ctas: int | str | None, nccl_max_ctas: int | str = DEFAULT) -> Transfer:
+    def transfer(self, ctas: int | str | None, nccl_max_ctas: int | str = DEFAULT, ce_out: str = COPY) -> Transfer:
         """What one reduction sends, in the comm table's terms (model/schedule.Transfer): NCCL's
-        ring under its `nccl_max_ctas` cap, the CTA-budgeted paths on `ctas`; nothing for a
-        method that sends nothing (the add + norm still runs); a method no comm path prices yet
-        sends nothing the comm table knows, and says why (predict skips its points)."""
+        ring under its `nccl_max_ctas` cap, the CTA-budgeted paths on `ctas` (a chunked method's
+        own rows written by its kernel, `ce_out`: its kernel-out path); nothing for a method that
+        sends nothing (the add + norm still runs); a method no comm path prices yet sends nothing
+        the comm table knows, and says why (predict skips its points)."""
         if self.unpriced is not None:
             return Transfer(None, norm=False, unpriced=f"comm={self.name}: {self.unpriced}")
         if self.path is None:
             return Transfer(None)
-        return Transfer(self.path, nccl_max_ctas if self.budget == NCCL_MAX_CTAS else ctas, norm=self.norm_after)
+        path = self.kernel_out_path if self.chunked and ce_out == KERNEL else self.path
+        return Transfer(path, nccl_max_ctas if self.budget == NCCL_MAX_CTAS else ctas, norm=self.norm_after)
 
 
 def fused_kernel():
@@ -136,7 +141,7 @@ METHODS = (
                symmetric=True, norm_after=False),
     CommMethod("copy_engine", "reduce-scatter and all-gather by the copy engines, add+norm in a local few-CTA kernel",
                _copy_engine, "copy_engine_norm", COMM_CTAS, "fused_norm_copy_engine", symmetric=True, norm_after=False,
-               chunked=True),
+               chunked=True, kernel_out_path="copy_engine_norm_kernel"),
     CommMethod("copy_engine_pull", "the copy engines pull every peer's whole partial of the chunk's rows; the add + "
                "norm runs on the main stream just before the rows' next compute (no SM kernel beside compute; "
                "token_split and iso only)", _copy_engine_pull, None, None, None, symmetric=True, norm_after=False,
@@ -152,7 +157,8 @@ FUSED_CHOICES = tuple(m.name for m in METHODS if m.symmetric and not m.deferred)
 # The methods whose CTA budget is a comm_ctas knob: our kernels' grids first, then NCCL's exact budgets.
 CTA_BUDGETED = tuple(m.name for m in sorted(METHODS, key=lambda m: not m.symmetric) if m.budget == COMM_CTAS)
 CHUNKED = tuple(m.name for m in METHODS if m.chunked)  # the methods the ce_chunks and ce_out knobs apply to
-PER_ROW_PATHS = tuple(m.path for m in METHODS if m.path and not m.norm_after)  # a norm inside works on whole rows
+# a norm inside works on whole rows
+PER_ROW_PATHS = tuple(p for m in METHODS if m.path and not m.norm_after for p in (m.path, m.kernel_out_path) if p)
 
 
 def get(name: str) -> CommMethod:

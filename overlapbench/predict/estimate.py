@@ -12,13 +12,14 @@ from overlapbench import strategies
 from overlapbench.comm.sizes import DTYPE_BYTES
 from overlapbench.errors import UserError
 from overlapbench.model.schedule import ATTENTION, COMPUTE, Batch, LayerPlan
+from overlapbench.overlap import comm_methods
 from overlapbench.predict.comm_table import NotInTable
 from overlapbench.predict.contention import LAYER
 from overlapbench.predict.notes import ASSUMED, SKIPPED, Note
 from overlapbench.predict.timeline import COMPUTE as COMPUTE_PHASE
 from overlapbench.predict.timeline import NORM, TRANSFER, Phase, Played, play
 from overlapbench.run import piece_keys
-from overlapbench.strategies.knobs import CE_CHUNKS, CE_OUT, GEMM_CARVEOUT, REDUCE_START
+from overlapbench.strategies.knobs import CE_CHUNKS, GEMM_CARVEOUT, REDUCE_START
 from overlapbench.tuning.results import read_rows
 
 
@@ -104,7 +105,7 @@ TRANSFER_BESIDE = (AUTO, ALONE, MEASURED)
 # time alone, that loss, or the rows', moved the validation both ways (a pick lost on 2x H200 or
 # 2x H100: tests/checks/copy_engine_charge.py, docs/predict.md, Why TP=4 misses), so AUTO charges
 # nothing yet.
-COPY_ENGINE_PATHS = frozenset({"copy_engine_norm"})
+COPY_ENGINE_PATHS = frozenset(p for m in comm_methods.METHODS if m.chunked for p in (m.path, m.kernel_out_path) if p)
 
 # What a serial plan's blocking all-reduce costs beyond its time in the comm table (`--in-layer`):
 # NO_IN_LAYER charges nothing more; MEASURED_IN_LAYER charges the beside-layer rows' in-layer term
@@ -125,8 +126,6 @@ UNMODELLED = (
                     "slowdown on fewer SMs nor what the SMs left free give the transfers is in the inputs"),
     (CE_CHUNKS, "a plan's transfers carry no piece count and the comm table's copy-engine rows are timed at the "
                 "kernel's own count, so what fewer or more pieces change is not in the inputs"),
-    (CE_OUT, "the comm table's copy-engine rows are timed with the rank's own output rows copied, and what "
-             "the kernel writing them changes (the chunk barriers' waits beside compute) is not in the inputs"),
     (REDUCE_START, "the model starts each reduction when its partial is ready and charges contention as a "
                    "smooth loss; which kernel takes the SMs first, and what waiting for the next GEMM's end "
                    "changes, is not in the inputs"),

@@ -26,7 +26,8 @@ class FusedNorm(Strategy):
 
     @classmethod
     def plan(cls, knobs, batch):
-        transfer = comm_methods.get(knobs["comm"]).transfer(knobs["comm_ctas"])
+        transfer = comm_methods.get(knobs["comm"]).transfer(knobs["comm_ctas"],
+                                                            ce_out=knobs.get(comm_methods.CE_OUT, comm_methods.COPY))
         return LayerPlan((Rows(0, batch.tokens),), transfer, transfer)
 
     @classmethod

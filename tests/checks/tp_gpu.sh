@@ -40,7 +40,7 @@ LAYER=(python -m overlapbench comm --iters 10 --warmup 3 --nproc "$TP" --format 
 
 if [[ $STEPS == *,table,* ]]; then
   step table "${TABLE_TIMEOUT:-200}" "${COMM[@]}" --ops all_reduce \
-    --paths nccl,nccl_symm,symm_one_shot,symm_two_shot,fused_norm,copy_engine_norm \
+    --paths nccl,nccl_symm,symm_one_shot,symm_two_shot,fused_norm,copy_engine_norm,copy_engine_norm_kernel \
     --nccl-max-ctas default,16,32 --comm-ctas 16,32,64 -b 1M -e 1G -f 2 \
     --output "$WORK/comm.jsonl" > "$WORK/comm.csv" 2> "$WORK/comm.out"
   step table-sp "${TABLE_TIMEOUT:-200}" "${COMM[@]}" --ops all_gather,reduce_scatter \
@@ -56,7 +56,7 @@ if [[ $STEPS == *,beside-layer,* ]]; then
   for model in ${LAYER_MODELS:-llama3-70b llama3-8b}; do
     step "beside-layer-$model" "${BESIDE_LAYER_TIMEOUT:-290}" "${LAYER[@]}" --beside-layer "$model" \
       --tokens "${LAYER_TOKENS:-512,1024,2048,4096,8192,16384,32768}" \
-      --paths nccl,nccl_symm,symm_one_shot,symm_two_shot,fused_norm,copy_engine_norm \
+      --paths nccl,nccl_symm,symm_one_shot,symm_two_shot,fused_norm,copy_engine_norm,copy_engine_norm_kernel \
       --nccl-max-ctas default,16 --comm-ctas 16,32,64 \
       --output "$WORK/comm-beside-layer-$model.jsonl" > "$WORK/comm-beside-layer-$model.csv" 2> "$WORK/comm-beside-layer-$model.out"
     pack
