@@ -303,6 +303,25 @@ VALIDATION_ROWS = [
 ]
 
 
+def _beside_layer_again() -> dict:
+    """The 2112bbf beside-layer rows of TP=4's layer against the second machine's (1K-8K), case by
+    case (path, CTAs, bytes), both models: how far apart the loss, the stretch, the in-layer term
+    and the time alone are."""
+    first, second = "results/h200x4/2112bbf/", "results/h200x4/2112bbf/second-host/"
+    pairs = []
+    for model in ("llama3-70b", "llama3-8b"):
+        rows = [{(r["strategy"], str(r["knobs"].get("ctas")), r["bytes"]): r
+                 for r in f.rows(where + f"comm-beside-layer-{model}.jsonl") if r["status"] == "ok"} for where in (first, second)]
+        pairs += [(rows[0][k], rows[1][k]) for k in sorted(set(rows[0]) & set(rows[1]))]
+    stretch = lambda r: r["beside_ms"] / r["ms"]
+    loss = sorted(abs(a["compute_loss_paired"] - b["compute_loss_paired"]) for a, b in pairs)
+    term = [abs(a["in_layer_extra_ms"] - b["in_layer_extra_ms"]) * 1e3 for a, b in pairs]
+    return {"n": len(pairs), "loss": statistics.median(loss), "loss90": loss[int(0.9 * len(loss))], "loss_max": loss[-1],
+            "stretch": statistics.median(abs(stretch(a) - stretch(b)) / stretch(a) for a, b in pairs) * 100,
+            "term": statistics.median(term), "term_max": max(term),
+            "alone": statistics.median(abs(a["ms"] - b["ms"]) / a["ms"] for a, b in pairs) * 100}
+
+
 def _tp4_in_brief() -> dict:
     """predict.md's TP=4 summary: over the default (no in-layer term) TP=4 lines of the 4x H200
     validation, one per run, the picks per model and the medians' and worst points' ranges."""
@@ -354,6 +373,10 @@ PREDICT_CLAIMS = [
     Claim("docs/predict.md", "**TP=4** (4x H200, {runs} runs on {runs} machines): llama3-70b's picks are right at "
                              "{a[lo]:.0f}-{a[hi]:.0f} of 6, llama3-8b's at {b} of 6; medians {m[lo]:.3f}-{m[hi]:.3f}, worst "
                              "{w[lo]:.2f}-{w[hi]:.2f}", _tp4_in_brief),
+    Claim("docs/predict.md", "over the {n} cases both machines hold the compute's paired loss differs by a median of "
+                             "{loss:.3f} (90th percentile {loss90:.3f}, at most {loss_max:.3f}), the transfer's stretch by "
+                             "{stretch:.0f}% (its median), the in-layer term by {term:.1f} us (at most {term_max:.1f}) and "
+                             "the transfer's time alone by {alone:.1f}%", _beside_layer_again),
     Claim("docs/predict.md", "They fare as the other machines' lines do (llama3-8b {a[picks]}, worst {a[worst]})",
           lambda: {"a": f.validation_line(PREDICTED_H200, "llama3-8b TP=4, 2112bbf's study, table and layer rows, one machine")}),
     Claim("docs/predict.md", "with the term, llama3-70b's median goes {a[median]} to {b[median]}, its 90th percentile "
