@@ -163,6 +163,7 @@ def _h200(model: str) -> list[Study]:
     x2, x4 = "results/h200x2", "results/h200x4"
     tp2 = (f"{x2}/9f356d8/{model}-tp2-1k-4k.jsonl", f"{x2}/9f356d8/{model}-tp2-8k-32k.jsonl") if model == "llama3-70b" \
         else (f"{x2}/9f356d8/{model}-tp2.jsonl",)
+    tp4_pieces = Need("the TP=4 pieces on one H200", f"results/h200/*/pieces-{model}-tp4-tp4.jsonl", "h200-pieces")
     return [Study("h200", model, 2, f"sweeps/{model}-tp2.yaml",
                   Need("the TP=2 pieces on one H200", f"{x2}/bbc1676/pieces-{model}-tp2-tp2.jsonl"),
                   (Need("the 2x H200 all-reduce table", f"{x2}/bbc1676/comm.jsonl"),),
@@ -176,7 +177,7 @@ def _h200(model: str) -> list[Study]:
                    (f"{model} TP=2, 1K-32K measured at 60ae8af (GPUs 0 and 1 of a 4x H200 machine)",
                     (Need("the TP=2 study at 60ae8af", f"{x4}/60ae8af/{model}-tp2.jsonl"),)))),
             Study("h200", model, 4, f"sweeps/{model}-tp4.yaml",
-                  Need("the TP=4 pieces on one H200", f"results/h200/*/pieces-{model}-tp4-tp4.jsonl", "h200-pieces"),
+                  tp4_pieces,
                   (Need("the 4x H200 all-reduce table", f"{x4}/c1821fe/comm.jsonl"),
                    # beside-layer rows at 512 tokens, a 1K split's chunk, which the 1K-32K rows below
                    # lack: predict takes every --comm file's beside rows together
@@ -197,7 +198,7 @@ def _h200(model: str) -> list[Study]:
             # the same grid from the table and the layer's rows (512 tokens to 32K in one run) of the
             # machine that timed the study they are held to, all of 2112bbf's code
             Study("h200", model, 4, f"sweeps/{model}-tp4.yaml",
-                  Need("the TP=4 pieces on one H200", f"results/h200/*/pieces-{model}-tp4-tp4.jsonl", "h200-pieces"),
+                  tp4_pieces,
                   (Need("the 4x H200 all-reduce table at 2112bbf", f"{x4}/2112bbf/comm.jsonl"),),
                   (Need("beside-layer rows at 2112bbf (4x H200)", f"{x4}/2112bbf/comm-beside-layer-{model}.jsonl",
                         current=IN_LAYER),),
