@@ -157,14 +157,18 @@ def _long_row(stores: dict[str, str], model: str, tokens: int) -> dict:
             "pick": "`fused_norm`" if pick["strategy"] == "fused_norm" else f"the `{pick['how'].split(',')[0]}` split"}
 
 
-def _h100_bests() -> dict:
-    """The best choice's share per model and size on 2x H100, the order's lead over the copy engine
-    where it leads, and the split alone's range."""
-    best = {m: {t: best_hidden(H100_LONG[m], t) for t in H100_TOKENS} for m in H100_LONG}
-    lead = {t: _order_lead(H100_LONG["8b"], t) for t in (16384, 32768)}
-    alone = bounds(hidden(H100_LONG[m], t, comm="none", chunks=None) for m in H100_LONG for t in H100_TOKENS)
-    at64 = _order_lead(H100_LONG["70b"], 65536)
-    return {"a": best["70b"], "b": best["8b"], "lead": lead, "at64": at64, "alone": alone}
+def _long_bests(stores: dict[str, str]) -> dict:
+    """Over one kind's long-prompt runs (2x H100, 2x H200): the best choice's share per model and
+    size, the order's lead over the copy engine (8B 16K and 32K, 70B 64K), the split alone's and
+    `fused_norm`'s ranges, and at how many points tune picks a split."""
+    best = {m: {t: best_hidden(stores[m], t) for t in H100_TOKENS} for m in stores}
+    every = [(store, t) for store in stores.values() for t in H100_TOKENS]
+    picks = [f.picks_by_tokens(store)[t]["strategy"] for store, t in every]
+    return {"a": best["70b"], "b": best["8b"], "at64": _order_lead(stores["70b"], 65536),
+            "lead": {t: _order_lead(stores["8b"], t) for t in (16384, 32768)},
+            "alone": bounds(hidden(store, t, comm="none", chunks=None) for store, t in every),
+            "fused": bounds(hidden(store, t, "fused_norm") for store, t in every),
+            "splits": picks.count("token_split")}
 
 
 def _h100_against_fused() -> dict:
@@ -183,16 +187,10 @@ def _h100_against_fused() -> dict:
             "won": f.the_one([100 * (g.speedup - 1) for g in picked], "picked split")}
 
 
-def _h200_bests() -> dict:
-    """The best choice's share per model and size on 2x H200, the order's lead over the copy engine,
-    the split alone's range, and how many points tune gives a split."""
-    best = {m: {t: best_hidden(H200_LONG[m], t) for t in H100_TOKENS} for m in H200_LONG}
-    picks = [f.picks_by_tokens(H200_LONG[m])[t]["strategy"] for m in H200_LONG for t in H100_TOKENS]
-    return {"a": best["70b"], "b": best["8b"], "at64": _order_lead(H200_LONG["70b"], 65536),
-            "lead": {t: _order_lead(H200_LONG["8b"], t) for t in (16384, 32768)},
-            "alone": bounds(hidden(H200_LONG[m], t, comm="none", chunks=None) for m in H200_LONG for t in H100_TOKENS),
-            "splits": picks.count("token_split"),
-            "fused": bounds(hidden(H200_LONG[m], t, "fused_norm") for m in H200_LONG for t in H100_TOKENS)}
+def _long_table(stores: dict[str, str]) -> list[Claim]:
+    """A claim per row of one kind's long-prompt table (`_long_row`)."""
+    return [Claim(DOC, f"| llama3-{m} | {t // 1024}K | " + "{order:.0f} | {equal:.0f} | {balanced:.0f} | {fused:.0f} | "
+                  "{alone:.0f} | {pick} |", functools.partial(_long_row, stores, m, t)) for m in stores for t in H100_TOKENS]
 
 
 def _tp4_long_profile() -> dict:
@@ -286,6 +284,7 @@ def _targets() -> dict:
             "again": best_hidden(AGAIN, 16384), "steady": _marginal_hidden(STEADY_TP4, 2048, comm="copy_engine")[0]}
 
 
+_h100_bests, _h200_bests = (functools.partial(_long_bests, stores) for stores in (H100_LONG, H200_LONG))
 CLAIMS = [
     *[Claim(DOC, f"| {label} | {tp} | " + "{cells} |", functools.partial(_order_row, stores, knobs))
       for label, tp, stores, knobs in ORDER_ROWS],
@@ -324,8 +323,7 @@ CLAIMS = [
                "{b[16384]:.0f}% at 16K and {b[32768]:.0f}% at 32K (on another machine {again:.0f}% at 16K); llama3-70b "
                "TP=4 {c[2048]:.0f}% at 2K ({steady:.0f}% per added layer through 16 layers), {c[4096]:.0f}% at 4K, "
                "{c[8192]:.0f}% at 8K, {c[16384]:.0f}% at 16K and {c[32768]:.0f}% at 32K", _targets),
-    *[Claim(DOC, f"| llama3-{m} | {t // 1024}K | " + "{order:.0f} | {equal:.0f} | {balanced:.0f} | {fused:.0f} | "
-               "{alone:.0f} | {pick} |", functools.partial(_long_row, H100_LONG, m, t)) for m in H100_LONG for t in H100_TOKENS],
+    *_long_table(H100_LONG),
     Claim(DOC, "the best choice now hides {a[16384]:.0f}%, {a[32768]:.0f}%, {a[65536]:.0f}% and {b[16384]:.0f}%, "
                "{b[32768]:.0f}%, {b[65536]:.0f}%: at 70B 64K the order adds {at64:.0f} points over the copy engine, at "
                "8B 16K and 32K {lead[16384]:.0f} and {lead[32768]:.0f} over the copy engine in the same run", _h100_bests),
@@ -337,8 +335,7 @@ CLAIMS = [
                "(paired)", _h100_against_fused),
     Claim(DOC, "the paired 95% intervals of the gain start at {lo[lo]:.1f}-{lo[hi]:.1f}%", _h100_against_fused),
     Claim(DOC, "At 8B 16K the order split wins by {won:.1f}% and is picked", _h100_against_fused),
-    *[Claim(DOC, f"| llama3-{m} | {t // 1024}K | " + "{order:.0f} | {equal:.0f} | {balanced:.0f} | {fused:.0f} | "
-               "{alone:.0f} | {pick} |", functools.partial(_long_row, H200_LONG, m, t)) for m in H200_LONG for t in H100_TOKENS],
+    *_long_table(H200_LONG),
     Claim(DOC, "the best choice hides {a[16384]:.0f}%, {a[32768]:.0f}%, {a[65536]:.0f}% (70B) and {b[16384]:.0f}%, "
                "{b[32768]:.0f}%, {b[65536]:.0f}% (8B); the order adds {at64:.0f} points over the copy engine at 70B 64K, "
                "and {lead[16384]:.0f} and {lead[32768]:.0f} at 8B 16K and 32K", _h200_bests),
