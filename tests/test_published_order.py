@@ -193,6 +193,7 @@ def _long_table(stores: dict[str, str]) -> list[Claim]:
                   "{alone:.0f} | {pick} |", functools.partial(_long_row, stores, m, t)) for m in stores for t in H100_TOKENS]
 
 
+@functools.cache
 def _tp4_long_profile() -> dict:
     """The TP=4 16K/32K profile run: each split's hidden share (timed rounds), and from rank 0's
     replays the order's effect on the SM transfers and the copy engine's barrier waits."""

@@ -355,17 +355,15 @@ CE_ROW = ("| {tokens} | `{{a[strategy]}}` {{a[how]}} | {{a[speedup]:.3f}}x, {{a[
 CE_STUDIES = {"a": f.CE_OUT_TP4 + "llama3-70b-tp4.jsonl", "b": f.CE_OUT_TP4 + "llama3-8b-tp4.jsonl"}
 
 
-def _ce_row(tokens: int) -> dict:
-    return {k: f.fastest_by_tokens(store)[tokens] for k, store in CE_STUDIES.items()}
+def _fastest_pair(studies: dict[str, str], tokens: int) -> dict:
+    """One row of a two-model table of a run's fastest choices (CE_ROW): each study's at `tokens`."""
+    return {k: f.fastest_by_tokens(store)[tokens] for k, store in studies.items()}
 
 
 FOURTH = {"a": "results/h200x4/2112bbf/llama3-70b-tp4.jsonl", "b": "results/h200x4/2112bbf/llama3-8b-tp4.jsonl"}
 
 
-def _fourth_row(tokens: int) -> dict:
-    return {k: f.fastest_by_tokens(store)[tokens] for k, store in FOURTH.items()}
-
-
+@functools.cache
 def _fourth_against_third() -> dict:
     """The 2112bbf run against the 1968c70 one (CE_STUDIES): the points whose fastest family is the
     same, the largest move of the fastest speedup per model, and the hidden shares against issue
@@ -508,7 +506,7 @@ TP4_CLAIMS = [
                    "{gemm8:.0f}% more GPU time than the whole batch's: no split can hide more than {cap8:.0f}% of the exposed "
                    "communication there, and NCCL's symmetric kernel under it hides {best8:.0f}% in this run",
           _where_the_rest_goes),
-    *[Claim(TP4_DOC, CE_ROW.format(tokens=t), lambda t=t: _ce_row(t)) for t in f.TOKENS],
+    *[Claim(TP4_DOC, CE_ROW.format(tokens=t), functools.partial(_fastest_pair, CE_STUDIES, t)) for t in f.TOKENS],
     Claim(TP4_DOC, "`kernel` takes {a[lo]:.3f}-{a[hi]:.3f} of `copy`'s time on 70B and {b[lo]:.3f}-{b[hi]:.3f} on 8B "
                    "over 1K-32K, the least at {a_at} tokens on 70B and {b_at} on 8B. It makes the split the fastest "
                    "choice at {a_span} on 70B and {b_span} on 8B", _ce_out_against_copy),
@@ -517,7 +515,7 @@ TP4_CLAIMS = [
                    "{b16[1]:.3f}x)", _ce_out_run_against_a3860b5),
     Claim(TP4_DOC, "At 70B 8K the split with `kernel` ties `no_comm`: {kernel:.3f} against {free:.3f} ms per layer, "
                    "paired {g:.3f}x (95% interval {lo:.3f}-{hi:.3f})", _ties_no_comm),
-    *[Claim(TP4_DOC, CE_ROW.format(tokens=t), lambda t=t: _fourth_row(t)) for t in f.TOKENS],
+    *[Claim(TP4_DOC, CE_ROW.format(tokens=t), functools.partial(_fastest_pair, FOURTH, t)) for t in f.TOKENS],
     Claim(TP4_DOC, "Against the 1968c70 run the fastest choice is of the same strategy at {same} of the {n} points and "
                    "has the same path and knobs at {same_how}", _fourth_against_third),
     Claim(TP4_DOC, "speedup moved by at most {a:.3f} on 70B and {b:.3f} on 8B.", _fourth_against_third),
