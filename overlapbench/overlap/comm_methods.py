@@ -63,6 +63,11 @@ class CommMethod:
     deferred: bool = False
     unpriced: str | None = None  # why `predict` cannot price its reductions yet (its points are skipped rows)
 
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """The comm paths that time its transfers: its own and, where it has one, its kernel-out path."""
+        return tuple(p for p in (self.path, self.kernel_out_path) if p)
+
     def build(self, ctx: BuildContext, budget: int | str | None, knobs: dict) -> Reducer:
         """Its reducer on `budget` (the value of its budget knob), cutting each call into the
         setting's `ce_chunks` pieces where it is chunked (`auto` or absent: the kernel's count by
@@ -158,7 +163,7 @@ FUSED_CHOICES = tuple(m.name for m in METHODS if m.symmetric and not m.deferred)
 CTA_BUDGETED = tuple(m.name for m in sorted(METHODS, key=lambda m: not m.symmetric) if m.budget == COMM_CTAS)
 CHUNKED = tuple(m.name for m in METHODS if m.chunked)  # the methods the ce_chunks and ce_out knobs apply to
 # a norm inside works on whole rows
-PER_ROW_PATHS = tuple(p for m in METHODS if m.path and not m.norm_after for p in (m.path, m.kernel_out_path) if p)
+PER_ROW_PATHS = tuple(p for m in METHODS if not m.norm_after for p in m.paths)
 
 
 def get(name: str) -> CommMethod:

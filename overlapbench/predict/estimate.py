@@ -105,7 +105,7 @@ TRANSFER_BESIDE = (AUTO, ALONE, MEASURED)
 # time alone, that loss, or the rows', moved the validation both ways (a pick lost on 2x H200 or
 # 2x H100: tests/checks/copy_engine_charge.py, docs/predict.md, Why TP=4 misses), so AUTO charges
 # nothing yet.
-COPY_ENGINE_PATHS = frozenset(p for m in comm_methods.METHODS if m.chunked for p in (m.path, m.kernel_out_path) if p)
+COPY_ENGINE_PATHS = frozenset(p for m in comm_methods.METHODS if m.chunked for p in m.paths)
 
 # What a serial plan's blocking all-reduce costs beyond its time in the comm table (`--in-layer`):
 # NO_IN_LAYER charges nothing more; MEASURED_IN_LAYER charges the beside-layer rows' in-layer term
