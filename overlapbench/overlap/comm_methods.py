@@ -76,7 +76,7 @@ class CommMethod:
             return self.reducer(ctx, budget)
         chunks = knobs.get(CE_CHUNKS, AUTO)
         return self.reducer(ctx, budget, chunks=None if chunks == AUTO else chunks,
-                            sm_out=knobs.get(CE_OUT, COPY) == KERNEL)
+                            sm_out=own_rows_writer(knobs) == KERNEL)
 
     def transfer(self, ctas: int | str | None, nccl_max_ctas: int | str = DEFAULT, ce_out: str = COPY) -> Transfer:
         """What one reduction sends, in the comm table's terms (model/schedule.Transfer): NCCL's
@@ -164,6 +164,12 @@ CTA_BUDGETED = tuple(m.name for m in sorted(METHODS, key=lambda m: not m.symmetr
 CHUNKED = tuple(m.name for m in METHODS if m.chunked)  # the methods the ce_chunks and ce_out knobs apply to
 # a norm inside works on whole rows
 PER_ROW_PATHS = tuple(p for m in METHODS if not m.norm_after for p in m.paths)
+
+
+def own_rows_writer(knobs: dict) -> str:
+    """Who writes the rank's own output rows of a copy-engine reduction, as the `ce_out` knob says
+    (absent: COPY, the path as it always ran)."""
+    return knobs.get(CE_OUT, COPY)
 
 
 def get(name: str) -> CommMethod:

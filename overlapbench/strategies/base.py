@@ -161,5 +161,5 @@ class SplitStrategy(Strategy):
     def transfers(cls, knobs: dict, attention_ctas, mlp_ctas) -> tuple:
         """What the reductions after attention and after the MLP send (model/schedule.Transfer)."""
         method = comm_methods.get(knobs["comm"])
-        out = knobs.get(comm_methods.CE_OUT, comm_methods.COPY)
+        out = comm_methods.own_rows_writer(knobs)
         return tuple(method.transfer(ctas, knobs["nccl_max_ctas"], out) for ctas in (attention_ctas, mlp_ctas))

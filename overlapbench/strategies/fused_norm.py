@@ -26,8 +26,7 @@ class FusedNorm(Strategy):
 
     @classmethod
     def plan(cls, knobs, batch):
-        transfer = comm_methods.get(knobs["comm"]).transfer(knobs["comm_ctas"],
-                                                            ce_out=knobs.get(comm_methods.CE_OUT, comm_methods.COPY))
+        transfer = comm_methods.get(knobs["comm"]).transfer(knobs["comm_ctas"], ce_out=comm_methods.own_rows_writer(knobs))
         return LayerPlan((Rows(0, batch.tokens),), transfer, transfer)
 
     @classmethod
