@@ -296,16 +296,24 @@ def against_no_comm(store: str) -> dict[int, tuple[analysis.Measured, analysis.M
     return out
 
 
+def _pieces(ce_chunks) -> str:
+    """A set piece count per copy-engine reduction, as the tables name it (`auto` and unset: nothing)."""
+    if not isinstance(ce_chunks, int):
+        return ""
+    return f"{ce_chunks} piece{'s' if ce_chunks > 1 else ''} per reduction"
+
+
 def _how(knobs: dict) -> str:
     """A pick's knobs as the README's tables name them: its path (`comm`, or an SP strategy's
     `transport`), the CTA budgets, and the split's or the exchange's shape where it is not the default
-    (`balanced`, `4 chunks`, `2 chunks/rank`), and the copy engine's own rows written by the kernel
-    (`ce_out kernel`)."""
+    (`balanced`, `4 chunks`, `2 chunks/rank`), the copy engine's own rows written by the kernel
+    (`ce_out kernel`) and its pieces per reduction where set (`1 piece per reduction`)."""
     ctas = [str(v) for k, v in knobs.items() if "ctas" in k and k != "nccl_max_ctas" and v not in (None, analysis.DEFAULT)]
     shape = [knobs["split_ratio"] if knobs.get("split_ratio") == "balanced" else "",
              f"{knobs['chunks']} chunks" if (knobs.get("chunks") or 2) > 2 else "",
              f"{knobs['chunks_per_rank']} chunks/rank" if (knobs.get("chunks_per_rank") or 1) > 1 else "",
-             "ce_out kernel" if knobs.get("ce_out") == "kernel" else ""]
+             "ce_out kernel" if knobs.get("ce_out") == "kernel" else "",
+             _pieces(knobs.get("ce_chunks"))]
     path = str(knobs.get("comm") or knobs.get("transport") or "")
     return ", ".join(filter(None, [path, f"{'/'.join(ctas)} CTAs" if ctas else "", *shape]))
 
@@ -356,9 +364,9 @@ def validation_line(validation_md: str, study: str) -> dict[str, str]:
     raise AssertionError(f"{validation_md}: no summary line for {study!r}")
 
 
-def validation_errors(validation_md: str, section: str, what: str) -> dict[int, str]:
-    """Token count -> the signed error ("+0.010") of one prediction (its label, e.g. "no_comm") in
-    the validation's section whose heading starts with `section`."""
+def validation_points(validation_md: str, section: str, what: str) -> dict[int, tuple[float, float, str]]:
+    """Token count -> (measured, predicted, signed error as printed, "+0.010") of one prediction
+    (its label, e.g. "no_comm") in the validation's section whose heading starts with `section`."""
     found, inside = {}, False
     for line in path(validation_md).read_text().splitlines():
         if line.startswith("## "):
@@ -366,10 +374,16 @@ def validation_errors(validation_md: str, section: str, what: str) -> dict[int, 
         elif inside and line.startswith("| "):
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if len(cells) == 5 and cells[1] == what:
-                found[int(cells[0])] = cells[4]
+                found[int(cells[0])] = (float(cells[2]), float(cells[3]), cells[4])
     if not found:
         raise AssertionError(f"{validation_md}: no {what!r} in a section starting {section!r}")
     return found
+
+
+def validation_errors(validation_md: str, section: str, what: str) -> dict[int, str]:
+    """Token count -> the signed error ("+0.010") of one prediction in a validation's section
+    (validation_points)."""
+    return {t: error for t, (_, _, error) in validation_points(validation_md, section, what).items()}
 
 
 # -- the in-layer term against the studies (docs/predict.md) -------------------------------------

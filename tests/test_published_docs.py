@@ -300,6 +300,10 @@ VALIDATION_ROWS = [
       for model in ("llama3-70b", "llama3-8b")
       for variant, contention in (("", "beside TP=4's layer, no in-layer term"),
                                   (MEASURED_TERM, "beside TP=4's layer, `--in-layer measured`"))),
+    *((PREDICTED_H100, "4x H100", model, 4, "measured on 4x H100", variant, contention)
+      for model in ("llama3-70b", "llama3-8b")
+      for variant, contention in (("", "beside TP=4's layer, no in-layer term"),
+                                  (MEASURED_TERM, "beside TP=4's layer, `--in-layer measured`"))),
 ]
 
 
@@ -326,7 +330,7 @@ def _tp4_in_brief() -> dict:
     """predict.md's TP=4 summary: over the default (no in-layer term) TP=4 lines of the 4x H200
     validation, one per run, the picks per model and the medians' and worst points' ranges."""
     lines = {(model, measured): f.validation_line(PREDICTED_H200, f"{model} TP=4, {measured}")
-             for _, _, model, tp, measured, variant, _ in VALIDATION_ROWS if tp == 4 and not variant}
+             for md, _, model, tp, measured, variant, _ in VALIDATION_ROWS if md == PREDICTED_H200 and tp == 4 and not variant}
     picks = lambda model: [int(v["picks"].split()[0]) for (m, _), v in lines.items() if m == model]
     (eight,) = set(picks("llama3-8b"))
     return {"runs": ["zero", "one", "two", "three", "four", "five"][len(lines) // 2],
@@ -363,6 +367,42 @@ def _h100_in_layer() -> dict:
     """The same for both models' 2x H100 studies (`70b`, `8b`), and their picks, one count for all four lines."""
     lines = {m[7:]: _in_layer_decision(f"{m} TP=2, measured on 2x H100", PREDICTED_H100) for m in ("llama3-70b", "llama3-8b")}
     return lines | {"picks": f.the_one([line["picks"] for both in lines.values() for line in both.values()], "picks")}
+
+
+def _kernel_against_copy_h100() -> dict:
+    """The 4x H100 TP=4 validation: the copy-engine split 32/32 with `ce_out: kernel` over the same
+    split with `copy`, measured and predicted, per model and token count."""
+    split = "token_split comm=copy_engine comm_ctas_attn=32 comm_ctas_mlp=32"
+    out, predicted = {}, []
+    for tag, model in (("a", "llama3-70b"), ("b", "llama3-8b")):
+        section = f"{model} TP=4, measured on 4x H100"
+        kernel, copy = (f.validation_points(PREDICTED_H100, section, s) for s in (split + " ce_out=kernel", split))
+        out[tag] = {t: kernel[t][0] - copy[t][0] for t in kernel}
+        predicted += [abs(kernel[t][1] - copy[t][1]) for t in kernel]
+    errors = lambda model, what: f.validation_errors(PREDICTED_H100, f"{model} TP=4, measured on 4x H100", what)
+    return {"a": bounds(out["a"].values()), "b": bounds(out["b"].values()), "b4": out["b"][4096], "b8": out["b"][8192],
+            "p": max(predicted), "fused": errors("llama3-8b", "token_split comm=fused comm_ctas_attn=16 comm_ctas_mlp=16"),
+            "symm8": errors("llama3-8b", "token_split comm=nccl_symm comm_ctas_attn=16 comm_ctas_mlp=16"),
+            "symm70": errors("llama3-70b", "token_split comm=nccl_symm comm_ctas_attn=16 comm_ctas_mlp=16")}
+
+
+def _h100_tp4_predictions_measured() -> dict:
+    """The H100 TP=4 predictions from the rescaled 2x H100 table (results/predicted-h100/) against
+    the 4x H100 study's speedups of the same two settings (as the validation lists them)."""
+    settings = {"symm": "token_split comm=nccl_symm comm_ctas_attn=16 comm_ctas_mlp=16",
+                "ce": "token_split comm=copy_engine comm_ctas_attn=32 comm_ctas_mlp=32"}
+    predicted = {(r["tokens"], r["knobs"]["comm"], r["knobs"]["comm_ctas_attn"]): r["speedup"]
+                 for r in f.rows("results/predicted-h100/predicted-llama3-70b-tp4.jsonl") if r["strategy"] == "token_split"}
+    out = {}
+    for tag, label in settings.items():
+        measured = {t: m for t, (m, _, _) in f.validation_points(PREDICTED_H100, "llama3-70b TP=4, measured on 4x H100",
+                                                                   label).items()}
+        comm, ctas = ("nccl_symm", 16) if tag == "symm" else ("copy_engine", 32)
+        over = {t: predicted[t, comm, ctas] - m for t, m in measured.items()}
+        out[tag] = " / ".join(f"{measured[t]:.3f}" for t in f.TOKENS)
+        out[tag + "_over"], out[tag + "_at"] = max(over.values()), f.token_span([max(over, key=over.get)])
+        out[tag + "_1k"] = -over[1024]
+    return out
 
 
 PREDICT_CLAIMS = [
@@ -406,6 +446,17 @@ PREDICT_CLAIMS = [
           lambda: {"off": COMPUTE_OFF * 100}),
     *[Claim("docs/predict.md", f"| {label} | {{s[0]:.2f}} | {{s[1]:.2f}} | {{s[2]:.2f}} | {{s[3]:.2f}} |",
             lambda t=t: {"s": _h100_predicted(t)}) for t, label in zip(f.TOKENS, ("1K", "2K", "4K", "8K", "16K", "32K"))],
+    Claim("docs/predict.md", "predict puts the copy-engine split 32/32 with `kernel` within {p:.3f} of the same split with "
+                             "`copy` at every point", _kernel_against_copy_h100),
+    Claim("docs/predict.md", "where `kernel` measured {a[lo]:.3f}-{a[hi]:.3f} faster on llama3-70b and {b[lo]:.3f}-{b[hi]:.3f} on "
+                             "llama3-8b ({b4:.3f} and {b8:.3f} at 4K and 8K)", _kernel_against_copy_h100),
+    Claim("docs/predict.md", "llama3-8b's `token_split` on the fused kernel at 4K and 8K ({fused[4096]} and {fused[8192]}: predicted "
+                             "too slow) and on `nccl_symm` at 2K ({symm8[2048]}), llama3-70b's on `nccl_symm` at 1K "
+                             "({symm70[1024]})", _kernel_against_copy_h100),
+    Claim("docs/predict.md", "measured the same two settings at {symm} (`nccl_symm`) and {ce} (copy engine) at 1K-32K: the "
+                             "`nccl_symm` column was over-rated by up to {symm_over:.3f} (at {symm_at}), the copy-engine one by "
+                             "up to {ce_over:.3f} (at {ce_at}), both under-rated at 1K (by {symm_1k:.3f} and {ce_1k:.3f})",
+          _h100_tp4_predictions_measured),
 ]
 
 
