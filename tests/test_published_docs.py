@@ -448,11 +448,12 @@ PREDICT_CLAIMS = [
             lambda t=t: {"s": _h100_predicted(t)}) for t, label in zip(f.TOKENS, ("1K", "2K", "4K", "8K", "16K", "32K"))],
     Claim("docs/predict.md", "predict puts the copy-engine split 32/32 with `kernel` within {p:.3f} of the same split with "
                              "`copy` at every point", _kernel_against_copy_h100),
-    Claim("docs/predict.md", "where `kernel` measured {a[lo]:.3f}-{a[hi]:.3f} faster on llama3-70b and {b[lo]:.3f}-{b[hi]:.3f} on "
-                             "llama3-8b ({b4:.3f} and {b8:.3f} at 4K and 8K)", _kernel_against_copy_h100),
-    Claim("docs/predict.md", "llama3-8b's `token_split` on the fused kernel at 4K and 8K ({fused[4096]} and {fused[8192]}: predicted "
-                             "too slow) and on `nccl_symm` at 2K ({symm8[2048]}), llama3-70b's on `nccl_symm` at 1K "
-                             "({symm70[1024]})", _kernel_against_copy_h100),
+    Claim("docs/predict.md", "where `kernel` measured {a[lo]:.3f}-{a[hi]:.3f} faster on llama3-70b and "
+                             "{b[lo]:.3f}-{b[hi]:.3f} on llama3-8b ({b4:.3f} and {b8:.3f} at 4K and 8K)",
+          _kernel_against_copy_h100),
+    Claim("docs/predict.md", "llama3-8b's `token_split` on the fused kernel at 4K and 8K ({fused[4096]} and "
+                             "{fused[8192]}: predicted too slow) and on `nccl_symm` at 2K ({symm8[2048]}), llama3-70b's "
+                             "on `nccl_symm` at 1K ({symm70[1024]})", _kernel_against_copy_h100),
     Claim("docs/predict.md", "measured the same two settings at {symm} (`nccl_symm`) and {ce} (copy engine) at 1K-32K: the "
                              "`nccl_symm` column was over-rated by up to {symm_over:.3f} (at {symm_at}), the copy-engine one by "
                              "up to {ce_over:.3f} (at {ce_at}), both under-rated at 1K (by {symm_1k:.3f} and {ce_1k:.3f})",
