@@ -150,6 +150,11 @@ def comm_shares(*stores: str) -> list[float]:
     return out
 
 
+def communicating(batch_rows: list[analysis.Measured]) -> list[analysis.Measured]:
+    """A batch's choices that communicate: the bound `no_comm` and the split's `comm: none` left out."""
+    return [m for m in batch_rows if m.strategy != analysis.BOUND and m.knobs.get("comm") != "none"]
+
+
 def fastest_by_tokens(*stores: str) -> dict[int, dict]:
     """Per token count (one batch each): the fastest correct choice that communicates (the bound
     `no_comm` and the split's `comm: none` left out), its strategy, the share of the exposed
@@ -157,8 +162,7 @@ def fastest_by_tokens(*stores: str) -> dict[int, dict]:
     out = {}
     for _, composition, batch_rows in batches_of(*stores):
         ref, free = analysis.reference(batch_rows), analysis.bound(batch_rows)
-        moving = [m for m in batch_rows if m.strategy != analysis.BOUND and m.knobs.get("comm") != "none"]
-        best = min(moving, key=lambda m: m.ms)
+        best = min(communicating(batch_rows), key=lambda m: m.ms)
         out[sum(composition[0])] = {"strategy": best.strategy, "how": _how(best.knobs),
                                     "speedup": analysis.speedup(best, ref),
                                     "hidden": analysis.hidden(best, ref, free) * 100, "over_free": best.ms / free.ms,
@@ -307,13 +311,15 @@ def _how(knobs: dict) -> str:
     """A pick's knobs as the README's tables name them: its path (`comm`, or an SP strategy's
     `transport`), the CTA budgets, and the split's or the exchange's shape where it is not the default
     (`balanced`, `4 chunks`, `2 chunks/rank`), the copy engine's own rows written by the kernel
-    (`ce_out kernel`) and its pieces per reduction where set (`1 piece per reduction`)."""
+    (`ce_out kernel`), its pieces per reduction where set (`1 piece per reduction`), and the
+    reductions' order where not `ready` (`after the next GEMM`)."""
     ctas = [str(v) for k, v in knobs.items() if "ctas" in k and k != "nccl_max_ctas" and v not in (None, analysis.DEFAULT)]
     shape = [knobs["split_ratio"] if knobs.get("split_ratio") == "balanced" else "",
              f"{knobs['chunks']} chunks" if (knobs.get("chunks") or 2) > 2 else "",
              f"{knobs['chunks_per_rank']} chunks/rank" if (knobs.get("chunks_per_rank") or 1) > 1 else "",
              "ce_out kernel" if knobs.get("ce_out") == "kernel" else "",
-             _pieces(knobs.get("ce_chunks"))]
+             _pieces(knobs.get("ce_chunks")),
+             "after the next GEMM" if knobs.get("reduce_start") == "after_next_gemm" else ""]
     path = str(knobs.get("comm") or knobs.get("transport") or "")
     return ", ".join(filter(None, [path, f"{'/'.join(ctas)} CTAs" if ctas else "", *shape]))
 

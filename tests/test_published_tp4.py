@@ -11,6 +11,7 @@ import statistics
 
 from overlapbench.comm import paired_loss
 from overlapbench.report.profile import tally
+from overlapbench.tuning import tune
 from tests import figures as f
 from tests.published import Claim, bounds, claims_test
 
@@ -80,6 +81,7 @@ def _where_the_rest_goes() -> dict:
             "best8": (st["baseline"] - st["token_split=nccl_symm"]) / (st["baseline"] - st["no_comm"]) * 100}
 
 
+LONG_TP4_H100 = {m: f"results/h100x4/b71640f/long-{m}-tp4.jsonl" for m in ("llama3-70b", "llama3-8b")}  # 4x H100
 LONG_TP4_AGAIN = {"llama3-70b": "results/h200x4/9ba11d6/long-llama3-70b-tp4.jsonl",
                   "llama3-8b": "results/h200x4/9ba11d6/long-llama3-8b-tp4.jsonl"}
 PULL_TP4 = "results/h200x4/9ba11d6/copy-engine-pull-llama3-70b-tp4.jsonl"
@@ -361,15 +363,15 @@ def _fastest_pair(studies: dict[str, str], tokens: int) -> dict:
 
 
 FOURTH = {"a": "results/h200x4/2112bbf/llama3-70b-tp4.jsonl", "b": "results/h200x4/2112bbf/llama3-8b-tp4.jsonl"}
+FIFTH = {"a": "results/h100x4/b71640f/llama3-70b-tp4.jsonl", "b": "results/h100x4/b71640f/llama3-8b-tp4.jsonl"}  # 4x H100
 
 
-@functools.cache
-def _fourth_against_third() -> dict:
-    """The 2112bbf run against the 1968c70 one (CE_STUDIES): the points whose fastest family is the
-    same, the largest move of the fastest speedup per model, and the hidden shares against issue
-    46's TP=4 targets."""
-    now = {k: f.fastest_by_tokens(store) for k, store in FOURTH.items()}
-    then = {k: f.fastest_by_tokens(store) for k, store in CE_STUDIES.items()}
+def _run_against(now_stores: dict[str, str], then_stores: dict[str, str]) -> dict:
+    """One run's two studies (`a` 70B, `b` 8B) against another's: the points whose fastest choice
+    is of the same strategy and of the same path and knobs, the largest difference of the fastest
+    speedup per model, and the hidden shares against issue 46's TP=4 targets."""
+    now = {k: f.fastest_by_tokens(store) for k, store in now_stores.items()}
+    then = {k: f.fastest_by_tokens(store) for k, store in then_stores.items()}
     hidden = lambda k, tokens: [now[k][t]["hidden"] for t in tokens]
     same = lambda key: sum(now[k][t][key] == then[k][t][key] for k in now for t in f.TOKENS)
     return {"same": same("strategy"), "same_how": same("how"),
@@ -377,6 +379,44 @@ def _fourth_against_third() -> dict:
             **{k: max(abs(now[k][t]["speedup"] - then[k][t]["speedup"]) for t in f.TOKENS) for k in now},
             "a2": now["a"][2048]["hidden"], "a_met": bounds(hidden("a", f.TOKENS[2:])),
             "b4": now["b"][4096]["hidden"], "b_met": bounds(hidden("b", f.TOKENS[3:]))}
+
+
+_fourth_against_third = functools.cache(lambda: _run_against(FOURTH, CE_STUDIES))
+_fifth_against_fourth = functools.cache(lambda: _run_against(FIFTH, FOURTH))
+
+
+def _twin(choice, among: list):
+    """The one choice of `among` with `choice`'s strategy and knobs (another run's same setting)."""
+    (twin,) = [m for m in among if (m.strategy, m.knobs) == (choice.strategy, choice.knobs)]
+    return twin
+
+
+def _where_the_fastest_differs() -> dict:
+    """The points where the H100 run's fastest setting is not the H200 run's, and in each run the
+    paired gain of that run's fastest over the other run's (tune.gain): all within the noise on
+    H100, and the one H200 point beyond it."""
+    where, h100_gains, h200_beyond = [], [], []
+    for k, model in (("a", "70B"), ("b", "8B")):
+        runs = [{sum(c[0]): f.communicating(at) for _, c, at in f.batches_of(store)} for store in (FIFTH[k], FOURTH[k])]
+        for t in f.TOKENS:
+            h100_all, h200_all = runs[0][t], runs[1][t]
+            h100, h200 = (min(among, key=lambda m: m.ms) for among in (h100_all, h200_all))
+            if (h100.strategy, h100.knobs) == (h200.strategy, h200.knobs):
+                continue
+            where.append(f"{model} {t // 1024}K")
+            h100_gains.append(tune.gain(h100, _twin(h200, h100_all)))
+            g = tune.gain(h200, _twin(h100, h200_all))
+            if not g.lo <= 1 <= g.hi:
+                h200_beyond.append((f"{model} {t // 1024}K", g))
+    assert all(g.lo <= 1 <= g.hi for g in h100_gains), h100_gains
+    ((at, g),) = h200_beyond
+    return {"at": ", ".join(where[:-1]) + " and " + where[-1], "beyond": at, "d": (g.speedup - 1) * 100, "lo": g.lo, "hi": g.hi}
+
+
+def _against_free(store: str, tokens: int) -> tuple[float, float, float]:
+    """The fastest correct choice's paired gain over `no_comm` at one point: speedup and 95% interval."""
+    _, _, g = f.against_no_comm(store)[tokens]
+    return g.speedup, g.lo, g.hi
 
 
 def _ce_out_against_copy() -> dict:
@@ -433,6 +473,8 @@ TP4_CLAIMS = [
                    "beside them. `flash_agrs` on the copy engine ends {fa70:.2f} ms behind `no_comm`", _where_the_rest_goes),
     *[Claim(TP4_DOC, LONG_ROW.format(tokens=t), lambda m=m, t=t: f.fastest_by_tokens(LONG_TP4_AGAIN[m])[t])
       for m in LONG_TP4_AGAIN for t in (16384, 32768, 65536)],
+    *[Claim(TP4_DOC, LONG_ROW.format(tokens=t), lambda m=m, t=t: f.fastest_by_tokens(LONG_TP4_H100[m])[t])
+      for m in LONG_TP4_H100 for t in (16384, 32768, 65536)],
     Claim(TP4_DOC, "the best split setting of the same run reaches {s[0]:.3f}x, {s[1]:.3f}x and {s[2]:.3f}x", _flash_agrs_again),
     Claim(TP4_DOC, "gave {a[0]:.3f}x, {a[1]:.3f}x and {a[2]:.3f}x against this run's {l[0]:.3f}x, {l[1]:.3f}x and {l[2]:.3f}x",
           _flash_agrs_again),
@@ -523,6 +565,18 @@ TP4_CLAIMS = [
                    "is met at 8K-32K ({b_met[lo]:.0f}-{b_met[hi]:.0f}%) and missed at 4K ({b4:.0f}%)", _fourth_against_third),
     Claim("README.md", "the fastest choice is of the same strategy at {same} of the {n} points and its speedup moved by at "
                        "most {m:.3f}", lambda: (d := _fourth_against_third()) | {"m": max(d["a"], d["b"])}),
+    *[Claim(TP4_DOC, CE_ROW.format(tokens=t), functools.partial(_fastest_pair, FIFTH, t)) for t in f.TOKENS],
+    Claim(TP4_DOC, "Against the 2112bbf run on 4x H200 the fastest choice is of the same strategy at {same} of the {n} "
+                   "points and has the same path and knobs at {same_how}; its speedup is within {a:.3f} of the H200's on "
+                   "70B and {b:.3f} on 8B", _fifth_against_fourth),
+    Claim(TP4_DOC, "70B's 85% is met at 4K-32K ({a_met[lo]:.0f}-{a_met[hi]:.0f}%) and missed at 2K ({a2:.0f}%); 8B's 80% "
+                   "is met at 8K-32K ({b_met[lo]:.0f}-{b_met[hi]:.0f}%) and missed at 4K ({b4:.0f}%)", _fifth_against_fourth),
+    Claim(TP4_DOC, "Where the fastest setting differs ({at}), the two settings are within the paired noise of each other "
+                   "on H100; on H200 at {beyond} `nccl_symm` led by {d:.1f}% (95% interval {lo:.3f}-{hi:.3f}), elsewhere "
+                   "within it", _where_the_fastest_differs),
+    Claim(TP4_DOC, "at 70B 8K the `kernel` split against `no_comm`, paired, {a[0]:.3f}x (95% interval {a[1]:.3f}-{a[2]:.3f}), "
+                   "at 8B 16K {b[0]:.3f}x ({b[1]:.3f}-{b[2]:.3f})", lambda: {
+                       k: _against_free(FIFTH[k], t) for k, t in (("a", 8192), ("b", 16384))}),
     Claim("docs/long-prompts.md", "70B hides {a2:.0f}% at 2K and {a_met[lo]:.0f}-{a_met[hi]:.0f}% at 4K-32K, 8B {b4:.0f}% at "
                                   "4K and {b_met[lo]:.0f}-{b_met[hi]:.0f}% at 8K-32K: as at 1968c70", _fourth_against_third),
 ]
