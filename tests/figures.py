@@ -271,6 +271,19 @@ def the_row(rows: list[dict], strategy: str, **knobs) -> dict:
                    f"{strategy} {knobs}")
 
 
+def measured_choice(batch_rows: list[analysis.Measured], strategy: str, **knobs) -> analysis.Measured:
+    """The one choice of a batch of `strategy` whose knobs hold `knobs` (None: the knob unset)."""
+    (choice,) = [m for m in batch_rows if m.strategy == strategy and all(m.knobs.get(k) == v for k, v in knobs.items())]
+    return choice
+
+
+def paired_gain(store: str, tokens: int, a: tuple[str, dict], b: tuple[str, dict]) -> tune.Gain:
+    """Choice `a` over choice `b` (each a strategy and the knobs it holds) at one token count of a
+    store, paired round by round (tune.gain: speedup and 95% interval)."""
+    (batch,) = [at for _, composition, at in batches_of(store) if sum(composition[0]) == tokens]
+    return tune.gain(measured_choice(batch, a[0], **a[1]), measured_choice(batch, b[0], **b[1]))
+
+
 def ce_split_ms(store: str, ce_out: str | None) -> dict[int, float]:
     """The copy-engine split 32/32 (whole-half cut, 2 chunks) by token count: its ms per layer with
     the own rows' writer `ce_out` (None: the knob unset, `copy`)."""

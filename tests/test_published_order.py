@@ -29,6 +29,7 @@ AFTER = "after_next_gemm"
 H100_LONG = {m: f"results/h100x2/34bc5e1/long-llama3-{m}-tp2.jsonl" for m in ("70b", "8b")}  # 2x H100, 16K-64K
 H200_LONG = {m: f"results/h200x4/2112bbf/long-llama3-{m}-tp2.jsonl" for m in ("70b", "8b")}  # GPUs 0-1 of 4x H200
 PROFILE_TP4_LONG = "results/h200x4/2112bbf/profile-order-70b-tp4-16k-32k"  # every rank's replays, 16K and 32K
+PROFILE_TP4_LONG_H100 = "results/h100x4/414380b/profile-order-70b-tp4-16k-32k"  # the same on 4x H100
 SHORT_TOKENS, LONG_TOKENS = (1024, 2048, 4096), (8192, 16384, 32768)
 H100_TOKENS = (16384, 32768, 65536)
 TP2_70B = {**dict.fromkeys(SHORT_TOKENS, ORDER[2]), **dict.fromkeys(LONG_TOKENS, ORDER_LONG["70b", 2])}
@@ -194,10 +195,10 @@ def _long_table(stores: dict[str, str]) -> list[Claim]:
 
 
 @functools.cache
-def _tp4_long_profile() -> dict:
-    """The TP=4 16K/32K profile run: each split's hidden share (timed rounds), and from rank 0's
+def _tp4_long_profile(folder: str = PROFILE_TP4_LONG) -> dict:
+    """A TP=4 16K/32K profile run: each split's hidden share (timed rounds), and from rank 0's
     replays the order's effect on the SM transfers and the copy engine's barrier waits."""
-    store, report = PROFILE_TP4_LONG + ".jsonl", PROFILE_TP4_LONG.replace("profile-", "report-profile-") + ".txt"
+    store, report = folder + ".jsonl", folder.replace("profile-", "report-profile-") + ".txt"
     split = "token_split-{t}-align=256-split_offset=0-comm={how}-4layers"
     ce = "copy_engine-comm_ctas_attn=32-comm_ctas_mlp=32-ce_out=kernel"
     ready = "nccl_symm-comm_ctas_attn=16-comm_ctas_mlp=16"
@@ -285,6 +286,57 @@ def _targets() -> dict:
             "again": best_hidden(AGAIN, 16384), "steady": _marginal_hidden(STEADY_TP4, 2048, comm="copy_engine")[0]}
 
 
+LONG_TP4_H100 = {m: f"results/h100x4/b71640f/long-llama3-{m}-tp4.jsonl" for m in ("70b", "8b")}  # 4x H100, 16K-64K
+AGAIN_16K = {m: f"results/h100x4/414380b/beat-no-comm-{m}-tp4-16k.jsonl" for m in ("70b", "8b")}  # 30 rounds, 16K
+CE_KERNEL = {"comm": "copy_engine", "comm_ctas_attn": 32, "ce_out": "kernel", "split_ratio": None, "chunks": None}
+ONE_PIECE, AUTO_PIECES = ("token_split", CE_KERNEL | {"ce_chunks": 1}), ("token_split", CE_KERNEL | {"ce_chunks": None})
+SPLIT_ALONE, FREE = ("token_split", {"comm": "none", "chunks": None}), ("no_comm", {})
+
+
+def _faster(g) -> dict:
+    """A paired gain as the text gives it: % faster, and its 95% interval in %."""
+    return {"d": (g.speedup - 1) * 100, "lo": (g.lo - 1) * 100, "hi": (g.hi - 1) * 100}
+
+
+def _x(g) -> dict:
+    """A paired gain as a ratio and its 95% interval."""
+    return {"g": g.speedup, "lo": g.lo, "hi": g.hi}
+
+
+def _one_piece_tp4() -> dict:
+    """The 70B long-prompt run on 4x H100 and its 16K repeat: the `kernel` split with one piece per
+    copy-engine reduction against `auto` pieces (hidden shares, paired gains) and against the split
+    with no transfers."""
+    store, again = LONG_TP4_H100["70b"], AGAIN_16K["70b"]
+    out = {"one": {t: hidden(store, t, **ONE_PIECE[1]) for t in H100_TOKENS},
+           "auto": {t: hidden(store, t, **AUTO_PIECES[1]) for t in H100_TOKENS},
+           "g": {t: _faster(f.paired_gain(store, t, ONE_PIECE, AUTO_PIECES)) for t in H100_TOKENS},
+           "again": _faster(f.paired_gain(again, 16384, ONE_PIECE, AUTO_PIECES)),
+           "alone16": _faster(f.paired_gain(store, 16384, ONE_PIECE, SPLIT_ALONE)),
+           "alone16_again": _faster(f.paired_gain(again, 16384, ONE_PIECE, SPLIT_ALONE))}
+    out |= {f"slower{t // 1024}": -_faster(f.paired_gain(store, t, ONE_PIECE, SPLIT_ALONE))["d"] for t in (32768, 65536)}
+    return out
+
+
+def _against_free_16k() -> dict:
+    """At TP=4 16K on 4x H100: the copy-engine splits with `kernel` against `no_comm` in the two
+    long-prompt runs and their repeats; the split with transfers against the same split with none,
+    and that split against `no_comm`."""
+    long8, again8, long70, again70 = LONG_TP4_H100["8b"], AGAIN_16K["8b"], LONG_TP4_H100["70b"], AGAIN_16K["70b"]
+    ms = lambda store, choice: f.measured_choice(*[at for _, c, at in f.batches_of(store) if sum(c[0]) == 16384],
+                                                 choice[0], **choice[1]).ms
+    with_transfers = [(long8, AUTO_PIECES), (again8, AUTO_PIECES), (long70, ONE_PIECE), (again70, ONE_PIECE)]
+    ahead = [f.paired_gain(store, 16384, choice, SPLIT_ALONE) for store, choice in with_transfers]
+    alone = [f.paired_gain(store, 16384, SPLIT_ALONE, FREE) for store, _ in with_transfers]
+    return {"k8": ms(long8, AUTO_PIECES), "free8": ms(long8, FREE),
+            "a": _x(f.paired_gain(long8, 16384, AUTO_PIECES, FREE)), "b": _x(f.paired_gain(again8, 16384, AUTO_PIECES, FREE)),
+            "c": _x(f.paired_gain(again8, 16384, ONE_PIECE, FREE)), "d": _x(f.paired_gain(long70, 16384, ONE_PIECE, FREE)),
+            "e": _x(f.paired_gain(again70, 16384, ONE_PIECE, FREE)),
+            "ahead": sum(g.speedup > 1 for g in ahead), "beyond": sum(g.lo > 1 for g in ahead),
+            "behind": bounds((1 - g.speedup) * 100 for g in alone)}
+
+
+_h100_long_profile = functools.partial(_tp4_long_profile, PROFILE_TP4_LONG_H100)
 _h100_bests, _h200_bests = (functools.partial(_long_bests, stores) for stores in (H100_LONG, H200_LONG))
 CLAIMS = [
     *[Claim(DOC, f"| {label} | {tp} | " + "{cells} |", functools.partial(_order_row, stores, knobs))
@@ -356,6 +408,33 @@ CLAIMS = [
     Claim(DOC, "The split's transfers themselves hide {own16:.0f}% and {own32:.0f}% of their busy time", _tp4_long_profile),
     Claim(DOC, "llama3-70b TP=2 hides {a[16384]:.0f}%, {a[32768]:.0f}% and {a[65536]:.0f}% at 16K, 32K and 64K, missed at "
                "each; llama3-8b TP=2 {b[16384]:.0f}% at 16K and {b[32768]:.0f}% at 32K, both met", _h200_bests),
+    Claim(DOC, "the copy-engine split with `kernel` hides {ce16:.0f}% at 16K and {ce32:.0f}% at 32K, `nccl_symm` 16/16 at "
+               "`ready` {r16:.0f}% and {r32:.0f}%, after the next GEMM {o16:.0f}% and {o32:.0f}%: here the order stays below",
+          _h100_long_profile),
+    Claim(DOC, "({br16:.1f}% to {bo16:.1f}% at 16K, {br32:.1f}% to {bo32:.1f}% at 32K; the compute's extra against `no_comm` "
+               "from {cr16:+.1f} to {co16:+.1f} ms and {cr32:+.1f} to {co32:+.1f} ms)", _h100_long_profile),
+    Claim(DOC, "(the largest gap between two cards is {lag:.1f}% at `no_comm`, rank 0 the slow one), and its copy-engine "
+               "timeline has {exp32:.1f} ms exposed at 32K of which {bexp32:.1f} ms is barrier waits with nothing beside it "
+               "({bexp16:.1f} of {exp16:.1f} ms at 16K)", _h100_long_profile),
+    Claim(DOC, "Its transfers hide {own16:.0f}% and {own32:.0f}% of their busy time", _h100_long_profile),
+    Claim(DOC, "reduction hides {one[16384]:.0f}%, {one[32768]:.0f}% and {one[65536]:.0f}% at 16K, 32K and 64K, where the same "
+               "split with `auto` pieces hides {auto[16384]:.0f}%, {auto[32768]:.0f}% and {auto[65536]:.0f}%; paired, one piece "
+               "is {g[16384][d]:.1f}% (95% interval {g[16384][lo]:.1f}-{g[16384][hi]:.1f}%), {g[32768][d]:.1f}% "
+               "({g[32768][lo]:.1f}-{g[32768][hi]:.1f}%) and {g[65536][d]:.1f}% ({g[65536][lo]:.1f}-{g[65536][hi]:.1f}%) "
+               "faster", _one_piece_tp4),
+    Claim(DOC, "gave {again[d]:.1f}% ({again[lo]:.1f}-{again[hi]:.1f}%). At 16K one piece is faster than the split with no "
+               "transfers at all (`comm: none`) in both runs, by {alone16[d]:.1f}% ({alone16[lo]:.1f}-{alone16[hi]:.1f}%) and "
+               "{alone16_again[d]:.1f}% ({alone16_again[lo]:.1f}-{alone16_again[hi]:.1f}%); at 32K and 64K it is "
+               "{slower32:.1f}% and {slower64:.1f}% slower", _one_piece_tp4),
+    Claim(DOC, "took {k8:.3f} ms against `no_comm`'s {free8:.3f}, paired {a[g]:.3f}x (95% interval {a[lo]:.3f}-{a[hi]:.3f}); "
+               "repeated with 30 rounds", _against_free_16k),
+    Claim(DOC, "it gave {b[g]:.3f}x ({b[lo]:.3f}-{b[hi]:.3f}), and with one piece per reduction {c[g]:.3f}x "
+               "({c[lo]:.3f}-{c[hi]:.3f}). On llama3-70b the split with one piece per reduction gave {d[g]:.3f}x "
+               "({d[lo]:.3f}-{d[hi]:.3f}) in the long-prompt run and {e[g]:.3f}x ({e[lo]:.3f}-{e[hi]:.3f}) in its repeat",
+          _against_free_16k),
+    Claim(DOC, "In {ahead} of those four runs the split with transfers ran ahead of the same split with none (`comm: none`, "
+               "whose add + norm also runs on the side lane), beyond the noise in {beyond}; the split with no transfers "
+               "is {behind[lo]:.1f}-{behind[hi]:.1f}% behind `no_comm`", _against_free_16k),
 ]
 
 
