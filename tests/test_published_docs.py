@@ -405,6 +405,29 @@ def _h100_tp4_predictions_measured() -> dict:
     return out
 
 
+def _transfer_charges() -> dict:
+    """tests/checks/transfer_charge.py's figures at llama3-8b TP=4 on 4x H100 (`h`) and 4x H200
+    (`r`): per setting, the measured and charged shares and the rows' loss and stretch by token count."""
+    from tests.checks import transfer_charge
+
+    pick = lambda by_tokens, field: {t: getattr(c, field) for t, c in by_tokens.items()}
+    out = {}
+    for tag, machine in (("h", "4x H100"), ("r", "4x H200")):
+        for name, by_tokens in transfer_charge.charges(machine, "llama3-8b").items():
+            key = {"nccl_symm 16/16": "symm", "fused 16/16": "fused", "copy_engine 32/32": "copy",
+                   "copy_engine 32/32, ce_out kernel": "kernel"}[name]
+            out[f"{tag}_{key}"] = {field: pick(by_tokens, field) for field in ("measured", "charged", "loss", "stretch")}
+    return out
+
+
+def _copy_charged_as_kernel() -> dict:
+    """_transfer_charges, where `copy` and `kernel` are charged the same at 4K-16K (two decimals)."""
+    found = _transfer_charges()
+    same = [round(found[k]["charged"][t], 2) for t in (4096, 8192, 16384) for k in ("h_copy", "h_kernel")]
+    assert same[0::2] == same[1::2], same
+    return found
+
+
 PREDICT_CLAIMS = [
     Claim("docs/predict.md", VALIDATION_ROW.format(device=device, model=model, tp=tp, contention=contention),
           lambda md=md, study=f"{model} TP={tp}, {measured}{variant}": f.validation_line(md, study))
@@ -458,6 +481,29 @@ PREDICT_CLAIMS = [
                              "`nccl_symm` column was over-rated by up to {symm_over:.3f} (at {symm_at}), the copy-engine one by "
                              "up to {ce_over:.3f} (at {ce_at}), both under-rated at 1K (by {symm_1k:.3f} and {ce_1k:.3f})",
           _h100_tp4_predictions_measured),
+    Claim("docs/predict.md", "At llama3-8b 4K, 8K and 16K the split on the fused kernel measured {h_fused[measured][4096]:.2f}, "
+                             "{h_fused[measured][8192]:.2f} and {h_fused[measured][16384]:.2f} (H100; H200 "
+                             "{r_fused[measured][4096]:.2f}, {r_fused[measured][8192]:.2f} and {r_fused[measured][16384]:.2f}) "
+                             "and is charged {h_fused[charged][4096]:.2f}, {h_fused[charged][8192]:.2f} and "
+                             "{h_fused[charged][16384]:.2f} (H200 {r_fused[charged][4096]:.2f}, {r_fused[charged][8192]:.2f} "
+                             "and {r_fused[charged][16384]:.2f}); on `nccl_symm` it measured {h_symm[measured][4096]:.2f}, "
+                             "{h_symm[measured][8192]:.2f} and {h_symm[measured][16384]:.2f} (H200 {r_symm[measured][4096]:.2f}, "
+                             "{r_symm[measured][8192]:.2f} and {r_symm[measured][16384]:.2f}) and is charged "
+                             "{h_symm[charged][4096]:.2f}, {h_symm[charged][8192]:.2f} and {h_symm[charged][16384]:.2f}",
+          _transfer_charges),
+    Claim("docs/predict.md", "(at 4K {h_fused[loss][4096]:.2f} x {h_fused[stretch][4096]:.1f} against {h_symm[loss][4096]:.2f} x "
+                             "{h_symm[stretch][4096]:.1f})", _transfer_charges),
+    Claim("docs/predict.md", "the split with `copy` measured {h_copy[measured][4096]:.2f}, {h_copy[measured][8192]:.2f} and "
+                             "{h_copy[measured][16384]:.2f} per transfer, with `kernel` {h_kernel[measured][4096]:.2f}, "
+                             "{h_kernel[measured][8192]:.2f} and {h_kernel[measured][16384]:.2f}; both are charged "
+                             "{h_copy[charged][4096]:.2f}, {h_copy[charged][8192]:.2f} and {h_copy[charged][16384]:.2f}",
+          _copy_charged_as_kernel),
+    Claim("docs/predict.md", "beside the layer `copy` stretches {h_copy[stretch][4096]:.1f}x, {h_copy[stretch][8192]:.1f}x and "
+                             "{h_copy[stretch][16384]:.1f}x, `kernel` {h_kernel[stretch][4096]:.1f}x, "
+                             "{h_kernel[stretch][8192]:.1f}x and {h_kernel[stretch][16384]:.1f}x", _transfer_charges),
+    Claim("docs/predict.md", "where `copy` and `kernel` measured {h_copy[measured][2048]:.2f} and {h_kernel[measured][2048]:.2f} "
+                             "and the rows still part them ({h_copy[stretch][2048]:.1f}x against {h_kernel[stretch][2048]:.1f}x)",
+          _transfer_charges),
 ]
 
 
