@@ -512,17 +512,17 @@ def test_fused_paths_take_their_kernels(monkeypatch):
 
 
 def test_by_default_comm_runs_every_path_that_has_run_on_a_gpu_and_the_layers_copy_engine_schedule():
-    """Every path that has run correct on 2 GPUs (results/h200x2/486cebf/; nccl_symm on 2x H100,
-    results/h100x2/331cb63/) runs by default, and only those: a path no GPU has run stays out until
-    --paths (or a spec's comm.paths) names it. copy_engine_norm's chunks default to the layer's
-    (by size)."""
+    """Every path that has run correct on GPUs (results/h200x2/486cebf/; nccl_symm on 2x H100,
+    results/h100x2/331cb63/; copy_engine_norm_kernel on 4x H100, results/h100x4/b71640f/) runs by
+    default, and only those: a path no GPU has run stays out until --paths (or a spec's
+    comm.paths) names it. copy_engine_norm's chunks default to the layer's (by size)."""
     def parsed(paths_arg):
         return command.Plan.parse(min_bytes=None, max_bytes="64K", factor=4, ops=None, paths=paths_arg,
                                      dtype="auto", nccl_max_ctas="default", comm_ctas=None, hidden=64, iters=1,
                                      warmup=0, graphs=False, fmt="csv", output=None, resume=False, nproc=None)
 
     untried = {name for name, path in paths.PATHS_BY_NAME.items() if not path.by_default}
-    assert untried == {"copy_engine_norm_kernel"}  # the one path no GPU has run yet
+    assert untried == set()  # every path has run on a GPU
     opts = parsed(None)
     assert set(opts.paths) == set(paths.PATHS) - untried == set(CommSpec.from_yaml({}, cuda=False).paths)
     assert set(paths.DEFAULT_PATHS) == set(paths.PATHS) - untried

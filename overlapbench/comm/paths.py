@@ -294,7 +294,7 @@ PATHS_BY_NAME = {
         CommPath("copy_engine_norm", ("all_reduce",), copy_engine_norm_bench, _norm_ctas,
                  buffer="copy_engine_norm", rows=True, world=(2, 8)),
         CommPath("copy_engine_norm_kernel", ("all_reduce",), copy_engine_norm_kernel_bench, _norm_ctas,
-                 buffer="copy_engine_norm", rows=True, world=(2, 8), by_default=False),
+                 buffer="copy_engine_norm", rows=True, world=(2, 8)),
     )
 }
 COPY_ENGINE_NORM_PATHS = ("copy_engine_norm", "copy_engine_norm_kernel")  # the paths --ce-chunks cuts
