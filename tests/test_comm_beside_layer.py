@@ -20,7 +20,7 @@ from overlapbench.comm.cases import DEFAULT_LAYER_TOKENS, BesideLayer
 from overlapbench.comm.contention import GemmStream, compute_loss
 from overlapbench.comm.in_layer import FIELDS as IN_LAYER_FIELDS
 from overlapbench.comm.in_layer import InLayer
-from overlapbench.comm.paired_loss import LAYER, PairedLoss, paired_fields
+from overlapbench.comm.paired_loss import LAYER, PairedLoss, one_call_fields, paired_fields
 from overlapbench.comm.run import BESIDE_LAYER_FIELDS, RunInfo, make_row
 from overlapbench.errors import UserError
 from overlapbench.model.layer import attention_partial, mlp_partial
@@ -139,7 +139,8 @@ def _layer_row(rng: random.Random, tokens: int) -> tuple[dict, dict]:
               "algbw": 1.0, "busbw": 1.0, "graphs": True, "beside_ms": op * 1.3, "beside_busbw": 0.8,
               "compute_ms_alone": alone, "compute_ms_beside": beside, "compute_loss": compute_loss(alone, beside),
               "compute_graphs": True,
-              **PairedLoss(tuple(passes), tuple(p / (1 - rng.uniform(0, 0.3)) for p in passes)).fields(LAYER),
+              **PairedLoss(tuple(passes), tuple(p / (1 - rng.uniform(0, 0.3)) for p in passes),
+                           tuple(p + rng.uniform(0, 0.2) for p in passes)).fields(LAYER),
               **in_layer.fields(), "beside_layer": {"model": "llama3-8b", "tp": 2, "tokens": tokens}}
     env = {"world_size": 2, "device": "Test GPU", "hosts": ["h"], "nodes": 1, "ranks": [], "gpus_per_host": 2,
            "backend": "nccl", "versions": {}, "git": "abc", "multicast_env": {}}
@@ -150,7 +151,7 @@ def test_a_beside_layer_row_holds_its_fields_and_reads_back(tmp_path):
     rng = random.Random()
     row, result = _layer_row(rng, rng.choice([512, 2048]))
     assert row["beside_layer"] == result["beside_layer"] and "beside_gemm" not in row
-    assert set(IN_LAYER_FIELDS) | set(paired_fields(LAYER)) <= set(BESIDE_LAYER_FIELDS)
+    assert set(IN_LAYER_FIELDS) | set(paired_fields(LAYER)) | set(one_call_fields(LAYER)) <= set(BESIDE_LAYER_FIELDS)
     assert all(row[k] == result[k] for k in BESIDE_LAYER_FIELDS)
     assert "inline_extra_ms" not in row and "inline_ms" not in row  # the measurement before: not written
     store = ResultStore(tmp_path / "c.jsonl")

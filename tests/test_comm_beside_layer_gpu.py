@@ -2,7 +2,8 @@
 (comm/in_layer.py): the three graphs captured (the in-line pass, the pass, the two all-reduces),
 the same rounds for each, the term the trimmed mean of the rounds' extras, inside its interval,
 and the old two-harness fields not written; and the compute's loss paired in its own rounds
-(comm/paired_loss.py), finite, inside its interval, its key naming the measurement. One run of
+(comm/paired_loss.py), finite, inside its interval, its key naming the measurement, and the pass's
+extra beside one call of the path timed in the same rounds, inside its interval. One run of
 two paths at two row counts of llama3-8b (its TP=2 shard), shared by the tests."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 
 from overlapbench.comm.cases import BESIDE_MEASURE
 from overlapbench.comm.in_layer import FIELDS, MIN_ROUNDS, TERM, InLayer
-from overlapbench.comm.paired_loss import LAYER, PairedLoss, paired_fields
+from overlapbench.comm.paired_loss import LAYER, PairedLoss, one_call_fields, paired_fields
 from overlapbench.tuning.results import read_rows
 from tests import distributed
 
@@ -82,3 +83,15 @@ def test_every_case_holds_the_paired_compute_loss(rows):
         again = PairedLoss(ones, tuple(1 / (1 - x) for x in row[samples])).loss()
         assert row[loss] == pytest.approx(again, abs=1e-5)
         assert row[alone] > 0 and row["compute_loss"] is not None  # the two-harness loss still written
+
+
+def test_every_case_holds_the_compute_extra_beside_one_call(rows):
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert ok
+    extra, ci, samples = one_call_fields(LAYER)
+    for row in ok:
+        assert all(row.get(name) is not None for name in one_call_fields(LAYER)), row.keys()
+        lo, hi = row[ci]
+        assert all(math.isfinite(v) for v in (row[extra], lo, hi, *row[samples]))
+        assert lo <= row[extra] <= hi
+        assert len(row[samples]) == len(row[paired_fields(LAYER)[2]]) == MIN_ROUNDS  # one per round, the loss's rounds

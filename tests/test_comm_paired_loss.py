@@ -1,7 +1,8 @@
 """The compute's loss beside a transfer as paired rounds (comm/paired_loss.py): it recovers the loss
-where the clocks drift and the two-harness loss does not; its row fields; predict prefers it over
-the two-harness loss; a beside case's key names its measurement, so `--resume` measures rows made
-before again. Fresh random inputs."""
+where the clocks drift and the two-harness loss does not; its row fields, and those of the pass's
+extra beside one call where the rounds timed it; predict prefers it over the two-harness loss; a
+beside case's key names its measurement, so `--resume` measures rows made before again. Fresh
+random inputs."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from overlapbench.comm import paths
 from overlapbench.comm.cases import BESIDE_MEASURE
-from overlapbench.comm.paired_loss import GEMM, LAYER, PairedLoss, compute_loss, loss_of, paired_fields
+from overlapbench.comm.paired_loss import GEMM, LAYER, PairedLoss, compute_loss, loss_of, one_call_fields, paired_fields
 from overlapbench.comm.run import RunInfo, make_row
 from overlapbench.predict.contention import Contention
 from overlapbench.tuning.results import ResultStore, read_rows
@@ -73,16 +74,52 @@ def test_the_fields_are_the_rounds_trimmed_mean_with_its_interval():
         PairedLoss(alone, beside[:-1])
 
 
+def test_the_one_call_fields_are_the_rounds_trimmed_mean_extra_with_its_interval():
+    """Each round's pass beside one call less its pass alone (ms), their tenth-trimmed mean and its
+    interval, which moves with the extras (a constant added to every pass beside one call moves
+    it by that constant); the loss's fields are as without the one-call window; none written
+    without it; a count of passes beside one call other than the rounds' refused."""
+    rng = random.Random()
+    rounds = rng.randrange(3, 30)
+    alone = tuple(rng.uniform(0.5, 5) for _ in range(rounds))
+    beside = tuple(a * rng.uniform(0.97, 1.5) for a in alone)
+    one_call = tuple(a + rng.uniform(-0.02, 0.3) for a in alone)
+    shift = rng.uniform(-0.1, 0.1)
+    for prefix in (LAYER, GEMM):
+        extra, ci, samples = one_call_fields(prefix)
+        assert (extra, ci, samples) == (f"{prefix}_one_call_extra_ms", f"{prefix}_one_call_extra_ci_ms",
+                                        f"{prefix}_one_call_extra_samples_ms")
+        fields = PairedLoss(alone, beside, one_call).fields(prefix)
+        without = PairedLoss(alone, beside).fields(prefix)
+        assert tuple(fields) == paired_fields(prefix) + one_call_fields(prefix) and tuple(without) == paired_fields(prefix)
+        assert all(fields[k] == without[k] for k in paired_fields(prefix))
+        extras = [o - a for a, o in zip(alone, one_call)]
+        assert fields[samples] == pytest.approx(extras, abs=1e-6)
+        cut = int(rounds * 0.1) if rounds > 2 else 0
+        assert fields[extra] == pytest.approx(statistics.fmean(sorted(extras)[cut:rounds - cut]))
+        lo, hi = fields[ci]
+        assert lo <= fields[extra] <= hi and hi > lo and all(math.isfinite(v) for v in (lo, hi))
+        moved = PairedLoss(alone, beside, tuple(o + shift for o in one_call)).fields(prefix)
+        assert moved[extra] == pytest.approx(fields[extra] + shift)
+        assert moved[ci] == pytest.approx([lo + shift, hi + shift])
+    with pytest.raises(ValueError, match="beside one call"):
+        PairedLoss(alone, beside, one_call[:-1])
+    with pytest.raises(ValueError, match="beside one call"):
+        PairedLoss(alone, beside, one_call + (1.0,))
+
+
 def test_a_beside_gemm_row_holds_the_gemms_paired_loss():
     rng = random.Random()
     case = paths.make_cases(parse(beside_layer="llama3-8b", tokens="512", paths="nccl_symm").bench(cuda=True), world=2,
                             backend="nccl", dtype="bf16", hidden=4096, beside_gemm=True)[0]
     alone = tuple(rng.uniform(1, 3) for _ in range(rng.randrange(2, 12)))
-    paired = PairedLoss(alone, tuple(a * rng.uniform(1, 1.4) for a in alone)).fields(GEMM)
+    paired = PairedLoss(alone, tuple(a * rng.uniform(1, 1.4) for a in alone),
+                        tuple(a + rng.uniform(0, 0.2) for a in alone)).fields(GEMM)
     result = {"status": "ok", "ms": 0.1, "beside_ms": 0.2, "gemm_loss": rng.uniform(0, 0.3), **paired}
     env = {"world_size": 2, "device": "Test GPU", "backend": "nccl", "git": "abc"}
     row = make_row(case, result, RunInfo("comm", "r1", env, 3, 10, True))
-    assert all(row[k] == paired[k] for k in paired_fields(GEMM)) and "compute_loss_paired" not in row
+    assert all(row[k] == paired[k] for k in paired_fields(GEMM) + one_call_fields(GEMM))
+    assert "compute_loss_paired" not in row and "compute_one_call_extra_ms" not in row
     assert loss_of(row, GEMM) == paired["gemm_loss_paired"] != row["gemm_loss"]
 
 

@@ -5,20 +5,24 @@ does, so what it measures (the transfer 2-12x slower, the GEMMs' loss) is not wh
 pays. Here the compute is one rank's shard of the model's decoder layer at TP=k: its attention
 block (QKV GEMM, RoPE, causal attention, O-projection) then its MLP (gate/up GEMM, SwiGLU, down
 GEMM), on as many rows as the all-reduce carries, replayed from a CUDA graph (eager where capture
-fails; the row says which). Each case gives three numbers (comm.contention's two windows, and
-one more):
+fails; the row says which). Each case gives four numbers (comm.contention's windows, and one
+more):
 
 - the compute's loss: 1 - one pass's time alone / beside the path, paired in the same rounds
   (`compute_loss_paired`: comm/paired_loss.py), and against the pass timed alone by its own
   harness (`compute_loss`, what rows made before hold);
+- the compute's extra beside one call of the path, issued just before the pass as a split issues
+  a reduction: the pass beside one call - the pass alone, in the same rounds
+  (`compute_one_call_extra_ms`, ms: comm/paired_loss.py);
 - the transfer's stretch: its time beside the compute / alone (`beside_ms` / `ms`);
 - the blocking all-reduce's extra cost inside the layer: attention, the all-reduce, the MLP, the
   all-reduce, in line on one stream (as the baseline runs them), against the same pass without
   the all-reduces and the two all-reduces alone, the three captured alike and timed in the same
   interleaved rounds (`in_layer_extra_ms`, per all-reduce: comm/in_layer.py).
 
-`predict` charges the first two to a split's transfers beside compute and the third to every
-blocking transfer of a serial plan (predict/contention.py).
+`predict` charges the loss and the stretch (or, under `--transfer-beside one-call`, the extra
+beside one call) to a split's transfers beside compute and the in-layer term to every blocking
+transfer of a serial plan (predict/contention.py, predict/estimate.py).
 """
 
 from __future__ import annotations
@@ -155,7 +159,8 @@ class BesideStreams:
 
 def layer_fields(rt: Runtime, case: Case, run, op_ms: float, stream: LayerStream, iters: int) -> dict:
     """The contention fields of a --beside-layer case: the path beside the layer's pass, the pass
-    beside the path (and alone, in the same rounds), and the all-reduce in line with the pass (comm/in_layer.py's fields)."""
+    beside the path (and alone and beside one call, in the same rounds), and the all-reduce in line with the pass
+    (comm/in_layer.py's fields)."""
     from overlapbench.comm.contention import measure_beside
 
     stream.prepare(rt, max(5, iters))

@@ -6,18 +6,25 @@ The compute is a *stream*: anything with `run(passes)`, its one pass's time alon
 and `fields(beside_ms)`, the row fields of one pass's time beside the path. Here, the GEMM
 stream of `--beside-gemm`: a layer's MLP of llama3-70b at TP=2 (gate/up 8192 -> 2 x 14336, down
 14336 -> 8192) on `GEMM_TOKENS` tokens; `comm.beside_layer` gives the layer's own kernels. The
-compute runs on the current stream; the path on its own high-priority stream. Two windows per
-sample, so that each number is taken while the other side is busy all along:
+compute runs on the current stream; the path on its own high-priority stream. Four windows per
+round; the first two take each number while the other side is busy all along:
 
 - comm window: the compute starts first and lasts longer than the path's ops (sized from the
   times alone); the path's time is its own stream's elapsed time over its ops.
 - compute window: the path's ops start first and last longer than one compute pass; the
   pass's time is its stream's elapsed time.
 - alone window: the compute window without the path's ops: the same streams, one pass timed on
-  its stream after the ranks meet. It and the compute window alternate in order by round.
+  its stream after the ranks meet.
+- one-call window: the compute window with one call of the path, issued first and not repeated,
+  as a split issues a reduction just as the next compute block starts.
+
+The comm window comes first in every round; the other three follow in an order reversed from one
+round to the next (alone, beside, one call in even rounds), so each of them stands first and last
+among them as often.
 
 The compute's loss is taken two ways, both in the rows: paired, from each round's pass alone and
-beside (comm/paired_loss.py: `compute_loss_paired`, `gemm_loss_paired`), and, as rows made before
+beside (comm/paired_loss.py: `compute_loss_paired`, `gemm_loss_paired`; and the pass's extra beside
+one call, `compute_one_call_extra_ms`, `gemm_one_call_extra_ms`), and, as rows made before
 it hold it, 1 - the pass timed alone by `time_alone` (its own harness, each pass from an idle
 device) / the median pass beside (for the GEMMs, `gemm_loss` = 1 - TFLOP/s beside / TFLOP/s
 alone, the same number). The time alone also sizes the windows. Eager launches of the path (no
@@ -119,12 +126,12 @@ def measure_beside(rt: Runtime, run: Callable[[], None], op_ms: float, compute,
                    iters: int) -> tuple[float, float, PairedLoss]:
     """The path's `run` (one op, `op_ms` alone) beside a compute stream `compute` (run(passes),
     alone_ms), in max(`iters`, MIN_ROUNDS) rounds: (the path's ms per op beside it, one compute
-    pass's ms beside the path, medians, each the max over ranks; and each round's pass alone and
-    beside, each the max over ranks).
+    pass's ms beside the path, medians, each the max over ranks; and each round's pass alone,
+    beside and beside one call, each the max over ranks).
 
-    Its own loop, not `bench` or interleave's rounds: a round is three windows, two of them
-    marking a span on one stream while the other stream keeps the device busy around it; the
-    spans are bench.timed_span's."""
+    Its own loop, not `bench` or interleave's rounds: a round is four windows, each marking a
+    span on one stream, the other stream running beside it in all but the alone window; the spans
+    are bench.timed_span's."""
     import torch
 
     from overlapbench.comm.in_layer import MIN_ROUNDS
@@ -139,21 +146,21 @@ def measure_beside(rt: Runtime, run: Callable[[], None], op_ms: float, compute,
     def repeat(times: int) -> Callable[[], None]:
         return lambda: [run() for _ in range(times)]
 
-    def compute_window(beside: bool) -> Callable[[], float]:
-        """One pass timed on its stream after the ranks meet; beside the path's ops, which start
-        first and outlast it, where `beside`."""
+    def compute_window(calls: int) -> Callable[[], float]:
+        """One pass timed on its stream after the ranks meet, beside `calls` of the path's ops
+        issued first on the comm stream (0: alone)."""
         _sync(rt)
         comm.wait_stream(main)
-        if beside:
-            with torch.cuda.stream(comm):
-                run()  # started first
-            _elapsed_ms(comm, repeat(ops))
+        with torch.cuda.stream(comm):
+            repeat(calls)()  # started first
         measured = _elapsed_ms(main, compute.run)
         main.wait_stream(comm)
         torch.cuda.synchronize()
         return measured
 
-    comm_ms, compute_ms, alone_ms = [], [], []
+    comm_ms = []
+    # the path's calls -> the passes timed: alone, beside (the ops outlast the pass), beside one call
+    windows = {0: [], 1 + ops: [], 1: []}
     for round_number in range(max(iters, MIN_ROUNDS)):
         _sync(rt)
         comm.wait_stream(main)
@@ -163,9 +170,10 @@ def measure_beside(rt: Runtime, run: Callable[[], None], op_ms: float, compute,
         main.wait_stream(comm)
         torch.cuda.synchronize()
         comm_ms.append(timed() / timed_ops)
-        order = (False, True) if round_number % 2 == 0 else (True, False)  # alone first in even rounds
-        for beside in order:
-            (compute_ms if beside else alone_ms).append(compute_window(beside)())
+        order = list(windows) if round_number % 2 == 0 else list(windows)[::-1]  # alone first in even rounds
+        for calls in order:
+            windows[calls].append(compute_window(calls)())
     agree = ranks_max(rt)
-    paired = PairedLoss(tuple(agree(alone_ms)), tuple(agree(compute_ms)))
+    paired = PairedLoss(*(tuple(agree(times)) for times in windows.values()))  # alone, beside, beside one call
+    compute_ms = windows[1 + ops]
     return rt.max_over_ranks(statistics.median(comm_ms)), rt.max_over_ranks(statistics.median(compute_ms)), paired

@@ -100,15 +100,13 @@ class InLayer:
 
     def fields(self) -> dict:
         """The row's fields (the module's docstring names them)."""
-        import numpy as np
-
-        from overlapbench.timing.intervals import paired_interval, trimmed_log_mean
+        from overlapbench.timing.intervals import trimmed_mean_interval
 
         extras = self.extras()
-        lo, hi = paired_interval(extras, LEVEL)  # the trimmed mean's interval: nothing in it is a log
+        term, interval = trimmed_mean_interval(extras, LEVEL)
         return {
-            TERM: float(trimmed_log_mean(np.asarray(extras, dtype=float))),
-            "in_layer_extra_ci_ms": [lo, hi],
+            TERM: term,
+            "in_layer_extra_ci_ms": interval,
             "in_layer_extra_samples_ms": [round(e, 6) for e in extras],
             "in_layer_inline_ms": statistics.median(self.inline_ms),
             "in_layer_pass_ms": statistics.median(self.pass_ms),

@@ -11,7 +11,7 @@ from overlapbench.comm.buffers import Buffers
 from overlapbench.comm.cases import Case
 from overlapbench.comm.in_layer import FIELDS as IN_LAYER_FIELDS
 from overlapbench.comm.output import summary_line
-from overlapbench.comm.paired_loss import GEMM, LAYER, paired_fields
+from overlapbench.comm.paired_loss import GEMM, LAYER, one_call_fields, paired_fields
 from overlapbench.comm.paths import PATHS_BY_NAME, Bench, build
 from overlapbench.comm.sizes import algbw, busbw, ops_per_sample
 from overlapbench.errors import one_line
@@ -206,7 +206,7 @@ def make_row(case: Case, result: dict, info: RunInfo) -> dict:
     if case.beside_gemm:
         row["beside_gemm"] = True
         for key in ("beside_ms", "beside_busbw", "gemm_tflops_alone", "gemm_tflops_beside", "gemm_loss", "gemm_tokens",
-                    *paired_fields(GEMM)):
+                    *paired_fields(GEMM), *one_call_fields(GEMM)):
             row[key] = result.get(key)
     if case.beside_layer is not None:
         row["beside_layer"] = result.get("beside_layer") or {
@@ -218,11 +218,11 @@ def make_row(case: Case, result: dict, info: RunInfo) -> dict:
 
 
 # A --beside-layer row's own fields (comm.beside_layer), beside `beside_layer` (the model, TP and
-# rows): the contention, the paired loss's (comm.paired_loss; rows made before it lack them), then
-# the in-layer term's (comm.in_layer.FIELDS; rows made before it hold `inline_ms`,
+# rows): the contention, the paired loss's and the extra beside one call's (comm.paired_loss; rows
+# made before them lack them), then the in-layer term's (comm.in_layer.FIELDS; rows made before it hold `inline_ms`,
 # `inline_extra_ms` and `inline_graphs` instead, which predict does not charge).
 BESIDE_LAYER_FIELDS = ("beside_ms", "beside_busbw", "compute_ms_alone", "compute_ms_beside", "compute_loss",
-                       "compute_graphs", *paired_fields(LAYER), *IN_LAYER_FIELDS)
+                       "compute_graphs", *paired_fields(LAYER), *one_call_fields(LAYER), *IN_LAYER_FIELDS)
 
 
 def run_cases(rt: Runtime, cases: list[Case], info: RunInfo, store: ResultStore | None,

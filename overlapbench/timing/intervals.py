@@ -66,6 +66,16 @@ def paired_interval(logs: Sequence[float], level: float) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
+def trimmed_mean_interval(values: Sequence[float], level: float) -> tuple[float, list[float]]:
+    """The trimmed mean of paired rounds' values and its `level` interval [lo, hi], for values
+    that are not logs (comm's losses and ms differences): trimmed_log_mean and paired_interval
+    take any values, and nothing here exponentiates them."""
+    import numpy as np
+
+    lo, hi = paired_interval(values, level)
+    return float(trimmed_log_mean(np.asarray(values, dtype=float))), [lo, hi]
+
+
 def trimmed_t(logs: Sequence[float], level: float) -> tuple[float, float]:
     """Interval (in logs) of the trimmed mean: mean +- t * s_w / ((1 - 2 TRIM') sqrt(n)), s_w the
     winsorized sd, t Student's on n - 2 cut - 1 degrees of freedom."""
