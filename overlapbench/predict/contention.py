@@ -13,7 +13,10 @@ stretch, its time beside the compute over its time alone):
   `inline_extra_ms` instead, the in-line pass less the pass timed by another harness, which read
   the pass's two timings rather than the all-reduce (from 4K tokens at llama3-70b TP=2): their loss
   and stretch are used, their in-layer term is not (a flagged note names the rows, said where the
-  term is asked for: `predict --in-layer measured`);
+  term is asked for: `predict --in-layer measured`); and what one call of the path takes from the
+  layer's pass beside it (`compute_one_call_extra_ms`, ms: the pass beside one call issued just
+  before it less the pass alone, in the same rounds: comm/paired_loss.py; rows made before that
+  window lack it);
 - `comm --beside-gemm` rows: beside a stream of persistent GEMMs: `gemm_loss_paired` (else
   `gemm_loss`), `beside_ms / ms`.
 
@@ -29,7 +32,7 @@ import bisect
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +40,7 @@ from overlapbench.comm.in_layer import BEFORE as IN_LAYER_BEFORE
 from overlapbench.comm.in_layer import TERM as IN_LAYER_TERM
 from overlapbench.comm.paired_loss import GEMM as GEMM_STREAM
 from overlapbench.comm.paired_loss import LAYER as LAYER_STREAM
-from overlapbench.comm.paired_loss import loss_of
+from overlapbench.comm.paired_loss import loss_of, one_call_fields
 from overlapbench.errors import UserError
 from overlapbench.predict.comm_table import (
     Ctas,
@@ -53,6 +56,8 @@ from overlapbench.tuning.results import read_rows
 BudgetKey = tuple[str, Ctas]  # (path, ctas)
 LAYER, GEMM, NONE = "layer", "gemm", "assumed"  # what a lookup's numbers were measured beside
 Points = list[tuple[int, float, float]]  # (bytes, loss, stretch), sorted by bytes
+BySize = list[tuple[int, float]]  # (bytes, ms), sorted by bytes: the median of the rows at each size
+ONE_CALL_EXTRA = one_call_fields(LAYER_STREAM)[0]  # compute_one_call_extra_ms
 
 
 @dataclass(frozen=True)
@@ -70,18 +75,19 @@ class ContentionLookup:
 @dataclass
 class Contention:
     """Measured pairs per (path, ctas): beside the GEMMs (`entries`) and beside the layer
-    (`layer`); the layer's in-line extra per all-reduce (`inline`: [(bytes, ms)]). Rows of several
-    `hidden` (per-row paths) at one size are pooled."""
+    (`layer`); the layer's in-line extra per all-reduce (`inline`) and its pass's extra beside one
+    call (`one_call_extras`). Rows of several `hidden` (per-row paths) at one size are pooled."""
 
     entries: dict[BudgetKey, Points]
     world_size: int
     source: str = ""
     layer: dict[BudgetKey, Points] = field(default_factory=dict)
-    inline: dict[BudgetKey, list[tuple[int, float]]] = field(default_factory=dict)
+    inline: dict[BudgetKey, BySize] = field(default_factory=dict)
     layer_of: tuple[str, int] | None = None  # (model, tp) of the layer the `layer` rows ran beside
     notes: list[Note] = field(default_factory=list)  # what choosing the rows assumed
     stale: int = 0  # the layer's rows whose in-layer term was measured before the paired rounds: not used
     in_layer_notes: list[Note] = field(default_factory=list)  # what reading the in-layer term flagged (those rows)
+    one_call_extras: dict[BudgetKey, BySize] = field(default_factory=dict)
 
     @classmethod
     def read(cls, paths: Iterable[str | Path], model: str | None = None, tp: int | None = None) -> Contention:
@@ -111,7 +117,7 @@ class Contention:
                             f"--beside-layer MODEL` (or --beside-gemm) for them")
         layer_of, notes = _chosen_layer(sorted(layers), model, tp)
         notes = left_out + notes
-        pairs, inline = defaultdict(lambda: defaultdict(list)), defaultdict(lambda: defaultdict(list))
+        pairs, inline, one_call = (defaultdict(lambda: defaultdict(list)) for _ in range(3))
         stale = []
         for row in layers.get(layer_of, []):
             path, ctas, _ = point_key(row)
@@ -120,6 +126,8 @@ class Contention:
                 inline[(path, ctas)][row["bytes"]].append(row[IN_LAYER_TERM])
             elif row.get(IN_LAYER_BEFORE) is not None:
                 stale.append(row)
+            if row.get(ONE_CALL_EXTRA) is not None:
+                one_call[(path, ctas)][row["bytes"]].append(row[ONE_CALL_EXTRA])
             layer_worlds.add(row.get("world_size"))
         if gemm:
             world = one_world_size(worlds, f"{source}: beside-GEMM rows", "give one world size")
@@ -127,9 +135,8 @@ class Contention:
             world = one_world_size(layer_worlds, f"{source}: beside-layer rows", "give one world size")
         if tp is not None and world != tp:
             notes.append(Note(SUBSTITUTED, f"contention measured on {world} ranks, predicting {tp}: used as it is"))
-        return cls(_medians(gemm), world, source, _medians(pairs),
-                   {key: [(b, statistics.median(v)) for b, v in sorted(by.items())] for key, by in inline.items()},
-                   layer_of, notes, len(stale), [stale_note(stale, layer_of)] if stale else [])
+        return cls(_medians(gemm), world, source, _medians(pairs), _size_medians(inline), layer_of, notes, len(stale),
+                   [stale_note(stale, layer_of)] if stale else [], one_call_extras=_size_medians(one_call))
 
     def described(self) -> str:
         """Which paths' contention was measured beside what, in one line."""
@@ -189,15 +196,15 @@ class Contention:
         """What one blocking all-reduce of `nbytes` on `path` costs in line with the layer beyond
         its time alone (ms), linear in log(bytes), held at the nearest measured size outside them;
         None where the path has no such rows."""
-        budgets = [c for p, c in self.inline if p == path]
-        if not budgets:
-            return None
-        used, said = nearest_budget(ctas, budgets, path)
-        extra, _ = _interpolated([(b, ms, 0.0) for b, ms in self.inline[(path, used)]], nbytes)
-        budget = "" if used is None else f" {used} CTAs"
-        measured = Note(MEASURED, f"{path}{budget}: {extra * 1e3:+.1f} us per blocking all-reduce in line with "
-                                  f"{self.layer_of[0]} TP={self.layer_of[1]}'s layer")
-        return extra, ((Note(SUBSTITUTED, said),) if said else ()) + (measured,)
+        return _by_size(self.inline, path, ctas, nbytes, lambda extra: f"{extra * 1e3:+.1f} us per blocking all-reduce "
+                        f"in line with {self.layer_of[0]} TP={self.layer_of[1]}'s layer")
+
+    def one_call(self, path: str, ctas: Ctas, nbytes: int) -> tuple[float, tuple[Note, ...]] | None:
+        """What one call of `nbytes` on `path`, issued just before the layer's pass, takes from that
+        pass (ms: the pass beside it less the pass alone), as `in_layer` looks its term up; None
+        where the path has no rows holding it."""
+        return _by_size(self.one_call_extras, path, ctas, nbytes, lambda extra: f"{extra * 1e3:+.1f} us taken from "
+                        f"{self.layer_of[0]} TP={self.layer_of[1]}'s layer pass beside one call")
 
 
 def _said(keys) -> str:
@@ -249,6 +256,26 @@ def _ok_all_reduce(row: dict) -> bool:
 def _medians(measured: dict[BudgetKey, dict[int, list]]) -> dict[BudgetKey, Points]:
     return {key: [(b, statistics.median(v[0] for v in pairs), statistics.median(v[1] for v in pairs))
                   for b, pairs in sorted(by_size.items())] for key, by_size in measured.items()}
+
+
+def _size_medians(measured: dict[BudgetKey, dict[int, list[float]]]) -> dict[BudgetKey, BySize]:
+    return {key: [(b, statistics.median(v)) for b, v in sorted(by_size.items())] for key, by_size in measured.items()}
+
+
+def _by_size(series: dict[BudgetKey, BySize], path: str, ctas: Ctas, nbytes: int,
+             said: Callable[[float], str]) -> tuple[float, tuple[Note, ...]] | None:
+    """The value of `series` for `nbytes` on `path`, linear in log(bytes), held at the nearest
+    measured size outside them, at the path's nearest budget where `ctas` has none (a note says
+    so), with a note of what was used ("{path}[ {ctas} CTAs]: " + `said`(value)); None where the
+    path has none."""
+    budgets = [c for p, c in series if p == path]
+    if not budgets:
+        return None
+    used, other = nearest_budget(ctas, budgets, path)
+    value, _ = _interpolated([(b, ms, 0.0) for b, ms in series[(path, used)]], nbytes)
+    budget = "" if used is None else f" {used} CTAs"
+    measured = Note(MEASURED, f"{path}{budget}: {said(value)}")
+    return value, ((Note(SUBSTITUTED, other),) if other else ()) + (measured,)
 
 
 def _interpolated(points: Points, nbytes: int) -> tuple[float, float]:

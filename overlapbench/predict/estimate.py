@@ -14,8 +14,8 @@ from overlapbench.errors import UserError
 from overlapbench.model.schedule import ATTENTION, COMPUTE, Batch, LayerPlan
 from overlapbench.overlap import comm_methods
 from overlapbench.predict.comm_table import NotInTable
-from overlapbench.predict.contention import LAYER
-from overlapbench.predict.notes import ASSUMED, SKIPPED, Note
+from overlapbench.predict.contention import LAYER, ONE_CALL_EXTRA
+from overlapbench.predict.notes import ASSUMED, SKIPPED, SUBSTITUTED, Note
 from overlapbench.predict.timeline import COMPUTE as COMPUTE_PHASE
 from overlapbench.predict.timeline import NORM, TRANSFER, Phase, Played, play
 from overlapbench.run import piece_keys
@@ -86,8 +86,17 @@ class MissingPiece(UserError):
 # made the TP=2 validation worse), except a copy-engine transfer (below), which it runs as fast
 # as alone and charges the compute nothing for; ALONE never slows a transfer; MEASURED slows it
 # by either stretch. ALONE and MEASURED charge every path the compute loss measured.
-AUTO, ALONE, MEASURED = "auto", "alone", "measured"
-TRANSFER_BESIDE = (AUTO, ALONE, MEASURED)
+# ONE_CALL takes from the compute exactly the beside-layer rows' extra beside one call per
+# transfer (`compute_one_call_extra_ms`: the layer's pass beside one call of the path, issued just
+# before it as a split issues a reduction, less the pass alone, in the same rounds), the transfer
+# slowed as AUTO slows it: the transfer's loss is set so that loss x its time beside (alone x
+# stretch) is the extra, which the compute pays in full where the transfer ends inside it. The
+# loss the others charge is taken while the path's ops run back to back beside one pass, and the
+# stretch in another window: their product over-charged the fused kernel 2-3x at llama3-8b TP=4
+# 4K-16K where it fit nccl_symm (tests/checks/transfer_charge.py). Where the rows hold no extra
+# for the path (rows made before that window), ONE_CALL charges what AUTO does, and says so.
+AUTO, ALONE, MEASURED, ONE_CALL = "auto", "alone", "measured", "one-call"
+TRANSFER_BESIDE = (AUTO, ALONE, MEASURED, ONE_CALL)
 
 # Paths whose bytes the copy engines move; their SM work is a few short kernels per call (one-CTA
 # barriers, a few-CTA add + norm per chunk of rows), each of which waits for SMs until a kernel
@@ -236,7 +245,9 @@ def _phases(plan: LayerPlan, task, batch: Batch, dtype: str, inputs: Inputs, not
         found = inputs.comm.time_ms(transfer.path, transfer.ctas, nbytes, hidden=batch.shape.hidden)
         notes += found.notes
         loss, stretch, extra = 0.0, 1.0, 0.0
-        if inputs.contention is not None and plan.pipelined:
+        if inputs.contention is not None and plan.pipelined and inputs.stretch == ONE_CALL:
+            loss, stretch = _one_call(transfer, nbytes, found.ms, inputs.contention, notes)
+        elif inputs.contention is not None and plan.pipelined:
             loss, stretch = _beside_compute(transfer.path, inputs.contention.at(transfer.path, transfer.ctas, nbytes),
                                             inputs.stretch, notes)
         elif inputs.contention is not None and inputs.in_layer == MEASURED_IN_LAYER:
@@ -258,6 +269,27 @@ def _beside_compute(path: str, beside, mode: str, notes: list[Note]) -> tuple[fl
     notes += beside.notes
     slowed = mode == MEASURED or (mode == AUTO and beside.beside == LAYER)
     return beside.gemm_loss, beside.transfer_stretch if slowed else 1.0
+
+
+def _one_call(transfer, nbytes: int, alone_ms: float, contention, notes: list[Note]) -> tuple[float, float]:
+    """ONE_CALL's (loss, stretch) for a split's transfer of `nbytes` taking `alone_ms` alone: the
+    stretch AUTO gives it, and the loss whose product with the transfer's time beside the compute
+    (alone x stretch) is the rows' extra beside one call; AUTO's pair where the rows lack it."""
+    beside = contention.at(transfer.path, transfer.ctas, nbytes)
+    found = contention.one_call(transfer.path, transfer.ctas, nbytes)
+    if found is None:
+        notes.append(Note(SUBSTITUTED, f"{transfer.path}: no extra beside one call in the beside-layer rows "
+                                       f"(`{ONE_CALL_EXTRA}`): charged as --transfer-beside auto charges it"))
+        return _beside_compute(transfer.path, beside, AUTO, notes)
+    extra, said = found
+    if transfer.path in COPY_ENGINE_PATHS:  # as AUTO runs it; AUTO's note (taking nothing) does not hold here
+        stretch = 1.0
+        notes.append(Note(ASSUMED, f"{transfer.path} beside a split's compute: as fast as alone (its kernels wait for "
+                                   f"the compute's)"))
+    else:
+        _, stretch = _beside_compute(transfer.path, beside, AUTO, notes)
+    notes += said
+    return extra / (alone_ms * stretch), stretch
 
 
 def _in_layer(transfer, nbytes: int, inputs: Inputs, notes: list[Note]) -> float:
