@@ -140,7 +140,8 @@ def _layer_row(rng: random.Random, tokens: int) -> tuple[dict, dict]:
               "compute_ms_alone": alone, "compute_ms_beside": beside, "compute_loss": compute_loss(alone, beside),
               "compute_graphs": True,
               **PairedLoss(tuple(passes), tuple(p / (1 - rng.uniform(0, 0.3)) for p in passes),
-                           tuple(p + rng.uniform(0, 0.2) for p in passes)).fields(LAYER),
+                           tuple(p + rng.uniform(0, 0.2) for p in passes),
+                           tuple(op * rng.uniform(1, 3) for _ in passes)).fields(LAYER),
               **in_layer.fields(), "beside_layer": {"model": "llama3-8b", "tp": 2, "tokens": tokens}}
     env = {"world_size": 2, "device": "Test GPU", "hosts": ["h"], "nodes": 1, "ranks": [], "gpus_per_host": 2,
            "backend": "nccl", "versions": {}, "git": "abc", "multicast_env": {}}

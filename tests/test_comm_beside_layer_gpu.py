@@ -88,10 +88,11 @@ def test_every_case_holds_the_paired_compute_loss(rows):
 def test_every_case_holds_the_compute_extra_beside_one_call(rows):
     ok = [r for r in rows if r["status"] == "ok"]
     assert ok
-    extra, ci, samples = one_call_fields(LAYER)
+    extra, ci, samples, op_ms = one_call_fields(LAYER)
     for row in ok:
         assert all(row.get(name) is not None for name in one_call_fields(LAYER)), row.keys()
         lo, hi = row[ci]
         assert all(math.isfinite(v) for v in (row[extra], lo, hi, *row[samples]))
+        assert 0 < row[op_ms] < 50 * row["ms"]  # the call beside the pass: slowed, not lost
         assert lo <= row[extra] <= hi
         assert len(row[samples]) == len(row[paired_fields(LAYER)[2]]) == MIN_ROUNDS  # one per round, the loss's rounds

@@ -84,12 +84,13 @@ def test_the_one_call_fields_are_the_rounds_trimmed_mean_extra_with_its_interval
     alone = tuple(rng.uniform(0.5, 5) for _ in range(rounds))
     beside = tuple(a * rng.uniform(0.97, 1.5) for a in alone)
     one_call = tuple(a + rng.uniform(-0.02, 0.3) for a in alone)
+    op = tuple(rng.uniform(0.01, 0.4) for _ in range(rounds))  # the call's own time beside each pass
     shift = rng.uniform(-0.1, 0.1)
     for prefix in (LAYER, GEMM):
-        extra, ci, samples = one_call_fields(prefix)
-        assert (extra, ci, samples) == (f"{prefix}_one_call_extra_ms", f"{prefix}_one_call_extra_ci_ms",
-                                        f"{prefix}_one_call_extra_samples_ms")
-        fields = PairedLoss(alone, beside, one_call).fields(prefix)
+        extra, ci, samples, op_ms = one_call_fields(prefix)
+        assert (extra, ci, samples, op_ms) == (f"{prefix}_one_call_extra_ms", f"{prefix}_one_call_extra_ci_ms",
+                                               f"{prefix}_one_call_extra_samples_ms", f"{prefix}_one_call_op_ms")
+        fields = PairedLoss(alone, beside, one_call, op).fields(prefix)
         without = PairedLoss(alone, beside).fields(prefix)
         assert tuple(fields) == paired_fields(prefix) + one_call_fields(prefix) and tuple(without) == paired_fields(prefix)
         assert all(fields[k] == without[k] for k in paired_fields(prefix))
@@ -99,13 +100,16 @@ def test_the_one_call_fields_are_the_rounds_trimmed_mean_extra_with_its_interval
         assert fields[extra] == pytest.approx(statistics.fmean(sorted(extras)[cut:rounds - cut]))
         lo, hi = fields[ci]
         assert lo <= fields[extra] <= hi and hi > lo and all(math.isfinite(v) for v in (lo, hi))
-        moved = PairedLoss(alone, beside, tuple(o + shift for o in one_call)).fields(prefix)
+        assert fields[op_ms] == pytest.approx(statistics.median(op))
+        moved = PairedLoss(alone, beside, tuple(o + shift for o in one_call), op).fields(prefix)
         assert moved[extra] == pytest.approx(fields[extra] + shift)
         assert moved[ci] == pytest.approx([lo + shift, hi + shift])
     with pytest.raises(ValueError, match="beside one call"):
-        PairedLoss(alone, beside, one_call[:-1])
+        PairedLoss(alone, beside, one_call[:-1], op[:-1])
     with pytest.raises(ValueError, match="beside one call"):
-        PairedLoss(alone, beside, one_call + (1.0,))
+        PairedLoss(alone, beside, one_call + (1.0,), op + (0.1,))
+    with pytest.raises(ValueError, match="times of the call"):
+        PairedLoss(alone, beside, one_call, op[:-1])
 
 
 def test_a_beside_gemm_row_holds_the_gemms_paired_loss():
@@ -114,7 +118,7 @@ def test_a_beside_gemm_row_holds_the_gemms_paired_loss():
                             backend="nccl", dtype="bf16", hidden=4096, beside_gemm=True)[0]
     alone = tuple(rng.uniform(1, 3) for _ in range(rng.randrange(2, 12)))
     paired = PairedLoss(alone, tuple(a * rng.uniform(1, 1.4) for a in alone),
-                        tuple(a + rng.uniform(0, 0.2) for a in alone)).fields(GEMM)
+                        tuple(a + rng.uniform(0, 0.2) for a in alone), tuple(rng.uniform(0.1, 0.5) for _ in alone)).fields(GEMM)
     result = {"status": "ok", "ms": 0.1, "beside_ms": 0.2, "gemm_loss": rng.uniform(0, 0.3), **paired}
     env = {"world_size": 2, "device": "Test GPU", "backend": "nccl", "git": "abc"}
     row = make_row(case, result, RunInfo("comm", "r1", env, 3, 10, True))

@@ -11,7 +11,8 @@ import random
 import pytest
 
 from overlapbench import strategies
-from overlapbench.predict.contention import ONE_CALL_EXTRA, Contention
+from overlapbench.predict import estimate
+from overlapbench.predict.contention import ONE_CALL_EXTRA, ONE_CALL_OP, Contention
 from overlapbench.predict.estimate import AUTO, ONE_CALL, TRANSFER_BESIDE
 from overlapbench.predict.notes import MEASURED, SUBSTITUTED
 from overlapbench.run import piece_keys
@@ -111,3 +112,32 @@ def test_without_the_extra_one_call_charges_what_auto_does_and_says_so():
                                       f"charged as --transfer-beside auto charges it"]
     assert not any("beside one call" in n.text for n in found[AUTO].notes)
     assert ONE_CALL in TRANSFER_BESIDE
+
+
+def test_the_transfer_is_slowed_as_one_call_was_where_the_rows_time_it():
+    """Rows holding the one call's own time beside the pass (`compute_one_call_op_ms`): its stretch
+    (that time over the row's time alone) is looked up per size, and a split's transfer runs that
+    slow, a copy-engine one too (which `auto` runs as alone): with no extra and no loss, one-call
+    predicts what `measured` does with the rows' stretch set to the one call's."""
+    rng = random.Random()
+    seed, stretch = rng.randrange(1000), rng.uniform(1.5, 4.0)
+    path, ctas, comm = "copy_engine_norm", 16, "copy_engine"
+    point = _at(4096, "token_split", comm)
+
+    def rows(beside_stretch: float, op_stretch: float | None) -> list[dict]:
+        made = [layer_row(path, ctas, b, 1.0, 0.0, beside_stretch, 0.0) for b in ROW_SIZES]
+        return [_with_extra(r, 0.0) | ({} if op_stretch is None else {ONE_CALL_OP: op_stretch * r["ms"]}) for r in made]
+
+    def predicted(mode: str, found: list[dict]):
+        inputs = _inputs(seed, comm_ms=1.0)  # transfers as long as the compute beside them: a stretch shows
+        inputs.contention, inputs.stretch = Contention.from_rows(found, "rows", model="predicted", tp=2), mode
+        return _predict(point, inputs)
+
+    held = Contention.from_rows(rows(1.0, stretch), "rows", model="llama3-70b", tp=2)
+    for b in ROW_SIZES:
+        assert held.one_call_stretch(path, ctas, b)[0] == pytest.approx(stretch)
+    assert Contention.from_rows(rows(1.0, None), "rows", model="llama3-70b", tp=2).one_call_stretch(path, ctas, 1 << 20) is None
+    slowed = predicted(ONE_CALL, rows(rng.uniform(1.0, 1.2), stretch))
+    assert slowed.ms == pytest.approx(predicted(estimate.MEASURED, rows(stretch, None)).ms, rel=1e-9)
+    assert slowed.ms > predicted(ONE_CALL, rows(1.0, None)).ms  # as alone without the call's own time
+    assert any("one call stretched" in n.text for n in slowed.notes)

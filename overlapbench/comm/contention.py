@@ -16,7 +16,8 @@ round; the first two take each number while the other side is busy all along:
 - alone window: the compute window without the path's ops: the same streams, one pass timed on
   its stream after the ranks meet.
 - one-call window: the compute window with one call of the path, issued first and not repeated,
-  as a split issues a reduction just as the next compute block starts.
+  as a split issues a reduction just as the next compute block starts; the call's own time there
+  is timed too, on its stream.
 
 The comm window comes first in every round; the other three follow in an order reversed from one
 round to the next (alone, beside, one call in even rounds), so each of them stands first and last
@@ -146,19 +147,18 @@ def measure_beside(rt: Runtime, run: Callable[[], None], op_ms: float, compute,
     def repeat(times: int) -> Callable[[], None]:
         return lambda: [run() for _ in range(times)]
 
-    def compute_window(calls: int) -> Callable[[], float]:
+    def compute_window(calls: int) -> tuple[Callable[[], float], Callable[[], float]]:
         """One pass timed on its stream after the ranks meet, beside `calls` of the path's ops
-        issued first on the comm stream (0: alone)."""
+        issued first on the comm stream (0: alone): readers of the pass's time and the ops'."""
         _sync(rt)
         comm.wait_stream(main)
-        with torch.cuda.stream(comm):
-            repeat(calls)()  # started first
+        ops_span = _elapsed_ms(comm, repeat(calls))  # started first
         measured = _elapsed_ms(main, compute.run)
         main.wait_stream(comm)
         torch.cuda.synchronize()
-        return measured
+        return measured, ops_span
 
-    comm_ms = []
+    comm_ms, one_call_op_ms = [], []
     # the path's calls -> the passes timed: alone, beside (the ops outlast the pass), beside one call
     windows = {0: [], 1 + ops: [], 1: []}
     for round_number in range(max(iters, MIN_ROUNDS)):
@@ -172,8 +172,12 @@ def measure_beside(rt: Runtime, run: Callable[[], None], op_ms: float, compute,
         comm_ms.append(timed() / timed_ops)
         order = list(windows) if round_number % 2 == 0 else list(windows)[::-1]  # alone first in even rounds
         for calls in order:
-            windows[calls].append(compute_window(calls)())
+            pass_ms, ops_ms = compute_window(calls)
+            windows[calls].append(pass_ms())
+            if calls == 1:
+                one_call_op_ms.append(ops_ms())  # the one call's own time beside the pass
     agree = ranks_max(rt)
-    paired = PairedLoss(*(tuple(agree(times)) for times in windows.values()))  # alone, beside, beside one call
+    paired = PairedLoss(*(tuple(agree(times)) for times in windows.values()),  # alone, beside, beside one call
+                        one_call_op_ms=tuple(agree(one_call_op_ms)))
     compute_ms = windows[1 + ops]
     return rt.max_over_ranks(statistics.median(comm_ms)), rt.max_over_ranks(statistics.median(compute_ms)), paired

@@ -20,7 +20,9 @@ GEMMs): `{prefix}_loss_paired` (the loss; its presence marks a row of this measu
 `{prefix}_ms_alone_paired` (the pass alone, the median over the rounds, ms): `paired_fields`;
 and `{prefix}_one_call_extra_ms` (the compute's extra beside one call, ms; its presence marks a
 row timed with the one-call window), `{prefix}_one_call_extra_ci_ms` ([lo, hi]) and
-`{prefix}_one_call_extra_samples_ms` (each round's extra): `one_call_fields`. The loss is taken
+`{prefix}_one_call_extra_samples_ms` (each round's extra) and `{prefix}_one_call_op_ms` (the one
+call's own time beside the pass, the median over the rounds: its stretch as a split issues it,
+over the row's `ms` alone): `one_call_fields`. The loss is taken
 while the path's ops run back to back, and the transfer's stretch in another window; the extra is
 what one call, as a split issues it, takes from the pass (predict's `--transfer-beside one-call`).
 
@@ -53,8 +55,10 @@ def paired_fields(prefix: str) -> tuple[str, ...]:
 
 
 def one_call_fields(prefix: str) -> tuple[str, ...]:
-    """The row fields of the stream `prefix`'s extra beside one call (the module's docstring)."""
-    return (f"{prefix}_one_call_extra_ms", f"{prefix}_one_call_extra_ci_ms", f"{prefix}_one_call_extra_samples_ms")
+    """The row fields of the stream `prefix`'s one-call window (the module's docstring): the
+    pass's extra, its interval and samples, and the call's own time beside the pass."""
+    return (f"{prefix}_one_call_extra_ms", f"{prefix}_one_call_extra_ci_ms", f"{prefix}_one_call_extra_samples_ms",
+            f"{prefix}_one_call_op_ms")
 
 
 def loss_of(row: dict, prefix: str) -> float | None:
@@ -71,6 +75,7 @@ class PairedLoss:
     alone_ms: tuple[float, ...]
     beside_ms: tuple[float, ...]
     one_call_ms: tuple[float, ...] = ()  # none: rows made before the one-call window
+    one_call_op_ms: tuple[float, ...] = ()  # the one call's own time beside the pass, per round
 
     def __post_init__(self) -> None:
         if not self.alone_ms or len(self.alone_ms) != len(self.beside_ms):
@@ -79,6 +84,9 @@ class PairedLoss:
         if self.one_call_ms and len(self.one_call_ms) != len(self.alone_ms):
             raise ValueError(f"paired loss: {len(self.alone_ms)} passes alone, {len(self.one_call_ms)} beside one call; "
                              f"none beside one call, or one per round")
+        if len(self.one_call_op_ms) != len(self.one_call_ms):
+            raise ValueError(f"paired loss: {len(self.one_call_ms)} passes beside one call, {len(self.one_call_op_ms)} "
+                             f"times of the call; one of each per round")
 
     def losses(self) -> list[float]:
         """Each round's loss: 1 - its pass alone / its pass beside."""
@@ -101,7 +109,8 @@ class PairedLoss:
         where the pass was timed beside one call)."""
         fields = dict(zip(paired_fields(prefix), (*_trimmed(self.losses()), statistics.median(self.alone_ms))))
         if self.one_call_ms:
-            fields |= dict(zip(one_call_fields(prefix), _trimmed(self.one_call_extras())))
+            fields |= dict(zip(one_call_fields(prefix), (*_trimmed(self.one_call_extras()),
+                                                         statistics.median(self.one_call_op_ms))))
         return fields
 
 

@@ -57,7 +57,7 @@ BudgetKey = tuple[str, Ctas]  # (path, ctas)
 LAYER, GEMM, NONE = "layer", "gemm", "assumed"  # what a lookup's numbers were measured beside
 Points = list[tuple[int, float, float]]  # (bytes, loss, stretch), sorted by bytes
 BySize = list[tuple[int, float]]  # (bytes, ms), sorted by bytes: the median of the rows at each size
-ONE_CALL_EXTRA = one_call_fields(LAYER_STREAM)[0]  # compute_one_call_extra_ms
+ONE_CALL_EXTRA, ONE_CALL_OP = (one_call_fields(LAYER_STREAM)[i] for i in (0, 3))  # compute_one_call_{extra,op}_ms
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,8 @@ class ContentionLookup:
 class Contention:
     """Measured pairs per (path, ctas): beside the GEMMs (`entries`) and beside the layer
     (`layer`); the layer's in-line extra per all-reduce (`inline`) and its pass's extra beside one
-    call (`one_call_extras`). Rows of several `hidden` (per-row paths) at one size are pooled."""
+    call (`one_call_extras`) and that call's stretch there (`one_call_stretches`: its time beside
+    the pass over its time alone). Rows of several `hidden` (per-row paths) at one size are pooled."""
 
     entries: dict[BudgetKey, Points]
     world_size: int
@@ -88,6 +89,7 @@ class Contention:
     stale: int = 0  # the layer's rows whose in-layer term was measured before the paired rounds: not used
     in_layer_notes: list[Note] = field(default_factory=list)  # what reading the in-layer term flagged (those rows)
     one_call_extras: dict[BudgetKey, BySize] = field(default_factory=dict)
+    one_call_stretches: dict[BudgetKey, BySize] = field(default_factory=dict)
 
     @classmethod
     def read(cls, paths: Iterable[str | Path], model: str | None = None, tp: int | None = None) -> Contention:
@@ -117,7 +119,7 @@ class Contention:
                             f"--beside-layer MODEL` (or --beside-gemm) for them")
         layer_of, notes = _chosen_layer(sorted(layers), model, tp)
         notes = left_out + notes
-        pairs, inline, one_call = (defaultdict(lambda: defaultdict(list)) for _ in range(3))
+        pairs, inline, one_call, one_call_stretch = (defaultdict(lambda: defaultdict(list)) for _ in range(4))
         stale = []
         for row in layers.get(layer_of, []):
             path, ctas, _ = point_key(row)
@@ -128,6 +130,8 @@ class Contention:
                 stale.append(row)
             if row.get(ONE_CALL_EXTRA) is not None:
                 one_call[(path, ctas)][row["bytes"]].append(row[ONE_CALL_EXTRA])
+            if row.get(ONE_CALL_OP) is not None:
+                one_call_stretch[(path, ctas)][row["bytes"]].append(row[ONE_CALL_OP] / row["ms"])
             layer_worlds.add(row.get("world_size"))
         if gemm:
             world = one_world_size(worlds, f"{source}: beside-GEMM rows", "give one world size")
@@ -136,7 +140,8 @@ class Contention:
         if tp is not None and world != tp:
             notes.append(Note(SUBSTITUTED, f"contention measured on {world} ranks, predicting {tp}: used as it is"))
         return cls(_medians(gemm), world, source, _medians(pairs), _size_medians(inline), layer_of, notes, len(stale),
-                   [stale_note(stale, layer_of)] if stale else [], one_call_extras=_size_medians(one_call))
+                   [stale_note(stale, layer_of)] if stale else [], one_call_extras=_size_medians(one_call),
+                   one_call_stretches=_size_medians(one_call_stretch))
 
     def described(self) -> str:
         """Which paths' contention was measured beside what, in one line."""
@@ -205,6 +210,13 @@ class Contention:
         where the path has no rows holding it."""
         return _by_size(self.one_call_extras, path, ctas, nbytes, lambda extra: f"{extra * 1e3:+.1f} us taken from "
                         f"{self.layer_of[0]} TP={self.layer_of[1]}'s layer pass beside one call")
+
+    def one_call_stretch(self, path: str, ctas: Ctas, nbytes: int) -> tuple[float, tuple[Note, ...]] | None:
+        """How much slower one call of `nbytes` on `path` runs beside the layer's pass it was issued
+        just before than alone (its time there over the row's time alone), looked up as `one_call`;
+        None where the path has no rows holding it."""
+        return _by_size(self.one_call_stretches, path, ctas, nbytes, lambda stretch: f"one call stretched {stretch:.2f}x "
+                        f"beside {self.layer_of[0]} TP={self.layer_of[1]}'s layer pass")
 
 
 def _said(keys) -> str:

@@ -89,7 +89,8 @@ class MissingPiece(UserError):
 # ONE_CALL takes from the compute exactly the beside-layer rows' extra beside one call per
 # transfer (`compute_one_call_extra_ms`: the layer's pass beside one call of the path, issued just
 # before it as a split issues a reduction, less the pass alone, in the same rounds), the transfer
-# slowed as AUTO slows it: the transfer's loss is set so that loss x its time beside (alone x
+# slowed as that call was (`compute_one_call_op_ms` over the row's time alone; as AUTO slows it
+# where the rows lack that): the transfer's loss is set so that loss x its time beside (alone x
 # stretch) is the extra, which the compute pays in full where the transfer ends inside it. The
 # loss the others charge is taken while the path's ops run back to back beside one pass, and the
 # stretch in another window: their product over-charged the fused kernel 2-3x at llama3-8b TP=4
@@ -273,8 +274,9 @@ def _beside_compute(path: str, beside, mode: str, notes: list[Note]) -> tuple[fl
 
 def _one_call(transfer, nbytes: int, alone_ms: float, contention, notes: list[Note]) -> tuple[float, float]:
     """ONE_CALL's (loss, stretch) for a split's transfer of `nbytes` taking `alone_ms` alone: the
-    stretch AUTO gives it, and the loss whose product with the transfer's time beside the compute
-    (alone x stretch) is the rows' extra beside one call; AUTO's pair where the rows lack it."""
+    stretch of one call beside the layer's pass where the rows hold it (else the one AUTO gives),
+    and the loss whose product with the transfer's time beside the compute (alone x stretch) is the
+    rows' extra beside one call; AUTO's pair where the rows lack the extra."""
     beside = contention.at(transfer.path, transfer.ctas, nbytes)
     found = contention.one_call(transfer.path, transfer.ctas, nbytes)
     if found is None:
@@ -282,7 +284,12 @@ def _one_call(transfer, nbytes: int, alone_ms: float, contention, notes: list[No
                                        f"(`{ONE_CALL_EXTRA}`): charged as --transfer-beside auto charges it"))
         return _beside_compute(transfer.path, beside, AUTO, notes)
     extra, said = found
-    if transfer.path in COPY_ENGINE_PATHS:  # as AUTO runs it; AUTO's note (taking nothing) does not hold here
+    slowed = contention.one_call_stretch(transfer.path, transfer.ctas, nbytes)
+    if slowed is not None:
+        stretch, how = slowed
+        stretch = max(1.0, stretch)
+        notes += how
+    elif transfer.path in COPY_ENGINE_PATHS:  # as AUTO runs it; AUTO's note (taking nothing) does not hold here
         stretch = 1.0
         notes.append(Note(ASSUMED, f"{transfer.path} beside a split's compute: as fast as alone (its kernels wait for "
                                    f"the compute's)"))

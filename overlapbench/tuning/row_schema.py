@@ -72,11 +72,11 @@ FIELDS: dict[str, Kind] = {
     "bytes": INDEX, "count": INDEX, "algbw": NON_NEGATIVE, "busbw": NON_NEGATIVE, "wrong": INDEX,
     "beside_ms": POSITIVE, "beside_busbw": NON_NEGATIVE, "gemm_loss": FINITE,
     "gemm_loss_paired": FINITE, "gemm_loss_paired_ci": SPREAD, "gemm_ms_alone_paired": POSITIVE,
-    "gemm_one_call_extra_ms": FINITE, "gemm_one_call_extra_ci_ms": SPREAD,
+    "gemm_one_call_extra_ms": FINITE, "gemm_one_call_extra_ci_ms": SPREAD, "gemm_one_call_op_ms": POSITIVE,
     # comm --beside-layer rows (predict's contention)
     "beside_layer": MAPPING, "compute_ms_alone": POSITIVE, "compute_ms_beside": POSITIVE, "compute_loss": FINITE,
     "compute_loss_paired": FINITE, "compute_loss_paired_ci": SPREAD, "compute_ms_alone_paired": POSITIVE,
-    "compute_one_call_extra_ms": FINITE, "compute_one_call_extra_ci_ms": SPREAD,
+    "compute_one_call_extra_ms": FINITE, "compute_one_call_extra_ci_ms": SPREAD, "compute_one_call_op_ms": POSITIVE,
     "in_layer_extra_ms": FINITE, "in_layer_extra_ci_ms": SPREAD, "in_layer_inline_ms": POSITIVE,
     "in_layer_pass_ms": POSITIVE, "in_layer_ops_ms": POSITIVE, "in_layer_rounds": COUNT, "in_layer_replays": COUNT,
     "inline_ms": POSITIVE, "inline_extra_ms": FINITE,  # rows made before the in-layer term's paired rounds
