@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from overlapbench.predict.estimate import MEASURED_IN_LAYER, NO_IN_LAYER
+from overlapbench.predict.estimate import AUTO, MEASURED_IN_LAYER, NO_IN_LAYER, ONE_CALL
 from overlapbench.tuning.results import SCHEMA
 from tests.checks import predict_validate as pv
 from tests.checks import predict_validation as pvn
@@ -67,8 +67,9 @@ def test_a_study_whose_rows_carry_the_paired_term_is_also_validated_charging_it(
     (folder / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     need = pv.Need("beside-layer rows", "m/*/rows.jsonl", required=False, current=pv.IN_LAYER)
     study = pv.Study(study.device, study.model, study.tp, study.spec, study.pieces, study.tables, (need,), study.measured)
-    variants = study.in_layer_variants()
-    assert variants == ((NO_IN_LAYER, MEASURED_IN_LAYER) if paired else (NO_IN_LAYER,))
+    variants = study.variants()
+    assert [v.in_layer for v in variants] == ([NO_IN_LAYER, MEASURED_IN_LAYER] if paired else [NO_IN_LAYER])
+    assert {v.transfer_beside for v in variants} == {AUTO}  # no rows hold the extra beside one call
     predicted = tmp_path / "predicted"
     predicted.mkdir()
     outcomes = [pv.run(study, predicted, v) for v in variants]
@@ -194,3 +195,34 @@ def test_a_study_whose_compute_is_not_the_pieces_is_flagged(tmp_path, monkeypatc
         assert f"rows are of {code}, the pieces' of {', '.join(sorted(pieces_code))})" in flagged[0]
     else:
         assert cell == median and not flagged
+
+
+def test_a_study_whose_rows_carry_the_extra_beside_one_call_is_also_validated_charging_it(tmp_path, monkeypatch):
+    """A prediction with `--transfer-beside one-call` beside the default where the contention rows
+    used carry the extra beside one call (random, per row), labelled so, from the same inputs, its
+    predictions moved by the charge."""
+    rng = random.Random()
+    study = next(s for s in pv.STUDIES["h200"] if s.tp == 2)
+    contention = ROOT / study.contention_found().found()
+    rows = [json.loads(line) for line in contention.read_text().splitlines() if line.strip()]
+    rows = [r | {pv.ONE_CALL_EXTRA: rng.uniform(0.0, 0.05)} for r in rows]
+    for name in ("results", "sweeps"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    monkeypatch.setattr(pv, "ROOT", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "m" / f"{rng.randrange(1 << 24):06x}"
+    folder.mkdir(parents=True)
+    (folder / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    need = pv.Need("beside-layer rows", "m/*/rows.jsonl", required=False, current=pv.IN_LAYER)
+    study = pv.Study(study.device, study.model, study.tp, study.spec, study.pieces, study.tables, (need,), study.measured)
+    variants = study.variants()
+    assert variants[0] == pv.DEFAULT and variants[-1] == pv.Variant(transfer_beside=ONE_CALL)
+    predicted = tmp_path / "predicted"
+    predicted.mkdir()
+    plain, one_call = (pv.run(study, predicted, v) for v in (variants[0], variants[-1]))
+    table = [line for line in pv.report("h200", [plain, one_call]).splitlines() if line.startswith(f"| {study.title}")]
+    sections = len(study.measured)
+    assert [", with --transfer-beside one-call" in line for line in table] == [False] * sections + [True] * sections
+    a, b = plain.sections[0][2], one_call.sections[0][2]
+    assert a["points"] and len(a["points"]) == len(b["points"])
+    assert any(x["predicted"] != y["predicted"] for x, y in zip(a["points"], b["points"]))

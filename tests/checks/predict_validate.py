@@ -16,9 +16,10 @@ from an older measurement (its rows lack a field it has now: the beside-layer ro
 in-layer term's paired rounds) is used as predict uses it, and listed as one to make again.
 
 Each study is predicted with predict's defaults (`--in-layer none`: blocking all-reduces cost their
-time in the table); a study whose contention rows carry the in-layer term of the paired rounds is
-predicted again with `--in-layer measured`, from the same inputs, and reported beside it
-(IN_LAYER_VARIANTS), so the file shows what charging that term does.
+time in the table; `--transfer-beside auto`); a study whose contention rows carry the in-layer term
+of the paired rounds is predicted again with `--in-layer measured`, and one whose rows carry the
+extra beside one call again with `--transfer-beside one-call`, from the same inputs, each reported
+beside the default (Variant), so the file shows what each term does.
 
 The device calls that make what is missing are CALLS below (each inside one 600 s call; OUT is
 the call's output folder, <commit> the code's; commit what comes back under
@@ -46,8 +47,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from overlapbench.comm.in_layer import TERM as IN_LAYER_TERM  # noqa: E402
-from overlapbench.predict.estimate import IN_LAYER as IN_LAYER_VARIANTS  # noqa: E402
-from overlapbench.predict.estimate import NO_IN_LAYER  # noqa: E402
+from overlapbench.predict.contention import ONE_CALL_EXTRA  # noqa: E402
+from overlapbench.predict.estimate import AUTO, MEASURED_IN_LAYER, NO_IN_LAYER, ONE_CALL  # noqa: E402
 from overlapbench.tuning.results import read_rows  # noqa: E402
 from tests.checks.predict_validation import COMPUTE_OFF, compare, compute_cell, markdown  # noqa: E402
 
@@ -100,6 +101,29 @@ class Need:
 
 
 @dataclass(frozen=True)
+class Variant:
+    """How a study is predicted: predict's `--in-layer` and `--transfer-beside`."""
+
+    in_layer: str = NO_IN_LAYER
+    transfer_beside: str = AUTO
+
+    @property
+    def title(self) -> str:
+        """What a prediction's titles add: the options set where not the defaults."""
+        said = ([f"--in-layer {self.in_layer}"] if self.in_layer != NO_IN_LAYER else []) + (
+            [f"--transfer-beside {self.transfer_beside}"] if self.transfer_beside != AUTO else [])
+        return f", with {' and '.join(said)}" if said else ""
+
+    @property
+    def name(self) -> str:
+        """A file name's part for it."""
+        return f"{self.in_layer}-{self.transfer_beside}"
+
+
+DEFAULT = Variant()
+
+
+@dataclass(frozen=True)
 class Study:
     """One model at one TP on one device kind: its inputs and the measured rows it is held to."""
 
@@ -122,13 +146,16 @@ class Study:
         """The contention input used: the first of `contention` committed."""
         return next((n for n in self.contention if n.found() is not None), None)
 
-    def in_layer_variants(self) -> tuple[str, ...]:
-        """The `--in-layer` choices (predict's IN_LAYER, the default first) to validate with: the
-        default, and `measured` where the contention rows used carry the in-layer term of the
-        paired rounds (a second prediction, its rows labelled with it)."""
+    def variants(self) -> tuple[Variant, ...]:
+        """How to predict the study, the default first: `--in-layer measured` too where the
+        contention rows used carry the in-layer term of the paired rounds, `--transfer-beside
+        one-call` where they carry the extra beside one call (each a prediction of its own, its
+        lines labelled with it)."""
         used = self.contention_found()
-        paired = used is not None and any(r.get(IN_LAYER_TERM) is not None for r in read_rows(ROOT / used.found()))
-        return IN_LAYER_VARIANTS if paired else IN_LAYER_VARIANTS[:1]
+        rows = read_rows(ROOT / used.found()) if used is not None else []
+        holds = lambda field: any(r.get(field) is not None for r in rows)
+        return ((DEFAULT,) + ((Variant(in_layer=MEASURED_IN_LAYER),) if holds(IN_LAYER_TERM) else ())
+                + ((Variant(transfer_beside=ONE_CALL),) if holds(ONE_CALL_EXTRA) else ()))
 
 
 def _h100(model: str, short: str) -> list[Study]:
@@ -231,7 +258,7 @@ class Outcome:
     sections: list[tuple[str, str, dict]] = field(default_factory=list)
     summary: list[str] = field(default_factory=list)  # predict's summary lines
     contention: str = "none"
-    in_layer: str = NO_IN_LAYER  # predict's --in-layer
+    how: Variant = DEFAULT  # predict's options
     pieces_code: str | None = None  # the commit(s) the pieces' rows name
 
     @property
@@ -241,23 +268,23 @@ class Outcome:
 
     @property
     def variant(self) -> str:
-        """What the prediction's titles add: its --in-layer where not the default."""
-        return "" if self.in_layer == NO_IN_LAYER else f", with --in-layer {self.in_layer}"
+        """What the prediction's titles add: its options where not the defaults."""
+        return self.how.title
 
 
 def validate(device: str, rows_dir: Path) -> list[Outcome]:
-    """Every study of the device kind, with each of its --in-layer variants (the default first)."""
-    return [run(s, rows_dir, in_layer) for s in STUDIES[device] for in_layer in s.in_layer_variants()]
+    """Every study of the device kind, with each of its variants (the default first)."""
+    return [run(s, rows_dir, how) for s in STUDIES[device] for how in s.variants()]
 
 
-def run(study: Study, rows_dir: Path, in_layer: str = NO_IN_LAYER) -> Outcome:
-    """Predict the study from its inputs (`predict --in-layer in_layer`) and compare with each
-    measured file; or say what is missing."""
+def run(study: Study, rows_dir: Path, how: Variant = DEFAULT) -> Outcome:
+    """Predict the study from its inputs (with `how`'s options) and compare with each measured
+    file; or say what is missing."""
     from overlapbench.predict import command
 
     needs = _needs(study)
     out = _wanted(study)
-    out.in_layer = in_layer
+    out.how = how
     if any(n.required for n in out.missing):
         return out
     found = {n: n.found() for n in needs}
@@ -270,11 +297,12 @@ def run(study: Study, rows_dir: Path, in_layer: str = NO_IN_LAYER) -> Outcome:
             return out
     out.contention = "none" if contention is None else contention.what
     out.pieces_code = ", ".join(sorted({r["git"] for r in read_rows(ROOT / found[study.pieces]) if r.get("git")})) or None
-    predicted = rows_dir / f"predicted-{study.model}-tp{study.tp}-{in_layer}.jsonl"
+    predicted = rows_dir / f"predicted-{study.model}-tp{study.tp}-{how.name}.jsonl"
     predicted.unlink(missing_ok=True)
     comm = [found[n] for n in study.tables if found[n] is not None] + ([found[contention]] if contention else [])
     _, out.summary = command.run(command.Options(spec=ROOT / study.spec, tp=study.tp, comm=comm, compute=[found[study.pieces]],
-                                                 output=predicted, in_layer=in_layer))
+                                                 output=predicted, in_layer=how.in_layer,
+                                                 transfer_beside=how.transfer_beside))
     rows = read_rows(predicted)
     for title, paths in measured:
         sources = f"{', '.join(_rel(p) for p in paths)}, runs {', '.join(_runs(paths))}"
