@@ -266,44 +266,28 @@ PREDICTED_H100, PREDICTED_H200 = "results/predicted-h100/validation.md", "result
 VALIDATION_ROW = ("| {device} | {model} | {tp} | {{points}} | {{median}} | {{p90}} | {{worst}} | {{picks}} | {contention} "
                   "| {{compute}} |")
 MEASURED_TERM = ", with --in-layer measured"
+
+
+def _lines(md: str, device: str, models: tuple[str, ...], tp: int, measured: str, layer: str) -> list[tuple]:
+    """A validation's summary lines of one device's studies, per model the default prediction and
+    the one charging the in-layer term: (md, device, model, tp, the study's title, variant, the
+    contention cell, beside `layer`)."""
+    return [(md, device, model, tp, measured, variant, f"beside {layer}, {term}")
+            for model in models for variant, term in (("", "no in-layer term"), (MEASURED_TERM, "`--in-layer measured`"))]
+
+
+BOTH = ("llama3-70b", "llama3-8b")
 VALIDATION_ROWS = [
-    *((PREDICTED_H100, "2x H100", model, 2, "measured on 2x H100", variant, contention)
-      for model in ("llama3-70b", "llama3-8b")
-      for variant, contention in (("", "beside the layer, no in-layer term"),
-                                  (MEASURED_TERM, "beside the layer, `--in-layer measured`"))),
-    *((PREDICTED_H200, "2x H200", model, 2, "measured on 2x H200", variant, contention)
-      for model in ("llama3-70b", "llama3-8b")
-      for variant, contention in (("", "beside the layer, no in-layer term"),
-                                  (MEASURED_TERM, "beside the layer, `--in-layer measured`"))),
-    *((PREDICTED_H200, "2x H200 (GPUs 0-1 of 4), a3860b5", "llama3-70b", 2,
-       "1K-16K measured at a3860b5", variant, contention)
-      for variant, contention in (("", "beside the layer, no in-layer term"),
-                                  (MEASURED_TERM, "beside the layer, `--in-layer measured`"))),
-    *((PREDICTED_H200, "2x H200 (GPUs 0-1 of 4), 60ae8af", model, 2, "1K-32K measured at 60ae8af", variant, contention)
-      for model in ("llama3-70b", "llama3-8b")
-      for variant, contention in (("", "beside the layer, no in-layer term"),
-                                  (MEASURED_TERM, "beside the layer, `--in-layer measured`"))),
-    *((PREDICTED_H200, "4x H200", model, 4, "measured on 4x H200", variant, contention)
-      for model in ("llama3-70b", "llama3-8b")
-      for variant, contention in (("", "beside TP=4's layer, no in-layer term"),
-                                  (MEASURED_TERM, "beside TP=4's layer, `--in-layer measured`"))),
-    *((PREDICTED_H200, "4x H200, a3860b5", model, 4, "measured again on 4x H200", variant, contention)
-      for model in ("llama3-70b", "llama3-8b")
-      for variant, contention in (("", "beside TP=4's layer, no in-layer term"),
-                                  (MEASURED_TERM, "beside TP=4's layer, `--in-layer measured`"))),
-    *((PREDICTED_H200, "4x H200, 1968c70", model, 4, "measured at 1968c70 on a third 4x H200 machine", variant, contention)
-      for model in ("llama3-70b", "llama3-8b")
-      for variant, contention in (("", "beside TP=4's layer, no in-layer term"),
-                                  (MEASURED_TERM, "beside TP=4's layer, `--in-layer measured`"))),
-    *((PREDICTED_H200, "4x H200, 2112bbf, one machine's inputs", model, 4, "2112bbf's study, table and layer rows, one machine",
-       variant, contention)
-      for model in ("llama3-70b", "llama3-8b")
-      for variant, contention in (("", "beside TP=4's layer, no in-layer term"),
-                                  (MEASURED_TERM, "beside TP=4's layer, `--in-layer measured`"))),
-    *((PREDICTED_H100, "4x H100", model, 4, "measured on 4x H100", variant, contention)
-      for model in ("llama3-70b", "llama3-8b")
-      for variant, contention in (("", "beside TP=4's layer, no in-layer term"),
-                                  (MEASURED_TERM, "beside TP=4's layer, `--in-layer measured`"))),
+    *_lines(PREDICTED_H100, "2x H100", BOTH, 2, "measured on 2x H100", "the layer"),
+    *_lines(PREDICTED_H200, "2x H200", BOTH, 2, "measured on 2x H200", "the layer"),
+    *_lines(PREDICTED_H200, "2x H200 (GPUs 0-1 of 4), a3860b5", ("llama3-70b",), 2, "1K-16K measured at a3860b5", "the layer"),
+    *_lines(PREDICTED_H200, "2x H200 (GPUs 0-1 of 4), 60ae8af", BOTH, 2, "1K-32K measured at 60ae8af", "the layer"),
+    *_lines(PREDICTED_H200, "4x H200", BOTH, 4, "measured on 4x H200", "TP=4's layer"),
+    *_lines(PREDICTED_H200, "4x H200, a3860b5", BOTH, 4, "measured again on 4x H200", "TP=4's layer"),
+    *_lines(PREDICTED_H200, "4x H200, 1968c70", BOTH, 4, "measured at 1968c70 on a third 4x H200 machine", "TP=4's layer"),
+    *_lines(PREDICTED_H200, "4x H200, 2112bbf, one machine's inputs", BOTH, 4,
+            "2112bbf's study, table and layer rows, one machine", "TP=4's layer"),
+    *_lines(PREDICTED_H100, "4x H100", BOTH, 4, "measured on 4x H100", "TP=4's layer"),
 ]
 
 
