@@ -277,10 +277,16 @@ def measured_choice(batch_rows: list[analysis.Measured], strategy: str, **knobs)
     return choice
 
 
+def batch_at(store: str, tokens: int) -> list[analysis.Measured]:
+    """The layer rows of a store's one batch of `tokens` tokens (batches_of)."""
+    (batch,) = [at for _, composition, at in batches_of(store) if sum(composition[0]) == tokens]
+    return batch
+
+
 def paired_gain(store: str, tokens: int, a: tuple[str, dict], b: tuple[str, dict]) -> tune.Gain:
     """Choice `a` over choice `b` (each a strategy and the knobs it holds) at one token count of a
     store, paired round by round (tune.gain: speedup and 95% interval)."""
-    (batch,) = [at for _, composition, at in batches_of(store) if sum(composition[0]) == tokens]
+    batch = batch_at(store, tokens)
     return tune.gain(measured_choice(batch, a[0], **a[1]), measured_choice(batch, b[0], **b[1]))
 
 
@@ -307,8 +313,7 @@ def against_no_comm(store: str) -> dict[int, tuple[analysis.Measured, analysis.M
     out = {}
     for _, composition, at in batches_of(store):
         free = analysis.bound(at)
-        best = min((m for m in at if m.checked and m.strategy != analysis.BOUND and m.knobs.get("comm") != "none"),
-                   key=lambda m: m.ms)
+        best = min((m for m in communicating(at) if m.checked), key=lambda m: m.ms)
         out[sum(composition[0])] = (best, free, tune.gain(best, free))
     return out
 

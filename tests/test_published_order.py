@@ -323,8 +323,7 @@ def _against_free_16k() -> dict:
     long-prompt runs and their repeats; the split with transfers against the same split with none,
     and that split against `no_comm`."""
     long8, again8, long70, again70 = LONG_TP4_H100["8b"], AGAIN_16K["8b"], LONG_TP4_H100["70b"], AGAIN_16K["70b"]
-    ms = lambda store, choice: f.measured_choice(*[at for _, c, at in f.batches_of(store) if sum(c[0]) == 16384],
-                                                 choice[0], **choice[1]).ms
+    ms = lambda store, choice: f.measured_choice(f.batch_at(store, 16384), choice[0], **choice[1]).ms
     with_transfers = [(long8, AUTO_PIECES), (again8, AUTO_PIECES), (long70, ONE_PIECE), (again70, ONE_PIECE)]
     ahead = [f.paired_gain(store, 16384, choice, SPLIT_ALONE) for store, choice in with_transfers]
     alone = [f.paired_gain(store, 16384, SPLIT_ALONE, FREE) for store, _ in with_transfers]

@@ -391,12 +391,6 @@ _fourth_against_third = functools.cache(lambda: _run_against(FOURTH, CE_STUDIES)
 _fifth_against_fourth = functools.cache(lambda: _run_against(FIFTH, FOURTH))
 
 
-def _twin(choice, among: list):
-    """The one choice of `among` with `choice`'s strategy and knobs (another run's same setting)."""
-    (twin,) = [m for m in among if (m.strategy, m.knobs) == (choice.strategy, choice.knobs)]
-    return twin
-
-
 def _where_the_fastest_differs() -> dict:
     """The points where the H100 run's fastest setting is not the H200 run's, and in each run the
     paired gain of that run's fastest over the other run's (tune.gain): all within the noise on
@@ -410,8 +404,9 @@ def _where_the_fastest_differs() -> dict:
             if (h100.strategy, h100.knobs) == (h200.strategy, h200.knobs):
                 continue
             where.append(f"{model} {t // 1024}K")
-            h100_gains.append(tune.gain(h100, _twin(h200, h100_all)))
-            g = tune.gain(h200, _twin(h100, h200_all))
+            twin = lambda choice, among: f.measured_choice(among, choice.strategy, **choice.knobs)  # the other's setting
+            h100_gains.append(tune.gain(h100, twin(h200, h100_all)))
+            g = tune.gain(h200, twin(h100, h200_all))
             if not g.lo <= 1 <= g.hi:
                 h200_beyond.append((f"{model} {t // 1024}K", g))
     assert all(g.lo <= 1 <= g.hi for g in h100_gains), h100_gains
