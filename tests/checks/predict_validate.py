@@ -222,16 +222,26 @@ def _h200(model: str) -> list[Study]:
                     (Need("the TP=4 study at a3860b5", f"{x4}/a3860b5/{model}-tp4.jsonl"),)),
                    (f"{model} TP=4, measured at 1968c70 on a third 4x H200 machine (its `ce_out: kernel` points skipped)",
                     (Need("the TP=4 study at 1968c70", f"{x4}/1968c70/{model}-tp4.jsonl"),)),)),
-            # the same grid from the table and the layer's rows (512 tokens to 32K in one run) of the
-            # machine that timed the study they are held to, all of 2112bbf's code
-            Study("h200", model, 4, f"sweeps/{model}-tp4.yaml",
-                  tp4_pieces,
-                  (Need("the 4x H200 all-reduce table at 2112bbf", f"{x4}/2112bbf/comm.jsonl"),),
-                  (Need("beside-layer rows at 2112bbf (4x H200)", f"{x4}/2112bbf/comm-beside-layer-{model}.jsonl",
-                        current=IN_LAYER),),
-                  ((f"{model} TP=4, 2112bbf's study, table and layer rows, one machine",
-                    (Need("the TP=4 study at 2112bbf", f"{x4}/2112bbf/{model}-tp4.jsonl"),)),),
-                  inputs=", one machine's inputs (2112bbf)")]
+            *(_one_machine_h200(model, commit, tp4_pieces) for commit in ONE_MACHINE_H200)]
+
+
+# 4x H200 runs whose table, beside-layer rows (512 tokens to 32K) and TP=4 studies came from one
+# machine and one commit: 2112bbf's, and bfff1d7's (the copy-engine path whose kernel writes its own
+# rows in the table, and the beside-layer rows with the extra beside one call)
+ONE_MACHINE_H200 = ("2112bbf", "bfff1d7")
+
+
+def _one_machine_h200(model: str, commit: str, pieces: Need) -> Study:
+    """The TP=4 grid predicted from the table and the layer's rows of the machine that timed the
+    study it is held to, all of one commit's code."""
+    x4 = f"results/h200x4/{commit}"
+    return Study("h200", model, 4, f"sweeps/{model}-tp4.yaml", pieces,
+                 (Need(f"the 4x H200 all-reduce table at {commit}", f"{x4}/comm.jsonl"),),
+                 (Need(f"beside-layer rows at {commit} (4x H200)", f"{x4}/comm-beside-layer-{model}.jsonl",
+                       current=IN_LAYER),),
+                 ((f"{model} TP=4, {commit}'s study, table and layer rows, one machine",
+                   (Need(f"the TP=4 study at {commit}", f"{x4}/{model}-tp4.jsonl"),)),),
+                 inputs=f", one machine's inputs ({commit})")
 
 
 def _diagnostic(model: str) -> Study:
