@@ -4,6 +4,7 @@ changed in the text, or rows that no longer give it, fails with the passage as i
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 
@@ -404,6 +405,39 @@ def _transfer_charges() -> dict:
     return out
 
 
+@functools.cache
+def _one_call_charges() -> dict:
+    """tests/checks/transfer_charge.py's one-call charges on the 4x H200 rows of bfff1d7 (`a` 70B,
+    `b` 8B), per setting by token count, measured (`_m`); the copy-engine splits' at 1K-2K, with
+    and without the one-call stretch (`ce`, `ce_s`, measured `ce_m`), and the 8K-32K ranges."""
+    from unittest import mock
+
+    from overlapbench.predict.contention import Contention
+    from tests.checks import transfer_charge
+
+    def charges(model: str) -> dict:
+        return transfer_charge.charges("4x H200 (bfff1d7)", model)
+
+    found = {k: charges(m) for k, m in (("a", "llama3-70b"), ("b", "llama3-8b"))}
+    with mock.patch.object(Contention, "one_call_stretch", return_value=None):  # the copy engine as fast as alone
+        unstretched = {k: charges(m) for k, m in (("a", "llama3-70b"), ("b", "llama3-8b"))}
+    key = {"nccl_symm 16/16": "symm", "fused 16/16": "fused", "copy_engine 32/32": "copy",
+           "copy_engine 32/32, ce_out kernel": "kernel"}
+    out = {}
+    for k, by_setting in found.items():
+        for name, by_tokens in by_setting.items():
+            out[f"{k}_{key[name]}"] = {t: c.charged_one_call for t, c in by_tokens.items()}
+            out[f"{k}_{key[name]}_m"] = {t: c.measured for t, c in by_tokens.items()}
+    small, long = (1024, 2048), (8192, 16384, 32768)
+    copy_engine = [(k, s) for k in found for s in ("copy", "kernel")]
+    out |= {"ce": bounds(out[f"{k}_{s}"][t] for k, s in copy_engine for t in small),
+            "ce_m": bounds(out[f"{k}_{s}_m"][t] for k, s in copy_engine for t in small),
+            "ce_s": bounds(unstretched[k][name].get(t).charged_one_call for k in found for name in
+                           ("copy_engine 32/32", "copy_engine 32/32, ce_out kernel") for t in small)}
+    out |= {f"a_{s}8{m}": bounds(out[f"a_{s}{m}"][t] for t in long) for s in ("copy", "kernel") for m in ("", "_m")}
+    return out
+
+
 def _copy_charged_as_kernel() -> dict:
     """_transfer_charges, where `copy` and `kernel` are charged the same at 4K-16K (two decimals)."""
     found = _transfer_charges()
@@ -488,6 +522,26 @@ PREDICT_CLAIMS = [
     Claim("docs/predict.md", "where `copy` and `kernel` measured {h_copy[measured][2048]:.2f} and {h_kernel[measured][2048]:.2f} "
                              "and the rows still part them ({h_copy[stretch][2048]:.1f}x against {h_kernel[stretch][2048]:.1f}x)",
           _transfer_charges),
+    *[Claim("docs/predict.md", f"| {label} | " + "{a[points]} | {a[median]} | {a[worst]} | {a[picks]} |",
+            lambda study=f"{model} TP=4, bfff1d7's study, table and layer rows, one machine{variant}":
+            {"a": f.validation_line(PREDICTED_H200, study)})
+      for model in ("llama3-70b", "llama3-8b")
+      for label, variant in (("default", ""), ("`--in-layer measured`", MEASURED_TERM),
+                             ("`--transfer-beside one-call`", ", with --transfer-beside one-call"))],
+    Claim("docs/predict.md", "({a[points]} points where 2112bbf's had {b[points]})",
+          lambda: {k: f.validation_line(PREDICTED_H200, f"llama3-70b TP=4, {c}'s study, table and layer rows, one machine")
+                   for k, c in (("a", "bfff1d7"), ("b", "2112bbf"))}),
+    Claim("docs/predict.md", "charged {ce[lo]:.2f}-{ce[hi]:.2f} at 1K-2K where the splits measured {ce_m[lo]:.2f}-{ce_m[hi]:.2f} "
+                             "(without the stretch {ce_s[lo]:.2f}-{ce_s[hi]:.2f})", lambda: _one_call_charges()),
+    Claim("docs/predict.md", "the fused kernel at 70B 1K is charged {a_fused[1024]:.2f}",
+          lambda: _one_call_charges()),
+    Claim("docs/predict.md", "where it measured {a_fused_m[1024]:.2f}, `nccl_symm` at 8B 1K-2K {b_symm[1024]:.2f} and "
+                             "{b_symm[2048]:.2f} where it measured {b_symm_m[1024]:.2f} and {b_symm_m[2048]:.2f}",
+          lambda: _one_call_charges()),
+    Claim("docs/predict.md", "near the measured for the `copy` writer ({a_copy8[lo]:.2f}-{a_copy8[hi]:.2f} against "
+                             "{a_copy8_m[lo]:.2f}-{a_copy8_m[hi]:.2f} at 70B), over it for the `kernel` writer "
+                             "({a_kernel8[lo]:.2f}-{a_kernel8[hi]:.2f} against {a_kernel8_m[lo]:.2f}-{a_kernel8_m[hi]:.2f})",
+          lambda: _one_call_charges()),
 ]
 
 

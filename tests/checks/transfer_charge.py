@@ -1,7 +1,7 @@
 """What a split's transfers cost it, measured, against what `predict` charges them (no GPU):
 docs/predict.md, Why TP=4 misses (4x H100).
 
-    python tests/checks/transfer_charge.py            # 4x H100 and 4x H200, both models, markdown
+    python tests/checks/transfer_charge.py            # every TP=4 machine of MACHINES, both models, markdown
 
 Per split setting and token count of a TP=4 study, per transfer and as a share of the transfer's
 time alone in the comm table (`alone`):
@@ -10,6 +10,8 @@ time alone in the comm table (`alone`):
   alone): what moving the partial sums cost the split, paired within the study's run;
 - charged: the same difference of predict's own estimates of the two points, from the inputs
   `predict_validate.py` validates with (the machine's table and beside-layer rows, one GPU's pieces);
+- charged under `--transfer-beside one-call`, where the machine's beside-layer rows hold the extra
+  beside one call (bfff1d7's on 4x H200: docs/predict.md, the one-call window measured);
 - the beside-layer rows' compute loss and transfer stretch at the transfer's path, CTAs and size,
   and their product (the compute predict takes from the split under `--transfer-beside auto`, as a
   share of `alone`, for the SM-based paths; the copy-engine paths are charged nothing under auto).
@@ -31,7 +33,8 @@ from overlapbench import strategies  # noqa: E402
 from overlapbench.comm.sizes import DTYPE_BYTES  # noqa: E402
 from overlapbench.predict.comm_table import NotInTable  # noqa: E402
 from overlapbench.predict.command import load_inputs  # noqa: E402
-from overlapbench.predict.estimate import AUTO, estimate  # noqa: E402
+from overlapbench.predict.contention import ONE_CALL_EXTRA  # noqa: E402
+from overlapbench.predict.estimate import AUTO, ONE_CALL, estimate  # noqa: E402
 from overlapbench.run.piece_keys import batch_of  # noqa: E402
 from overlapbench.specs import spec as specs  # noqa: E402
 from overlapbench.tuning.results import read_rows  # noqa: E402
@@ -39,7 +42,8 @@ from overlapbench.tuning.results import read_rows  # noqa: E402
 # Each machine's TP=4 inputs, as predict_validate.py's studies name them: its folder (the studies,
 # the table and the beside-layer rows of one run) and the one GPU's pieces.
 MACHINES = {"4x H100": ("results/h100x4/b71640f", "results/h100x1/d6478c6"),
-            "4x H200": ("results/h200x4/2112bbf", "results/h200/a9c1a0e")}
+            "4x H200": ("results/h200x4/2112bbf", "results/h200/a9c1a0e"),
+            "4x H200 (bfff1d7)": ("results/h200x4/bfff1d7", "results/h200/a9c1a0e")}
 MODELS = ("llama3-70b", "llama3-8b")
 TOKENS = (1024, 2048, 4096, 8192, 16384, 32768)
 # The split settings compared, by the knobs that tell them apart; every other knob at its default.
@@ -58,6 +62,7 @@ class Charge:
     charged: float
     loss: float
     stretch: float
+    charged_one_call: float | None  # predict's charge under --transfer-beside one-call, where the rows hold its extra
 
 
 def _holds(knobs: dict, wanted: dict) -> bool:
@@ -68,8 +73,11 @@ def charges(machine: str, model: str) -> dict[str, dict[int, Charge]]:
     """Setting -> token count -> Charge, for one machine's TP=4 study of `model` (a setting whose
     path the machine's table does not hold is left out)."""
     folder, pieces = (ROOT / p for p in MACHINES[machine])
-    inputs = load_inputs([folder / "comm.jsonl", folder / f"comm-beside-layer-{model}.jsonl"],
-                         [pieces / f"pieces-{model}-tp4-tp4.jsonl"], AUTO, 4, None, model)
+    comm = [folder / "comm.jsonl", folder / f"comm-beside-layer-{model}.jsonl"]
+    compute = [pieces / f"pieces-{model}-tp4-tp4.jsonl"]
+    inputs = load_inputs(comm, compute, AUTO, 4, None, model)
+    one_call = load_inputs(comm, compute, ONE_CALL, 4, None, model)
+    holds_one_call = any(r.get(ONE_CALL_EXTRA) is not None for r in read_rows(comm[1]))
     measured = {(r["tokens"], json.dumps(r["knobs"], sort_keys=True)): r["ms"] for r in read_rows(folder / f"{model}-tp4.jsonl")
                 if r.get("status") == "ok" and r["strategy"] == "token_split"}
     points = [p for p in specs.load(ROOT / f"sweeps/{model}-tp4.yaml", cuda=True).points(4, cuda=True)
@@ -98,10 +106,12 @@ def charges(machine: str, model: str) -> dict[str, dict[int, Charge]]:
                 break  # the machine's table has no rows of this setting's path: no row in the output
             per_layer = 2 * len(plan.chunks) * time_alone  # a reduction per block and chunk
             predicted = [estimate(p.strategy, p.knobs, batch, p.layers, p.dtype, inputs).ms for p in (split, alone)]
+            by_one_call = [estimate(p.strategy, p.knobs, batch, p.layers, p.dtype, one_call).ms for p in (split, alone)]
             beside = inputs.contention.at(transfer.path, transfer.ctas, nbytes)
             out.setdefault(name, {})[tokens] = Charge((ms(split) - ms(alone)) / per_layer,
                                                       (predicted[0] - predicted[1]) / per_layer,
-                                                      beside.gemm_loss, beside.transfer_stretch)
+                                                      beside.gemm_loss, beside.transfer_stretch,
+                                                      (by_one_call[0] - by_one_call[1]) / per_layer if holds_one_call else None)
     return out
 
 
@@ -115,11 +125,16 @@ def main() -> None:
     for machine in args.machine or sorted(MACHINES):
         for model in MODELS:
             for name, by_tokens in charges(machine, model).items():
-                cells = [f"{c.measured:.2f} / {c.charged:.2f} ({c.loss:.2f} x {c.stretch:.1f})" if (c := by_tokens.get(t))
-                         else "" for t in TOKENS]
+                cells = [f"{c.measured:.2f} / {c.charged:.2f}{_one_call(c)} ({c.loss:.2f} x {c.stretch:.1f})"
+                         if (c := by_tokens.get(t)) else "" for t in TOKENS]
                 print(f"| {machine} | {model} | {name} | " + " | ".join(cells) + " |")
-    print("\nEach cell: measured / charged per transfer, as a share of its time alone; in brackets the "
-          "beside-layer rows' compute loss x transfer stretch.")
+    print("\nEach cell: measured / charged per transfer, as a share of its time alone (and / charged under "
+          "`--transfer-beside one-call` where the rows hold its extra); in brackets the beside-layer rows' compute "
+          "loss x transfer stretch.")
+
+
+def _one_call(charge: Charge) -> str:
+    return "" if charge.charged_one_call is None else f" / {charge.charged_one_call:.2f}"
 
 
 if __name__ == "__main__":
