@@ -25,7 +25,7 @@ RESULTS = "docs/results-h200.md"
 
 
 README_70B = ("results/h100x2/331cb63/llama3-70b-tp2.jsonl",)  # the TP=2 run on 2x H100
-README_TP4 = {model: (f.CE_OUT_TP4 + f"{model}-tp4.jsonl",) for model in ("llama3-70b", "llama3-8b")}  # ce_out swept
+README_TP4 = {model: (f"results/h200x4/bfff1d7/{model}-tp4.jsonl",) for model in ("llama3-70b", "llama3-8b")}  # one piece swept
 
 
 def _table_row(tokens: int) -> dict:
