@@ -97,12 +97,9 @@ class PairedLoss:
         return [one - a for a, one in zip(self.alone_ms, self.one_call_ms)]
 
     def loss(self) -> float:
-        """The rounds' trimmed mean loss."""
-        import numpy as np
-
-        from overlapbench.timing.intervals import trimmed_log_mean
-
-        return float(trimmed_log_mean(np.asarray(self.losses(), dtype=float)))
+        """The rounds' trimmed mean loss (the value `fields` writes)."""
+        loss, _, _ = _trimmed(self.losses())
+        return loss
 
     def fields(self, prefix: str) -> dict:
         """The row's fields for the stream `prefix` (paired_fields names them, and one_call_fields
