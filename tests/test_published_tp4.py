@@ -196,30 +196,43 @@ def _rank_replays_of(folder, point: str, world: int = 4) -> list:
     return [exposed.read(folder / timeline.file_name(point, replay=True, rank=k)) for k in range(world)]
 
 
-def _rank_replays(name: str) -> list:
-    """Every rank's replay timeline (rank order) of one a3860b5 profile point at 32K on llama3-70b."""
+RANK_REPLAYS = f.AGAIN_TP4 + "profile-70b-tp4/"  # a3860b5's every-rank replays (4x H200)
+RANK_REPLAYS_H100 = PROFILES_TP4_H100 + "profile-70b-tp4/"  # the same points' on 4x H100
+
+
+def _rank_replays(name: str, profiles: str = RANK_REPLAYS) -> list:
+    """Every rank's replay timeline (rank order) of one profile point at 32K on llama3-70b."""
     from overlapbench.timing import timeline
 
-    folder = f.path(f.AGAIN_TP4 + "profile-70b-tp4/")
+    folder = f.path(profiles)
     point = REPLAY_POINTS[name].format(tokens=32768)
     (zero,) = [p for p in folder.glob(timeline.file_name(point, replay=True)) if timeline.RANK_TAG not in p.name]
     stem = zero.name.removesuffix(timeline.REPLAY_SUFFIX)
     return _rank_replays_of(folder, stem)
 
 
-def _ranks(name: str):
+def _ranks(name: str, profiles: str = RANK_REPLAYS):
     from overlapbench.report import ranks
 
-    return ranks.across(_rank_replays(name))
+    return ranks.across(_rank_replays(name, profiles))
 
 
-def _walls(name: str) -> list[float]:
-    return [t.wall / 1e3 for t in _ranks(name).totals]
+def _walls(name: str, profiles: str = RANK_REPLAYS) -> list[float]:
+    return [t.wall / 1e3 for t in _ranks(name, profiles).totals]
 
 
-def _rank_row(name: str) -> dict:
-    walls = _walls(name)
-    return {"w": walls, "vs": max(walls) - max(_walls("no_comm"))}
+def _rank_row(name: str, profiles: str = RANK_REPLAYS) -> dict:
+    walls = _walls(name, profiles)
+    return {"w": walls, "vs": max(walls) - max(_walls("no_comm", profiles))}
+
+
+def _h100_replays() -> dict:
+    """The 4x H100 replays against the 4x H200 ones: each card's spread at no_comm, and
+    flash_agrs's and the split alone's slowest rank against no_comm's on each kind."""
+    spread = lambda profiles: (max(w := _walls("no_comm", profiles)) / min(w) - 1) * 100
+    return {"h": spread(RANK_REPLAYS_H100), "r": spread(RANK_REPLAYS),
+            "fa": _rank_row("flash_agrs", RANK_REPLAYS_H100)["vs"], "fa_r": _rank_row("flash_agrs")["vs"],
+            "none": -_rank_row("none", RANK_REPLAYS_H100)["vs"], "none_r": -_rank_row("none")["vs"]}
 
 
 RANK_ROW = "| {label} | {{w[0]:.2f}} | {{w[1]:.2f}} | {{w[2]:.2f}} | {{w[3]:.2f}} | {{vs:+.2f}} |"
@@ -612,6 +625,15 @@ TP4_CLAIMS = [
                    "split alone takes {split8:.3f}x `no_comm`'s time, its half-size GEMMs {gemm8:.0f}% more GPU time: no "
                    "split can hide more than {cap8:.0f}% there, and `nccl_symm` under it hides {best8:.0f}%",
           lambda: _where_the_rest_goes(PROFILES_TP4_H100) | {"h200_gemm_ce": _where_the_rest_goes()["gemm_ce"]}),
+    *[Claim(TP4_DOC, RANK_ROW.format(label=label), lambda name=name: _rank_row(name, RANK_REPLAYS_H100))
+      for name, label in RANK_LABELS.items()],
+    Claim(TP4_DOC, "at `no_comm` the slowest rank takes {h:.1f}% longer than the fastest ({r:.1f}% on the H200s above)",
+          _h100_replays),
+    Claim(TP4_DOC, "On the slowest card `flash_agrs` ends level with `no_comm` ({fa:+.2f} ms over 4 layers; {fa_r:+.2f} on "
+                   "H200) and the split with no transfers {none:.2f} ms ahead of it ({none_r:.2f} on H200)", _h100_replays),
+    Claim(TP4_DOC, "in the fifth run's timed rows `flash_agrs` is {g[0]:.3f}x `no_comm` at 70B 32K, paired "
+                   "({g[1]:.3f}-{g[2]:.3f})",
+          lambda: {"g": _against_free(FIFTH["a"], 32768)}),
 ]
 
 
