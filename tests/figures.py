@@ -404,6 +404,21 @@ def validation_points(validation_md: str, section: str, what: str) -> dict[int, 
     return found
 
 
+def validation_picks(validation_md: str, section: str) -> dict[int, tuple[str, float, str, float]]:
+    """Token count -> (the measured pick, its speedup, the predicted pick, that pick's measured
+    speedup) of the pick table in the validation's section whose heading starts with `section`."""
+    found, inside = {}, False
+    for line in path(validation_md).read_text().splitlines():
+        if line.startswith("## "):
+            inside = line[3:].startswith(section + " (")
+        elif inside and line.startswith("| ") and not line.startswith("| tokens"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) == 6:
+                found[int(cells[0])] = (cells[1], float(cells[2]), cells[3], float(cells[4]))
+    if not found:
+        raise AssertionError(f"{validation_md}: no pick table in a section starting {section!r}")
+    return found
+
 def validation_errors(validation_md: str, section: str, what: str) -> dict[int, str]:
     """Token count -> the signed error ("+0.010") of one prediction in a validation's section
     (validation_points)."""
