@@ -450,6 +450,14 @@ def _kernel_picks_missed() -> dict:
         out[k + "_gap"] = bounds(p[1] - p[3] for p in kernel.values())
     return out
 
+def _copy_engine_one_call_rows() -> dict:
+    """The bfff1d7 beside-layer rows of the copy-engine paths at 512 and 1024 rows (a 1K and a 2K
+    split's chunk): the pass's extra beside one call (ms) and the call's time there over alone."""
+    rows = [r for m in ("llama3-70b", "llama3-8b") for r in f.rows(f"results/h200x4/bfff1d7/comm-beside-layer-{m}.jsonl")
+            if r["status"] == "ok" and r["strategy"].startswith("copy_engine") and r["tokens"] in (512, 1024)]
+    return {"extra": bounds(r["compute_one_call_extra_ms"] for r in rows),
+            "stretch": bounds(r["compute_one_call_op_ms"] / r["ms"] for r in rows)}
+
 def _copy_charged_as_kernel() -> dict:
     """_transfer_charges, where `copy` and `kernel` are charged the same at 4K-16K (two decimals)."""
     found = _transfer_charges()
@@ -543,6 +551,9 @@ PREDICT_CLAIMS = [
     Claim("docs/predict.md", "they are the measured best at {a} on 70B and {b} on 8B; predict prices them as `copy` (the "
                              "bullet above) and picks `copy` or the balanced split instead, {a_gap[lo]:.2f}-{a_gap[hi]:.2f} "
                              "below on 70B and {b_gap[lo]:.2f}-{b_gap[hi]:.2f} below on 8B at {b}", _kernel_picks_missed),
+    Claim("docs/predict.md", "beside one call is about nothing ({extra[lo]:+.3f} to {extra[hi]:+.3f} ms at 512 and 1024 rows), "
+                             "as the splits measure, but the call ran {stretch[lo]:.1f}-{stretch[hi]:.1f}x its time alone "
+                             "beside the pass", _copy_engine_one_call_rows),
     Claim("docs/predict.md", "({a[points]} points where 2112bbf's had {b[points]})",
           lambda: {k: f.validation_line(PREDICTED_H200, f"llama3-70b TP=4, {c}'s study, table and layer rows, one machine")
                    for k, c in (("a", "bfff1d7"), ("b", "2112bbf"))}),
