@@ -435,6 +435,8 @@ def _one_call_charges() -> dict:
             "ce_s": bounds(unstretched[k][name].get(t).charged_one_call for k in found for name in
                            ("copy_engine 32/32", "copy_engine 32/32, ce_out kernel") for t in small)}
     out |= {f"a_{s}8{m}": bounds(out[f"a_{s}{m}"][t] for t in long) for s in ("copy", "kernel") for m in ("", "_m")}
+    sm = [(out[f"{k}_{s}"][t], out[f"{k}_{s}_m"][t]) for k in found for s in ("symm", "fused") for t in long]
+    out |= {"sm_over": max(c / m for c, m in sm), "sm_under": sum(c < m for c, m in sm), "sm_n": len(sm)}
     return out
 
 
@@ -561,6 +563,8 @@ PREDICT_CLAIMS = [
                              "(without the stretch {ce_s[lo]:.2f}-{ce_s[hi]:.2f})", lambda: _one_call_charges()),
     Claim("docs/predict.md", "the fused kernel at 70B 1K is charged {a_fused[1024]:.2f}",
           lambda: _one_call_charges()),
+    Claim("docs/predict.md", "and on the SM paths up to {sm_over:.1f}x the measured (under it at {sm_under} of the {sm_n} "
+                             "points)", lambda: _one_call_charges()),
     Claim("docs/predict.md", "where it measured {a_fused_m[1024]:.2f}, `nccl_symm` at 8B 1K-2K {b_symm[1024]:.2f} and "
                              "{b_symm[2048]:.2f} where it measured {b_symm_m[1024]:.2f} and {b_symm_m[2048]:.2f}",
           lambda: _one_call_charges()),
