@@ -13,7 +13,7 @@ import functools
 import json
 import re
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from overlapbench.tuning import analysis, batches, results, tune
@@ -388,17 +388,22 @@ def validation_line(validation_md: str, study: str) -> dict[str, str]:
     raise AssertionError(f"{validation_md}: no summary line for {study!r}")
 
 
-def validation_points(validation_md: str, section: str, what: str) -> dict[int, tuple[float, float, str]]:
-    """Token count -> (measured, predicted, signed error as printed, "+0.010") of one prediction
-    (its label, e.g. "no_comm") in the validation's section whose heading starts with `section`."""
-    found, inside = {}, False
+def _section_cells(validation_md: str, section: str) -> Iterator[list[str]]:
+    """The cells of every table line (headers too) in the validation's sections whose heading
+    starts with `section`."""
+    inside = False
     for line in path(validation_md).read_text().splitlines():
         if line.startswith("## "):
             inside = line[3:].startswith(section + " (")
         elif inside and line.startswith("| "):
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if len(cells) == 5 and cells[1] == what:
-                found[int(cells[0])] = (float(cells[2]), float(cells[3]), cells[4])
+            yield [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def validation_points(validation_md: str, section: str, what: str) -> dict[int, tuple[float, float, str]]:
+    """Token count -> (measured, predicted, signed error as printed, "+0.010") of one prediction
+    (its label, e.g. "no_comm") in the validation's section whose heading starts with `section`."""
+    found = {int(c[0]): (float(c[2]), float(c[3]), c[4]) for c in _section_cells(validation_md, section)
+             if len(c) == 5 and c[1] == what}
     if not found:
         raise AssertionError(f"{validation_md}: no {what!r} in a section starting {section!r}")
     return found
@@ -407,17 +412,12 @@ def validation_points(validation_md: str, section: str, what: str) -> dict[int, 
 def validation_picks(validation_md: str, section: str) -> dict[int, tuple[str, float, str, float]]:
     """Token count -> (the measured pick, its speedup, the predicted pick, that pick's measured
     speedup) of the pick table in the validation's section whose heading starts with `section`."""
-    found, inside = {}, False
-    for line in path(validation_md).read_text().splitlines():
-        if line.startswith("## "):
-            inside = line[3:].startswith(section + " (")
-        elif inside and line.startswith("| ") and not line.startswith("| tokens"):
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if len(cells) == 6:
-                found[int(cells[0])] = (cells[1], float(cells[2]), cells[3], float(cells[4]))
+    found = {int(c[0]): (c[1], float(c[2]), c[3], float(c[4])) for c in _section_cells(validation_md, section)
+             if len(c) == 6 and c[0] != "tokens"}
     if not found:
         raise AssertionError(f"{validation_md}: no pick table in a section starting {section!r}")
     return found
+
 
 def validation_errors(validation_md: str, section: str, what: str) -> dict[int, str]:
     """Token count -> the signed error ("+0.010") of one prediction in a validation's section
