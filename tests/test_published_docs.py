@@ -390,6 +390,11 @@ def _h100_tp4_predictions_measured() -> dict:
     return out
 
 
+# tests/checks/transfer_charge.py's split settings, by the short names the claims' fields use
+SETTING_KEYS = {"nccl_symm 16/16": "symm", "fused 16/16": "fused", "copy_engine 32/32": "copy",
+                "copy_engine 32/32, ce_out kernel": "kernel"}
+
+
 def _transfer_charges() -> dict:
     """tests/checks/transfer_charge.py's figures at llama3-8b TP=4 on 4x H100 (`h`) and 4x H200
     (`r`): per setting, the measured and charged shares and the rows' loss and stretch by token count."""
@@ -399,9 +404,8 @@ def _transfer_charges() -> dict:
     out = {}
     for tag, machine in (("h", "4x H100"), ("r", "4x H200")):
         for name, by_tokens in transfer_charge.charges(machine, "llama3-8b").items():
-            key = {"nccl_symm 16/16": "symm", "fused 16/16": "fused", "copy_engine 32/32": "copy",
-                   "copy_engine 32/32, ce_out kernel": "kernel"}[name]
-            out[f"{tag}_{key}"] = {field: pick(by_tokens, field) for field in ("measured", "charged", "loss", "stretch")}
+            out[f"{tag}_{SETTING_KEYS[name]}"] = {field: pick(by_tokens, field)
+                                                  for field in ("measured", "charged", "loss", "stretch")}
     return out
 
 
@@ -421,19 +425,17 @@ def _one_call_charges() -> dict:
     found = {k: charges(m) for k, m in (("a", "llama3-70b"), ("b", "llama3-8b"))}
     with mock.patch.object(Contention, "one_call_stretch", return_value=None):  # the copy engine as fast as alone
         unstretched = {k: charges(m) for k, m in (("a", "llama3-70b"), ("b", "llama3-8b"))}
-    key = {"nccl_symm 16/16": "symm", "fused 16/16": "fused", "copy_engine 32/32": "copy",
-           "copy_engine 32/32, ce_out kernel": "kernel"}
     out = {}
     for k, by_setting in found.items():
         for name, by_tokens in by_setting.items():
-            out[f"{k}_{key[name]}"] = {t: c.charged_one_call for t, c in by_tokens.items()}
-            out[f"{k}_{key[name]}_m"] = {t: c.measured for t, c in by_tokens.items()}
+            out[f"{k}_{SETTING_KEYS[name]}"] = {t: c.charged_one_call for t, c in by_tokens.items()}
+            out[f"{k}_{SETTING_KEYS[name]}_m"] = {t: c.measured for t, c in by_tokens.items()}
     small, long = (1024, 2048), (8192, 16384, 32768)
     copy_engine = [(k, s) for k in found for s in ("copy", "kernel")]
     out |= {"ce": bounds(out[f"{k}_{s}"][t] for k, s in copy_engine for t in small),
             "ce_m": bounds(out[f"{k}_{s}_m"][t] for k, s in copy_engine for t in small),
-            "ce_s": bounds(unstretched[k][name].get(t).charged_one_call for k in found for name in
-                           ("copy_engine 32/32", "copy_engine 32/32, ce_out kernel") for t in small)}
+            "ce_s": bounds(c.charged_one_call for k in found for name, by_tokens in unstretched[k].items()
+                           if SETTING_KEYS[name] in ("copy", "kernel") for t, c in by_tokens.items() if t in small)}
     out |= {f"a_{s}8{m}": bounds(out[f"a_{s}{m}"][t] for t in long) for s in ("copy", "kernel") for m in ("", "_m")}
     sm = [(out[f"{k}_{s}"][t], out[f"{k}_{s}_m"][t]) for k in found for s in ("symm", "fused") for t in long]
     out |= {"sm_over": max(c / m for c, m in sm), "sm_under": sum(c < m for c, m in sm), "sm_n": len(sm)}
