@@ -23,7 +23,7 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +33,6 @@ from overlapbench import strategies  # noqa: E402
 from overlapbench.comm.sizes import DTYPE_BYTES  # noqa: E402
 from overlapbench.predict.comm_table import NotInTable  # noqa: E402
 from overlapbench.predict.command import load_inputs  # noqa: E402
-from overlapbench.predict.contention import ONE_CALL_EXTRA  # noqa: E402
 from overlapbench.predict.estimate import AUTO, ONE_CALL, estimate  # noqa: E402
 from overlapbench.run.piece_keys import batch_of  # noqa: E402
 from overlapbench.specs import spec as specs  # noqa: E402
@@ -69,6 +68,13 @@ def _holds(knobs: dict, wanted: dict) -> bool:
     return all(knobs.get(k) == v for k, v in (PLAIN | wanted).items())
 
 
+def _charged(split, alone, inputs, per_layer: float) -> float:
+    """predict's charge for the split's transfers under `inputs`: its estimate of the split less
+    its estimate of the same split with `comm: none`, per transfer as a share of its time alone."""
+    split_ms, alone_ms = (estimate(p.strategy, p.knobs, batch_of(p), p.layers, p.dtype, inputs).ms for p in (split, alone))
+    return (split_ms - alone_ms) / per_layer
+
+
 def charges(machine: str, model: str) -> dict[str, dict[int, Charge]]:
     """Setting -> token count -> Charge, for one machine's TP=4 study of `model` (a setting whose
     path the machine's table does not hold is left out)."""
@@ -76,8 +82,8 @@ def charges(machine: str, model: str) -> dict[str, dict[int, Charge]]:
     comm = [folder / "comm.jsonl", folder / f"comm-beside-layer-{model}.jsonl"]
     compute = [pieces / f"pieces-{model}-tp4-tp4.jsonl"]
     inputs = load_inputs(comm, compute, AUTO, 4, None, model)
-    one_call = load_inputs(comm, compute, ONE_CALL, 4, None, model)
-    holds_one_call = any(r.get(ONE_CALL_EXTRA) is not None for r in read_rows(comm[1]))
+    # the same inputs charged under --transfer-beside one-call, where the rows hold its extra
+    one_call = replace(inputs, stretch=ONE_CALL) if inputs.contention.one_call_extras else None
     measured = {(r["tokens"], json.dumps(r["knobs"], sort_keys=True)): r["ms"] for r in read_rows(folder / f"{model}-tp4.jsonl")
                 if r.get("status") == "ok" and r["strategy"] == "token_split"}
     points = [p for p in specs.load(ROOT / f"sweeps/{model}-tp4.yaml", cuda=True).points(4, cuda=True)
@@ -105,13 +111,11 @@ def charges(machine: str, model: str) -> dict[str, dict[int, Charge]]:
             except NotInTable:
                 break  # the machine's table has no rows of this setting's path: no row in the output
             per_layer = 2 * len(plan.chunks) * time_alone  # a reduction per block and chunk
-            predicted = [estimate(p.strategy, p.knobs, batch, p.layers, p.dtype, inputs).ms for p in (split, alone)]
-            by_one_call = [estimate(p.strategy, p.knobs, batch, p.layers, p.dtype, one_call).ms for p in (split, alone)]
             beside = inputs.contention.at(transfer.path, transfer.ctas, nbytes)
             out.setdefault(name, {})[tokens] = Charge((ms(split) - ms(alone)) / per_layer,
-                                                      (predicted[0] - predicted[1]) / per_layer,
+                                                      _charged(split, alone, inputs, per_layer),
                                                       beside.gemm_loss, beside.transfer_stretch,
-                                                      (by_one_call[0] - by_one_call[1]) / per_layer if holds_one_call else None)
+                                                      _charged(split, alone, one_call, per_layer) if one_call else None)
     return out
 
 
