@@ -211,7 +211,9 @@ def _rank_replays(name: str, profiles: str = RANK_REPLAYS) -> list:
     return _rank_replays_of(folder, stem)
 
 
+@functools.cache
 def _ranks(name: str, profiles: str = RANK_REPLAYS):
+    """One point's replays across ranks, read once: every row's figure against `no_comm` reads its."""
     from overlapbench.report import ranks
 
     return ranks.across(_rank_replays(name, profiles))
