@@ -7,6 +7,7 @@ and tests/checks/transfer_charge.py read these rows."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -29,7 +30,7 @@ def ok_rows(request) -> list[dict]:
 def test_every_case_holds_the_extra_beside_one_call_inside_its_interval(ok_rows):
     extra, ci, samples, op_ms = one_call_fields(LAYER)
     for row in ok_rows:
-        assert f"\"beside_measure\": {BESIDE_MEASURE}" in row["key"], row["key"]
+        assert json.loads(row["key"])["beside_measure"] == BESIDE_MEASURE, row["key"]
         lo, hi = row[ci]
         assert all(math.isfinite(v) for v in (row[extra], lo, hi, *row[samples])), row["strategy"]
         assert lo <= row[extra] <= hi
