@@ -11,6 +11,7 @@ from overlapbench.report import exposed, twins
 from overlapbench.timing import timeline
 from tests import figures as f
 from tests.published import Claim, bounds, claims_test
+from tests.test_published_order import _share
 
 DOC = "docs/long-prompts.md"
 RUN = "results/h200x2/b241e4c/"
@@ -41,8 +42,7 @@ def _miss(store: str, tokens: int, comm: str, target: float) -> dict:
 
 def _alone(store: str, tokens: int) -> float:
     """The share the balanced split with no transfers hides (%): what the split costs before any transfer."""
-    ms = _ms(store, tokens)
-    return (ms["baseline"] - ms["none"]) / (ms["baseline"] - ms["no_comm"]) * 100
+    return _split_alone_share(store + ".jsonl", tokens)
 
 
 def _name(tokens: int, what: str) -> str:
@@ -115,11 +115,9 @@ CLAIMS = [
 
 def _split_alone_share(store: str, tokens: int, **knobs) -> float:
     """The share (%) of the baseline's exposed communication the split with no transfers hides in a
-    profile run's timed rows (ms per layer)."""
-    rows = [r for r in f.rows(store) if r["status"] == "ok" and r["tokens"] == tokens]
-    ms = lambda strategy, **k: f.the_row(rows, strategy, **k)["ms"]
-    base, free = ms("baseline"), ms("no_comm")
-    return (base - ms("token_split", comm="none", **knobs)) / (base - free) * 100
+    profile run's timed rows, from their paired speedups (the document's definition)."""
+    rows = [r for r in f.rows(store) if r["status"] == "ok" and r["tokens"] == tokens and r["layers"] == 4]
+    return _share(f.the_row(rows, "token_split", comm="none", **knobs), rows)
 
 
 LEDGER = [  # the targets-stand table's rows: the label, the profile run's rows, its token count, the split's knobs
