@@ -40,6 +40,13 @@ def _miss(store: str, tokens: int, comm: str, target: float) -> dict:
     return {"hid": (base - best) / (base - free) * 100, "cut": best - (base - target * (base - free))}
 
 
+def _split_alone_share(store: str, tokens: int) -> float:
+    """The share (%) of the baseline's exposed communication the split with no transfers hides in a
+    profile run's timed rows, from their paired speedups (the document's definition)."""
+    rows = [r for r in f.rows(store) if r["status"] == "ok" and r["tokens"] == tokens and r["layers"] == 4]
+    return _share(f.the_row(rows, "token_split", comm="none"), rows)
+
+
 def _alone(store: str, tokens: int) -> float:
     """The share the balanced split with no transfers hides (%): what the split costs before any transfer."""
     return _split_alone_share(store + ".jsonl", tokens)
@@ -72,6 +79,33 @@ def _twin(folder: str, tokens: int, what: str) -> dict:
             "none": bounds(100 * s.beside["nothing"] / sum(s.beside.values()) for s in found)}
 
 
+def _longest(folder: str, tokens: int, what: str, n: int) -> list[exposed.Interval]:
+    """Rank 0's `n` longest exposed intervals of a point's replays (report --profile's table), longest first."""
+    got = exposed.analyze(_replay(folder, tokens, what).kernels)
+    return sorted(got.intervals, key=lambda i: -i.exposed)[:n]
+
+
+def _tails_64k() -> dict:
+    """At 70B 64K, the `nccl_symm` split's four longest exposed intervals: each replay's last
+    reduction, after the stack's last add + norm (checked), their sum and bytes."""
+    tails = _longest(A, 65536, "nccl_symm", 4)
+    assert {(i.after.kind, i.transfer.bytes) for i in tails} == {("norm", tails[0].transfer.bytes)}, tails
+    total = exposed.analyze(_replay(A, 65536, "nccl_symm").kernels).exposed
+    return {"sum": sum(i.exposed for i in tails) / 1e3, "of": total / 1e3, "mib": tails[0].transfer.bytes / 2**20,
+            "each": bounds(i.exposed / 1e3 for i in tails)}
+
+
+def _behind_gemm(folder: str, tokens: int, what: str, n: int) -> dict:
+    """A point's `n` longest exposed intervals, each after a GEMM (checked): their exposed ms, the
+    GEMMs' GFLOP (largest first, joined by "and") and the transfer's MiB where the trace knows it."""
+    longest = _longest(folder, tokens, what, n)
+    assert {i.after.kind for i in longest} == {"gemm"}, longest
+    sizes = {i.transfer.bytes for i in longest}
+    gflops = sorted({round(i.after.flops / 1e9) for i in longest}, reverse=True)
+    return {"ms": bounds(i.exposed / 1e3 for i in longest), "gflop": " and ".join(str(g) for g in gflops),
+            "mib": next(iter(sizes)) / 2**20 if len(sizes) == 1 and None not in sizes else None}
+
+
 def _long_70b() -> dict:
     return {"alone": _alone(A, 65536), "symm": _against_free(A, 65536, "nccl_symm"),
             "tw": _twin(A, 65536, "nccl_symm"), "ce": _twin(A, 65536, "copy_engine")}
@@ -86,6 +120,18 @@ def _split_8b() -> dict:
     return {"alone": alone, "cost": 100 - alone, "none": _against_free(B, 8192, "none")}
 
 
+LEDGER = [  # the targets-stand table's rows: the label, the profile run's rows, its token count
+    ("| llama3-70b TP=2, 2K, 90% |", "results/h200x2/f320f41/profile-70b-tp2-1k-2k.jsonl", 2048),
+    ("| llama3-70b TP=2, 8K, 90% |", A + ".jsonl", 8192),
+    ("| llama3-70b TP=2, 16K, 90% |", "results/h200x2/eccace6/profile-order-70b-tp2-4k-16k.jsonl", 16384),
+    ("| llama3-70b TP=2, 32K, 80% |", "results/h200x2/f320f41/profile-tp2-misses-70b.jsonl", 32768),
+    ("| llama3-70b TP=2, 64K, 80% |", A + ".jsonl", 65536),
+    ("| llama3-8b TP=2, 2K, 75% |", "results/h200x2/f320f41/profile-tp2-misses-8b.jsonl", 2048),
+    ("| llama3-8b TP=2, 8K, 85% |", B + ".jsonl", 8192),
+    ("| llama3-70b TP=4, 2K, 85% |", "results/h200x4/f9d2080/profile-tp4-misses-70b.jsonl", 2048),
+    ("| llama3-8b TP=4, 4K, 80% |", "results/h200x4/f9d2080/profile-tp4-misses-8b.jsonl", 4096),
+]
+
 ROWS = ("| llama3-70b, 2 | 8K | 6cd018d751b4 | `nccl_symm` split 16/16, balanced cut, after the next GEMM | "
         "{a8[hid]:.0f}% | 90% | {a8[cut]:.3f} | | llama3-70b, 2 | 64K | 6cd018d751b4 | `nccl_symm` split 16/16, balanced "
         "cut, after the next GEMM | {a64[hid]:.0f}% | 80% | {a64[cut]:.3f} | | llama3-8b, 2 | 8K | fa8dbd77bad0 | "
@@ -96,7 +142,8 @@ CLAIMS = [
                               "b8": _miss(B, 8192, "copy_engine", 0.85)}),
     Claim(DOC, "the balanced split with no transfers hides {alone:.0f}% in the timed rows. In rank 0's replays the "
                "`nccl_symm` split is {symm[wall]:.1f} ms behind `no_comm` over the 16 layers: {symm[compute]:.1f} ms more "
-               "compute busy time, {symm[exposed]:.1f} ms exposed. Against its twin with no transfers its GEMMs run "
+               "compute busy time, {symm[exposed]:.1f} ms exposed", _long_70b),
+    Claim(DOC, "Against its twin with no transfers its GEMMs run "
                "{tw[pct][lo]:.1f}-{tw[pct][hi]:.1f}% longer (each rank's median; {tw[gemm][lo]:.1f}-{tw[gemm][hi]:.1f} ms "
                "per layer) and its attention {tw[attn][lo]:.1f}-{tw[attn][hi]:.1f} ms, though {tw[none][lo]:.0f}-"
                "{tw[none][hi]:.0f}% of the GEMMs' time has nothing of the transfer path beside it; the copy-engine split's "
@@ -110,29 +157,17 @@ CLAIMS = [
                "communication is gone before any transfer runs, where the target leaves 15%. In rank 0's replays that "
                "split is {none[wall]:.1f} ms behind `no_comm` over the 16 layers ({none[compute]:.1f} ms more compute "
                "busy time, {none[idle]:.1f} ms idle)", _split_8b),
+    *[Claim(DOC, label + " {share:.0f}% |", lambda s=store, t=tokens: {"share": _split_alone_share(s, t)})
+      for label, store, tokens in LEDGER],
+    Claim(DOC, "{of:.1f} ms exposed, {sum:.1f} of them the four replays' last reductions ({mib:.0f} MiB each, "
+               "{each[lo]:.1f}-{each[hi]:.1f} ms, after the stack's last add + norm with nothing left to hide behind)",
+          _tails_64k),
+    Claim(DOC, "its four longest exposed intervals are {mib:.0f} MiB reductions left with no compute after the MLP's "
+               "{gflop}-GFLOP down projection "
+               "({ms[lo]:.2f}-{ms[hi]:.2f} ms)", lambda: _behind_gemm(A, 8192, "nccl_symm", 4)),
+    Claim(DOC, "The copy-engine split's four longest exposed intervals are barrier waits after GEMMs of {gflop} GFLOP "
+               "({ms[lo]:.2f}-{ms[hi]:.2f} ms)", lambda: _behind_gemm(B, 8192, "copy_engine", 4)),
 ]
-
-
-def _split_alone_share(store: str, tokens: int, **knobs) -> float:
-    """The share (%) of the baseline's exposed communication the split with no transfers hides in a
-    profile run's timed rows, from their paired speedups (the document's definition)."""
-    rows = [r for r in f.rows(store) if r["status"] == "ok" and r["tokens"] == tokens and r["layers"] == 4]
-    return _share(f.the_row(rows, "token_split", comm="none", **knobs), rows)
-
-
-LEDGER = [  # the targets-stand table's rows: the label, the profile run's rows, its token count, the split's knobs
-    ("| llama3-70b TP=2, 2K, 90% |", "results/h200x2/f320f41/profile-70b-tp2-1k-2k.jsonl", 2048, {}),
-    ("| llama3-70b TP=2, 8K, 90% |", A + ".jsonl", 8192, {}),
-    ("| llama3-70b TP=2, 16K, 90% |", "results/h200x2/eccace6/profile-order-70b-tp2-4k-16k.jsonl", 16384, {}),
-    ("| llama3-70b TP=2, 32K, 80% |", "results/h200x2/f320f41/profile-tp2-misses-70b.jsonl", 32768, {}),
-    ("| llama3-70b TP=2, 64K, 80% |", A + ".jsonl", 65536, {}),
-    ("| llama3-8b TP=2, 2K, 75% |", "results/h200x2/f320f41/profile-tp2-misses-8b.jsonl", 2048, {}),
-    ("| llama3-8b TP=2, 8K, 85% |", B + ".jsonl", 8192, {}),
-    ("| llama3-70b TP=4, 2K, 85% |", "results/h200x4/f9d2080/profile-tp4-misses-70b.jsonl", 2048, {}),
-    ("| llama3-8b TP=4, 4K, 80% |", "results/h200x4/f9d2080/profile-tp4-misses-8b.jsonl", 4096, {}),
-]
-CLAIMS += [Claim(DOC, label + " {share:.0f}% |", lambda s=store, t=tokens, k=knobs: {"share": _split_alone_share(s, t, **k)})
-           for label, store, tokens, knobs in LEDGER]
 
 
 test_each_published_figure_follows_from_its_rows = claims_test(CLAIMS)
