@@ -601,18 +601,19 @@ def _power() -> dict:
             "capped": f.the_one([run[c]["power_capped"]["min"] for run in runs for c in run if "gemm" in c], "capped")}
 
 
-MISSES = {"a": ("results/h200x2/f320f41/profile-tp2-misses-70b.jsonl", 0.80, {"split_ratio": "balanced"}),
-          "b": ("results/h200x2/f320f41/profile-tp2-misses-8b.jsonl", 0.75, {}),
-          "c": ("results/h200x4/f9d2080/profile-tp4-misses-70b.jsonl", 0.85, {"ce_out": "kernel"}),
-          "d": ("results/h200x4/f9d2080/profile-tp4-misses-8b.jsonl", 0.80, {"ce_out": "kernel"})}
+CE_32 = {"comm": "copy_engine", "comm_ctas_attn": 32}  # the copy-engine split 32/32
+MISSES = {"a": ("results/h200x2/f320f41/profile-tp2-misses-70b.jsonl", 0.80, CE_32 | {"split_ratio": "balanced"}),
+          "b": ("results/h200x2/f320f41/profile-tp2-misses-8b.jsonl", 0.75, CE_32),
+          "c": ("results/h200x4/f9d2080/profile-tp4-misses-70b.jsonl", 0.85, CE_32 | {"ce_out": "kernel"}),
+          "d": ("results/h200x4/f9d2080/profile-tp4-misses-8b.jsonl", 0.80, CE_32 | {"ce_out": "kernel"})}
 
 
-def _miss(store: str, target: float, knobs: dict) -> dict:
-    """A target-miss profile run's copy-engine split 32/32: the share of the baseline's exposed
-    communication it hides (%), and how much faster (ms per layer) it would have to run to hide
-    `target` of it."""
-    rows = [r for r in f.rows(store) if r["status"] == "ok"]
-    best = f.the_row(rows, "token_split", comm="copy_engine", comm_ctas_attn=32, **knobs)["ms"]
+def _miss(store: str, target: float, knobs: dict, tokens: int | None = None) -> dict:
+    """A target-miss profile run's split holding `knobs` (at `tokens`, where the run has several
+    token counts): the share of the baseline's exposed communication it hides (%), from the timed
+    ms per layer, and how much faster (ms per layer) it would have to run to hide `target` of it."""
+    rows = [r for r in f.rows(store) if r["status"] == "ok" and tokens in (None, r["tokens"])]
+    best = f.the_row(rows, "token_split", **knobs)["ms"]
     base, free = f.the_row(rows, "baseline")["ms"], f.the_row(rows, "no_comm")["ms"]
     return {"hid": (base - best) / (base - free) * 100, "cut": best - (base - target * (base - free))}
 
