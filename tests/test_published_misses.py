@@ -12,7 +12,7 @@ from overlapbench.timing import timeline
 from tests import figures as f
 from tests.published import Claim, bounds, claims_test
 from tests.test_published_docs import _miss as docs_miss
-from tests.test_published_order import _share
+from tests.test_published_order import hidden
 
 DOC = "docs/long-prompts.md"
 RUN = "results/h200x2/b241e4c/"
@@ -32,16 +32,10 @@ def _miss(store: str, tokens: int, comm: str, target: float) -> dict:
     return docs_miss(store + ".jsonl", target, {"comm": comm, "split_ratio": "balanced"}, tokens)
 
 
-def _split_alone_share(store: str, tokens: int) -> float:
-    """The share (%) of the baseline's exposed communication the split with no transfers hides in a
-    profile run's timed rows, from their paired speedups (the document's definition)."""
-    rows = [r for r in f.rows(store) if r["status"] == "ok" and r["tokens"] == tokens and r["layers"] == 4]
-    return _share(f.the_row(rows, "token_split", comm="none"), rows)
-
-
 def _alone(store: str, tokens: int) -> float:
-    """The share the balanced split with no transfers hides (%): what the split costs before any transfer."""
-    return _split_alone_share(store + ".jsonl", tokens)
+    """The share the split with no transfers hides (%) in a profile run's timed rows, from their
+    paired speedups (the document's definition): what the split costs before any transfer."""
+    return hidden(store, tokens, comm="none")
 
 
 def _name(tokens: int, what: str) -> str:
@@ -99,16 +93,16 @@ def _behind_gemm(folder: str, tokens: int, what: str, n: int) -> dict:
 
 
 def _long_70b() -> dict:
-    return {"alone": _alone(A, 65536), "symm": _against_free(A, 65536, "nccl_symm"),
+    return {"alone": _alone(A + ".jsonl", 65536), "symm": _against_free(A, 65536, "nccl_symm"),
             "tw": _twin(A, 65536, "nccl_symm"), "ce": _twin(A, 65536, "copy_engine")}
 
 
 def _short_70b() -> dict:
-    return {"alone": _alone(A, 8192), "symm": _against_free(A, 8192, "nccl_symm"), "tw": _twin(A, 8192, "nccl_symm")}
+    return {"alone": _alone(A + ".jsonl", 8192), "symm": _against_free(A, 8192, "nccl_symm"), "tw": _twin(A, 8192, "nccl_symm")}
 
 
 def _split_8b() -> dict:
-    alone = _alone(B, 8192)
+    alone = _alone(B + ".jsonl", 8192)
     return {"alone": alone, "cost": 100 - alone, "none": _against_free(B, 8192, "none")}
 
 
@@ -149,7 +143,7 @@ CLAIMS = [
                "communication is gone before any transfer runs, where the target leaves 15%. In rank 0's replays that "
                "split is {none[wall]:.1f} ms behind `no_comm` over the 16 layers ({none[compute]:.1f} ms more compute "
                "busy time, {none[idle]:.1f} ms idle)", _split_8b),
-    *[Claim(DOC, label + " {share:.0f}% |", lambda s=store, t=tokens: {"share": _split_alone_share(s, t)})
+    *[Claim(DOC, label + " {share:.0f}% |", lambda s=store, t=tokens: {"share": _alone(s, t)})
       for label, store, tokens in LEDGER],
     Claim(DOC, "{of:.1f} ms exposed, {sum:.1f} of them the four replays' last reductions ({mib:.0f} MiB each, "
                "{each[lo]:.1f}-{each[hi]:.1f} ms, after the stack's last add + norm with nothing left to hide behind)",
