@@ -420,12 +420,12 @@ def _one_call_charges() -> dict:
     from overlapbench.predict.contention import Contention
     from tests.checks import transfer_charge
 
-    def charges(model: str) -> dict:
-        return transfer_charge.charges("4x H200 (bfff1d7)", model)
+    def charges() -> dict:
+        return {k: transfer_charge.charges("4x H200 (bfff1d7)", m) for k, m in (("a", "llama3-70b"), ("b", "llama3-8b"))}
 
-    found = {k: charges(m) for k, m in (("a", "llama3-70b"), ("b", "llama3-8b"))}
+    found = charges()
     with mock.patch.object(Contention, "one_call_stretch", return_value=None):  # the copy engine as fast as alone
-        unstretched = {k: charges(m) for k, m in (("a", "llama3-70b"), ("b", "llama3-8b"))}
+        unstretched = charges()
     out = {}
     for k, by_setting in found.items():
         for name, by_tokens in by_setting.items():
@@ -455,6 +455,7 @@ def _kernel_picks_missed() -> dict:
         out[k + "_gap"] = bounds(p[1] - p[3] for p in kernel.values())
     return out
 
+
 def _copy_engine_one_call_rows() -> dict:
     """The bfff1d7 beside-layer rows of the copy-engine paths at 512 and 1024 rows (a 1K and a 2K
     split's chunk): the pass's extra beside one call (ms) and the call's time there over alone."""
@@ -462,6 +463,7 @@ def _copy_engine_one_call_rows() -> dict:
             if r["status"] == "ok" and r["strategy"].startswith("copy_engine") and r["tokens"] in (512, 1024)]
     return {"extra": bounds(r["compute_one_call_extra_ms"] for r in rows),
             "stretch": bounds(r["compute_one_call_op_ms"] / r["ms"] for r in rows)}
+
 
 def _copy_charged_as_kernel() -> dict:
     """_transfer_charges, where `copy` and `kernel` are charged the same at 4K-16K (two decimals)."""
@@ -563,18 +565,18 @@ PREDICT_CLAIMS = [
           lambda: {k: f.validation_line(PREDICTED_H200, f"llama3-70b TP=4, {c}'s study, table and layer rows, one machine")
                    for k, c in (("a", "bfff1d7"), ("b", "2112bbf"))}),
     Claim("docs/predict.md", "charged {ce[lo]:.2f}-{ce[hi]:.2f} at 1K-2K where the splits measured {ce_m[lo]:.2f}-{ce_m[hi]:.2f} "
-                             "(without the stretch {ce_s[lo]:.2f}-{ce_s[hi]:.2f})", lambda: _one_call_charges()),
+                             "(without the stretch {ce_s[lo]:.2f}-{ce_s[hi]:.2f})", _one_call_charges),
     Claim("docs/predict.md", "the fused kernel at 70B 1K is charged {a_fused[1024]:.2f}",
-          lambda: _one_call_charges()),
+          _one_call_charges),
     Claim("docs/predict.md", "and on the SM paths up to {sm_over:.1f}x the measured (under it at {sm_under} of the {sm_n} "
-                             "points)", lambda: _one_call_charges()),
+                             "points)", _one_call_charges),
     Claim("docs/predict.md", "where it measured {a_fused_m[1024]:.2f}, `nccl_symm` at 8B 1K-2K {b_symm[1024]:.2f} and "
                              "{b_symm[2048]:.2f} where it measured {b_symm_m[1024]:.2f} and {b_symm_m[2048]:.2f}",
-          lambda: _one_call_charges()),
+          _one_call_charges),
     Claim("docs/predict.md", "near the measured for the `copy` writer ({a_copy8[lo]:.2f}-{a_copy8[hi]:.2f} against "
                              "{a_copy8_m[lo]:.2f}-{a_copy8_m[hi]:.2f} at 70B), over it for the `kernel` writer "
                              "({a_kernel8[lo]:.2f}-{a_kernel8[hi]:.2f} against {a_kernel8_m[lo]:.2f}-{a_kernel8_m[hi]:.2f})",
-          lambda: _one_call_charges()),
+          _one_call_charges),
 ]
 
 

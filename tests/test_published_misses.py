@@ -48,10 +48,16 @@ def _replay(folder: str, tokens: int, what: str, rank: int = 0) -> exposed.Timel
     return exposed.read(f.path(folder) / timeline.file_name(_name(tokens, what), replay=True, rank=rank))
 
 
+@functools.cache
+def _exposure(folder: str, tokens: int, what: str) -> exposed.Exposure:
+    """Rank 0's replays of a point, analyzed once: busy, exposed and idle time, the exposed intervals."""
+    return exposed.analyze(_replay(folder, tokens, what).kernels)
+
+
 def _against_free(folder: str, tokens: int, what: str) -> dict:
     """Rank 0's replays of a point against no_comm's, ms over the 16 layers: wall, compute busy,
     exposed, idle."""
-    got, free = (exposed.analyze(_replay(folder, tokens, w).kernels) for w in (what, "no_comm"))
+    got, free = (_exposure(folder, tokens, w) for w in (what, "no_comm"))
     return {k: (getattr(got, k) - getattr(free, k)) / 1e3 for k in ("wall", "compute", "exposed", "idle")}
 
 
@@ -67,8 +73,7 @@ def _twin(folder: str, tokens: int, what: str) -> dict:
 
 def _longest(folder: str, tokens: int, what: str, n: int) -> list[exposed.Interval]:
     """Rank 0's `n` longest exposed intervals of a point's replays (report --profile's table), longest first."""
-    got = exposed.analyze(_replay(folder, tokens, what).kernels)
-    return sorted(got.intervals, key=lambda i: -i.exposed)[:n]
+    return sorted(_exposure(folder, tokens, what).intervals, key=lambda i: -i.exposed)[:n]
 
 
 def _tails_64k() -> dict:
@@ -76,7 +81,7 @@ def _tails_64k() -> dict:
     reduction, after the stack's last add + norm (checked), their sum and bytes."""
     tails = _longest(A, 65536, "nccl_symm", 4)
     assert {(i.after.kind, i.transfer.bytes) for i in tails} == {("norm", tails[0].transfer.bytes)}, tails
-    total = exposed.analyze(_replay(A, 65536, "nccl_symm").kernels).exposed
+    total = _exposure(A, 65536, "nccl_symm").exposed
     return {"sum": sum(i.exposed for i in tails) / 1e3, "of": total / 1e3, "mib": tails[0].transfer.bytes / 2**20,
             "each": bounds(i.exposed / 1e3 for i in tails)}
 
@@ -92,6 +97,7 @@ def _behind_gemm(folder: str, tokens: int, what: str, n: int) -> dict:
             "mib": next(iter(sizes)) / 2**20 if len(sizes) == 1 and None not in sizes else None}
 
 
+@functools.cache  # two claims read it
 def _long_70b() -> dict:
     return {"alone": _alone(A + ".jsonl", 65536), "symm": _against_free(A, 65536, "nccl_symm"),
             "tw": _twin(A, 65536, "nccl_symm"), "ce": _twin(A, 65536, "copy_engine")}
