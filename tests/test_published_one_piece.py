@@ -49,6 +49,7 @@ def _one_piece_in_the_studies() -> dict:
             "b32": _percent(SIXTH["b"], 32768)}
 
 
+@functools.cache  # three claims read it
 def _one_piece_long() -> dict:
     """One piece over `auto` pieces in the long-prompt runs (% faster), checked beyond the noise
     everywhere but 8B 16K; and one piece against the split with no transfers at 16K."""
@@ -100,6 +101,7 @@ def _profile_row(tokens: int, pieces) -> dict:
             "norm": _norm_ms(tokens, pieces), "wall": figure(r"against no_comm: wall ([+-][\d.]+) ms")}
 
 
+@functools.cache  # three claims read it
 def _profile_changes() -> dict:
     """What one piece changes in the profile: its share of the kernels and barriers, the fall of
     rank 0's barrier wait, the add + norm GPU time's ratio, at 16K and 32K."""
