@@ -7,6 +7,7 @@ passage as it should read."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 from tests import figures as f
@@ -36,6 +37,7 @@ def _alone(ratio) -> tuple[str, dict]:
     return "token_split", {"comm": "none", "split_ratio": ratio}
 
 
+@functools.cache  # the table and the brief read it
 def _cut_row(k: str) -> dict:
     """One row of the cut table: the share the `kernel` split hides at each cut (4 layers)."""
     store, tokens = CUT[k]
@@ -58,6 +60,7 @@ def _cut_70b() -> dict:
     return {"mid": off[0.5625], "cost": bounds(cost), "alone": bounds(alone, 100)}
 
 
+@functools.cache  # two claims read it
 def _cut_8b() -> dict:
     """At 8B 4K: what the transfers cost over the split alone at the equal cut and at 0.5625, what
     that cut costs the split alone, and the whole against the equal cut (paired)."""
@@ -118,6 +121,7 @@ STEADY_ROWS = [
 ]
 
 
+@functools.cache  # three claims read it
 def _steady_brief() -> dict:
     """Per added layer: 70B 2K's equal cut (20 and 60 rounds) and 8B 4K's cut at 0.5625 on the three
     machines; and the most any choice that communicates hides at 4 layers in the cut runs."""
