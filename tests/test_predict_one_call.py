@@ -129,7 +129,7 @@ def test_the_transfer_is_slowed_as_one_call_was_where_the_rows_time_it():
         return [_with_extra(r, 0.0) | ({} if op_stretch is None else {ONE_CALL_OP: op_stretch * r["ms"]}) for r in made]
 
     def predicted(mode: str, found: list[dict]):
-        inputs = _inputs(seed, comm_ms=1.0)  # transfers as long as the compute beside them: a stretch shows
+        inputs = _inputs(seed, comm_ms=4.0)  # transfers longer than the compute beside them: any stretch shows
         inputs.contention, inputs.stretch = Contention.from_rows(found, "rows", model="predicted", tp=2), mode
         return _predict(point, inputs)
 
