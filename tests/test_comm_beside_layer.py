@@ -20,6 +20,8 @@ from overlapbench.comm.cases import DEFAULT_LAYER_TOKENS, BesideLayer
 from overlapbench.comm.contention import GemmStream, compute_loss
 from overlapbench.comm.in_layer import FIELDS as IN_LAYER_FIELDS
 from overlapbench.comm.in_layer import InLayer
+from overlapbench.comm.pair import FIELDS as PAIR_FIELDS
+from overlapbench.comm.pair import Pairs
 from overlapbench.comm.paired_loss import LAYER, PairedLoss, one_call_fields, paired_fields
 from overlapbench.comm.run import BESIDE_LAYER_FIELDS, RunInfo, make_row
 from overlapbench.errors import UserError
@@ -125,6 +127,15 @@ def test_cases_carry_the_layer_in_their_keys_and_skip_on_gloo():
     assert sorted({layer.rows(c.nbytes, c.dtype) for c in cases}) == [512, 1024]
 
 
+def _pairs(rng: random.Random, rounds: int, passes: list[float], op: float) -> Pairs:
+    """Each round's attention and MLP (shares of its pass), each beside one call of `op` ms and alone, and the call alone."""
+    attention = [p * rng.uniform(0.2, 0.4) for p in passes]
+    mlp = [p - a for p, a in zip(passes, attention)]
+    return Pairs(*(tuple(x) for x in (
+        [a + rng.uniform(0, op) for a in attention], attention, [m + rng.uniform(0, op) for m in mlp], mlp,
+        [op * rng.uniform(1, 1.2) for _ in range(rounds)])), replays=rng.randrange(1, 20), graphs=True)
+
+
 def _layer_row(rng: random.Random, tokens: int) -> tuple[dict, dict]:
     layer = BesideLayer("llama3-8b", 2, 4096)
     case = paths.make_cases(parse(beside_layer="llama3-8b", tokens=str(tokens), paths="nccl_symm").bench(cuda=True),
@@ -142,7 +153,8 @@ def _layer_row(rng: random.Random, tokens: int) -> tuple[dict, dict]:
               **PairedLoss(tuple(passes), tuple(p / (1 - rng.uniform(0, 0.3)) for p in passes),
                            tuple(p + rng.uniform(0, 0.2) for p in passes),
                            tuple(op * rng.uniform(1, 3) for _ in passes)).fields(LAYER),
-              **in_layer.fields(), "beside_layer": {"model": "llama3-8b", "tp": 2, "tokens": tokens}}
+              **in_layer.fields(), **_pairs(rng, rounds, passes, op).fields(),
+              "beside_layer": {"model": "llama3-8b", "tp": 2, "tokens": tokens}}
     env = {"world_size": 2, "device": "Test GPU", "hosts": ["h"], "nodes": 1, "ranks": [], "gpus_per_host": 2,
            "backend": "nccl", "versions": {}, "git": "abc", "multicast_env": {}}
     return make_row(case, result, RunInfo("comm", "r1", env, 3, 10, True)), result
@@ -152,7 +164,8 @@ def test_a_beside_layer_row_holds_its_fields_and_reads_back(tmp_path):
     rng = random.Random()
     row, result = _layer_row(rng, rng.choice([512, 2048]))
     assert row["beside_layer"] == result["beside_layer"] and "beside_gemm" not in row
-    assert set(IN_LAYER_FIELDS) | set(paired_fields(LAYER)) | set(one_call_fields(LAYER)) <= set(BESIDE_LAYER_FIELDS)
+    assert (set(IN_LAYER_FIELDS) | set(paired_fields(LAYER)) | set(one_call_fields(LAYER)) | set(PAIR_FIELDS)
+            <= set(BESIDE_LAYER_FIELDS))
     assert all(row[k] == result[k] for k in BESIDE_LAYER_FIELDS)
     assert "inline_extra_ms" not in row and "inline_ms" not in row  # the measurement before: not written
     store = ResultStore(tmp_path / "c.jsonl")
@@ -176,6 +189,8 @@ def test_a_beside_layer_row_holds_its_fields_and_reads_back(tmp_path):
     lo, hi = row["in_layer_extra_ci_ms"]
     assert f"compute loss {row['compute_loss']:.1%}" in line
     assert f"in line {row['in_layer_extra_ms'] * 1e3:+.1f} us [{lo * 1e3:+.1f}, {hi * 1e3:+.1f}]" in line
+    assert (f"pair {row['pair_attention_extra_ms'] * 1e3:+.1f} us attention, {row['pair_mlp_extra_ms'] * 1e3:+.1f} us MLP"
+            in line)
 
 
 def test_the_arithmetic_of_the_contention():

@@ -3,8 +3,9 @@
 the same rounds for each, the term the trimmed mean of the rounds' extras, inside its interval,
 and the old two-harness fields not written; and the compute's loss paired in its own rounds
 (comm/paired_loss.py), finite, inside its interval, its key naming the measurement, and the pass's
-extra beside one call of the path timed in the same rounds, inside its interval. One run of
-two paths at two row counts of llama3-8b (its TP=2 shard), shared by the tests."""
+extra beside one call of the path timed in the same rounds, inside its interval; and each block's
+pair with one call of the path (comm/pair.py). One run of two paths at two row counts of
+llama3-8b (its TP=2 shard), shared by the tests."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ import pytest
 
 from overlapbench.comm.cases import BESIDE_MEASURE
 from overlapbench.comm.in_layer import FIELDS, MIN_ROUNDS, TERM, InLayer
+from overlapbench.comm.pair import BLOCKS, extra_field
+from overlapbench.comm.pair import FIELDS as PAIR_FIELDS
+from overlapbench.comm.pair import MIN_ROUNDS as PAIR_MIN_ROUNDS
 from overlapbench.comm.paired_loss import LAYER, PairedLoss, one_call_fields, paired_fields
 from overlapbench.tuning.results import read_rows
 from tests import distributed
@@ -96,3 +100,24 @@ def test_every_case_holds_the_compute_extra_beside_one_call(rows):
         assert 0 < row[op_ms] < 50 * row["ms"]  # the call beside the pass: slowed, not lost
         assert lo <= row[extra] <= hi
         assert len(row[samples]) == len(row[paired_fields(LAYER)[2]]) == MIN_ROUNDS  # one per round, the loss's rounds
+
+
+def test_every_case_holds_each_blocks_pair_with_one_call(rows):
+    """The pair window (comm/pair.py): five graphs captured, every round holding all five; each
+    block's extra the trimmed mean of its rounds, inside its interval; the pair no shorter than
+    its block less noise, and no longer than the block and the call alone back to back, with room
+    for the call's kernels waiting on the block's (the call beside compute runs slower than alone)."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert ok
+    for row in ok:
+        assert all(name in row for name in PAIR_FIELDS), row.keys()
+        assert row["pair_graphs"] is True and row["pair_graph_error"] is None
+        assert row["pair_rounds"] == PAIR_MIN_ROUNDS and row["pair_replays"] >= 1
+        assert 0 < row["pair_op_ms"] < 50 * row["ms"]
+        for block in BLOCKS:
+            extra, samples = row[extra_field(block)], row[f"pair_{block}_extra_samples_ms"]
+            lo, hi = row[f"pair_{block}_extra_ci_ms"]
+            assert len(samples) == PAIR_MIN_ROUNDS and lo <= extra <= hi
+            assert all(math.isfinite(v) for v in (extra, lo, hi, *samples))
+            pair, alone = row[f"pair_{block}_ms"], row[f"pair_{block}_block_ms"]
+            assert alone > 0 and 0.9 * alone < pair < alone + 10 * row["pair_op_ms"]

@@ -5,7 +5,7 @@ does, so what it measures (the transfer 2-12x slower, the GEMMs' loss) is not wh
 pays. Here the compute is one rank's shard of the model's decoder layer at TP=k: its attention
 block (QKV GEMM, RoPE, causal attention, O-projection) then its MLP (gate/up GEMM, SwiGLU, down
 GEMM), on as many rows as the all-reduce carries, replayed from a CUDA graph (eager where capture
-fails; the row says which). Each case gives four numbers (comm.contention's windows, and one
+fails; the row says which). Each case gives five numbers (comm.contention's windows, and two
 more):
 
 - the compute's loss: 1 - one pass's time alone / beside the path, paired in the same rounds
@@ -18,15 +18,20 @@ more):
 - the blocking all-reduce's extra cost inside the layer: attention, the all-reduce, the MLP, the
   all-reduce, in line on one stream (as the baseline runs them), against the same pass without
   the all-reduces and the two all-reduces alone, the three captured alike and timed in the same
-  interleaved rounds (`in_layer_extra_ms`, per all-reduce: comm/in_layer.py).
+  interleaved rounds (`in_layer_extra_ms`, per all-reduce: comm/in_layer.py);
+- the pair's extra, per block: one call of the path and the attention block (or the MLP block)
+  released at once from one CUDA graph, as a split releases a reduction and the next chunk's
+  block, less the block alone, in the same interleaved rounds (`pair_attention_extra_ms`,
+  `pair_mlp_extra_ms`: comm/pair.py).
 
-`predict` charges the loss and the stretch (or, under `--transfer-beside one-call`, the extra
-beside one call) to a split's transfers beside compute and the in-layer term to every blocking
-transfer of a serial plan (predict/contention.py, predict/estimate.py).
+`predict` charges the loss and the stretch (under `--transfer-beside one-call`, the extra beside
+one call; under `pair`, the pair's extra) to a split's transfers beside compute and the in-layer
+term to every blocking transfer of a serial plan (predict/contention.py, predict/estimate.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -35,6 +40,7 @@ import torch
 from overlapbench.comm.cases import BesideLayer, Case
 from overlapbench.comm.contention import compute_loss, time_alone
 from overlapbench.comm.in_layer import INLINE, OPS, PASS, InLayer, time_paired
+from overlapbench.comm.pair import PAIR_ATTENTION, PAIR_MLP, Pairs, time_pairs
 from overlapbench.comm.paired_loss import LAYER
 from overlapbench.model.chunks import rope_positions, token_range
 from overlapbench.model.layer import attention_partial, mlp_partial
@@ -132,6 +138,40 @@ class LayerStream:
         return time_paired(runs, per_replay, iters, clock, interleave.ranks_gather(rt), interleave.ranks_barrier(rt),
                            graphs, error)
 
+    def pairs(self, rt: Runtime, run, iters: int) -> Pairs:
+        """The pair window (comm/pair.py): one call of `run` beside each block, both released at
+        once (the call forked onto a high-priority side stream, as a split's communication lane),
+        each block alone and the call alone, the five captured alike (all five graphs, or all five
+        eager where one fails to capture) and timed in the same interleaved rounds.
+        Collective: every rank calls it for the same case, after `prepare`."""
+        from overlapbench.timing import bench, interleave, measure
+        from overlapbench.timing.step import Step
+
+        side = torch.cuda.Stream(priority=-100)
+
+        def beside(block) -> Callable[[], None]:
+            def pair() -> None:
+                main = torch.cuda.current_stream()
+                side.wait_stream(main)  # one point releases both, as a split's event releases its lanes
+                with torch.cuda.stream(side):
+                    run()
+                block()
+                main.wait_stream(side)
+            return pair
+
+        eager = [beside(self.attention), self.attention, beside(self.mlp), self.mlp, beside(lambda: None)]
+        graphs, error, captured = self.graphs, self.graph_error, []
+        for fn in eager:
+            replay, used, why = measure.runner(Step(lambda _x, fn=fn: fn()), self.normed, graphs)
+            captured.append(replay)
+            graphs, error = graphs and used, error or why
+        runs = captured if graphs else eager
+        clock = bench.CudaClock()
+        longest = max(bench.warm_up(runs[i], 2, 0.0, clock) for i in (PAIR_ATTENTION, PAIR_MLP))
+        per_replay = interleave.ranks_max(rt)([longest])[0]
+        return time_pairs(runs, per_replay, iters, clock, interleave.ranks_gather(rt), interleave.ranks_barrier(rt),
+                          graphs, error)
+
 
 @dataclass
 class BesideStreams:
@@ -166,5 +206,5 @@ def layer_fields(rt: Runtime, case: Case, run, op_ms: float, stream: LayerStream
     stream.prepare(rt, max(5, iters))
     beside_ms, compute_ms, paired = measure_beside(rt, run, op_ms, stream, iters)
     return {"beside_ms": beside_ms, **stream.fields(compute_ms), **paired.fields(stream.prefix),
-            **stream.in_layer(rt, run, iters).fields(),
+            **stream.in_layer(rt, run, iters).fields(), **stream.pairs(rt, run, iters).fields(),
             "beside_layer": {"model": case.beside_layer.model, "tp": case.beside_layer.tp, "tokens": stream.tokens}}

@@ -8,6 +8,8 @@ import json
 from typing import TYPE_CHECKING
 
 from overlapbench.comm.in_layer import TERM as IN_LAYER_TERM
+from overlapbench.comm.pair import ATTENTION, MLP
+from overlapbench.comm.pair import extra_field as pair_extra_field
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -31,7 +33,7 @@ def summary_line(row: dict) -> Text:
     layer = ""
     if row.get("compute_loss") is not None:
         layer = (f"; beside the layer ({row['beside_layer']['tokens']} rows): {row['beside_ms'] * 1e3:.1f} us, "
-                 f"compute loss {row['compute_loss']:.1%}, in line {_in_layer_us(row)}")
+                 f"compute loss {row['compute_loss']:.1%}, in line {_in_layer_us(row)}{_pairs_us(row)}")
     return styled("  ", (f"{'ok':>7}", "green"), f" {what}: {row['ms'] * 1e3:.1f} us, "
                   f"busbw {row['busbw']:.1f} GB/s, cv {row['cv']:.1%}{kernel}{layer}")
 
@@ -41,6 +43,15 @@ def _in_layer_us(row: dict) -> str:
     lo, hi = row.get("in_layer_extra_ci_ms") or (None, None)
     interval = "" if lo is None else f" [{lo * 1e3:+.1f}, {hi * 1e3:+.1f}]"
     return f"{row[IN_LAYER_TERM] * 1e3:+.1f} us{interval}" if row.get(IN_LAYER_TERM) is not None else "-"
+
+
+def _pairs_us(row: dict) -> str:
+    """Each block's pair extra beside one call (comm/pair.py), where the row holds them:
+    ", pair +5.1 us attention, +12.0 us MLP"."""
+    if row.get(pair_extra_field(ATTENTION)) is None:
+        return ""
+    return (f", pair {row[pair_extra_field(ATTENTION)] * 1e3:+.1f} us attention, "
+            f"{row[pair_extra_field(MLP)] * 1e3:+.1f} us MLP")
 
 
 COLUMNS = ("size", "count", "type", "op", "path", "ctas", "time_us", "algbw", "busbw", "wrong",

@@ -11,6 +11,7 @@ from overlapbench.comm.buffers import Buffers
 from overlapbench.comm.cases import Case
 from overlapbench.comm.in_layer import FIELDS as IN_LAYER_FIELDS
 from overlapbench.comm.output import summary_line
+from overlapbench.comm.pair import FIELDS as PAIR_FIELDS
 from overlapbench.comm.paired_loss import GEMM, LAYER, one_call_fields, paired_fields
 from overlapbench.comm.paths import PATHS_BY_NAME, Bench, build
 from overlapbench.comm.sizes import algbw, busbw, ops_per_sample
@@ -220,9 +221,11 @@ def make_row(case: Case, result: dict, info: RunInfo) -> dict:
 # A --beside-layer row's own fields (comm.beside_layer), beside `beside_layer` (the model, TP and
 # rows): the contention, the paired loss's and the extra beside one call's (comm.paired_loss; rows
 # made before them lack them), then the in-layer term's (comm.in_layer.FIELDS; rows made before it hold `inline_ms`,
-# `inline_extra_ms` and `inline_graphs` instead, which predict does not charge).
+# `inline_extra_ms` and `inline_graphs` instead, which predict does not charge), then the pair window's
+# (comm.pair.FIELDS; rows made before it lack them).
 BESIDE_LAYER_FIELDS = ("beside_ms", "beside_busbw", "compute_ms_alone", "compute_ms_beside", "compute_loss",
-                       "compute_graphs", *paired_fields(LAYER), *one_call_fields(LAYER), *IN_LAYER_FIELDS)
+                       "compute_graphs", *paired_fields(LAYER), *one_call_fields(LAYER), *IN_LAYER_FIELDS,
+                       *PAIR_FIELDS)
 
 
 def run_cases(rt: Runtime, cases: list[Case], info: RunInfo, store: ResultStore | None,

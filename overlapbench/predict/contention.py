@@ -16,7 +16,10 @@ stretch, its time beside the compute over its time alone):
   term is asked for: `predict --in-layer measured`); and what one call of the path takes from the
   layer's pass beside it (`compute_one_call_extra_ms`, ms: the pass beside one call issued just
   before it less the pass alone, in the same rounds: comm/paired_loss.py; rows made before that
-  window lack it);
+  window lack it); and what one call and one block of the layer (attention or MLP, the call's
+  rows) released at once, as a split releases a reduction and the next chunk's block, take beyond
+  the block alone (`pair_attention_extra_ms`, `pair_mlp_extra_ms`: comm/pair.py; rows made before
+  that window lack them);
 - `comm --beside-gemm` rows: beside a stream of persistent GEMMs: `gemm_loss_paired` (else
   `gemm_loss`), `beside_ms / ms`.
 
@@ -38,6 +41,8 @@ from pathlib import Path
 
 from overlapbench.comm.in_layer import BEFORE as IN_LAYER_BEFORE
 from overlapbench.comm.in_layer import TERM as IN_LAYER_TERM
+from overlapbench.comm.pair import BLOCKS as PAIR_BLOCKS
+from overlapbench.comm.pair import extra_field as pair_extra_field
 from overlapbench.comm.paired_loss import GEMM as GEMM_STREAM
 from overlapbench.comm.paired_loss import LAYER as LAYER_STREAM
 from overlapbench.comm.paired_loss import loss_of, one_call_fields
@@ -58,6 +63,7 @@ LAYER, GEMM, NONE = "layer", "gemm", "assumed"  # what a lookup's numbers were m
 Points = list[tuple[int, float, float]]  # (bytes, loss, stretch), sorted by bytes
 BySize = list[tuple[int, float]]  # (bytes, ms), sorted by bytes: the median of the rows at each size
 ONE_CALL_EXTRA, ONE_CALL_OP = (one_call_fields(LAYER_STREAM)[i] for i in (0, 3))  # compute_one_call_{extra,op}_ms
+PAIR_EXTRA = {block: pair_extra_field(block) for block in PAIR_BLOCKS}  # pair_{attention,mlp}_extra_ms
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,8 @@ class Contention:
     """Measured pairs per (path, ctas): beside the GEMMs (`entries`) and beside the layer
     (`layer`); the layer's in-line extra per all-reduce (`inline`) and its pass's extra beside one
     call (`one_call_extras`) and that call's stretch there (`one_call_stretches`: its time beside
-    the pass over its time alone). Rows of several `hidden` (per-row paths) at one size are pooled."""
+    the pass over its time alone); per block, what one call released with that block takes beyond
+    the block alone (`pair_extras`). Rows of several `hidden` (per-row paths) at one size are pooled."""
 
     entries: dict[BudgetKey, Points]
     world_size: int
@@ -90,6 +97,7 @@ class Contention:
     in_layer_notes: list[Note] = field(default_factory=list)  # what reading the in-layer term flagged (those rows)
     one_call_extras: dict[BudgetKey, BySize] = field(default_factory=dict)
     one_call_stretches: dict[BudgetKey, BySize] = field(default_factory=dict)
+    pair_extras: dict[str, dict[BudgetKey, BySize]] = field(default_factory=dict)  # block -> its pairs' extras
 
     @classmethod
     def read(cls, paths: Iterable[str | Path], model: str | None = None, tp: int | None = None) -> Contention:
@@ -120,6 +128,7 @@ class Contention:
         layer_of, notes = _chosen_layer(sorted(layers), model, tp)
         notes = left_out + notes
         pairs, inline, one_call, one_call_stretch = (defaultdict(lambda: defaultdict(list)) for _ in range(4))
+        paired_blocks = {block: defaultdict(lambda: defaultdict(list)) for block in PAIR_BLOCKS}
         stale = []
         for row in layers.get(layer_of, []):
             path, ctas, _ = point_key(row)
@@ -132,6 +141,9 @@ class Contention:
                 one_call[(path, ctas)][row["bytes"]].append(row[ONE_CALL_EXTRA])
             if row.get(ONE_CALL_OP) is not None:
                 one_call_stretch[(path, ctas)][row["bytes"]].append(row[ONE_CALL_OP] / row["ms"])
+            for block, extras in paired_blocks.items():
+                if row.get(pair_extra_field(block)) is not None:
+                    extras[(path, ctas)][row["bytes"]].append(row[pair_extra_field(block)])
             layer_worlds.add(row.get("world_size"))
         if gemm:
             world = one_world_size(worlds, f"{source}: beside-GEMM rows", "give one world size")
@@ -141,7 +153,8 @@ class Contention:
             notes.append(Note(SUBSTITUTED, f"contention measured on {world} ranks, predicting {tp}: used as it is"))
         return cls(_medians(gemm), world, source, _medians(pairs), _size_medians(inline), layer_of, notes, len(stale),
                    [stale_note(stale, layer_of)] if stale else [], one_call_extras=_size_medians(one_call),
-                   one_call_stretches=_size_medians(one_call_stretch))
+                   one_call_stretches=_size_medians(one_call_stretch),
+                   pair_extras={block: _size_medians(extras) for block, extras in paired_blocks.items() if extras})
 
     def described(self) -> str:
         """Which paths' contention was measured beside what, in one line."""
@@ -217,6 +230,13 @@ class Contention:
         None where the path has no rows holding it."""
         return _by_size(self.one_call_stretches, path, ctas, nbytes, lambda stretch: f"one call stretched {stretch:.2f}x "
                         f"beside {self.layer_of[0]} TP={self.layer_of[1]}'s layer pass")
+
+    def pair(self, path: str, ctas: Ctas, nbytes: int, block: str) -> tuple[float, tuple[Note, ...]] | None:
+        """What one call of `nbytes` on `path` and one `block` of the layer (the call's rows),
+        released at once, take beyond the block alone (ms), looked up as `in_layer`; None where the
+        path has no rows holding it."""
+        return _by_size(self.pair_extras.get(block, {}), path, ctas, nbytes, lambda extra: f"{extra * 1e3:+.1f} us "
+                        f"beyond {self.layer_of[0]} TP={self.layer_of[1]}'s {block} block released with one call")
 
 
 def _said(keys) -> str:

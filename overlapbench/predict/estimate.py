@@ -14,7 +14,7 @@ from overlapbench.errors import UserError
 from overlapbench.model.schedule import ATTENTION, COMPUTE, Batch, LayerPlan
 from overlapbench.overlap import comm_methods
 from overlapbench.predict.comm_table import NotInTable
-from overlapbench.predict.contention import LAYER, ONE_CALL_EXTRA
+from overlapbench.predict.contention import LAYER, ONE_CALL_EXTRA, PAIR_EXTRA
 from overlapbench.predict.notes import ASSUMED, SKIPPED, SUBSTITUTED, Note
 from overlapbench.predict.timeline import COMPUTE as COMPUTE_PHASE
 from overlapbench.predict.timeline import NORM, TRANSFER, Phase, Played, play
@@ -96,8 +96,17 @@ class MissingPiece(UserError):
 # stretch in another window: their product over-charged the fused kernel 2-3x at llama3-8b TP=4
 # 4K-16K where it fit nccl_symm (tests/checks/transfer_charge.py). Where the rows hold no extra
 # for the path (rows made before that window), ONE_CALL charges what AUTO does, and says so.
-AUTO, ALONE, MEASURED, ONE_CALL = "auto", "alone", "measured", "one-call"
-TRANSFER_BESIDE = (AUTO, ALONE, MEASURED, ONE_CALL)
+# PAIR charges each transfer what the beside-layer rows' pair window measured for it: one call of
+# the path and one block of the layer (the kind of block the split runs beside that transfer: the
+# next compute on the main lane) released at once, as a split releases them, less the block alone
+# (`pair_{attention,mlp}_extra_ms`: comm/pair.py). The pair ends `extra` after the block would
+# alone, so the transfer is played as lasting block + extra beside it (never shorter than alone)
+# and the compute as losing extra / (block + extra) of its speed meanwhile: the two end together,
+# extra later than the block alone. The stack's last reduction, with no compute after it, runs
+# as fast as alone. Where the rows hold no pair for the path, PAIR charges what AUTO does, and
+# says so.
+AUTO, ALONE, MEASURED, ONE_CALL, PAIR = "auto", "alone", "measured", "one-call", "pair"
+TRANSFER_BESIDE = (AUTO, ALONE, MEASURED, ONE_CALL, PAIR)
 
 # Paths whose bytes the copy engines move; their SM work is a few short kernels per call (one-CTA
 # barriers, a few-CTA add + norm per chunk of rows), each of which waits for SMs until a kernel
@@ -192,19 +201,28 @@ def estimate(strategy: str, knobs: dict, batch: Batch, layers: int, dtype: str, 
         return Skip(reason, [Note(SKIPPED, reason)])
     notes: list[Note] = []
     tasks = plan.tasks(layers)
-    try:
-        phases = [_phases(plan, task, batch, dtype, inputs, notes) for task in tasks]
+    computed = [_phases(plan, task, batch, dtype, inputs, notes) if task.work == COMPUTE else None for task in tasks]
+    entry = inputs.compute.get(batch, piece_keys.piece_key("entry", batch.tokens))
+    scale = _in_context(plan, tasks, computed, entry, batch, layers, inputs, notes)
+    computed = [None if ps is None else _scaled(ps, scale) for ps in computed]
+    beside = _beside_compute_tasks(tasks)
+    try:  # each reduction priced with the compute beside it as it runs in context
+        phases = [ps if ps is not None else
+                  _scaled(_phases(plan, task, batch, dtype, inputs, notes, _block_beside(tasks, computed, beside[j])), scale)
+                  for j, (task, ps) in enumerate(zip(tasks, computed))]
     except NotInTable as missing:
         reason = (f"no '{missing.path}' rows in the comm table (it holds {', '.join(inputs.comm.paths())}); add a table "
                   f"with them (`overlapbench comm --paths {missing.path}`; one of another world size is rescaled)")
         return Skip(reason, [Note(SKIPPED, reason)])
-    entry = inputs.compute.get(batch, piece_keys.piece_key("entry", batch.tokens))
-    scale = _in_context(plan, tasks, phases, entry, batch, layers, inputs, notes)
     extra = sum(p.in_layer_ms for ps in phases for p in ps if p.kind == TRANSFER)
-    phases = [[p if p.kind == TRANSFER else replace(p, ms=p.ms * scale) for p in ps] for ps in phases]
     played = play(tasks, phases)
     unique = sorted(set(notes), key=lambda n: n.text)
     return Estimate((played.ms + entry * scale) / layers, played, unique, scale, extra / layers)
+
+
+def _scaled(phases: list[Phase], scale: float) -> list[Phase]:
+    """Compute and norm phases `scale` times as long (the in-context scale); transfers as they are."""
+    return [p if p.kind == TRANSFER else replace(p, ms=p.ms * scale) for p in phases]
 
 
 def _in_context(plan: LayerPlan, tasks, phases, entry: float, batch: Batch, layers: int, inputs: Inputs,
@@ -212,7 +230,7 @@ def _in_context(plan: LayerPlan, tasks, phases, entry: float, batch: Batch, laye
     """How much slower the plan's compute ran in context (its chain: the stack with the
     communication removed) than its isolated pieces played on the same lanes, each reduction as
     the chain runs it (`_as_chained`): every compute and norm phase is scaled by it. 1 where the
-    pieces have no chain row (noted)."""
+    pieces have no chain row (noted). `phases`: the compute tasks' (a reduction's are not read)."""
     chain = inputs.compute.find(batch, piece_keys.chain_key(plan, batch.tokens, layers))
     if chain is None:
         notes.append(Note(ASSUMED, "no chain row for this plan: the isolated pieces are used as they are"))
@@ -233,7 +251,27 @@ def _as_chained(plan: LayerPlan, task, phases: list[Phase], batch: Batch, inputs
     return [Phase(NORM, inputs.compute.get(batch, piece_keys.piece_key("norm", rows)))]
 
 
-def _phases(plan: LayerPlan, task, batch: Batch, dtype: str, inputs: Inputs, notes: list[Note]) -> list[Phase]:
+def _beside_compute_tasks(tasks) -> list[int | None]:
+    """For each reduction, the compute task its transfer runs beside: the next compute listed
+    after it (the main lane's next block, released with it); None for compute tasks and for the
+    stack's last reduction."""
+    out: list[int | None] = [None] * len(tasks)
+    following = None
+    for j in range(len(tasks) - 1, -1, -1):
+        if tasks[j].work == COMPUTE:
+            following = j
+        else:
+            out[j] = following
+    return out
+
+
+def _block_beside(tasks, computed: list, j: int | None) -> tuple[str, float] | None:
+    """(the block, its ms alone) of compute task `j`, or None (nothing beside)."""
+    return None if j is None else (tasks[j].block, sum(p.ms for p in computed[j]))
+
+
+def _phases(plan: LayerPlan, task, batch: Batch, dtype: str, inputs: Inputs, notes: list[Note],
+            beside_block: tuple[str, float] | None = None) -> list[Phase]:
     chunk = plan.chunks[task.chunk]
     if task.work == COMPUTE:
         key = (piece_keys.piece_key("attention", chunk.size, chunk, plan.pipelined) if task.block == ATTENTION
@@ -248,6 +286,8 @@ def _phases(plan: LayerPlan, task, batch: Batch, dtype: str, inputs: Inputs, not
         loss, stretch, extra = 0.0, 1.0, 0.0
         if inputs.contention is not None and plan.pipelined and inputs.stretch == ONE_CALL:
             loss, stretch = _one_call(transfer, nbytes, found.ms, inputs.contention, notes)
+        elif inputs.contention is not None and plan.pipelined and inputs.stretch == PAIR:
+            loss, stretch = _pair(transfer, nbytes, found.ms, beside_block, inputs.contention, notes)
         elif inputs.contention is not None and plan.pipelined:
             loss, stretch = _beside_compute(transfer.path, inputs.contention.at(transfer.path, transfer.ctas, nbytes),
                                             inputs.stretch, notes)
@@ -297,6 +337,26 @@ def _one_call(transfer, nbytes: int, alone_ms: float, contention, notes: list[No
         _, stretch = _beside_compute(transfer.path, beside, AUTO, notes)
     notes += said
     return extra / (alone_ms * stretch), stretch
+
+
+def _pair(transfer, nbytes: int, alone_ms: float, beside_block: tuple[str, float] | None, contention,
+          notes: list[Note]) -> tuple[float, float]:
+    """PAIR's (loss, stretch) for a split's transfer of `nbytes` taking `alone_ms` alone, beside
+    `beside_block` ((block, its ms alone), or None: nothing beside): the transfer lasts the block
+    + the rows' pair extra (at least its time alone), the compute losing what makes it end then
+    too; AUTO's pair where the rows hold no pair for the path."""
+    if beside_block is None:
+        return 0.0, 1.0
+    block, block_ms = beside_block
+    found = contention.pair(transfer.path, transfer.ctas, nbytes, block)
+    if found is None:
+        notes.append(Note(SUBSTITUTED, f"{transfer.path}: no pair beside the {block} block in the beside-layer rows "
+                                       f"(`{PAIR_EXTRA[block]}`): charged as --transfer-beside auto charges it"))
+        return _beside_compute(transfer.path, contention.at(transfer.path, transfer.ctas, nbytes), AUTO, notes)
+    extra, said = found
+    notes += said
+    together = max(alone_ms, block_ms + extra)
+    return max(0.0, 1.0 - block_ms / together), together / alone_ms
 
 
 def _in_layer(transfer, nbytes: int, inputs: Inputs, notes: list[Note]) -> float:

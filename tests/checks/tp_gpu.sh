@@ -13,8 +13,9 @@
 # beside-layer: for each model of $LAYER_MODELS (default llama3-70b llama3-8b), the all-reduce paths
 #         and CTA budgets the layer strategies send, each beside one rank's shard of the model's
 #         layer at TP=$TP on the rows it carries ($LAYER_TOKENS, default 512-32768): the compute's
-#         loss, the transfer's stretch, the in-line extra in paired rounds (`predict`'s contention
-#         and in-layer term)                                -> comm-beside-layer-<model>.{jsonl,csv,out}
+#         loss, the transfer's stretch, the in-line extra in paired rounds, each block's pair with
+#         one call (`predict`'s contention and in-layer term); LAYER_PATHS, LAYER_NCCL_CTAS and
+#         LAYER_COMM_CTAS narrow the paths and budgets  -> comm-beside-layer-<model>.{jsonl,csv,out}
 # power:  tests/probes/power_beside.py on GPUs 0 and 1 (whatever TP is): the llama3-70b TP=2 MLP
 #         GEMMs at 16384 tokens on GPU 0 alone and beside copy-engine copies (GPU 0 pulling from
 #         GPU 1, GPU 1 pushing into GPU 0, GPU 0 copying locally; no SM kernel), in rounds of a
@@ -56,8 +57,8 @@ if [[ $STEPS == *,beside-layer,* ]]; then
   for model in ${LAYER_MODELS:-llama3-70b llama3-8b}; do
     step "beside-layer-$model" "${BESIDE_LAYER_TIMEOUT:-290}" "${LAYER[@]}" --beside-layer "$model" \
       --tokens "${LAYER_TOKENS:-512,1024,2048,4096,8192,16384,32768}" \
-      --paths nccl,nccl_symm,symm_one_shot,symm_two_shot,fused_norm,copy_engine_norm,copy_engine_norm_kernel \
-      --nccl-max-ctas default,16 --comm-ctas 16,32,64 \
+      --paths "${LAYER_PATHS:-nccl,nccl_symm,symm_one_shot,symm_two_shot,fused_norm,copy_engine_norm,copy_engine_norm_kernel}" \
+      --nccl-max-ctas "${LAYER_NCCL_CTAS:-default,16}" --comm-ctas "${LAYER_COMM_CTAS:-16,32,64}" \
       --output "$WORK/comm-beside-layer-$model.jsonl" > "$WORK/comm-beside-layer-$model.csv" 2> "$WORK/comm-beside-layer-$model.out"
     pack
   done

@@ -1,0 +1,123 @@
+"""The pair window of `comm --beside-layer`: one call of the path beside one block of the layer,
+both released at once as a split releases them, and the row fields it fills. No torch: `predict`
+reads these names.
+
+A split issues chunk k's reduction when chunk k's block ends, on the communication lane, and the
+next chunk's block on the compute lane at the same moment; the next compute that needs the
+reduction waits for both. What that pair costs the split over the block alone is what the
+split pays for the transfer there: the compute it loses beside the call, and the call's tail
+where it outlasts the block. Which kernel takes the SMs first (the block's first GEMM or the
+call's first kernel) decides much of it (docs/predict.md, Why TP=4 misses), so the pair is timed
+as the split runs it: one CUDA graph that forks the call onto a high-priority side stream and the
+block onto the capturing stream from one point, and joins them.
+
+comm.beside_layer captures five graphs alike and times them in interleaved rounds (as the
+in-layer term's three: timing/interleave.py, each replayed as often per round, the ranks meeting
+before each): the call beside the attention block, the attention block alone, the call beside
+the MLP block, the MLP block alone, and the call alone (forked and joined the same way). Per
+round and block, extra = the pair - the block alone (ms): what the pair takes beyond the block.
+The value is the rounds' trimmed mean with its 95% interval (as comm/in_layer.py takes its term).
+
+The fields, for each block B of BLOCKS: `pair_B_extra_ms` (its presence marks a row of this
+window), `pair_B_extra_ci_ms` ([lo, hi]), `pair_B_extra_samples_ms` (each round's extra),
+`pair_B_ms` and `pair_B_block_ms` (the pair's and the block's median over the rounds, ms per
+replay, the max over ranks); and `pair_op_ms` (the call alone, forked and joined alike),
+`pair_rounds`, `pair_replays`, `pair_graphs` (whether the five were CUDA graphs: where one fails
+to capture, all five run eagerly) and `pair_graph_error`. The block's rows are the call's rows.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from overlapbench.timing.bench import Clock
+    from overlapbench.timing.interleave import Timed
+
+ATTENTION, MLP = "attention", "mlp"  # the blocks, as model/schedule.py names them
+BLOCKS = (ATTENTION, MLP)
+# The graphs' order in a round's candidates: each block beside the call, then alone; the call alone last.
+PAIR_ATTENTION, ATTENTION_ALONE, PAIR_MLP, MLP_ALONE, OP_ALONE = range(5)
+LEVEL = 0.95
+SPAN_MS = 20.0  # each graph replayed as often as the longest pair fills this, per round
+WARMUP_S = 0.2
+MIN_ROUNDS = 10
+
+
+def extra_field(block: str) -> str:
+    """The field of a block's extra beside one call (a row that has it was timed with this window)."""
+    return f"pair_{block}_extra_ms"
+
+
+def fields_of(block: str) -> tuple[str, ...]:
+    return (extra_field(block), f"pair_{block}_extra_ci_ms", f"pair_{block}_extra_samples_ms", f"pair_{block}_ms",
+            f"pair_{block}_block_ms")
+
+
+FIELDS = (*fields_of(ATTENTION), *fields_of(MLP), "pair_op_ms", "pair_rounds", "pair_replays", "pair_graphs",
+          "pair_graph_error")
+
+
+def time_pairs(runs: Sequence[Callable[[], object]], per_replay_ms: float, iters: int, clock: Clock,
+               gather: Callable[[list[float]], list[list[float]]] = lambda values: [values],
+               align: Callable[[], None] = lambda: None, graphs: bool = True, graph_error: str | None = None) -> Pairs:
+    """Time the five graphs `runs` (in the order PAIR_ATTENTION .. OP_ALONE) in interleaved rounds,
+    each replayed as often per round as the longest pair (`per_replay_ms`, the same on every
+    rank) fills a span; `gather` and `align` as interleave.time_rounds takes them."""
+    from overlapbench.timing.interleave import Plan, repetitions, time_rounds
+
+    rounds = max(iters, MIN_ROUNDS)
+    plan = Plan(SPAN_MS, rounds, ci_target=0.0, warmup_s=WARMUP_S, min_rounds=rounds)  # every graph in every round
+    timed = time_rounds(runs, [per_replay_ms] * len(runs), PAIR_MLP, plan, clock, gather, align=align)
+    return Pairs.from_rounds(timed, repetitions(SPAN_MS, per_replay_ms), graphs, graph_error)
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """The five graphs' times in the rounds all five took part in (ms per replay, each the max
+    over ranks), round by round."""
+
+    attention_pair_ms: tuple[float, ...]
+    attention_ms: tuple[float, ...]
+    mlp_pair_ms: tuple[float, ...]
+    mlp_ms: tuple[float, ...]
+    op_ms: tuple[float, ...]
+    replays: int  # each graph's replays per round
+    graphs: bool
+    graph_error: str | None = None
+
+    def __post_init__(self) -> None:
+        counts = {len(t) for t in (self.attention_pair_ms, self.attention_ms, self.mlp_pair_ms, self.mlp_ms, self.op_ms)}
+        if counts != {len(self.op_ms)} or not self.op_ms:
+            raise ValueError(f"pair rounds: {sorted(counts)} times per graph; one or more of each, round by round")
+
+    @classmethod
+    def from_rounds(cls, timed: Sequence[Timed], replays: int, graphs: bool, graph_error: str | None = None) -> Pairs:
+        """From interleave.time_rounds' result for the five graphs: the rounds all five were timed in, in order."""
+        by_round = [dict(zip(t.round_ids, t.samples_ms)) for t in timed]
+        common = sorted(set.intersection(*(set(one) for one in by_round)))
+        return cls(*(tuple(one[r] for r in common) for one in by_round), replays=replays, graphs=graphs,
+                   graph_error=graph_error)
+
+    def extras(self, block: str) -> list[float]:
+        """Each round's extra of the pair with `block` (ms): the pair - the block alone."""
+        pair, alone = ((self.attention_pair_ms, self.attention_ms) if block == ATTENTION
+                       else (self.mlp_pair_ms, self.mlp_ms))
+        return [p - a for p, a in zip(pair, alone)]
+
+    def fields(self) -> dict:
+        """The row's fields (the module's docstring names them)."""
+        from overlapbench.timing.intervals import trimmed_mean_interval
+
+        out = {}
+        for block, pair, alone in ((ATTENTION, self.attention_pair_ms, self.attention_ms),
+                                   (MLP, self.mlp_pair_ms, self.mlp_ms)):
+            extras = self.extras(block)
+            extra, interval = trimmed_mean_interval(extras, LEVEL)
+            out |= dict(zip(fields_of(block), (extra, interval, [round(e, 6) for e in extras],
+                                               statistics.median(pair), statistics.median(alone))))
+        return out | {"pair_op_ms": statistics.median(self.op_ms), "pair_rounds": len(self.op_ms),
+                      "pair_replays": self.replays, "pair_graphs": self.graphs, "pair_graph_error": self.graph_error}
