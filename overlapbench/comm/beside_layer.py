@@ -31,8 +31,10 @@ term to every blocking transfer of a serial plan (predict/contention.py, predict
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -40,7 +42,7 @@ import torch
 from overlapbench.comm.cases import BesideLayer, Case
 from overlapbench.comm.contention import compute_loss, time_alone
 from overlapbench.comm.in_layer import INLINE, OPS, PASS, InLayer, time_paired
-from overlapbench.comm.pair import PAIR_ATTENTION, PAIR_MLP, Pairs, time_pairs
+from overlapbench.comm.pair import GRAPHS, PAIR_ATTENTION, PAIR_MLP, PAIR_TIMELINES, Pairs, time_pairs
 from overlapbench.comm.paired_loss import LAYER
 from overlapbench.model.chunks import rope_positions, token_range
 from overlapbench.model.layer import attention_partial, mlp_partial
@@ -139,27 +141,46 @@ class LayerStream:
                            graphs, error)
 
     def pairs(self, rt: Runtime, run, iters: int) -> Pairs:
-        """The pair window (comm/pair.py): one call of `run` beside each block, both released at
-        once (the call forked onto a high-priority side stream, as a split's communication lane),
-        each block alone and the call alone, the five captured alike (all five graphs, or all five
-        eager where one fails to capture) and timed in the same interleaved rounds.
+        """The pair window (comm/pair.py), per block: the block, then one call of `run` forked onto
+        a high-priority side stream (as a split's communication lane) and the block again on this
+        stream, released together when the first block ends, then joined; the same two blocks
+        alone; and the call alone, forked and joined. The five are captured alike (all five graphs,
+        or all five eager where one fails to capture) and timed in the same interleaved rounds.
+        With OVERLAPBENCH_PAIR_TIMELINES=DIR in the environment (a diagnostic: which kernel takes
+        the SMs first), each rank also writes the five graphs' timelines, four replays each, as
+        DIR/<graph>-<rows>.rank<k>.json (timing/timeline.py's format).
         Collective: every rank calls it for the same case, after `prepare`."""
-        from overlapbench.timing import bench, interleave, measure
+        from overlapbench.timing import bench, interleave, measure, timeline
         from overlapbench.timing.step import Step
 
+        timelines = os.environ.get(PAIR_TIMELINES)
+        if timelines:
+            timeline.prepare_for_graphs()
         side = torch.cuda.Stream(priority=-100)
 
-        def beside(block) -> Callable[[], None]:
+        def released(block: Callable[[], None], call: Callable[[], None] | None) -> Callable[[], None]:
             def pair() -> None:
+                block()  # the chunk whose partial the call reduces: its end releases both, as in a split
+                if call is None:
+                    block()
+                    return
                 main = torch.cuda.current_stream()
-                side.wait_stream(main)  # one point releases both, as a split's event releases its lanes
+                side.wait_stream(main)
                 with torch.cuda.stream(side):
-                    run()
+                    call()
                 block()
                 main.wait_stream(side)
             return pair
 
-        eager = [beside(self.attention), self.attention, beside(self.mlp), self.mlp, beside(lambda: None)]
+        def call_alone() -> None:
+            main = torch.cuda.current_stream()
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                run()
+            main.wait_stream(side)
+
+        eager = [released(self.attention, run), released(self.attention, None), released(self.mlp, run),
+                 released(self.mlp, None), call_alone]
         graphs, error, captured = self.graphs, self.graph_error, []
         for fn in eager:
             replay, used, why = measure.runner(Step(lambda _x, fn=fn: fn()), self.normed, graphs)
@@ -169,8 +190,13 @@ class LayerStream:
         clock = bench.CudaClock()
         longest = max(bench.warm_up(runs[i], 2, 0.0, clock) for i in (PAIR_ATTENTION, PAIR_MLP))
         per_replay = interleave.ranks_max(rt)([longest])[0]
-        return time_pairs(runs, per_replay, iters, clock, interleave.ranks_gather(rt), interleave.ranks_barrier(rt),
-                          graphs, error)
+        found = time_pairs(runs, per_replay, iters, clock, interleave.ranks_gather(rt), interleave.ranks_barrier(rt),
+                           graphs, error)
+        if timelines:
+            for name, fn in zip(GRAPHS, runs):
+                recorded = timeline.record(lambda fn=fn: [fn() for _ in range(4)], True, rt.rank, rt.world_size, rt.in_step)
+                timeline.write(recorded, Path(timelines) / f"{name}-{self.tokens}.rank{rt.rank}.json")
+        return found
 
 
 @dataclass

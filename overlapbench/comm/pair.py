@@ -7,21 +7,26 @@ next chunk's block on the compute lane at the same moment; the next compute that
 reduction waits for both. What that pair costs the split over the block alone is what the
 split pays for the transfer there: the compute it loses beside the call, and the call's tail
 where it outlasts the block. Which kernel takes the SMs first (the block's first GEMM or the
-call's first kernel) decides much of it (docs/predict.md, Why TP=4 misses), so the pair is timed
-as the split runs it: one CUDA graph that forks the call onto a high-priority side stream and the
-block onto the capturing stream from one point, and joins them.
+call's first kernels) decides much of it (docs/predict.md, Why TP=4 misses), so the pair is timed
+as the split runs it: one CUDA graph in which a block runs, and its end releases the call, forked
+onto a high-priority side stream, and the block again, on the capturing stream; then joins them.
+The block before matters: released from an idle device with the ranks in step, the call's
+first kernels took the SMs before the block's first GEMM, which waited for them, where in the
+split the GEMM started right after the call's opening barrier (2x H200, llama3-70b TP=2 at 4096
+rows, the copy-engine path: docs/predict.md, the pair window).
 
 comm.beside_layer captures five graphs alike and times them in interleaved rounds (as the
 in-layer term's three: timing/interleave.py, each replayed as often per round, the ranks meeting
-before each): the call beside the attention block, the attention block alone, the call beside
-the MLP block, the MLP block alone, and the call alone (forked and joined the same way). Per
-round and block, extra = the pair - the block alone (ms): what the pair takes beyond the block.
-The value is the rounds' trimmed mean with its 95% interval (as comm/in_layer.py takes its term).
+before each): the attention block then the call beside the attention block, the attention block
+twice, the same two for the MLP block, and the call alone (forked and joined the same way). Per
+round and block, extra = the pair - the two blocks alone (ms): what the call takes beyond the
+blocks. The value is the rounds' trimmed mean with its 95% interval (as comm/in_layer.py takes
+its term).
 
 The fields, for each block B of BLOCKS: `pair_B_extra_ms` (its presence marks a row of this
 window), `pair_B_extra_ci_ms` ([lo, hi]), `pair_B_extra_samples_ms` (each round's extra),
-`pair_B_ms` and `pair_B_block_ms` (the pair's and the block's median over the rounds, ms per
-replay, the max over ranks); and `pair_op_ms` (the call alone, forked and joined alike),
+`pair_B_ms` and `pair_B_block_ms` (the pair's graph and the two blocks', medians over the rounds,
+ms per replay, the max over ranks); and `pair_op_ms` (the call alone, forked and joined alike),
 `pair_rounds`, `pair_replays`, `pair_graphs` (whether the five were CUDA graphs: where one fails
 to capture, all five run eagerly) and `pair_graph_error`. The block's rows are the call's rows.
 """
@@ -41,6 +46,8 @@ ATTENTION, MLP = "attention", "mlp"  # the blocks, as model/schedule.py names th
 BLOCKS = (ATTENTION, MLP)
 # The graphs' order in a round's candidates: each block beside the call, then alone; the call alone last.
 PAIR_ATTENTION, ATTENTION_ALONE, PAIR_MLP, MLP_ALONE, OP_ALONE = range(5)
+GRAPHS = ("pair_attention", "attention", "pair_mlp", "mlp", "op")  # their names, in that order
+PAIR_TIMELINES = "OVERLAPBENCH_PAIR_TIMELINES"  # a folder: each rank writes the five graphs' timelines there
 LEVEL = 0.95
 SPAN_MS = 20.0  # each graph replayed as often as the longest pair fills this, per round
 WARMUP_S = 0.2
@@ -103,7 +110,7 @@ class Pairs:
                    graph_error=graph_error)
 
     def extras(self, block: str) -> list[float]:
-        """Each round's extra of the pair with `block` (ms): the pair - the block alone."""
+        """Each round's extra of the pair with `block` (ms): the pair - the two blocks alone."""
         pair, alone = ((self.attention_pair_ms, self.attention_ms) if block == ATTENTION
                        else (self.mlp_pair_ms, self.mlp_ms))
         return [p - a for p, a in zip(pair, alone)]
