@@ -128,7 +128,8 @@ def test_cases_carry_the_layer_in_their_keys_and_skip_on_gloo():
 
 
 def _pairs(rng: random.Random, rounds: int, passes: list[float], op: float) -> Pairs:
-    """Each round's attention and MLP (shares of its pass), each beside one call of `op` ms and alone, and the call alone."""
+    """Each round's attention and MLP pairs (shares of its pass), with one call of `op` ms and with the add + norm, and
+    the call alone."""
     attention = [p * rng.uniform(0.2, 0.4) for p in passes]
     mlp = [p - a for p, a in zip(passes, attention)]
     return Pairs(*(tuple(x) for x in (

@@ -1,7 +1,8 @@
-"""The pair window of `comm --beside-layer` (comm/pair.py): each round's pair less its block alone,
-per block, the row fields made of them, and the interleaved rounds on a simulated device whose
-clock drifts, where the paired extra comes out as set. Random inputs; the GPU path (five captured
-graphs on two ranks) is tests/test_comm_beside_layer_gpu.py."""
+"""The pair window of `comm --beside-layer` (comm/pair.py): each round's pair with the call less the
+same pair with the chain's add + norm in its place, per block, the row fields made of them, and the
+interleaved rounds on a simulated device whose clock drifts, where the paired extra comes out as
+set. Random inputs; the GPU path (five captured graphs on two ranks) is
+tests/test_comm_beside_layer_gpu.py."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from overlapbench.comm.pair import (
     ATTENTION,
     BLOCKS,
     FIELDS,
+    GRAPHS,
     MIN_ROUNDS,
     MLP,
     SPAN_MS,
@@ -27,12 +29,12 @@ from tests.test_interleave import DriftingDevice
 
 
 def _rounds(rng: random.Random, n: int) -> tuple[dict[str, list[float]], dict[str, list[float]], list[float]]:
-    """n rounds: per block, (the pairs, the blocks alone) with a known extra in each; the call alone."""
+    """n rounds: per block, (the pairs with the call, with the add + norm) with a known extra in each; the call alone."""
     pairs, extras = {}, {}
     for block in BLOCKS:
-        alone = [rng.uniform(0.1, 20) for _ in range(n)]
+        norm = [rng.uniform(0.1, 20) for _ in range(n)]
         extras[block] = [rng.uniform(-0.02, 0.4) for _ in range(n)]
-        pairs[block] = ([a + e for a, e in zip(alone, extras[block])], alone)
+        pairs[block] = ([a + e for a, e in zip(norm, extras[block])], norm)
     return pairs, extras, [rng.uniform(0.05, 3) for _ in range(n)]
 
 
@@ -40,7 +42,7 @@ def _made(pairs, ops, replays: int = 1, graphs: bool = True) -> Pairs:
     return Pairs(*map(tuple, (*pairs[ATTENTION], *pairs[MLP], ops)), replays=replays, graphs=graphs)
 
 
-def test_each_round_gives_the_pair_less_its_block_alone_and_the_fields_hold_them():
+def test_each_round_gives_the_pair_less_the_pair_with_the_add_and_norm_and_the_fields_hold_them():
     rng = random.Random()
     n = rng.randrange(1, 40)
     pairs, extras, ops = _rounds(rng, n)
@@ -54,7 +56,7 @@ def test_each_round_gives_the_pair_less_its_block_alone_and_the_fields_hold_them
         lo, hi = fields[f"pair_{block}_extra_ci_ms"]
         assert lo <= fields[extra_field(block)] <= hi and (n < 3 or lo < hi)
         assert fields[f"pair_{block}_ms"] == statistics.median(pairs[block][0])
-        assert fields[f"pair_{block}_block_ms"] == statistics.median(pairs[block][1])
+        assert fields[f"pair_{block}_norm_ms"] == statistics.median(pairs[block][1])
     assert fields["pair_op_ms"] == statistics.median(ops)
     assert (fields["pair_rounds"], fields["pair_replays"], fields["pair_graphs"]) == (n, found.replays, found.graphs)
 
@@ -86,14 +88,14 @@ def test_rounds_of_unequal_counts_or_none_are_refused(lengths):
 
 @pytest.mark.parametrize("drift", [0.05, -0.05])
 def test_interleaved_rounds_recover_each_blocks_extra_on_a_drifting_device(drift):
-    """The clock drifts by 5% a second; the pair and its block meet the same clock in a round, so
+    """The clock drifts by 5% a second; the two pairs of a block meet the same clock in a round, so
     each block's extra comes out as set, and every graph is replayed as often."""
     rng = random.Random()
     attention, mlp = rng.uniform(1, 4), rng.uniform(3, 9)
     extra = {ATTENTION: rng.uniform(0.02, 0.2), MLP: rng.uniform(0.02, 0.2)}
     device = DriftingDevice(drift, noise=0.001, seed=rng.randrange(1000))
-    runs = [device.candidate("pair_attention", attention + extra[ATTENTION]), device.candidate("attention", attention),
-            device.candidate("pair_mlp", mlp + extra[MLP]), device.candidate("mlp", mlp),
+    runs = [device.candidate("pair_attention", attention + extra[ATTENTION]), device.candidate("norm_attention", attention),
+            device.candidate("pair_mlp", mlp + extra[MLP]), device.candidate("norm_mlp", mlp),
             device.candidate("op", rng.uniform(0.1, 1))]
     iters = rng.randrange(1, 25)
     found = time_pairs(runs, mlp + extra[MLP], iters, device).fields()
@@ -102,4 +104,4 @@ def test_interleaved_rounds_recover_each_blocks_extra_on_a_drifting_device(drift
     for block in BLOCKS:
         assert found[extra_field(block)] == pytest.approx(extra[block], abs=0.03)
     replayed = [name for kind, name in device.log if kind == "run"]
-    assert len({replayed.count(name) for name in ("pair_attention", "attention", "pair_mlp", "mlp", "op")}) == 1
+    assert len({replayed.count(name) for name in GRAPHS}) == 1

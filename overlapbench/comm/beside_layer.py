@@ -20,9 +20,9 @@ more):
   the all-reduces and the two all-reduces alone, the three captured alike and timed in the same
   interleaved rounds (`in_layer_extra_ms`, per all-reduce: comm/in_layer.py);
 - the pair's extra, per block: one call of the path and the attention block (or the MLP block)
-  released at once from one CUDA graph, as a split releases a reduction and the next chunk's
-  block, less the block alone, in the same interleaved rounds (`pair_attention_extra_ms`,
-  `pair_mlp_extra_ms`: comm/pair.py).
+  released at once from one CUDA graph when the same block ends, as a split releases a reduction
+  and the next chunk's block, less the same pair with the residual add + RMSNorm in the call's
+  place, in interleaved rounds (`pair_attention_extra_ms`, `pair_mlp_extra_ms`: comm/pair.py).
 
 `predict` charges the loss and the stretch (under `--transfer-beside one-call`, the extra beside
 one call; under `pair`, the pair's extra) to a split's transfers beside compute and the in-layer
@@ -47,7 +47,7 @@ from overlapbench.comm.paired_loss import LAYER
 from overlapbench.model.chunks import rope_positions, token_range
 from overlapbench.model.layer import attention_partial, mlp_partial
 from overlapbench.model.models import preset
-from overlapbench.model.norms import rms_norm
+from overlapbench.model.norms import add_rms_norm, rms_norm
 from overlapbench.model.rope import RopeTable
 from overlapbench.model.weights import build_stack, random_input
 
@@ -143,12 +143,13 @@ class LayerStream:
     def pairs(self, rt: Runtime, run, iters: int) -> Pairs:
         """The pair window (comm/pair.py), per block: the block, then one call of `run` forked onto
         a high-priority side stream (as a split's communication lane) and the block again on this
-        stream, released together when the first block ends, then joined; the same two blocks
-        alone; and the call alone, forked and joined. The five are captured alike (all five graphs,
-        or all five eager where one fails to capture) and timed in the same interleaved rounds.
-        With OVERLAPBENCH_PAIR_TIMELINES=DIR in the environment (a diagnostic: which kernel takes
-        the SMs first), each rank also writes the five graphs' timelines, four replays each, as
-        DIR/<graph>-<rows>.rank<k>.json (timing/timeline.py's format).
+        stream, released together when the first block ends, then joined; the same with the
+        residual add + RMSNorm of the call's rows in the call's place (what the split's chain, the
+        stack with its reducers local, runs there); and the call alone, forked and joined. The five
+        are captured alike (all five graphs, or all five eager where one fails to capture) and timed
+        in the same interleaved rounds. With OVERLAPBENCH_PAIR_TIMELINES=DIR in the environment (a
+        diagnostic: which kernel takes the SMs first), each rank also writes the five graphs'
+        timelines, four replays each, as DIR/<graph>-<rows>.rank<k>.json (timing/timeline.py's format).
         Collective: every rank calls it for the same case, after `prepare`."""
         from overlapbench.timing import bench, interleave, measure, timeline
         from overlapbench.timing.step import Step
@@ -157,13 +158,16 @@ class LayerStream:
         if timelines:
             timeline.prepare_for_graphs()
         side = torch.cuda.Stream(priority=-100)
+        hidden, dtype, device = self.normed.shape[1], self.normed.dtype, self.normed.device
+        partial, residual = (random_input(self.tokens, hidden, SEED + k, dtype, device) for k in (1, 2))
+        normed, weight, eps = torch.empty_like(partial), self.stack.layers[0].mlp_norm, self.stack.shape.eps
 
-        def released(block: Callable[[], None], call: Callable[[], None] | None) -> Callable[[], None]:
+        def local_norm() -> None:  # the chain's reduction of the call's rows: residual add + RMSNorm, no transfer
+            add_rms_norm(partial, residual, weight, eps, out=normed)
+
+        def released(block: Callable[[], None], call: Callable[[], None]) -> Callable[[], None]:
             def pair() -> None:
                 block()  # the chunk whose partial the call reduces: its end releases both, as in a split
-                if call is None:
-                    block()
-                    return
                 main = torch.cuda.current_stream()
                 side.wait_stream(main)
                 with torch.cuda.stream(side):
@@ -179,8 +183,8 @@ class LayerStream:
                 run()
             main.wait_stream(side)
 
-        eager = [released(self.attention, run), released(self.attention, None), released(self.mlp, run),
-                 released(self.mlp, None), call_alone]
+        eager = [released(self.attention, run), released(self.attention, local_norm), released(self.mlp, run),
+                 released(self.mlp, local_norm), call_alone]
         graphs, error, captured = self.graphs, self.graph_error, []
         for fn in eager:
             replay, used, why = measure.runner(Step(lambda _x, fn=fn: fn()), self.normed, graphs)

@@ -4,31 +4,33 @@ reads these names.
 
 A split issues chunk k's reduction when chunk k's block ends, on the communication lane, and the
 next chunk's block on the compute lane at the same moment; the next compute that needs the
-reduction waits for both. What that pair costs the split over the block alone is what the
-split pays for the transfer there: the compute it loses beside the call, and the call's tail
-where it outlasts the block. Which kernel takes the SMs first (the block's first GEMM or the
-call's first kernels) decides much of it (docs/predict.md, Why TP=4 misses), so the pair is timed
-as the split runs it: one CUDA graph in which a block runs, and its end releases the call, forked
-onto a high-priority side stream, and the block again, on the capturing stream; then joins them.
-The block before matters: released from an idle device with the ranks in step, the call's
-first kernels took the SMs before the block's first GEMM, which waited for them, where in the
-split the GEMM started right after the call's opening barrier (2x H200, llama3-70b TP=2 at 4096
-rows, the copy-engine path: docs/predict.md, the pair window).
+reduction waits for both. `predict` times the split's compute from its chain (`sweep --pieces`:
+the same stack with each reduction a local residual add + RMSNorm on the reduction's lane), so
+what a transfer costs the split is what the pair takes beyond the same pair with that add + norm
+in the call's place: the compute it loses beside the call, and the call's tail where it outlasts
+the block. Which kernel takes the SMs first (the block's first GEMM or the call's first kernels)
+decides much of it (docs/predict.md, Why TP=4 misses), so the pair is timed as the split runs it:
+one CUDA graph in which a block runs, and its end releases the call, forked onto a high-priority
+side stream, and the block again, on the capturing stream; then joins them. Released from an idle
+device instead, with the ranks in step, the call's first kernels took the SMs before the block's
+first GEMM, which waited for them, where in the split the GEMM started right after the call's
+opening barrier (2x H200, llama3-70b TP=2 at 4096 rows, the copy-engine path: docs/predict.md,
+the pair window).
 
 comm.beside_layer captures five graphs alike and times them in interleaved rounds (as the
 in-layer term's three: timing/interleave.py, each replayed as often per round, the ranks meeting
-before each): the attention block then the call beside the attention block, the attention block
-twice, the same two for the MLP block, and the call alone (forked and joined the same way). Per
-round and block, extra = the pair - the two blocks alone (ms): what the call takes beyond the
-blocks. The value is the rounds' trimmed mean with its 95% interval (as comm/in_layer.py takes
-its term).
+before each): per block, the block then the call beside the block again, and the block then the
+add + norm of the call's rows beside it (the chain's reduction); and the call alone (forked and
+joined the same way). Per round and block, extra = the pair with the call - the pair with the add
++ norm (ms). The value is the rounds' trimmed mean with its 95% interval (as comm/in_layer.py
+takes its term).
 
 The fields, for each block B of BLOCKS: `pair_B_extra_ms` (its presence marks a row of this
 window), `pair_B_extra_ci_ms` ([lo, hi]), `pair_B_extra_samples_ms` (each round's extra),
-`pair_B_ms` and `pair_B_block_ms` (the pair's graph and the two blocks', medians over the rounds,
-ms per replay, the max over ranks); and `pair_op_ms` (the call alone, forked and joined alike),
-`pair_rounds`, `pair_replays`, `pair_graphs` (whether the five were CUDA graphs: where one fails
-to capture, all five run eagerly) and `pair_graph_error`. The block's rows are the call's rows.
+`pair_B_ms` and `pair_B_norm_ms` (the two graphs' medians over the rounds, ms per replay, the max
+over ranks); and `pair_op_ms` (the call alone, forked and joined alike), `pair_rounds`,
+`pair_replays`, `pair_graphs` (whether the five were CUDA graphs: where one fails to capture, all
+five run eagerly) and `pair_graph_error`. The blocks' rows are the call's rows.
 """
 
 from __future__ import annotations
@@ -44,9 +46,10 @@ if TYPE_CHECKING:
 
 ATTENTION, MLP = "attention", "mlp"  # the blocks, as model/schedule.py names them
 BLOCKS = (ATTENTION, MLP)
-# The graphs' order in a round's candidates: each block beside the call, then alone; the call alone last.
-PAIR_ATTENTION, ATTENTION_ALONE, PAIR_MLP, MLP_ALONE, OP_ALONE = range(5)
-GRAPHS = ("pair_attention", "attention", "pair_mlp", "mlp", "op")  # their names, in that order
+# The graphs' order in a round's candidates: per block, the pair with the call, then with the chain's
+# add + norm in its place; the call alone last.
+PAIR_ATTENTION, NORM_ATTENTION, PAIR_MLP, NORM_MLP, OP_ALONE = range(5)
+GRAPHS = ("pair_attention", "norm_attention", "pair_mlp", "norm_mlp", "op")  # their names, in that order
 PAIR_TIMELINES = "OVERLAPBENCH_PAIR_TIMELINES"  # a folder: each rank writes the five graphs' timelines there
 LEVEL = 0.95
 SPAN_MS = 20.0  # each graph replayed as often as the longest pair fills this, per round
@@ -61,7 +64,7 @@ def extra_field(block: str) -> str:
 
 def fields_of(block: str) -> tuple[str, ...]:
     return (extra_field(block), f"pair_{block}_extra_ci_ms", f"pair_{block}_extra_samples_ms", f"pair_{block}_ms",
-            f"pair_{block}_block_ms")
+            f"pair_{block}_norm_ms")
 
 
 FIELDS = (*fields_of(ATTENTION), *fields_of(MLP), "pair_op_ms", "pair_rounds", "pair_replays", "pair_graphs",
@@ -88,16 +91,17 @@ class Pairs:
     over ranks), round by round."""
 
     attention_pair_ms: tuple[float, ...]
-    attention_ms: tuple[float, ...]
+    attention_norm_ms: tuple[float, ...]  # the same pair with the chain's add + norm in the call's place
     mlp_pair_ms: tuple[float, ...]
-    mlp_ms: tuple[float, ...]
+    mlp_norm_ms: tuple[float, ...]
     op_ms: tuple[float, ...]
     replays: int  # each graph's replays per round
     graphs: bool
     graph_error: str | None = None
 
     def __post_init__(self) -> None:
-        counts = {len(t) for t in (self.attention_pair_ms, self.attention_ms, self.mlp_pair_ms, self.mlp_ms, self.op_ms)}
+        counts = {len(t) for t in (self.attention_pair_ms, self.attention_norm_ms, self.mlp_pair_ms, self.mlp_norm_ms,
+                                   self.op_ms)}
         if counts != {len(self.op_ms)} or not self.op_ms:
             raise ValueError(f"pair rounds: {sorted(counts)} times per graph; one or more of each, round by round")
 
@@ -110,21 +114,21 @@ class Pairs:
                    graph_error=graph_error)
 
     def extras(self, block: str) -> list[float]:
-        """Each round's extra of the pair with `block` (ms): the pair - the two blocks alone."""
-        pair, alone = ((self.attention_pair_ms, self.attention_ms) if block == ATTENTION
-                       else (self.mlp_pair_ms, self.mlp_ms))
-        return [p - a for p, a in zip(pair, alone)]
+        """Each round's extra of the pair with `block` (ms): with the call - with the add + norm."""
+        pair, norm = ((self.attention_pair_ms, self.attention_norm_ms) if block == ATTENTION
+                      else (self.mlp_pair_ms, self.mlp_norm_ms))
+        return [p - n for p, n in zip(pair, norm)]
 
     def fields(self) -> dict:
         """The row's fields (the module's docstring names them)."""
         from overlapbench.timing.intervals import trimmed_mean_interval
 
         out = {}
-        for block, pair, alone in ((ATTENTION, self.attention_pair_ms, self.attention_ms),
-                                   (MLP, self.mlp_pair_ms, self.mlp_ms)):
+        for block, pair, norm in ((ATTENTION, self.attention_pair_ms, self.attention_norm_ms),
+                                  (MLP, self.mlp_pair_ms, self.mlp_norm_ms)):
             extras = self.extras(block)
             extra, interval = trimmed_mean_interval(extras, LEVEL)
             out |= dict(zip(fields_of(block), (extra, interval, [round(e, 6) for e in extras],
-                                               statistics.median(pair), statistics.median(alone))))
+                                               statistics.median(pair), statistics.median(norm))))
         return out | {"pair_op_ms": statistics.median(self.op_ms), "pair_rounds": len(self.op_ms),
                       "pair_replays": self.replays, "pair_graphs": self.graphs, "pair_graph_error": self.graph_error}

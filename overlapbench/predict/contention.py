@@ -18,8 +18,8 @@ stretch, its time beside the compute over its time alone):
   before it less the pass alone, in the same rounds: comm/paired_loss.py; rows made before that
   window lack it); and what one call and one block of the layer (attention or MLP, the call's
   rows) released at once, as a split releases a reduction and the next chunk's block, take beyond
-  the block alone (`pair_attention_extra_ms`, `pair_mlp_extra_ms`: comm/pair.py; rows made before
-  that window lack them);
+  the same pair with the residual add + RMSNorm in the call's place (`pair_attention_extra_ms`,
+  `pair_mlp_extra_ms`: comm/pair.py; rows made before that window lack them);
 - `comm --beside-gemm` rows: beside a stream of persistent GEMMs: `gemm_loss_paired` (else
   `gemm_loss`), `beside_ms / ms`.
 
@@ -233,8 +233,8 @@ class Contention:
 
     def pair(self, path: str, ctas: Ctas, nbytes: int, block: str) -> tuple[float, tuple[Note, ...]] | None:
         """What one call of `nbytes` on `path` and one `block` of the layer (the call's rows),
-        released at once, take beyond the block alone (ms), looked up as `in_layer`; None where the
-        path has no rows holding it."""
+        released at once, take beyond the same pair with the add + norm in the call's place (ms),
+        looked up as `in_layer`; None where the path has no rows holding it."""
         return _by_size(self.pair_extras.get(block, {}), path, ctas, nbytes, lambda extra: f"{extra * 1e3:+.1f} us "
                         f"beyond {self.layer_of[0]} TP={self.layer_of[1]}'s {block} block released with one call")
 

@@ -98,13 +98,14 @@ class MissingPiece(UserError):
 # for the path (rows made before that window), ONE_CALL charges what AUTO does, and says so.
 # PAIR charges each transfer what the beside-layer rows' pair window measured for it: one call of
 # the path and one block of the layer (the kind of block the split runs beside that transfer: the
-# next compute on the main lane) released at once, as a split releases them, less the block alone
-# (`pair_{attention,mlp}_extra_ms`: comm/pair.py). The pair ends `extra` after the block would
-# alone, so the transfer is played as lasting block + extra beside it (never shorter than alone)
-# and the compute as losing extra / (block + extra) of its speed meanwhile: the two end together,
-# extra later than the block alone. The stack's last reduction, with no compute after it, runs
-# as fast as alone. Where the rows hold no pair for the path, PAIR charges what AUTO does, and
-# says so.
+# next compute on the main lane) released at once when the same block ends, as a split releases
+# them, less the same pair with the residual add + RMSNorm in the call's place, which is what the
+# split's chain (and so the in-context compute) ran there (`pair_{attention,mlp}_extra_ms`:
+# comm/pair.py). The pair ends `extra` after the block would, so the transfer is played as lasting
+# block + extra beside it (never shorter than alone) and the compute as losing
+# extra / (block + extra) of its speed meanwhile: the two end together, extra after the block.
+# The stack's last reduction, with no compute after it, runs as fast as alone. Where the rows hold
+# no pair for the path, PAIR charges what AUTO does, and says so.
 AUTO, ALONE, MEASURED, ONE_CALL, PAIR = "auto", "alone", "measured", "one-call", "pair"
 TRANSFER_BESIDE = (AUTO, ALONE, MEASURED, ONE_CALL, PAIR)
 
