@@ -149,7 +149,7 @@ class LayerStream:
         are captured alike (all five graphs, or all five eager where one fails to capture) and timed
         in the same interleaved rounds. With OVERLAPBENCH_PAIR_TIMELINES=DIR in the environment (a
         diagnostic: which kernel takes the SMs first), each rank also writes the five graphs'
-        timelines, four replays each, as DIR/<graph>-<rows>.rank<k>.json (timing/timeline.py's format).
+        timelines, four replays each, as DIR/<graph>-<rows>[.rank<k>].replay.timeline.json (timing/timeline.py).
         Collective: every rank calls it for the same case, after `prepare`."""
         from overlapbench.timing import bench, interleave, measure, timeline
         from overlapbench.timing.step import Step
@@ -199,7 +199,7 @@ class LayerStream:
         if timelines:
             for name, fn in zip(GRAPHS, runs):
                 recorded = timeline.record(lambda fn=fn: [fn() for _ in range(4)], True, rt.rank, rt.world_size, rt.in_step)
-                timeline.write(recorded, Path(timelines) / f"{name}-{self.tokens}.rank{rt.rank}.json")
+                timeline.write(recorded, Path(timelines) / timeline.file_name(f"{name}-{self.tokens}", True, rt.rank))
         return found
 
 
