@@ -187,16 +187,16 @@ def test_the_command_prints_the_summary_after_the_rows(tmp_path, monkeypatch):
     assert "fused_norm hidden 4096 not measured: 8192 used (12 points)" in said
     assert "copy_engine_norm hidden 4096 not measured: 8192 used (24 points)" in said
     assert lines[-2].startswith("contention: beside the GEMM stream for")
-    assert lines[-1].startswith("in-layer term: not charged (--in-layer none, the default)")
-    assert {r["predicted"]["in_layer"] for r in rows} == {"none"}
+    assert lines[-1] == "in-layer term: none (no --beside-layer rows): blocking all-reduces cost their time in the table"
+    assert {r["predicted"]["in_layer"] for r in rows} == {"measured"}  # the default, though these rows hold no term
     again = tmp_path / "q.jsonl"
     asked = CliRunner().invoke(app, ["predict", "sweeps/llama3-8b-tp2.yaml", "--tp", "2", "--compute", pieces,
                                      "--comm", "results/h100x2/cc10b27/comm.jsonl",
                                      "--comm", "results/h100x2/cc10b27/comm-beside.jsonl", "-o", str(again),
-                                     "--in-layer", "measured"])
+                                     "--in-layer", "none"])
     assert asked.exit_code == 0, asked.output
-    assert asked.output.splitlines()[-1] == ("in-layer term: none (no --beside-layer rows): blocking all-reduces cost "
-                                             "their time in the table")
+    assert asked.output.splitlines()[-1].startswith("in-layer term: not charged (--in-layer none): blocking all-reduces "
+                                                    "cost their time in the table")
     assert [r["ms"] for r in read_rows(again)] == [r["ms"] for r in rows]  # beside-GEMM rows hold no term
     bad = "".join(random.choices("abcxyz", k=6))
     refused = CliRunner().invoke(app, ["predict", "sweeps/llama3-8b-tp2.yaml", "--tp", "2", "--compute", pieces,

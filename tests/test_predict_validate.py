@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from overlapbench.predict.estimate import AUTO, MEASURED_IN_LAYER, NO_IN_LAYER, ONE_CALL
+from overlapbench.predict.estimate import MEASURED_IN_LAYER, NO_IN_LAYER, ONE_CALL, PAIR
 from overlapbench.tuning.results import SCHEMA
 from tests.checks import predict_validate as pv
 from tests.checks import predict_validation as pvn
@@ -47,9 +47,10 @@ def test_the_committed_validation_is_todays_output(device):
 
 @pytest.mark.parametrize("paired", [False, True])
 def test_a_study_whose_rows_carry_the_paired_term_is_also_validated_charging_it(tmp_path, monkeypatch, paired):
-    """The default prediction (`--in-layer none`) always; a second with `--in-layer measured`
-    where the contention rows used carry the paired term, labelled so in the table and sections,
-    from the same inputs."""
+    """The default prediction (predict's defaults: the in-layer term and the pairs) always; a
+    second with `--in-layer none` where the contention rows used carry the paired term, labelled
+    so in the table and sections, from the same inputs (rows without the pairs: no prediction
+    without them)."""
     rng = random.Random()
     study = next(s for s in pv.STUDIES["h200"] if s.tp == 2)
     contention = ROOT / study.contention_found().found()
@@ -68,21 +69,23 @@ def test_a_study_whose_rows_carry_the_paired_term_is_also_validated_charging_it(
     need = pv.Need("beside-layer rows", "m/*/rows.jsonl", required=False, current=pv.IN_LAYER)
     study = pv.Study(study.device, study.model, study.tp, study.spec, study.pieces, study.tables, (need,), study.measured)
     variants = study.variants()
-    assert [v.in_layer for v in variants] == ([NO_IN_LAYER, MEASURED_IN_LAYER] if paired else [NO_IN_LAYER])
-    assert {v.transfer_beside for v in variants} == {AUTO}  # no rows hold the extra beside one call
+    assert [v.in_layer for v in variants] == ([MEASURED_IN_LAYER, NO_IN_LAYER] if paired else [MEASURED_IN_LAYER])
+    assert {v.transfer_beside for v in variants} == {PAIR}  # no rows hold the extra beside one call, nor the pairs
     predicted = tmp_path / "predicted"
     predicted.mkdir()
     outcomes = [pv.run(study, predicted, v) for v in variants]
     table = [line for line in pv.report("h200", outcomes).splitlines() if line.startswith(f"| {study.title}")]
     assert len(table) == len(variants) * len(study.measured)
     sections = len(study.measured)  # a line per measured file, the default's first
-    assert [", with --in-layer measured" in line for line in table] == [False] * sections + [True] * sections * paired
+    assert [", with --in-layer none" in line for line in table] == [False] * sections + [True] * sections * paired
     if paired:
-        plain, charged = (o.sections[0][2] for o in outcomes)
+        charged, plain = (o.sections[0][2] for o in outcomes)
         assert plain["points"] and len(plain["points"]) == len(charged["points"])
         assert any(a["predicted"] != b["predicted"] for a, b in zip(plain["points"], charged["points"]))
-        assert outcomes[1].summary[-1].startswith("in-layer term: measured beside")
-    assert outcomes[0].summary[-1].startswith("in-layer term: not charged")
+        assert outcomes[0].summary[-1].startswith("in-layer term: measured beside")
+        assert outcomes[1].summary[-1].startswith("in-layer term: not charged")
+    else:  # asked for, but the rows' term is of the measurement before the paired rounds: not used
+        assert outcomes[0].summary[-1].startswith("in-layer term: none (the ")
 
 
 def test_the_committed_diagnostic_is_todays_output():
@@ -216,13 +219,14 @@ def test_a_study_whose_rows_carry_the_extra_beside_one_call_is_also_validated_ch
     need = pv.Need("beside-layer rows", "m/*/rows.jsonl", required=False, current=pv.IN_LAYER)
     study = pv.Study(study.device, study.model, study.tp, study.spec, study.pieces, study.tables, (need,), study.measured)
     variants = study.variants()
-    assert variants[0] == pv.DEFAULT and variants[-1] == pv.Variant(transfer_beside=ONE_CALL)
+    assert variants[0] == pv.DEFAULT and variants[-1] == pv.Variant(in_layer=NO_IN_LAYER, transfer_beside=ONE_CALL)
     predicted = tmp_path / "predicted"
     predicted.mkdir()
     plain, one_call = (pv.run(study, predicted, v) for v in (variants[0], variants[-1]))
     table = [line for line in pv.report("h200", [plain, one_call]).splitlines() if line.startswith(f"| {study.title}")]
     sections = len(study.measured)
-    assert [", with --transfer-beside one-call" in line for line in table] == [False] * sections + [True] * sections
+    assert [", with --in-layer none and --transfer-beside one-call" in line for line in table] == (
+        [False] * sections + [True] * sections)
     a, b = plain.sections[0][2], one_call.sections[0][2]
     assert a["points"] and len(a["points"]) == len(b["points"])
     assert any(x["predicted"] != y["predicted"] for x, y in zip(a["points"], b["points"]))

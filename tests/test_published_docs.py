@@ -267,7 +267,10 @@ def _h100_predicted(tokens: int) -> list[float]:
 PREDICTED_H100, PREDICTED_H200 = "results/predicted-h100/validation.md", "results/predicted-h200/validation.md"
 VALIDATION_ROW = ("| {device} | {model} | {tp} | {{points}} | {{median}} | {{p90}} | {{worst}} | {{picks}} | {contention} "
                   "| {{compute}} |")
-MEASURED_TERM = ", with --in-layer measured"
+# predict's default charges the in-layer term; its titles say where a prediction does not
+# (tests/checks/predict_validate.py's Variant): the term charged, "", and not, NO_TERM
+MEASURED_TERM, NO_TERM = "", ", with --in-layer none"
+ONE_CALL_TITLE = ", with --in-layer none and --transfer-beside one-call"
 
 
 def _lines(md: str, device: str, models: tuple[str, ...], tp: int, measured: str, layer: str) -> list[tuple]:
@@ -275,7 +278,7 @@ def _lines(md: str, device: str, models: tuple[str, ...], tp: int, measured: str
     the one charging the in-layer term: (md, device, model, tp, the study's title, variant, the
     contention cell, beside `layer`)."""
     return [(md, device, model, tp, measured, variant, f"beside {layer}, {term}")
-            for model in models for variant, term in (("", "no in-layer term"), (MEASURED_TERM, "`--in-layer measured`"))]
+            for model in models for variant, term in ((NO_TERM, "no in-layer term"), (MEASURED_TERM, "`--in-layer measured`"))]
 
 
 BOTH = ("llama3-70b", "llama3-8b")
@@ -315,8 +318,9 @@ def _beside_layer_again() -> dict:
 def _tp4_in_brief() -> dict:
     """predict.md's TP=4 summary: over the default (no in-layer term) TP=4 lines of the 4x H200
     validation, one per run, the picks per model and the medians' and worst points' ranges."""
-    lines = {(model, measured): f.validation_line(PREDICTED_H200, f"{model} TP=4, {measured}")
-             for md, _, model, tp, measured, variant, _ in VALIDATION_ROWS if md == PREDICTED_H200 and tp == 4 and not variant}
+    lines = {(model, measured): f.validation_line(PREDICTED_H200, f"{model} TP=4, {measured}{NO_TERM}")
+             for md, _, model, tp, measured, variant, _ in VALIDATION_ROWS
+             if md == PREDICTED_H200 and tp == 4 and variant == NO_TERM}
     picks = lambda model: [int(v["picks"].split()[0]) for (m, _), v in lines.items() if m == model]
     (eight,) = set(picks("llama3-8b"))
     return {"runs": ["zero", "one", "two", "three", "four", "five"][len(lines) // 2],
@@ -326,7 +330,7 @@ def _tp4_in_brief() -> dict:
 
 def _no_comm_errors(model: str) -> dict:
     section = f"{model} TP=2, measured on 2x H200 (the 9f356d8 study)"
-    plain = f.validation_errors(PREDICTED_H200, section, "no_comm")
+    plain = f.validation_errors(PREDICTED_H200, section + NO_TERM, "no_comm")
     charged = f.validation_errors(PREDICTED_H200, section + MEASURED_TERM, "no_comm")
     return {"a": [plain[t] for t in f.TOKENS[:4]], "b": [charged[t] for t in f.TOKENS[:4]]}
 
@@ -346,7 +350,7 @@ def _predicted_points_moved() -> dict:
 def _in_layer_decision(study: str, validation: str = PREDICTED_H200) -> dict:
     """A study's summary line without and with the in-layer term (`a`, `b`), for the decision
     docs/predict.md draws."""
-    return {"a": f.validation_line(validation, study), "b": f.validation_line(validation, study + MEASURED_TERM)}
+    return {"a": f.validation_line(validation, study + NO_TERM), "b": f.validation_line(validation, study + MEASURED_TERM)}
 
 
 def _h100_in_layer() -> dict:
@@ -361,11 +365,11 @@ def _kernel_against_copy_h100() -> dict:
     split = "token_split comm=copy_engine comm_ctas_attn=32 comm_ctas_mlp=32"
     out, predicted = {}, []
     for tag, model in (("a", "llama3-70b"), ("b", "llama3-8b")):
-        section = f"{model} TP=4, measured on 4x H100"
+        section = f"{model} TP=4, measured on 4x H100{NO_TERM}"
         kernel, copy = (f.validation_points(PREDICTED_H100, section, s) for s in (split + " ce_out=kernel", split))
         out[tag] = {t: kernel[t][0] - copy[t][0] for t in kernel}
         predicted += [abs(kernel[t][1] - copy[t][1]) for t in kernel]
-    errors = lambda model, what: f.validation_errors(PREDICTED_H100, f"{model} TP=4, measured on 4x H100", what)
+    errors = lambda model, what: f.validation_errors(PREDICTED_H100, f"{model} TP=4, measured on 4x H100{NO_TERM}", what)
     return {"a": bounds(out["a"].values()), "b": bounds(out["b"].values()), "b4": out["b"][4096], "b8": out["b"][8192],
             "p": max(predicted), "fused": errors("llama3-8b", "token_split comm=fused comm_ctas_attn=16 comm_ctas_mlp=16"),
             "symm8": errors("llama3-8b", "token_split comm=nccl_symm comm_ctas_attn=16 comm_ctas_mlp=16"),
@@ -448,7 +452,7 @@ def _kernel_picks_missed() -> dict:
     span per model), and how far below it the predicted pick measured there (a range per model)."""
     out = {}
     for k, model in (("a", "llama3-70b"), ("b", "llama3-8b")):
-        picks = f.validation_picks(PREDICTED_H200, f"{model} TP=4, bfff1d7's study, table and layer rows, one machine")
+        picks = f.validation_picks(PREDICTED_H200, f"{model} TP=4, bfff1d7's study, table and layer rows, one machine{NO_TERM}")
         kernel = {t: p for t, p in picks.items() if p[0].endswith("ce_out=kernel")}
         assert all(not p[2].endswith("ce_out=kernel") for p in kernel.values()), kernel  # never picked
         out[k] = f.token_span(kernel)
@@ -486,7 +490,8 @@ PREDICT_CLAIMS = [
                              "{stretch:.0f}% (its median), the in-layer term by {term:.1f} us (at most {term_max:.1f}) and "
                              "the transfer's time alone by {alone:.1f}%", _beside_layer_again),
     Claim("docs/predict.md", "They fare as the other machines' lines do (llama3-8b {a[picks]}, worst {a[worst]})",
-          lambda: {"a": f.validation_line(PREDICTED_H200, "llama3-8b TP=4, 2112bbf's study, table and layer rows, one machine")}),
+          lambda: {"a": f.validation_line(PREDICTED_H200,
+                                          "llama3-8b TP=4, 2112bbf's study, table and layer rows, one machine" + NO_TERM)}),
     Claim("docs/predict.md", "with the term, llama3-70b's median goes {a[median]} to {b[median]}, its 90th percentile "
                              "{a[p90]} to {b[p90]}, its worst {a[worst]} to {b[worst]}, {a[picks]} picks either way",
           lambda: _in_layer_decision("llama3-70b TP=2, 1K-32K measured at 60ae8af")),
@@ -496,9 +501,9 @@ PREDICT_CLAIMS = [
     Claim("docs/predict.md", "llama3-70b median {a[median]} to {b[median]} with it, 90th percentile {a[p90]} to {b[p90]}, "
                              "worst {a[worst]} to {b[worst]}; llama3-8b {c[median]} to {d[median]}, {c[p90]} to {d[p90]}, "
                              "{c[worst]} to {d[worst]}; the same picks",
-          lambda: {"a": f.validation_line(PREDICTED_H200, "llama3-70b TP=4, measured on 4x H200"),
+          lambda: {"a": f.validation_line(PREDICTED_H200, "llama3-70b TP=4, measured on 4x H200" + NO_TERM),
                    "b": f.validation_line(PREDICTED_H200, "llama3-70b TP=4, measured on 4x H200" + MEASURED_TERM),
-                   "c": f.validation_line(PREDICTED_H200, "llama3-8b TP=4, measured on 4x H200"),
+                   "c": f.validation_line(PREDICTED_H200, "llama3-8b TP=4, measured on 4x H200" + NO_TERM),
                    "d": f.validation_line(PREDICTED_H200, "llama3-8b TP=4, measured on 4x H200" + MEASURED_TERM)}),
     Claim("docs/predict.md", "at llama3-8b 1K-8K is predicted {a[0]}, {a[1]}, {a[2]} and {a[3]} off without the term "
                              "and {b[0]}, {b[1]}, {b[2]} and {b[3]} with it", lambda: _no_comm_errors("llama3-8b")),
@@ -553,8 +558,8 @@ PREDICT_CLAIMS = [
             lambda study=f"{model} TP=4, bfff1d7's study, table and layer rows, one machine{variant}":
             {"a": f.validation_line(PREDICTED_H200, study)})
       for model in ("llama3-70b", "llama3-8b")
-      for label, variant in (("default", ""), ("`--in-layer measured`", MEASURED_TERM),
-                             ("`--transfer-beside one-call`", ", with --transfer-beside one-call"))],
+      for label, variant in (("`--in-layer none`", NO_TERM), ("predict's default (`--in-layer measured`)", MEASURED_TERM),
+                             ("`--in-layer none --transfer-beside one-call`", ONE_CALL_TITLE))],
     Claim("docs/predict.md", "they are the measured best at {a} on 70B and {b} on 8B; predict prices them as `copy` (the "
                              "bullet above) and picks `copy` or the balanced split instead, {a_gap[lo]:.2f}-{a_gap[hi]:.2f} "
                              "below on 70B and {b_gap[lo]:.2f}-{b_gap[hi]:.2f} below on 8B at {b}", _kernel_picks_missed),

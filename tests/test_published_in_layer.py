@@ -20,6 +20,7 @@ BESIDE = {"llama3-8b": X2 + "bbc1676/comm-beside-layer-llama3-8b.jsonl",
 TP4 = "results/h200x4/c1821fe/"
 BESIDE_TP4 = {m: f"results/h200x4/9ba11d6/comm-beside-layer-{m}.jsonl" for m in ("llama3-8b", "llama3-70b")}
 VALIDATION = "results/predicted-h200/validation.md"
+NO_TERM = ", with --in-layer none"  # a prediction without the in-layer term (predict's default charges it)
 SMALL = (1024, 2048, 4096, 8192)  # the token counts the account lists
 
 
@@ -67,14 +68,15 @@ def _excess_tp4() -> dict:
 
 def _low_at_1k_2k() -> dict:
     """no_comm's errors at 1K-2K without the term where studies and inputs are of one code."""
-    plain = {m: f.validation_errors(VALIDATION, f"{m} TP=4, measured on 4x H200", "no_comm") for m in STUDIES}
-    h100 = f.validation_errors("results/predicted-h100/validation.md", "llama3-8b TP=2, measured on 2x H100", "no_comm")
+    plain = {m: f.validation_errors(VALIDATION, f"{m} TP=4, measured on 4x H200{NO_TERM}", "no_comm") for m in STUDIES}
+    h100 = f.validation_errors("results/predicted-h100/validation.md", f"llama3-8b TP=2, measured on 2x H100{NO_TERM}",
+                               "no_comm")
     return {"a": [plain["llama3-8b"][t] for t in SMALL[:2]], "b": [plain["llama3-70b"][t] for t in SMALL[:2]],
             "c": [h100[t] for t in SMALL[:2]]}
 
 
 def _plain_8b() -> dict:
-    errors = f.validation_errors(VALIDATION, "llama3-8b TP=2, measured on 2x H200 (the 9f356d8 study)", "no_comm")
+    errors = f.validation_errors(VALIDATION, f"llama3-8b TP=2, measured on 2x H200 (the 9f356d8 study){NO_TERM}", "no_comm")
     small = sorted((errors[t] for t in SMALL), key=float)
     return {"lo": small[0], "hi": small[-1]}
 
@@ -96,8 +98,8 @@ def _tp4_row(tokens: int) -> dict:
         section = f"{model} TP=4, measured on 4x H200"
         figures[short] = {"paid": f.in_line_excess_us(TP4 + "comm.jsonl", TP4 + f"{model}-tp4.jsonl")[tokens],
                           "term": f.in_layer_terms_us(BESIDE_TP4[model])[tokens],
-                          "plain": f.validation_errors(VALIDATION, section, "no_comm")[tokens],
-                          "charged": f.validation_errors(VALIDATION, section + ", with --in-layer measured", "no_comm")[tokens]}
+                          "plain": f.validation_errors(VALIDATION, section + NO_TERM, "no_comm")[tokens],
+                          "charged": f.validation_errors(VALIDATION, section, "no_comm")[tokens]}
     return {"k": tokens // 1024, **figures}
 
 

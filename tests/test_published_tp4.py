@@ -367,7 +367,8 @@ def _worst_sm_points() -> dict:
     """The TP=4 validation's errors of the SM-based splits at the token counts docs/predict.md names."""
     split = "token_split comm={} comm_ctas_attn=16 comm_ctas_mlp=16"
     errors = lambda model, comm: f.validation_errors("results/predicted-h200/validation.md",
-                                                     f"{model} TP=4, measured on 4x H200", split.format(comm))
+                                                     f"{model} TP=4, measured on 4x H200, with --in-layer none",
+                                                     split.format(comm))
     return {"a": errors("llama3-70b", "nccl_symm"), "b": errors("llama3-8b", "nccl_symm"),
             "c": errors("llama3-8b", "fused")}
 

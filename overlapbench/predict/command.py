@@ -26,6 +26,8 @@ from overlapbench import printing, strategies
 from overlapbench.errors import UserError, shown
 from overlapbench.launch import environment
 from overlapbench.predict.estimate import (
+    DEFAULT_IN_LAYER,
+    DEFAULT_TRANSFER_BESIDE,
     IN_LAYER,
     MEASURED_IN_LAYER,
     NO_IN_LAYER,
@@ -64,8 +66,8 @@ class Options:
     compute: Annotated[list[Path] | None, typer.Option("--compute", metavar="ROWS", help="The shard's compute pieces, timed on one GPU by `overlapbench sweep SPEC --pieces --tp K`. Default: results/{name}-pieces-tp{K}.jsonl.")] = None
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Where the predicted rows go (.jsonl). Default: results/{name}-predicted-tp{K}.jsonl.")] = None
     busbw: Annotated[float | None, typer.Option("--busbw", metavar="GB/S", help="Rescale the tables of other world sizes to this all-reduce bus bandwidth at 1 GiB at --tp's world size (a table measured on fewer GPUs, to predict more). Default: match them to a --tp table's NCCL ring.")] = None
-    transfer_beside: Annotated[str, typer.Option("--transfer-beside", help="auto | alone | measured | one-call | pair: a transfer beside compute runs as slowed as measured beside the layer (--beside-layer rows), as fast as alone where only --beside-gemm rows measured it, and a copy-engine one as fast as alone taking nothing from the compute (auto); always as fast as alone; as slowed as either measured it; or as slowed as one call issued as a split issues it, taking from the compute exactly the beside-layer rows' extra beside that call per transfer (compute_one_call_op_ms, compute_one_call_extra_ms; auto's where the rows lack them) (one-call); or ending as late after the block beside it as one call and that block released together did in the beside-layer rows (pair_attention_extra_ms, pair_mlp_extra_ms; auto's where the rows lack them) (pair).")] = "auto"
-    in_layer: Annotated[str, typer.Option("--in-layer", help="none | measured: a serial plan's blocking all-reduce costs its time in the table (none), or that plus the in-layer term of the --beside-layer rows (measured). none by default: against the TP=4 studies the measured term fits at 1K-4K and over-charges from 8K at llama3-70b (docs/predict.md).")] = NO_IN_LAYER
+    transfer_beside: Annotated[str, typer.Option("--transfer-beside", help="pair | auto | alone | measured | one-call: a transfer beside compute runs as slowed as measured beside the layer (--beside-layer rows), as fast as alone where only --beside-gemm rows measured it, and a copy-engine one as fast as alone taking nothing from the compute (auto); always as fast as alone; as slowed as either measured it; or as slowed as one call issued as a split issues it, taking from the compute exactly the beside-layer rows' extra beside that call per transfer (compute_one_call_op_ms, compute_one_call_extra_ms; auto's where the rows lack them) (one-call); or ending as late after the block beside it as one call and that block released together did in the beside-layer rows (pair_attention_extra_ms, pair_mlp_extra_ms; auto's where the rows lack them, said) (pair, the default).")] = DEFAULT_TRANSFER_BESIDE
+    in_layer: Annotated[str, typer.Option("--in-layer", help="measured | none: a serial plan's blocking all-reduce costs its time in the table plus the in-layer term of the --beside-layer rows (measured, the default; none where the rows lack it, said), or its time in the table alone (none) (docs/predict.md).")] = DEFAULT_IN_LAYER
     error: Annotated[float | None, typer.Option("--error", metavar="ABS", help="The error of a predicted speedup, absolute: the rows' interval. Default: what the TP=2 validation supports (docs/predict.md).")] = None
 
 
@@ -180,8 +182,8 @@ def _in_layer_said(inputs: Inputs, summary: Summary) -> str:
     """The summary's line on the in-layer term (`inputs.in_layer`); where the measured term is
     asked for, what reading it flagged goes into the summary's inputs."""
     if inputs.in_layer != MEASURED_IN_LAYER:
-        return ("not charged (--in-layer none, the default): blocking all-reduces cost their time in the table; "
-                "--in-layer measured charges the --beside-layer rows' term")
+        return ("not charged (--in-layer none): blocking all-reduces cost their time in the table; "
+                "--in-layer measured (the default) charges the --beside-layer rows' term")
     if inputs.contention is None:
         return "none (no --beside-layer rows): blocking all-reduces cost their time in the table"
     summary.inputs += inputs.contention.in_layer_notes

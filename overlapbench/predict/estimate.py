@@ -131,12 +131,18 @@ COPY_ENGINE_PATHS = frozenset(p for m in comm_methods.METHODS if m.chunked for p
 # NO_IN_LAYER charges nothing more; MEASURED_IN_LAYER charges the beside-layer rows' in-layer term
 # (`in_layer_extra_ms`: the in-line pass less the pass less the all-reduces, per all-reduce, in
 # paired rounds; rows of the measurement before those rounds are flagged and charged nothing).
-# NO_IN_LAYER is the default: on 2x H200 at TP=2 the measured term looked worse, against studies
-# of older layer code; at TP=4 on 4x H200, studies of the inputs' code, the term of TP=4's own
-# layer is what the baselines pay at 1K-4K but up to 385 us per all-reduce more than they pay
-# from 8K at llama3-70b (docs/predict.md, Why TP=4 misses).
+# Charged alone (with the splits' transfers charged as AUTO charges them), the term is what the
+# TP=4 baselines pay at 1K-4K but up to 385 us per all-reduce more than they pay from 8K at
+# llama3-70b; with the splits charged their pairs (PAIR), it narrows every validation's worst
+# point (docs/predict.md, The pair window).
 NO_IN_LAYER, MEASURED_IN_LAYER = "none", "measured"
 IN_LAYER = (NO_IN_LAYER, MEASURED_IN_LAYER)
+
+# predict's defaults: the pairs and the in-layer term, both from the beside-layer rows (where the
+# rows lack a field, each says what it charged instead). Against every H200 study with the pair
+# rows, these two together gave the smallest worst errors at TP=2 and TP=4 and the most picks at
+# TP=4 (docs/predict.md, The pair window); the Inputs below default to the plain model.
+DEFAULT_TRANSFER_BESIDE, DEFAULT_IN_LAYER = PAIR, MEASURED_IN_LAYER
 
 # Knobs whose effect no input holds, one record each: (the knob, why). A point that sets one off
 # its default is a skipped row naming it; predicted as if the knob did nothing, it would be a

@@ -28,7 +28,7 @@ class Summary:
         """One point's notes (each counted once for it)."""
         self.points += 1
         self.ok += ok
-        for note in set(notes):
+        for note in sorted(set(notes), key=lambda n: (n.kind, n.text)):  # ties in most_common: in text order, every run
             self.touched[note.kind][note.text] += 1
 
     def lines(self) -> list[str]:

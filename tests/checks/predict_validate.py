@@ -47,8 +47,15 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from overlapbench.comm.in_layer import TERM as IN_LAYER_TERM  # noqa: E402
-from overlapbench.predict.contention import ONE_CALL_EXTRA  # noqa: E402
-from overlapbench.predict.estimate import AUTO, MEASURED_IN_LAYER, NO_IN_LAYER, ONE_CALL  # noqa: E402
+from overlapbench.comm.pair import ATTENTION  # noqa: E402
+from overlapbench.predict.contention import ONE_CALL_EXTRA, PAIR_EXTRA  # noqa: E402
+from overlapbench.predict.estimate import (  # noqa: E402
+    AUTO,
+    DEFAULT_IN_LAYER,
+    DEFAULT_TRANSFER_BESIDE,
+    NO_IN_LAYER,
+    ONE_CALL,
+)
 from overlapbench.tuning.results import read_rows  # noqa: E402
 from tests.checks.predict_validation import COMPUTE_OFF, compare, compute_cell, markdown  # noqa: E402
 
@@ -66,6 +73,7 @@ CALLS = {
 }
 GPU_NAMES = {"h100": "H100", "h200": "H200"}
 IN_LAYER = (IN_LAYER_TERM, "the in-layer term timed in paired rounds")  # beside-layer rows' current field
+PAIRED = (PAIR_EXTRA[ATTENTION], "the pair window with the add + norm in the call's place")
 
 
 @dataclass(frozen=True)
@@ -102,16 +110,17 @@ class Need:
 
 @dataclass(frozen=True)
 class Variant:
-    """How a study is predicted: predict's `--in-layer` and `--transfer-beside`."""
+    """How a study is predicted: predict's `--in-layer` and `--transfer-beside` (its defaults
+    unless said)."""
 
-    in_layer: str = NO_IN_LAYER
-    transfer_beside: str = AUTO
+    in_layer: str = DEFAULT_IN_LAYER
+    transfer_beside: str = DEFAULT_TRANSFER_BESIDE
 
     @property
     def title(self) -> str:
         """What a prediction's titles add: the options set where not the defaults."""
-        said = ([f"--in-layer {self.in_layer}"] if self.in_layer != NO_IN_LAYER else []) + (
-            [f"--transfer-beside {self.transfer_beside}"] if self.transfer_beside != AUTO else [])
+        said = ([f"--in-layer {self.in_layer}"] if self.in_layer != DEFAULT_IN_LAYER else []) + (
+            [f"--transfer-beside {self.transfer_beside}"] if self.transfer_beside != DEFAULT_TRANSFER_BESIDE else [])
         return f", with {' and '.join(said)}" if said else ""
 
     @property
@@ -121,6 +130,9 @@ class Variant:
 
 
 DEFAULT = Variant()
+WITHOUT_TERM = Variant(in_layer=NO_IN_LAYER)  # the pairs alone
+WITHOUT_PAIRS = Variant(transfer_beside=AUTO)  # the in-layer term alone
+EARLIER = Variant(in_layer=NO_IN_LAYER, transfer_beside=AUTO)  # neither: predict's defaults before the pair window
 
 
 @dataclass(frozen=True)
@@ -137,6 +149,7 @@ class Study:
     measured: tuple[tuple[str, tuple[Need, ...]], ...]  # (a section's title, the rows it compares with)
     diagnostic: bool = False  # inputs of several device kinds, on purpose (a diagnostic, not a validation)
     inputs: str = ""  # which inputs, where a model and TP are validated from two sets (", ..." or "")
+    only: tuple[Variant, ...] = ()  # the predictions made, where not those `variants` finds the rows hold
 
     @property
     def title(self) -> str:
@@ -147,15 +160,21 @@ class Study:
         return next((n for n in self.contention if n.found() is not None), None)
 
     def variants(self) -> tuple[Variant, ...]:
-        """How to predict the study, the default first: `--in-layer measured` too where the
-        contention rows used carry the in-layer term of the paired rounds, `--transfer-beside
-        one-call` where they carry the extra beside one call (each a prediction of its own, its
-        lines labelled with it)."""
+        """How to predict the study, predict's defaults first (the in-layer term and the pairs),
+        then without each of the two that the contention rows used hold (`--in-layer none` where
+        they carry the in-layer term of the paired rounds, `--transfer-beside auto` where they carry
+        the pairs, and without both), and `--in-layer none --transfer-beside one-call` where they
+        carry the extra beside one call: each a prediction of its own, its lines labelled with it.
+        A study's `only` replaces them."""
+        if self.only:
+            return self.only
         used = self.contention_found()
         rows = read_rows(ROOT / used.found()) if used is not None else []
         holds = lambda field: any(r.get(field) is not None for r in rows)
-        return ((DEFAULT,) + ((Variant(in_layer=MEASURED_IN_LAYER),) if holds(IN_LAYER_TERM) else ())
-                + ((Variant(transfer_beside=ONE_CALL),) if holds(ONE_CALL_EXTRA) else ()))
+        term, pairs = holds(IN_LAYER_TERM), holds(PAIR_EXTRA[ATTENTION])
+        return ((DEFAULT,) + ((WITHOUT_TERM,) if term else ()) + ((WITHOUT_PAIRS,) if pairs else ())
+                + ((EARLIER,) if term and pairs else ())
+                + ((Variant(in_layer=NO_IN_LAYER, transfer_beside=ONE_CALL),) if holds(ONE_CALL_EXTRA) else ()))
 
 
 def _h100(model: str, short: str) -> list[Study]:
@@ -186,6 +205,11 @@ def _h100(model: str, short: str) -> list[Study]:
     ]
 
 
+# The TP=2 beside-layer rows of every path on 2x H200, with the in-layer term of the paired rounds
+# (the later 2x H200 rows, of the pair window, hold only the splits' paths: _pair_rows_h200)
+TP2_ROWS = {"llama3-70b": "b7896f4", "llama3-8b": "bbc1676"}
+
+
 def _h200(model: str) -> list[Study]:
     x2, x4 = "results/h200x2", "results/h200x4"
     tp2 = (f"{x2}/9f356d8/{model}-tp2-1k-4k.jsonl", f"{x2}/9f356d8/{model}-tp2-8k-32k.jsonl") if model == "llama3-70b" \
@@ -194,7 +218,7 @@ def _h200(model: str) -> list[Study]:
     return [Study("h200", model, 2, f"sweeps/{model}-tp2.yaml",
                   Need("the TP=2 pieces on one H200", f"{x2}/bbc1676/pieces-{model}-tp2-tp2.jsonl"),
                   (Need("the 2x H200 all-reduce table", f"{x2}/bbc1676/comm.jsonl"),),
-                  (Need("beside-layer rows (2x H200)", f"{x2}/*/comm-beside-layer-{model}.jsonl",
+                  (Need("beside-layer rows (2x H200)", f"{x2}/{TP2_ROWS[model]}/comm-beside-layer-{model}.jsonl",
                         required=False, current=IN_LAYER),),
                   ((f"{model} TP=2, measured on 2x H200 (the 9f356d8 study)",
                     tuple(Need("the TP=2 study on 2x H200", pattern) for pattern in tp2)),
@@ -222,7 +246,8 @@ def _h200(model: str) -> list[Study]:
                     (Need("the TP=4 study at a3860b5", f"{x4}/a3860b5/{model}-tp4.jsonl"),)),
                    (f"{model} TP=4, measured at 1968c70 on a third 4x H200 machine (its `ce_out: kernel` points skipped)",
                     (Need("the TP=4 study at 1968c70", f"{x4}/1968c70/{model}-tp4.jsonl"),)),)),
-            *(_one_machine_h200(model, commit, tp4_pieces) for commit in ONE_MACHINE_H200)]
+            *(_one_machine_h200(model, commit, tp4_pieces) for commit in ONE_MACHINE_H200),
+            *_pair_rows_h200(model, tp4_pieces)]
 
 
 # 4x H200 runs whose table, beside-layer rows (512 tokens to 32K) and TP=4 studies came from one
@@ -252,6 +277,53 @@ def _diagnostic(model: str) -> Study:
                  (Need("beside-GEMM rows (2x H100)", "results/h100x2/cc10b27/comm-beside.jsonl", required=False),),
                  ((f"{model} TP=4: H100 pieces against 4x H200 rows (a diagnostic, not a validation)",
                    (Need("the TP=4 study on 4x H200", f"{x4}/{model}-tp4.jsonl"),)),), diagnostic=True)
+
+
+
+# The pair window's rows (comm/pair.py) of the studies' split paths, at cc4fbeb on a 4x H200
+# machine: beside TP=4's layer, and on its GPUs 0 and 1 beside TP=2's. They hold no row of the
+# baselines' own paths (NCCL's ring at its default, PyTorch's one- and two-shot), whose in-layer
+# term comes from the rows beside each study's layer of the machine that made its inputs, given
+# with the table (predict reads every --comm file's beside rows together).
+PAIR_ROWS = "results/h200x4/cc4fbeb"
+
+
+def _pair_rows_h200(model: str, tp4_pieces: Need) -> list[Study]:
+    """Both TPs' studies predicted with the pair rows beside the rows they were validated with:
+    predict's defaults, and without the in-layer term, the pairs, or both."""
+    x2, x4 = "results/h200x2", "results/h200x4"
+    how = (DEFAULT, WITHOUT_TERM, WITHOUT_PAIRS, EARLIER)
+    rows = lambda tp: Need(f"pair rows beside TP={tp}'s layer at cc4fbeb (4x H200)",
+                           f"{PAIR_ROWS}/{'tp2/' if tp == 2 else ''}comm-beside-layer-{model}.jsonl", current=PAIRED)
+    own_tp2 = Need("beside-layer rows (2x H200)", f"{x2}/{TP2_ROWS[model]}/comm-beside-layer-{model}.jsonl")
+    tp2 = Study("h200", model, 2, f"sweeps/{model}-tp2.yaml",
+                Need("the TP=2 pieces on one H200", f"{x2}/bbc1676/pieces-{model}-tp2-tp2.jsonl"),
+                (Need("the 2x H200 all-reduce table", f"{x2}/bbc1676/comm.jsonl"), own_tp2), (rows(2),),
+                (*(((f"{model} TP=2, 1K-16K measured at a3860b5, pair rows",
+                     (Need("the TP=2 study at a3860b5", f"{x4}/a3860b5/{model}-tp2.jsonl"),)),)
+                   if model == "llama3-70b" else ()),
+                 (f"{model} TP=2, 1K-32K measured at 60ae8af, pair rows",
+                  (Need("the TP=2 study at 60ae8af", f"{x4}/60ae8af/{model}-tp2.jsonl"),))),
+                inputs=", pair rows (cc4fbeb)", only=how)
+    tp4 = [Study("h200", model, 4, f"sweeps/{model}-tp4.yaml", tp4_pieces,
+                 (Need(f"the 4x H200 all-reduce table at {commit}", f"{x4}/{commit}/comm.jsonl"),
+                  Need(f"beside-layer rows at {commit} (4x H200)", f"{x4}/{commit}/comm-beside-layer-{model}.jsonl")),
+                 (rows(4),),
+                 ((f"{model} TP=4, {commit}'s study, table and layer rows, pair rows",
+                   (Need(f"the TP=4 study at {commit}", f"{x4}/{commit}/{model}-tp4.jsonl"),)),),
+                 inputs=f", {commit}'s inputs and pair rows (cc4fbeb)", only=how) for commit in ONE_MACHINE_H200]
+    held_out = Study("h200", model, 4, f"sweeps/{model}-tp4.yaml", tp4_pieces,
+                     (Need("the 4x H200 all-reduce table", f"{x4}/c1821fe/comm.jsonl"),
+                      Need("beside-layer rows (4x H200)", f"{x4}/9ba11d6/comm-beside-layer-{model}.jsonl"),
+                      Need("beside-layer rows at 512 tokens (4x H200)", f"{x4}/60ae8af/comm-beside-layer-{model}.jsonl")),
+                     (rows(4),),
+                     tuple((f"{model} TP=4, {title}, pair rows", (Need(f"the TP=4 study at {commit}",
+                                                                       f"{x4}/{commit}/{model}-tp4.jsonl"),))
+                           for commit, title in (("c1821fe", "measured on 4x H200"),
+                                                 ("a3860b5", "measured again on 4x H200"),
+                                                 ("1968c70", "measured at 1968c70 on a third 4x H200 machine"))),
+                     inputs=", pair rows (cc4fbeb)", only=how)
+    return [tp2, *tp4, held_out]
 
 
 STUDIES = {"h100": _h100("llama3-70b", "70b") + _h100("llama3-8b", "8b"),
