@@ -315,19 +315,6 @@ def _beside_layer_again() -> dict:
             "alone": statistics.median(abs(a["ms"] - b["ms"]) / a["ms"] for a, b in pairs) * 100}
 
 
-def _tp4_in_brief() -> dict:
-    """predict.md's TP=4 summary: over the default (no in-layer term) TP=4 lines of the 4x H200
-    validation, one per run, the picks per model and the medians' and worst points' ranges."""
-    lines = {(model, measured): f.validation_line(PREDICTED_H200, f"{model} TP=4, {measured}{NO_TERM}")
-             for md, _, model, tp, measured, variant, _ in VALIDATION_ROWS
-             if md == PREDICTED_H200 and tp == 4 and variant == NO_TERM}
-    picks = lambda model: [int(v["picks"].split()[0]) for (m, _), v in lines.items() if m == model]
-    (eight,) = set(picks("llama3-8b"))
-    return {"runs": ["zero", "one", "two", "three", "four", "five"][len(lines) // 2],
-            "a": bounds(picks("llama3-70b")), "b": eight,
-            "m": bounds(float(v["median"]) for v in lines.values()), "w": bounds(float(v["worst"]) for v in lines.values())}
-
-
 def _no_comm_errors(model: str) -> dict:
     section = f"{model} TP=2, measured on 2x H200 (the 9f356d8 study)"
     plain = f.validation_errors(PREDICTED_H200, section + NO_TERM, "no_comm")
@@ -482,9 +469,6 @@ PREDICT_CLAIMS = [
           lambda md=md, study=f"{model} TP={tp}, {measured}{variant}": f.validation_line(md, study))
     for md, device, model, tp, measured, variant, contention in VALIDATION_ROWS
 ] + [
-    Claim("docs/predict.md", "**TP=4** (4x H200, {runs} runs on {runs} machines): llama3-70b's picks are right at "
-                             "{a[lo]:.0f}-{a[hi]:.0f} of 6, llama3-8b's at {b} of 6; medians {m[lo]:.3f}-{m[hi]:.3f}, worst "
-                             "{w[lo]:.2f}-{w[hi]:.2f}", _tp4_in_brief),
     Claim("docs/predict.md", "over the {n} cases both machines hold the compute's paired loss differs by a median of "
                              "{loss:.3f} (90th percentile {loss90:.3f}, at most {loss_max:.3f}), the transfer's stretch by "
                              "{stretch:.0f}% (its median), the in-layer term by {term:.1f} us (at most {term_max:.1f}) and "

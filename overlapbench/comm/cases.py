@@ -8,10 +8,12 @@ from dataclasses import dataclass
 from overlapbench.comm.sizes import DTYPE_BYTES
 from overlapbench.distributed.nccl_windows import layout
 
-# What a case timed beside compute measures, in its key: 3 (the compute's loss also paired in the
-# same rounds, and its extra beside one call: comm/paired_loss.py); keys with 2 (no one-call
-# window) or without it are of rows made before, which `--resume` measures again.
-BESIDE_MEASURE = 3
+# What a case timed beside compute measures, in its key: 4 (the compute's loss also paired in the
+# same rounds, its extra beside one call: comm/paired_loss.py; and, beside the layer, each block's
+# pair with one call: comm/pair.py); keys with 3 (no pair window; the first rows with it, of
+# b537586, 4ee8794 and cc4fbeb, say 3 too), 2 (no one-call window) or without it are of rows made
+# before, which `--resume` measures again.
+BESIDE_MEASURE = 4
 
 # --beside-layer's rows by default: the studies' chunks (512-16K) and batches (1K-32K).
 DEFAULT_LAYER_TOKENS = (512, 1024, 2048, 4096, 8192, 16384, 32768)

@@ -1,0 +1,101 @@
+"""docs/predict.md, "The pair window, and predict's defaults since": its figures, from the pair
+window's timelines and the H200 validation's summary lines (tests/published.py)."""
+
+from __future__ import annotations
+
+import json
+
+from tests import figures as f
+from tests.published import Claim, bounds, claims_test
+
+VALIDATION = "results/predicted-h200/validation.md"
+# the four predictions of each study with the pair rows, as predict_validate.py titles them
+VARIANTS = ("", ", with --in-layer none", ", with --transfer-beside auto", ", with --in-layer none and --transfer-beside auto")
+STUDIES = (
+    ("llama3-70b TP=2, 1K-32K at 60ae8af", "llama3-70b TP=2, 1K-32K measured at 60ae8af, pair rows"),
+    ("llama3-70b TP=2, 1K-16K at a3860b5", "llama3-70b TP=2, 1K-16K measured at a3860b5, pair rows"),
+    ("llama3-8b TP=2, 1K-32K at 60ae8af", "llama3-8b TP=2, 1K-32K measured at 60ae8af, pair rows"),
+    *((f"{m} TP=4, {commit}", f"{m} TP=4, {title}, pair rows")
+      for m in ("llama3-70b", "llama3-8b")
+      for commit, title in (("2112bbf", "2112bbf's study, table and layer rows"),
+                            ("bfff1d7", "bfff1d7's study, table and layer rows"),
+                            ("c1821fe", "measured on 4x H200"), ("a3860b5", "measured again on 4x H200"),
+                            ("1968c70", "measured at 1968c70 on a third 4x H200 machine"))),
+)
+TIMELINES = {
+    "first": "results/h200x2/b537586/pair-timelines/pair_mlp-4096-copy_engine_norm.replay.timeline.json",
+    "split": "results/h200x2/b537586/profile-pair-70b-tp2-8k/"
+             "token_split-8192-align=256-split_offset=0-comm=copy_engine-comm_ctas_attn=32-comm_ctas_mlp=32-4layers"
+             ".replay.timeline.json",
+    "preceded": "results/h200x2/4ee8794/timelines/copy_engine_norm/pair_mlp-4096.replay.timeline.json",
+}
+
+
+def _gemm_after_the_call(name: str) -> dict:
+    """In a rank-0 timeline: how long after the copy-engine call's first kernel (its opening
+    barrier) the next GEMM started (us), and how many of the call's add + norm kernels started
+    before that GEMM."""
+    timeline = json.loads(f.path(TIMELINES[name]).read_text())
+    kernels = sorted((k["start"], timeline["names"][k["name"]]) for k in timeline["kernels"])
+    barrier = next(start for start, kernel in kernels if "barrier_kernel" in kernel)
+    gemm = next(start for start, kernel in kernels if start > barrier and kernel.startswith("nvjet"))
+    return {"gap": gemm - barrier, "norms": sum(barrier <= start < gemm and kernel == "_add_norm_kernel"
+                                                for start, kernel in kernels)}
+
+
+def _line(study: str) -> dict:
+    return f.validation_line(VALIDATION, study)
+
+
+def _cell(line: dict) -> str:
+    return f"{line['median']} / {line['worst']} / {line['picks']}"
+
+
+def _table_row(label: str, study: str) -> dict:
+    return {"label": label, "cells": " | ".join(_cell(_line(study + v)) for v in VARIANTS)}
+
+
+def _where_they_stand() -> dict:
+    tp4 = {label: _line(study) for label, study in STUDIES if "TP=4" in label}
+    right = lambda model: sum(int(v["picks"].split()[0]) >= 5 for k, v in tp4.items() if k.startswith(model + " "))
+    return {"t2_70": _line(STUDIES[0][1]), "t2_8": _line(STUDIES[2][1]),
+            "tp4_70_picks": right("llama3-70b"), "tp4_8_picks": right("llama3-8b"),
+            "tp4_med": bounds(float(v["median"]) for v in tp4.values()),
+            "tp4_worst": bounds(float(v["worst"]) for v in tp4.values())}
+
+
+def _in_brief() -> dict:
+    """predict.md's summary of the lines with the pair rows: TP=2 (the 60ae8af studies, both
+    models) and TP=4 (every study)."""
+    tp2 = [_line(study) for label, study in STUDIES if "TP=2" in label and "60ae8af" in label]
+    tp4 = [_line(study) for label, study in STUDIES if "TP=4" in label]
+    (picks,) = {line["picks"] for line in tp2}
+    return {"picks": picks, "m2": bounds(float(v["median"]) for v in tp2), "w2": bounds(float(v["worst"]) for v in tp2),
+            "right": sum(int(v["picks"].split()[0]) >= 5 for v in tp4), "n": len(tp4),
+            "m4": bounds(float(v["median"]) for v in tp4), "w4": bounds(float(v["worst"]) for v in tp4)}
+
+
+DOC = "docs/predict.md"
+CLAIMS = [
+    Claim(DOC, "at TP=2 on H200 the predicted pick is within 0.01 of the measured best at {picks} token counts, medians "
+               "{m2[lo]:.3f}-{m2[hi]:.3f}, worst {w2[lo]:.3f}-{w2[hi]:.3f}: the targets met at both models. At TP=4 (4x "
+               "H200, five studies per model) the picks are right at 5-6 of 6 on {right} of {n} studies, medians "
+               "{m4[lo]:.3f}-{m4[hi]:.3f}, worst {w4[lo]:.3f}-{w4[hi]:.3f}", _in_brief),
+    Claim(DOC, "With the pair rows, the TP=2 targets are met and the TP=4 picks at {right} of {n} studies", _in_brief),
+    Claim(DOC, "the MLP block's first GEMM started {first[gap]:.0f} us after the call's first kernel, after "
+               "{first[norms]} of its add + norm kernels",
+          lambda: {"first": _gemm_after_the_call("first")}),
+    Claim(DOC, "the next block's first GEMM started {split[gap]:.0f} us after the reduction's opening barrier, with "
+               "{split[norms]} of its add + norm kernels before it", lambda: {"split": _gemm_after_the_call("split")}),
+    Claim(DOC, "then shows the split's order ({preceded[gap]:.0f} us, {preceded[norms]} add + norm kernels before the GEMM",
+          lambda: {"preceded": _gemm_after_the_call("preceded")}),
+    *[Claim(DOC, "| {label} | {cells} |", lambda label=label, study=study: _table_row(label, study))
+      for label, study in STUDIES],
+    Claim(DOC, "TP=2 (the 60ae8af studies): llama3-70b {t2_70[picks]}, median {t2_70[median]}, worst {t2_70[worst]}; "
+               "llama3-8b {t2_8[picks]}, median {t2_8[median]}, worst {t2_8[worst]}", _where_they_stand),
+    Claim(DOC, "picks right at 5-6 of 6 on {tp4_70_picks} of 5 llama3-70b studies and {tp4_8_picks} of 5 llama3-8b ones, "
+               "medians {tp4_med[lo]:.3f}-{tp4_med[hi]:.3f}, worst {tp4_worst[lo]:.3f}-{tp4_worst[hi]:.3f}",
+          _where_they_stand),
+]
+
+test_each_published_figure_follows_from_its_rows = claims_test(CLAIMS)
