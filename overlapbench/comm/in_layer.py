@@ -89,10 +89,9 @@ class InLayer:
     def from_rounds(cls, timed: Sequence[Timed], replays: int, graphs: bool, graph_error: str | None = None) -> InLayer:
         """From interleave.time_rounds' result for the three graphs (INLINE, PASS, OPS): the rounds
         all three were timed in, in order."""
-        by_round = [dict(zip(t.round_ids, t.samples_ms)) for t in timed]
-        common = sorted(set(by_round[INLINE]) & set(by_round[PASS]) & set(by_round[OPS]))
-        return cls(*(tuple(one[r] for r in common) for one in by_round), replays=replays, graphs=graphs,
-                   graph_error=graph_error)
+        from overlapbench.timing.interleave import shared_rounds
+
+        return cls(*shared_rounds(timed), replays=replays, graphs=graphs, graph_error=graph_error)
 
     def extras(self) -> list[float]:
         """Each round's extra per all-reduce: (in line - pass - all-reduces) / 2."""

@@ -108,10 +108,9 @@ class Pairs:
     @classmethod
     def from_rounds(cls, timed: Sequence[Timed], replays: int, graphs: bool, graph_error: str | None = None) -> Pairs:
         """From interleave.time_rounds' result for the five graphs: the rounds all five were timed in, in order."""
-        by_round = [dict(zip(t.round_ids, t.samples_ms)) for t in timed]
-        common = sorted(set.intersection(*(set(one) for one in by_round)))
-        return cls(*(tuple(one[r] for r in common) for one in by_round), replays=replays, graphs=graphs,
-                   graph_error=graph_error)
+        from overlapbench.timing.interleave import shared_rounds
+
+        return cls(*shared_rounds(timed), replays=replays, graphs=graphs, graph_error=graph_error)
 
     def extras(self, block: str) -> list[float]:
         """Each round's extra of the pair with `block` (ms): with the call - with the add + norm."""

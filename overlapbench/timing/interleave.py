@@ -97,6 +97,14 @@ class Timed:
         return [statistics.median(one) for one in zip(*self.rank_samples_ms)]
 
 
+def shared_rounds(timed: Sequence[Timed]) -> list[tuple[float, ...]]:
+    """Each candidate's times in the rounds every candidate was timed in, in round order: paired
+    differences of the candidates are taken round by round (comm/in_layer.py, comm/pair.py)."""
+    by_round = [dict(zip(t.round_ids, t.samples_ms)) for t in timed]
+    common = sorted(set.intersection(*(set(one) for one in by_round)))
+    return [tuple(one[r] for r in common) for one in by_round]
+
+
 def repetitions(span_ms: float, per_iter_ms: float) -> int:
     """Iterations that fill one span (at least one)."""
     return max(1, round(span_ms / max(per_iter_ms, 1e-6)))
