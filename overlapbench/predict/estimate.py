@@ -273,7 +273,7 @@ def _beside_compute_tasks(tasks) -> list[int | None]:
 
 
 def _block_beside(tasks, computed: list, j: int | None) -> tuple[str, float] | None:
-    """(the block, its ms alone) of compute task `j`, or None (nothing beside)."""
+    """(the block, its ms in context) of compute task `j`, or None (nothing beside)."""
     return None if j is None else (tasks[j].block, sum(p.ms for p in computed[j]))
 
 
@@ -349,7 +349,7 @@ def _one_call(transfer, nbytes: int, alone_ms: float, contention, notes: list[No
 def _pair(transfer, nbytes: int, alone_ms: float, beside_block: tuple[str, float] | None, contention,
           notes: list[Note]) -> tuple[float, float]:
     """PAIR's (loss, stretch) for a split's transfer of `nbytes` taking `alone_ms` alone, beside
-    `beside_block` ((block, its ms alone), or None: nothing beside): the transfer lasts the block
+    `beside_block` ((block, its ms in context), or None: nothing beside): the transfer lasts the block
     + the rows' pair extra (at least its time alone), the compute losing what makes it end then
     too; AUTO's pair where the rows hold no pair for the path."""
     if beside_block is None:
