@@ -155,8 +155,8 @@ def test_the_summary_counts_points_per_note_and_says_each_kind_once():
     summary.add([Note(SKIPPED, "no plan")], ok=False)
     lines = summary.lines()
     assert lines[0] == f"{summary.points} points: {summary.points - 1} predicted, 1 skipped"
-    assert [x.split(":")[0] for x in lines[1:]] == [SKIPPED, EXTRAPOLATED, RESCALED, FLAGGED, "contention",
-                                                  "in-layer term"]
+    assert [x.split(":")[0] for x in lines[1:]] == [SKIPPED, EXTRAPOLATED, RESCALED, FLAGGED, "split transfers",
+                                                  "contention", "in-layer term"]
     top = sorted(counts.items(), key=lambda kv: -kv[1])[0]
     assert f"{top[0]} ({top[1]} points)" in lines[2]
     assert lines[2].endswith(f"and {len(counts) - 4} more") == (len(counts) > 4)

@@ -123,3 +123,23 @@ def test_a_transfer_longer_than_its_pair_runs_as_alone_and_without_the_pair_auto
     assert said and all(text.startswith("copy_engine_norm: no pair beside the ") for text in said)
     assert {f"`{extra_field(b)}`" in " ".join(said) for b in BLOCKS} == {True}
     assert PAIR in TRANSFER_BESIDE
+
+
+def test_the_summary_says_which_paths_were_charged_their_pairs():
+    """predict's summary line on a split's transfers: the paths whose pairs the rows hold, under
+    pair; auto's charge said where the rows hold none, or under another mode."""
+    from overlapbench.predict.command import _transfers_said
+
+    rng = random.Random()
+    rows = [layer_row("copy_engine_norm", 32, b, 1.0, 0.1, 2.0, 0.0) for b in ROW_SIZES]
+    rows += [layer_row("nccl_symm", 16, b, 1.0, 0.1, 2.0, 0.0) for b in ROW_SIZES]
+    paired = [_with_pairs(r, rng.uniform(0, 0.1), rng.uniform(0, 0.1)) if r["strategy"] == "copy_engine_norm" else r
+              for r in rows]
+    inputs = _inputs(rng.randrange(1000))
+    inputs.contention, inputs.stretch = Contention.from_rows(paired, "rows", model="llama3-70b", tp=2), PAIR
+    assert _transfers_said(inputs) == ("their pairs (--transfer-beside pair), measured beside llama3-70b TP=2's layer "
+                                       "for copy_engine_norm 32; other paths as --transfer-beside auto charges them")
+    inputs.contention = Contention.from_rows(rows, "rows", model="llama3-70b", tp=2)
+    assert _transfers_said(inputs).startswith("as --transfer-beside auto charges them: the rows hold no pair")
+    inputs.stretch = AUTO
+    assert _transfers_said(inputs) == "as --transfer-beside auto charges them"

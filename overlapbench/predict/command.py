@@ -31,6 +31,7 @@ from overlapbench.predict.estimate import (
     IN_LAYER,
     MEASURED_IN_LAYER,
     NO_IN_LAYER,
+    PAIR,
     TRANSFER_BESIDE,
     ComputePieces,
     Estimate,
@@ -140,6 +141,7 @@ def predict(spec: SweepSpec, tp: int, inputs: Inputs, output: Path, error: float
     if inputs.contention is not None:
         summary.inputs += inputs.contention.notes
         summary.contention = inputs.contention.described()
+    summary.transfers = _transfers_said(inputs)
     summary.in_layer = _in_layer_said(inputs, summary)
     env = {"world_size": tp, "device": f"{inputs.compute.device} (predicted)", "backend": "predicted", "hosts": [],
            "nodes": 1, "ranks": [], "gpus_per_host": None, "versions": environment.versions(),
@@ -176,6 +178,19 @@ def _estimate(point, spec: SweepSpec, tp: int, inputs: Inputs) -> Estimate | Ski
                         f"{point.layers} layers) in {', '.join(inputs.compute.sources) or 'the rows'}{whose}; time "
                         f"this spec's pieces on one GPU: `overlapbench sweep {source} --pieces --tp {tp}` (to "
                         f"results/{spec.name}-pieces-tp{tp}.jsonl, predict's default --compute)") from None
+
+
+def _transfers_said(inputs: Inputs) -> str:
+    """The summary's line on how a split's transfers beside compute were charged (`inputs.stretch`)."""
+    if inputs.contention is None:
+        return "as fast as alone, taking nothing from the compute (no contention given)"
+    pairs = inputs.contention.pairs_described() if inputs.stretch == PAIR else None
+    if pairs:
+        return (f"their pairs (--transfer-beside pair), measured beside {pairs}; other paths as "
+                f"--transfer-beside auto charges them")
+    if inputs.stretch == PAIR:
+        return "as --transfer-beside auto charges them: the rows hold no pair (comm --beside-layer measures them)"
+    return f"as --transfer-beside {inputs.stretch} charges them"
 
 
 def _in_layer_said(inputs: Inputs, summary: Summary) -> str:

@@ -166,6 +166,11 @@ class Contention:
             parts.append(f"beside the GEMM stream for {_said(gemm_only)}")
         return "; ".join(parts)
 
+    def pairs_described(self) -> str | None:
+        """Which paths' pairs the rows hold, in one phrase (where they are charged), or None."""
+        held = {key for extras in self.pair_extras.values() for key in extras}
+        return f"{self.layer_of[0]} TP={self.layer_of[1]}'s layer for {_said(held)}" if held else None
+
     def in_layer_described(self) -> str:
         """Which paths' in-layer term the rows hold, in one line (where it is charged)."""
         if self.inline:

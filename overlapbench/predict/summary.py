@@ -21,6 +21,7 @@ class Summary:
     no_speedup: int = 0  # batches (a token count's batch at one depth) whose default baseline was not predicted
     touched: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
     inputs: list[Note] = field(default_factory=list)  # the tables' own (rescaling, cut-off files, gaps)
+    transfers: str = "as fast as alone, taking nothing from the compute (no contention given)"  # a split's, beside compute
     contention: str = "none given: transfers beside compute cost it nothing"
     in_layer: str = "not charged: blocking all-reduces cost their time in the table"  # a serial plan's term
 
@@ -34,7 +35,8 @@ class Summary:
     def lines(self) -> list[str]:
         """The summary: the points, then one line per kind of note: the inputs' own notes (a
         rescaled table, a cut-off file, a gap), then those of the points, with how many each touched;
-        then where the contention came from and whether blocking all-reduces paid an in-layer term."""
+        then how a split's transfers beside compute were charged, where the contention came from and
+        whether blocking all-reduces paid an in-layer term."""
         out = [f"{self.points} points: {self.ok} predicted, {self.points - self.ok} skipped"
                + (f"; no speedups in {self.no_speedup} batches (their default baseline was skipped)"
                   if self.no_speedup else "")]
@@ -44,4 +46,5 @@ class Summary:
             if said:
                 more = f"; and {len(said) - SHOWN} more" if len(said) > SHOWN else ""
                 out.append(f"{kind}: {'; '.join(said[:SHOWN])}{more}")
-        return out + [f"contention: {self.contention}", f"in-layer term: {self.in_layer}"]
+        return out + [f"split transfers: {self.transfers}", f"contention: {self.contention}",
+                      f"in-layer term: {self.in_layer}"]
