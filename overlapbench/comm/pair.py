@@ -40,12 +40,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from overlapbench.model.schedule import ATTENTION, MLP
+
 if TYPE_CHECKING:
     from overlapbench.timing.bench import Clock
     from overlapbench.timing.interleave import Timed
 
-ATTENTION, MLP = "attention", "mlp"  # the blocks, as model/schedule.py names them
-BLOCKS = (ATTENTION, MLP)
+BLOCKS = (ATTENTION, MLP)  # the blocks a split's transfer runs beside
 # The graphs' order in a round's candidates: per block, the pair with the call, then with the chain's
 # add + norm in its place; the call alone last.
 PAIR_ATTENTION, NORM_ATTENTION, PAIR_MLP, NORM_MLP, OP_ALONE = range(5)
