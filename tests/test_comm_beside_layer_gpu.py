@@ -22,7 +22,6 @@ from overlapbench.comm.cases import BESIDE_MEASURE
 from overlapbench.comm.in_layer import FIELDS, MIN_ROUNDS, TERM, InLayer
 from overlapbench.comm.pair import BLOCKS, extra_field
 from overlapbench.comm.pair import FIELDS as PAIR_FIELDS
-from overlapbench.comm.pair import MIN_ROUNDS as PAIR_MIN_ROUNDS
 from overlapbench.comm.paired_loss import LAYER, PairedLoss, one_call_fields, paired_fields
 from overlapbench.tuning.results import read_rows
 from tests import distributed
@@ -113,12 +112,12 @@ def test_every_case_holds_each_blocks_pair_with_one_call(rows):
     for row in ok:
         assert all(name in row for name in PAIR_FIELDS), row.keys()
         assert row["pair_graphs"] is True and row["pair_graph_error"] is None
-        assert row["pair_rounds"] == PAIR_MIN_ROUNDS and row["pair_replays"] >= 1
+        assert row["pair_rounds"] == MIN_ROUNDS and row["pair_replays"] >= 1
         assert 0 < row["pair_op_ms"] < 50 * row["ms"]
         for block in BLOCKS:
             extra, samples = row[extra_field(block)], row[f"pair_{block}_extra_samples_ms"]
             lo, hi = row[f"pair_{block}_extra_ci_ms"]
-            assert len(samples) == PAIR_MIN_ROUNDS and lo <= extra <= hi
+            assert len(samples) == MIN_ROUNDS and lo <= extra <= hi
             assert all(math.isfinite(v) for v in (extra, lo, hi, *samples))
             pair, norm = row[f"pair_{block}_ms"], row[f"pair_{block}_norm_ms"]
             assert norm > 0 and 0.9 * norm < pair < norm + 10 * row["pair_op_ms"]

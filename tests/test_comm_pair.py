@@ -11,14 +11,13 @@ import statistics
 
 import pytest
 
+from overlapbench.comm.in_layer import MIN_ROUNDS, SPAN_MS  # the pair window's rounds are the in-layer term's
 from overlapbench.comm.pair import (
     ATTENTION,
     BLOCKS,
     FIELDS,
     GRAPHS,
-    MIN_ROUNDS,
     MLP,
-    SPAN_MS,
     Pairs,
     extra_field,
     time_pairs,

@@ -165,26 +165,23 @@ class LayerStream:
         def local_norm() -> None:  # the chain's reduction of the call's rows: residual add + RMSNorm, no transfer
             add_rms_norm(partial, residual, weight, eps, out=normed)
 
-        def released(block: Callable[[], None], call: Callable[[], None]) -> Callable[[], None]:
-            def pair() -> None:
-                block()  # the chunk whose partial the call reduces: its end releases both, as in a split
-                main = torch.cuda.current_stream()
-                side.wait_stream(main)
-                with torch.cuda.stream(side):
-                    call()
-                block()
-                main.wait_stream(side)
-            return pair
-
-        def call_alone() -> None:
+        def forked(call: Callable[[], None], beside: Callable[[], None]) -> None:
+            """`call` on the side stream and `beside` on this one, released and joined together."""
             main = torch.cuda.current_stream()
             side.wait_stream(main)
             with torch.cuda.stream(side):
-                run()
+                call()
+            beside()
             main.wait_stream(side)
 
+        def released(block: Callable[[], None], call: Callable[[], None]) -> Callable[[], None]:
+            def pair() -> None:
+                block()  # the chunk whose partial the call reduces: its end releases both, as in a split
+                forked(call, block)
+            return pair
+
         eager = [released(self.attention, run), released(self.attention, local_norm), released(self.mlp, run),
-                 released(self.mlp, local_norm), call_alone]
+                 released(self.mlp, local_norm), lambda: forked(run, lambda: None)]
         graphs, error, captured = self.graphs, self.graph_error, []
         for fn in eager:
             replay, used, why = measure.runner(Step(lambda _x, fn=fn: fn()), self.normed, graphs)

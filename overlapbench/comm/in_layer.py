@@ -60,12 +60,23 @@ def time_paired(runs: Sequence[Callable[[], object]], per_replay_ms: float, iter
     """Time the three graphs `runs` (INLINE, PASS, OPS) in interleaved rounds, each replayed as
     often per round as the in-line pass (`per_replay_ms`, the same on every rank) fills a span;
     `gather` and `align` as interleave.time_rounds takes them."""
+    timed, replays = time_every_round(runs, per_replay_ms, iters, PASS, clock, gather, align)
+    return InLayer.from_rounds(timed, replays, graphs, graph_error)
+
+
+def time_every_round(runs: Sequence[Callable[[], object]], per_replay_ms: float, iters: int, reference: int,
+                     clock: Clock, gather: Callable[[list[float]], list[list[float]]] = lambda values: [values],
+                     align: Callable[[], None] = lambda: None) -> tuple[list[Timed], int]:
+    """These rounds for any graphs `runs` (the in-layer term's, the pair window's: comm/pair.py):
+    every graph in every one of max(`iters`, MIN_ROUNDS) rounds, each replayed as often as
+    `per_replay_ms` fills SPAN_MS, after WARMUP_S of whole rounds; `reference` the candidate the
+    others' speedups are taken over. Returns interleave.time_rounds' result and the replays per round."""
     from overlapbench.timing.interleave import Plan, repetitions, time_rounds
 
     rounds = max(iters, MIN_ROUNDS)
     plan = Plan(SPAN_MS, rounds, ci_target=0.0, warmup_s=WARMUP_S, min_rounds=rounds)  # every graph in every round
-    timed = time_rounds(runs, [per_replay_ms] * 3, PASS, plan, clock, gather, align=align)
-    return InLayer.from_rounds(timed, repetitions(SPAN_MS, per_replay_ms), graphs, graph_error)
+    timed = time_rounds(runs, [per_replay_ms] * len(runs), reference, plan, clock, gather, align=align)
+    return timed, repetitions(SPAN_MS, per_replay_ms)
 
 
 @dataclass(frozen=True)

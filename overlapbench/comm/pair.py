@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from overlapbench.comm.in_layer import LEVEL, time_every_round  # the in-layer term's rounds
 from overlapbench.model.schedule import ATTENTION, MLP
 
 if TYPE_CHECKING:
@@ -52,10 +53,6 @@ BLOCKS = (ATTENTION, MLP)  # the blocks a split's transfer runs beside
 PAIR_ATTENTION, NORM_ATTENTION, PAIR_MLP, NORM_MLP, OP_ALONE = range(5)
 GRAPHS = ("pair_attention", "norm_attention", "pair_mlp", "norm_mlp", "op")  # their names, in that order
 PAIR_TIMELINES = "OVERLAPBENCH_PAIR_TIMELINES"  # a folder: each rank writes the five graphs' timelines there
-LEVEL = 0.95
-SPAN_MS = 20.0  # each graph replayed as often as the longest pair fills this, per round
-WARMUP_S = 0.2
-MIN_ROUNDS = 10
 
 
 def extra_field(block: str) -> str:
@@ -75,15 +72,11 @@ FIELDS = (*fields_of(ATTENTION), *fields_of(MLP), "pair_op_ms", "pair_rounds", "
 def time_pairs(runs: Sequence[Callable[[], object]], per_replay_ms: float, iters: int, clock: Clock,
                gather: Callable[[list[float]], list[list[float]]] = lambda values: [values],
                align: Callable[[], None] = lambda: None, graphs: bool = True, graph_error: str | None = None) -> Pairs:
-    """Time the five graphs `runs` (in the order PAIR_ATTENTION .. OP_ALONE) in interleaved rounds,
-    each replayed as often per round as the longest pair (`per_replay_ms`, the same on every
-    rank) fills a span; `gather` and `align` as interleave.time_rounds takes them."""
-    from overlapbench.timing.interleave import Plan, repetitions, time_rounds
-
-    rounds = max(iters, MIN_ROUNDS)
-    plan = Plan(SPAN_MS, rounds, ci_target=0.0, warmup_s=WARMUP_S, min_rounds=rounds)  # every graph in every round
-    timed = time_rounds(runs, [per_replay_ms] * len(runs), PAIR_MLP, plan, clock, gather, align=align)
-    return Pairs.from_rounds(timed, repetitions(SPAN_MS, per_replay_ms), graphs, graph_error)
+    """Time the five graphs `runs` (in the order PAIR_ATTENTION .. OP_ALONE) in the in-layer term's
+    interleaved rounds, each replayed as often per round as the longest pair (`per_replay_ms`, the
+    same on every rank) fills a span; `gather` and `align` as interleave.time_rounds takes them."""
+    timed, replays = time_every_round(runs, per_replay_ms, iters, PAIR_MLP, clock, gather, align)
+    return Pairs.from_rounds(timed, replays, graphs, graph_error)
 
 
 @dataclass(frozen=True)
@@ -113,10 +106,14 @@ class Pairs:
 
         return cls(*shared_rounds(timed), replays=replays, graphs=graphs, graph_error=graph_error)
 
+    def series(self, block: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """`block`'s two graphs' times, round by round: with the call, with the add + norm."""
+        return ((self.attention_pair_ms, self.attention_norm_ms) if block == ATTENTION
+                else (self.mlp_pair_ms, self.mlp_norm_ms))
+
     def extras(self, block: str) -> list[float]:
         """Each round's extra of the pair with `block` (ms): with the call - with the add + norm."""
-        pair, norm = ((self.attention_pair_ms, self.attention_norm_ms) if block == ATTENTION
-                      else (self.mlp_pair_ms, self.mlp_norm_ms))
+        pair, norm = self.series(block)
         return [p - n for p, n in zip(pair, norm)]
 
     def fields(self) -> dict:
@@ -124,8 +121,8 @@ class Pairs:
         from overlapbench.timing.intervals import trimmed_mean_interval
 
         out = {}
-        for block, pair, norm in ((ATTENTION, self.attention_pair_ms, self.attention_norm_ms),
-                                  (MLP, self.mlp_pair_ms, self.mlp_norm_ms)):
+        for block in BLOCKS:
+            pair, norm = self.series(block)
             extras = self.extras(block)
             extra, interval = trimmed_mean_interval(extras, LEVEL)
             out |= dict(zip(fields_of(block), (extra, interval, [round(e, 6) for e in extras],
