@@ -141,7 +141,7 @@ def predict(spec: SweepSpec, tp: int, inputs: Inputs, output: Path, error: float
     if inputs.contention is not None:
         summary.inputs += inputs.contention.notes
         summary.contention = inputs.contention.described()
-    summary.transfers = _transfers_said(inputs)
+        summary.transfers = _transfers_said(inputs)
     summary.in_layer = _in_layer_said(inputs, summary)
     env = {"world_size": tp, "device": f"{inputs.compute.device} (predicted)", "backend": "predicted", "hosts": [],
            "nodes": 1, "ranks": [], "gpus_per_host": None, "versions": environment.versions(),
@@ -181,9 +181,8 @@ def _estimate(point, spec: SweepSpec, tp: int, inputs: Inputs) -> Estimate | Ski
 
 
 def _transfers_said(inputs: Inputs) -> str:
-    """The summary's line on how a split's transfers beside compute were charged (`inputs.stretch`)."""
-    if inputs.contention is None:
-        return "as fast as alone, taking nothing from the compute (no contention given)"
+    """The summary's line on how a split's transfers beside compute were charged (`inputs.stretch`),
+    where contention is given (without any, the summary's own default says so)."""
     pairs = inputs.contention.pairs_described() if inputs.stretch == PAIR else None
     if pairs:
         return (f"their pairs (--transfer-beside pair), measured beside {pairs}; other paths as "

@@ -84,7 +84,8 @@ class Contention:
     (`layer`); the layer's in-line extra per all-reduce (`inline`) and its pass's extra beside one
     call (`one_call_extras`) and that call's stretch there (`one_call_stretches`: its time beside
     the pass over its time alone); per block, what one call released with that block takes beyond
-    the block alone (`pair_extras`). Rows of several `hidden` (per-row paths) at one size are pooled."""
+    the same pair with the add + norm in the call's place (`pair_extras`). Rows of several `hidden`
+    (per-row paths) at one size are pooled."""
 
     entries: dict[BudgetKey, Points]
     world_size: int
