@@ -3,6 +3,7 @@ window's timelines and the H200 validation's summary lines (tests/published.py).
 
 from __future__ import annotations
 
+import functools
 import json
 
 from tests import figures as f
@@ -31,6 +32,7 @@ TIMELINES = {
 }
 
 
+@functools.cache
 def _gemm_after_the_call(name: str) -> dict:
     """In a rank-0 timeline: how long after the copy-engine call's first kernel (its opening
     barrier) the next GEMM started (us), and how many of the call's add + norm kernels started
@@ -43,6 +45,7 @@ def _gemm_after_the_call(name: str) -> dict:
                                                 for start, kernel in kernels)}
 
 
+@functools.cache
 def _line(study: str) -> dict:
     return f.validation_line(VALIDATION, study)
 
@@ -55,6 +58,7 @@ def _table_row(label: str, study: str) -> dict:
     return {"label": label, "cells": " | ".join(_cell(_line(study + v)) for v in VARIANTS)}
 
 
+@functools.cache
 def _where_they_stand() -> dict:
     tp4 = {label: _line(study) for label, study in STUDIES if "TP=4" in label}
     right = lambda model: sum(int(v["picks"].split()[0]) >= 5 for k, v in tp4.items() if k.startswith(model + " "))
@@ -64,6 +68,7 @@ def _where_they_stand() -> dict:
             "tp4_worst": bounds(float(v["worst"]) for v in tp4.values())}
 
 
+@functools.cache
 def _in_brief() -> dict:
     """predict.md's summary of the lines with the pair rows: TP=2 (the 60ae8af studies, both
     models) and TP=4 (every study)."""
