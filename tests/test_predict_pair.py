@@ -13,9 +13,9 @@ import pytest
 
 from overlapbench import strategies
 from overlapbench.comm.pair import ATTENTION, BLOCKS, MLP, extra_field
-from overlapbench.model.schedule import COMPUTE, REDUCE
+from overlapbench.model.schedule import COMPUTE, REDUCE, Transfer
 from overlapbench.predict.contention import Contention
-from overlapbench.predict.estimate import AUTO, PAIR, TRANSFER_BESIDE, _beside_compute_tasks
+from overlapbench.predict.estimate import AUTO, PAIR, TRANSFER_BESIDE, _beside_compute_tasks, _pair
 from overlapbench.predict.notes import MEASURED, SUBSTITUTED
 from overlapbench.run import piece_keys
 from tests.test_predict_comm import SIZES
@@ -123,6 +123,35 @@ def test_a_transfer_longer_than_its_pair_runs_as_alone_and_without_the_pair_auto
     assert said and all(text.startswith("copy_engine_norm: no pair beside the ") for text in said)
     assert {f"`{extra_field(b)}`" in " ".join(said) for b in BLOCKS} == {True}
     assert PAIR in TRANSFER_BESIDE
+
+
+class _OnePair:
+    """A contention whose rows hold one pair extra for every path, budget, size and block."""
+
+    def __init__(self, extra: float) -> None:
+        self.extra = extra
+
+    def pair(self, path, ctas, nbytes, block):
+        return self.extra, []
+
+
+def test_the_compute_loses_the_extra_less_the_calls_own_time_beyond_its_block():
+    """A call shorter than its block: the block ends the whole extra later (the pair's end); a
+    call longer than its block: the extra's part that is the call's own excess over the block is
+    the call's tail, which the next compute runs beside, so only the rest slows the block. The
+    transfer lasts the block + the extra either way (at least its time alone)."""
+    rng = random.Random()
+    transfer = Transfer("copy_engine_norm", 32)
+    block = rng.uniform(0.1, 2.0)
+    slowed = rng.uniform(0.001, 0.3) * block
+    for alone in (rng.uniform(0.2, 0.9) * block, rng.uniform(1.1, 3.0) * block):
+        tail = max(0.0, alone - block)
+        extra = tail + slowed
+        loss, stretch = _pair(transfer, 1 << 20, alone, (ATTENTION, block), _OnePair(extra), [])
+        assert block / (1 - loss) - block == pytest.approx(slowed, rel=1e-9)  # the block's own delay
+        assert alone * stretch == pytest.approx(max(alone, block + extra), rel=1e-12)
+    loss, stretch = _pair(transfer, 1 << 20, 3 * block, (ATTENTION, block), _OnePair(rng.uniform(0.0, 1.5) * block), [])
+    assert loss == 0 and stretch == 1  # a call alone longer than the block and its extra: its own time only
 
 
 def test_the_summary_says_which_paths_were_charged_their_pairs():

@@ -80,8 +80,36 @@ def _in_brief() -> dict:
             "m4": bounds(float(v["median"]) for v in tp4), "w4": bounds(float(v["worst"]) for v in tp4)}
 
 
+CHUNKS = ("llama3-8b TP=2, the copy-engine split over 2 and 4 chunks at 1f96d65, one machine's pieces, pair rows "
+          "and study")
+PAIR_ROWS = {2: "results/h200x2/1f96d65/comm-beside-layer-llama3-8b.jsonl",
+             4: "results/h200x4/cc4fbeb/comm-beside-layer-llama3-8b.jsonl"}
+
+
+def _pair_shares(tp: int, blocks: tuple[str, ...], rows: tuple[int, ...]) -> dict:
+    """The copy engine's pair extras on 32 CTAs beside llama3-8b's layer at TP=`tp`, as shares
+    of their block (half the pair graph with the add + norm in the call's place), over `blocks`
+    and the row counts `rows`: their bounds in percent."""
+    shares = [r[f"pair_{b}_extra_ms"] / (r[f"pair_{b}_norm_ms"] / 2) * 100
+              for r in f.rows(PAIR_ROWS[tp]) if r["status"] == "ok" and r["strategy"] == "copy_engine_norm"
+              and r["knobs"].get("ctas") == 32 and r["beside_layer"]["tokens"] in rows for b in blocks]
+    return bounds(shares)
+
+
+def _chunks() -> dict:
+    line = _line(CHUNKS)
+    return {"line": line, "tp2": _pair_shares(2, ("attention", "mlp"), (512, 1024, 2048, 4096, 8192)),
+            "tp4_attention": _pair_shares(4, ("attention",), (512, 1024, 2048)),
+            "tp4_mlp": _pair_shares(4, ("mlp",), (512, 1024, 2048))}
+
+
 DOC = "docs/predict.md"
 CLAIMS = [
+    Claim(DOC, "predicted with median {line[median]}, worst {line[worst]}, picks within 0.01 at {line[picks]} token "
+               "counts", _chunks),
+    Claim(DOC, "are {tp2[lo]:+.0f}% to {tp2[hi]:+.0f}% of the block at 512-8192 rows", _chunks),
+    Claim(DOC, "{tp4_attention[lo]:+.0f}% to {tp4_attention[hi]:+.0f}% of the attention block and up to "
+               "{tp4_mlp[hi]:+.0f}% of the MLP at 512-2048 rows", _chunks),
     Claim(DOC, "at TP=2 on H200 the predicted pick is within 0.01 of the measured best at {picks} token counts, medians "
                "{m2[lo]:.3f}-{m2[hi]:.3f}, worst {w2[lo]:.3f}-{w2[hi]:.3f}: the targets met at both models. At TP=4 (4x "
                "H200, five studies per model) the picks are right at 5-6 of 6 on {right} of {n} studies, medians "

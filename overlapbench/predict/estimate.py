@@ -350,8 +350,10 @@ def _pair(transfer, nbytes: int, alone_ms: float, beside_block: tuple[str, float
           notes: list[Note]) -> tuple[float, float]:
     """PAIR's (loss, stretch) for a split's transfer of `nbytes` taking `alone_ms` alone, beside
     `beside_block` ((block, its ms in context), or None: nothing beside): the transfer lasts the block
-    + the rows' pair extra (at least its time alone), the compute losing what makes it end then
-    too; AUTO's pair where the rows hold no pair for the path."""
+    + the rows' pair extra (at least its time alone); AUTO's pair where the rows hold no pair for
+    the path. The compute loses what makes the block end that extra later, less the part of the
+    extra that is the call's own time beyond the block's (a call longer than its block ends the
+    pair after the block; the split's next compute runs beside that tail, not after it)."""
     if beside_block is None:
         return 0.0, 1.0
     block, block_ms = beside_block
@@ -363,7 +365,8 @@ def _pair(transfer, nbytes: int, alone_ms: float, beside_block: tuple[str, float
     extra, said = found
     notes += said
     together = max(alone_ms, block_ms + extra)
-    return max(0.0, 1.0 - block_ms / together), together / alone_ms
+    block_later = max(0.0, extra - max(0.0, alone_ms - block_ms))
+    return block_later / (block_ms + block_later), together / alone_ms
 
 
 def _in_layer(transfer, nbytes: int, inputs: Inputs, notes: list[Note]) -> float:

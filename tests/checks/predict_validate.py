@@ -15,11 +15,12 @@ missing and the device call that makes them; `--missing` prints the same. An inp
 from an older measurement (its rows lack a field it has now: the beside-layer rows before the
 in-layer term's paired rounds) is used as predict uses it, and listed as one to make again.
 
-Each study is predicted with predict's defaults (`--in-layer none`: blocking all-reduces cost their
-time in the table; `--transfer-beside auto`); a study whose contention rows carry the in-layer term
-of the paired rounds is predicted again with `--in-layer measured`, and one whose rows carry the
-extra beside one call again with `--transfer-beside one-call`, from the same inputs, each reported
-beside the default (Variant), so the file shows what each term does.
+Each study is predicted with predict's defaults (`--in-layer measured --transfer-beside pair`),
+then from the same inputs without each term its contention rows hold: `--in-layer none` where they
+carry the in-layer term of the paired rounds, `--transfer-beside auto` where they carry the pairs,
+both where they carry both, and `--in-layer none --transfer-beside one-call` where they carry the
+extra beside one call (Variant; a study's `only` names its own), each reported after the default,
+so the file shows what each term does.
 
 The device calls that make what is missing are CALLS below (each inside one 600 s call; OUT is
 the call's output folder, <commit> the code's; commit what comes back under
@@ -247,7 +248,8 @@ def _h200(model: str) -> list[Study]:
                    (f"{model} TP=4, measured at 1968c70 on a third 4x H200 machine (its `ce_out: kernel` points skipped)",
                     (Need("the TP=4 study at 1968c70", f"{x4}/1968c70/{model}-tp4.jsonl"),)),)),
             *(_one_machine_h200(model, commit, tp4_pieces) for commit in ONE_MACHINE_H200),
-            *_pair_rows_h200(model, tp4_pieces)]
+            *_pair_rows_h200(model, tp4_pieces),
+            *_chunks_h200(model)]
 
 
 # 4x H200 runs whose table, beside-layer rows (512 tokens to 32K) and TP=4 studies came from one
@@ -324,6 +326,29 @@ def _pair_rows_h200(model: str, tp4_pieces: Need) -> list[Study]:
                                                  ("1968c70", "measured at 1968c70 on a third 4x H200 machine"))),
                      inputs=", pair rows (cc4fbeb)", only=how)
     return [tp2, *tp4, held_out]
+
+
+# llama3-8b's copy-engine split over 2 and 4 chunks at TP=2, its pieces, pair rows and study from one
+# 2x H200 machine at 1f96d65 (the table is bbc1676's): whether the 4-chunk split that TP=4's
+# validation puts 0.08-0.10 too slow is mis-charged at TP=2 too
+CHUNKS_TP2 = "results/h200x2/1f96d65"
+
+
+def _chunks_h200(model: str) -> list[Study]:
+    """The 2- and 4-chunk split study at TP=2 (llama3-8b only), predicted from its machine's pieces
+    and pair rows: predict's defaults, and without the in-layer term, the pairs, or both."""
+    if model != "llama3-8b":
+        return []
+    x2 = "results/h200x2"
+    return [Study("h200", model, 2, f"sweeps/chunks-{model}-tp2.yaml",
+                  Need("the chunk study's TP=2 pieces (2x H200, GPU 0)", f"{CHUNKS_TP2}/pieces-chunks-{model}-tp2-tp2.jsonl"),
+                  (Need("the 2x H200 all-reduce table", f"{x2}/bbc1676/comm.jsonl"),
+                   Need("beside-layer rows (2x H200)", f"{x2}/{TP2_ROWS[model]}/comm-beside-layer-{model}.jsonl")),
+                  (Need("pair rows beside TP=2's layer at 1f96d65 (2x H200)", f"{CHUNKS_TP2}/comm-beside-layer-{model}.jsonl",
+                        current=PAIRED),),
+                  ((f"{model} TP=2, the copy-engine split over 2 and 4 chunks at 1f96d65, one machine's pieces, pair "
+                    f"rows and study", (Need("the chunk study at 1f96d65", f"{CHUNKS_TP2}/chunks-{model}-tp2.jsonl"),)),),
+                  inputs=", 2 and 4 chunks (1f96d65)", only=(DEFAULT, WITHOUT_TERM, WITHOUT_PAIRS, EARLIER))]
 
 
 STUDIES = {"h100": _h100("llama3-70b", "70b") + _h100("llama3-8b", "8b"),
