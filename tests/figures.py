@@ -419,6 +419,19 @@ def validation_picks(validation_md: str, section: str) -> dict[int, tuple[str, f
     return found
 
 
+def measured_ranges(validation_md: str, sections: Iterable[str]) -> list[float]:
+    """For each point every one of the validation's `sections` compares (by token count and
+    label; the reference baseline left out), how far apart its measured speedups are: max - min
+    over the sections (studies of one grid on several machines)."""
+    sections = list(sections)
+    measured: dict[tuple[str, str], list[float]] = {}
+    for section in sections:
+        for c in _section_cells(validation_md, section):
+            if len(c) == 5 and c[0] != "tokens" and c[1] != "baseline":
+                measured.setdefault((c[0], c[1]), []).append(float(c[2]))
+    return [max(v) - min(v) for v in measured.values() if len(v) == len(sections)]
+
+
 def validation_errors(validation_md: str, section: str, what: str) -> dict[int, str]:
     """Token count -> the signed error ("+0.010") of one prediction in a validation's section
     (validation_points)."""

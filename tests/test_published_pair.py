@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import statistics
 
 from tests import figures as f
 from tests.published import Claim, bounds, claims_test
@@ -96,6 +97,18 @@ def _pair_shares(tp: int, blocks: tuple[str, ...], rows: tuple[int, ...]) -> dic
     return bounds(shares)
 
 
+def _machines_apart() -> dict:
+    """How far apart the five TP=4 studies of each model (five 4x H200 machines) measured the
+    points they share: the median and 90th percentile of each point's range, and the widest."""
+    out = {}
+    for model in ("llama3-70b", "llama3-8b"):
+        ranges = f.measured_ranges(VALIDATION, (study for label, study in STUDIES
+                                                if label.startswith(f"{model} TP=4")))
+        out[model] = {"n": len(ranges), "median": statistics.median(ranges),
+                      "p90": statistics.quantiles(ranges, n=10)[-1], "max": max(ranges)}
+    return out
+
+
 def _chunks() -> dict:
     line = _line(CHUNKS)
     return {"line": line, "tp2": _pair_shares(2, ("attention", "mlp"), (512, 1024, 2048, 4096, 8192)),
@@ -105,6 +118,10 @@ def _chunks() -> dict:
 
 DOC = "docs/predict.md"
 CLAIMS = [
+    Claim(DOC, "the five studies of each model measured the {a[llama3-70b][n]} and {a[llama3-8b][n]} points they "
+               "share {a[llama3-70b][median]:.3f} and {a[llama3-8b][median]:.3f} apart at the median, "
+               "{a[llama3-70b][p90]:.3f} and {a[llama3-8b][p90]:.3f} at the 90th percentile, at most "
+               "{a[llama3-70b][max]:.3f} and {a[llama3-8b][max]:.3f}", lambda: {"a": _machines_apart()}),
     Claim(DOC, "predicted with median {line[median]}, worst {line[worst]}, picks within 0.01 at {line[picks]} token "
                "counts", _chunks),
     Claim(DOC, "are {tp2[lo]:+.0f}% to {tp2[hi]:+.0f}% of the block at 512-8192 rows", _chunks),
