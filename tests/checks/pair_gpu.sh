@@ -6,9 +6,9 @@
 # rows:      for each model of $LAYER_MODELS, the paths and budgets the studies' splits send
 #            (nccl_symm 16, the fused kernel and the copy engine's two writers on 16 and 32 CTAs)
 #            beside the layer at 512-16384 rows       -> comm-beside-layer-<model>.{jsonl,csv,out}
-# timelines: llama3-70b at $TIMELINE_ROWS rows (default 4096), each path of $TIMELINE_PATHS (default
-#            the copy engine's `copy` writer on 32 CTAs and nccl_symm on 16): every rank's timelines
-#            of the five pair graphs
+# timelines: $TIMELINE_MODEL (default llama3-70b) at $TIMELINE_ROWS rows (default 4096), each
+#            path of $TIMELINE_PATHS (default the copy engine's `copy` writer on 32 CTAs and
+#            nccl_symm on 16): every rank's timelines of the five pair graphs
 #            (OVERLAPBENCH_PAIR_TIMELINES)                         -> timelines/, timelines-*.out
 #   OUT=/tmp/out OVERLAPBENCH_GIT=<commit> TP=2 STEPS=tests,rows,timelines bash tests/checks/pair_gpu.sh
 set -u
@@ -36,7 +36,7 @@ if [[ $STEPS == *,timelines,* ]]; then
   mkdir -p "$WORK/timelines"
   for path in ${TIMELINE_PATHS:-copy_engine_norm nccl_symm}; do
     mkdir -p "$WORK/timelines/$path"
-    OVERLAPBENCH_PAIR_TIMELINES=$WORK/timelines/$path step "timelines-$path" 150 "${LAYER[@]}" --beside-layer llama3-70b \
+    OVERLAPBENCH_PAIR_TIMELINES=$WORK/timelines/$path step "timelines-$path" 150 "${LAYER[@]}" --beside-layer "${TIMELINE_MODEL:-llama3-70b}" \
       --tokens "${TIMELINE_ROWS:-4096}" --paths "$path" --nccl-max-ctas 16 --comm-ctas 32 \
       --output "$WORK/timelines-$path.jsonl" > "$WORK/timelines-$path.csv" 2> "$WORK/timelines-$path.out"
   done
