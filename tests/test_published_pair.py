@@ -116,8 +116,46 @@ def _chunks() -> dict:
             "tp4_mlp": _pair_shares(4, ("mlp",), (512, 1024, 2048))}
 
 
+LONG = (
+    *((f"{m} TP=2, 2112bbf", f"{m} TP=2, long prompts, measured at 2112bbf on GPUs 0 and 1 of a 4x H200, pair rows")
+      for m in ("llama3-70b", "llama3-8b")),
+    *((f"{m} TP=4, {commit}", f"{m} TP=4, long prompts, {title}, pair rows")
+      for m in ("llama3-70b", "llama3-8b")
+      for commit, title in (("bfff1d7", "bfff1d7's study, table and layer rows"), ("9ba11d6", "measured at 9ba11d6"),
+                            ("1968c70", "measured at 1968c70"))),
+)
+# the splits over 4 and 8 balanced chunks, as the validation labels them
+MANY_CHUNKS = tuple(f"token_split split_ratio=balanced comm=copy_engine comm_ctas_attn=32 comm_ctas_mlp=32 chunks={n}"
+                    for n in (4, 8))
+
+
+def _long() -> dict:
+    """The long-prompt lines: every default line's picks, llama3-70b TP=4's medians with and
+    without the in-layer term, and llama3-8b TP=4's errors of the many-chunk splits at 16K."""
+    lines = {label: _line(study) for label, study in LONG}
+    tp4_70 = [study for label, study in LONG if label.startswith("llama3-70b TP=4")]
+    tp4_8 = [study for label, study in LONG if label.startswith("llama3-8b TP=4")]
+    chunked = [-float(f.validation_errors(VALIDATION, study, what)[16384]) for study in tp4_8 for what in MANY_CHUNKS]
+    neither = [_line(s + VARIANTS[3]) for s in tp4_8]
+    return {"picks": ", ".join(sorted({v["picks"] for v in lines.values()})),
+            "w8": bounds(float(_line(s)["worst"]) for s in tp4_8), "w8_neither": bounds(float(v["worst"]) for v in neither),
+            "p8_neither": bounds(int(v["picks"].split()[0]) for v in neither),
+            "with": bounds(float(_line(s)["median"]) for s in tp4_70),
+            "without": bounds(float(_line(s + ", with --in-layer none")["median"]) for s in tp4_70),
+            "slow": bounds(chunked)}
+
+
 DOC = "docs/predict.md"
 CLAIMS = [
+    *[Claim(DOC, "| {label} | {cells} |", lambda label=label, study=study: _table_row(label, study))
+      for label, study in LONG],
+    Claim(DOC, "The picks are right at {picks} token counts on every line with the defaults", _long),
+    Claim(DOC, "At TP=4 llama3-70b's medians are {with[lo]:.3f}-{with[hi]:.3f} with the in-layer term and "
+               "{without[lo]:.3f}-{without[hi]:.3f} without it", _long),
+    Claim(DOC, "the balanced splits over 4 and 8 chunks at 16K, {slow[lo]:.2f}-{slow[hi]:.2f} too slow", _long),
+    Claim(DOC, "There the defaults' worst is larger than with neither term ({w8[lo]:.3f}-{w8[hi]:.3f} against "
+               "{w8_neither[lo]:.3f}-{w8_neither[hi]:.3f}), their picks right at {picks} against "
+               "{p8_neither[lo]:.0f}-{p8_neither[hi]:.0f} of 3", _long),
     Claim(DOC, "the five studies of each model measured the {a[llama3-70b][n]} and {a[llama3-8b][n]} points they "
                "share {a[llama3-70b][median]:.3f} and {a[llama3-8b][median]:.3f} apart at the median, "
                "{a[llama3-70b][p90]:.3f} and {a[llama3-8b][p90]:.3f} at the 90th percentile, at most "

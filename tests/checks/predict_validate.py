@@ -149,6 +149,7 @@ class Study:
     contention: tuple[Need, ...]  # the first found is used (beside the layer before beside GEMMs)
     measured: tuple[tuple[str, tuple[Need, ...]], ...]  # (a section's title, the rows it compares with)
     diagnostic: bool = False  # inputs of several device kinds, on purpose (a diagnostic, not a validation)
+    more_pieces: tuple[Need, ...] = ()  # pieces of further batches (a pieces run its call's limit cut off, finished by another)
     inputs: str = ""  # which inputs, where a model and TP are validated from two sets (", ..." or "")
     only: tuple[Variant, ...] = ()  # the predictions made, where not those `variants` finds the rows hold
 
@@ -249,7 +250,8 @@ def _h200(model: str) -> list[Study]:
                     (Need("the TP=4 study at 1968c70", f"{x4}/1968c70/{model}-tp4.jsonl"),)),)),
             *(_one_machine_h200(model, commit, tp4_pieces) for commit in ONE_MACHINE_H200),
             *_pair_rows_h200(model, tp4_pieces),
-            *_chunks_h200(model)]
+            *_chunks_h200(model),
+            *_long_h200(model)]
 
 
 # 4x H200 runs whose table, beside-layer rows (512 tokens to 32K) and TP=4 studies came from one
@@ -351,6 +353,49 @@ def _chunks_h200(model: str) -> list[Study]:
                   inputs=", 2 and 4 chunks (1f96d65)", only=(DEFAULT, WITHOUT_TERM, WITHOUT_PAIRS, EARLIER))]
 
 
+# The long prompts (16K-64K tokens, the copy-engine split over 2, 4 and 8 chunks: docs/long-prompts.md)
+# predicted from pieces timed at a16d055 on one H200 (llama3-70b's 64K batch by a second run of the
+# 64K batch alone, the first cut off by its call's limit) and the pair rows of cc4fbeb: at TP=4,
+# bfff1d7's study with that machine's table and layer rows, and the studies of 9ba11d6 and 1968c70
+# with the held-out TP=4 inputs; at TP=2, 2112bbf's (GPUs 0 and 1 of a 4x H200) with the 2x H200 ones
+LONG_PIECES = "results/h200/a16d055"
+
+
+def _long_h200(model: str) -> list[Study]:
+    """The long-prompt studies at TP=4 and TP=2, predicted as the 1K-32K studies beside them are
+    with the pair rows: predict's defaults, and without the in-layer term, the pairs, or both."""
+    x2, x4 = "results/h200x2", "results/h200x4"
+    how = (DEFAULT, WITHOUT_TERM, WITHOUT_PAIRS, EARLIER)
+    pieces = lambda tp: Need(f"the long prompts' TP={tp} pieces on one H200",
+                             f"{LONG_PIECES}/pieces-long-{model}-tp{tp}-tp{tp}.jsonl")
+    more = lambda tp: ((Need(f"the long prompts' TP={tp} pieces at 64K on one H200",
+                             f"{LONG_PIECES}/pieces-long-{model}-tp{tp}-64k-tp{tp}.jsonl"),) if model == "llama3-70b" else ())
+    pairs = lambda tp: Need(f"pair rows beside TP={tp}'s layer at cc4fbeb (4x H200)",
+                            f"{PAIR_ROWS}/{'tp2/' if tp == 2 else ''}comm-beside-layer-{model}.jsonl", current=PAIRED)
+    study = lambda commit, tp: Need(f"the long-prompt TP={tp} study at {commit}", f"{x4}/{commit}/long-{model}-tp{tp}.jsonl")
+    return [Study("h200", model, 4, f"sweeps/long-{model}-tp4.yaml", pieces(4),
+                  (Need("the 4x H200 all-reduce table at bfff1d7", f"{x4}/bfff1d7/comm.jsonl"),
+                   Need("beside-layer rows at bfff1d7 (4x H200)", f"{x4}/bfff1d7/comm-beside-layer-{model}.jsonl")),
+                  (pairs(4),),
+                  ((f"{model} TP=4, long prompts, bfff1d7's study, table and layer rows, pair rows", (study("bfff1d7", 4),)),),
+                  inputs=", long prompts, bfff1d7's inputs and pair rows (cc4fbeb)", only=how, more_pieces=more(4)),
+            Study("h200", model, 4, f"sweeps/long-{model}-tp4.yaml", pieces(4),
+                  (Need("the 4x H200 all-reduce table", f"{x4}/c1821fe/comm.jsonl"),
+                   Need("beside-layer rows (4x H200)", f"{x4}/9ba11d6/comm-beside-layer-{model}.jsonl"),
+                   Need("beside-layer rows at 512 tokens (4x H200)", f"{x4}/60ae8af/comm-beside-layer-{model}.jsonl")),
+                  (pairs(4),),
+                  tuple((f"{model} TP=4, long prompts, measured at {commit}, pair rows", (study(commit, 4),))
+                        for commit in ("9ba11d6", "1968c70")),
+                  inputs=", long prompts, pair rows (cc4fbeb)", only=how, more_pieces=more(4)),
+            Study("h200", model, 2, f"sweeps/long-{model}-tp2.yaml", pieces(2),
+                  (Need("the 2x H200 all-reduce table", f"{x2}/bbc1676/comm.jsonl"),
+                   Need("beside-layer rows (2x H200)", f"{x2}/{TP2_ROWS[model]}/comm-beside-layer-{model}.jsonl")),
+                  (pairs(2),),
+                  ((f"{model} TP=2, long prompts, measured at 2112bbf on GPUs 0 and 1 of a 4x H200, pair rows",
+                    (study("2112bbf", 2),)),),
+                  inputs=", long prompts, pair rows (cc4fbeb)", only=how, more_pieces=more(2))]
+
+
 STUDIES = {"h100": _h100("llama3-70b", "70b") + _h100("llama3-8b", "8b"),
            "h200": _h200("llama3-70b") + _h200("llama3-8b")}
 
@@ -396,18 +441,19 @@ def run(study: Study, rows_dir: Path, how: Variant = DEFAULT) -> Outcome:
         return out
     found = {n: n.found() for n in needs}
     contention = study.contention_found()
-    used = [found[n] for n in (study.pieces, *study.tables, contention) if n is not None and found[n] is not None]
+    pieces = [found[n] for n in (study.pieces, *study.more_pieces)]
+    used = pieces + [found[n] for n in (*study.tables, contention) if n is not None and found[n] is not None]
     measured = [(title, [found[n] for n in ns if found[n] is not None]) for title, ns in study.measured]
     if not study.diagnostic:
         out.refused = _other_device(study.device, used + [p for _, ps in measured for p in ps])
         if out.refused:
             return out
     out.contention = "none" if contention is None else contention.what
-    out.pieces_code = ", ".join(sorted({r["git"] for r in read_rows(ROOT / found[study.pieces]) if r.get("git")})) or None
+    out.pieces_code = ", ".join(sorted({r["git"] for p in pieces for r in read_rows(ROOT / p) if r.get("git")})) or None
     predicted = rows_dir / f"predicted-{study.model}-tp{study.tp}-{how.name}.jsonl"
     predicted.unlink(missing_ok=True)
     comm = [found[n] for n in study.tables if found[n] is not None] + ([found[contention]] if contention else [])
-    _, out.summary = command.run(command.Options(spec=ROOT / study.spec, tp=study.tp, comm=comm, compute=[found[study.pieces]],
+    _, out.summary = command.run(command.Options(spec=ROOT / study.spec, tp=study.tp, comm=comm, compute=pieces,
                                                  output=predicted, in_layer=how.in_layer,
                                                  transfer_beside=how.transfer_beside))
     rows = read_rows(predicted)
@@ -548,7 +594,7 @@ def _wanted(study: Study) -> Outcome:
 
 
 def _needs(study: Study) -> list[Need]:
-    return [study.pieces, *study.tables, *study.contention, *(n for _, ns in study.measured for n in ns)]
+    return [study.pieces, *study.more_pieces, *study.tables, *study.contention, *(n for _, ns in study.measured for n in ns)]
 
 
 if __name__ == "__main__":
