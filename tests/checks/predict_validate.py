@@ -134,6 +134,7 @@ DEFAULT = Variant()
 WITHOUT_TERM = Variant(in_layer=NO_IN_LAYER)  # the pairs alone
 WITHOUT_PAIRS = Variant(transfer_beside=AUTO)  # the in-layer term alone
 EARLIER = Variant(in_layer=NO_IN_LAYER, transfer_beside=AUTO)  # neither: predict's defaults before the pair window
+EACH_TERM = (DEFAULT, WITHOUT_TERM, WITHOUT_PAIRS, EARLIER)  # the defaults, then without the term, the pairs, both
 
 
 @dataclass(frozen=True)
@@ -292,17 +293,21 @@ def _diagnostic(model: str) -> Study:
 PAIR_ROWS = "results/h200x4/cc4fbeb"
 
 
+def _pair_rows(model: str, tp: int) -> Need:
+    """The pair rows of cc4fbeb beside TP=`tp`'s layer of `model` (TP=2's on the machine's GPUs 0 and 1)."""
+    return Need(f"pair rows beside TP={tp}'s layer at cc4fbeb (4x H200)",
+                f"{PAIR_ROWS}/{'tp2/' if tp == 2 else ''}comm-beside-layer-{model}.jsonl", current=PAIRED)
+
+
 def _pair_rows_h200(model: str, tp4_pieces: Need) -> list[Study]:
     """Both TPs' studies predicted with the pair rows beside the rows they were validated with:
     predict's defaults, and without the in-layer term, the pairs, or both."""
     x2, x4 = "results/h200x2", "results/h200x4"
-    how = (DEFAULT, WITHOUT_TERM, WITHOUT_PAIRS, EARLIER)
-    rows = lambda tp: Need(f"pair rows beside TP={tp}'s layer at cc4fbeb (4x H200)",
-                           f"{PAIR_ROWS}/{'tp2/' if tp == 2 else ''}comm-beside-layer-{model}.jsonl", current=PAIRED)
+    how = EACH_TERM
     own_tp2 = Need("beside-layer rows (2x H200)", f"{x2}/{TP2_ROWS[model]}/comm-beside-layer-{model}.jsonl")
     tp2 = Study("h200", model, 2, f"sweeps/{model}-tp2.yaml",
                 Need("the TP=2 pieces on one H200", f"{x2}/bbc1676/pieces-{model}-tp2-tp2.jsonl"),
-                (Need("the 2x H200 all-reduce table", f"{x2}/bbc1676/comm.jsonl"), own_tp2), (rows(2),),
+                (Need("the 2x H200 all-reduce table", f"{x2}/bbc1676/comm.jsonl"), own_tp2), (_pair_rows(model, 2),),
                 (*(((f"{model} TP=2, 1K-16K measured at a3860b5, pair rows",
                      (Need("the TP=2 study at a3860b5", f"{x4}/a3860b5/{model}-tp2.jsonl"),)),)
                    if model == "llama3-70b" else ()),
@@ -312,7 +317,7 @@ def _pair_rows_h200(model: str, tp4_pieces: Need) -> list[Study]:
     tp4 = [Study("h200", model, 4, f"sweeps/{model}-tp4.yaml", tp4_pieces,
                  (Need(f"the 4x H200 all-reduce table at {commit}", f"{x4}/{commit}/comm.jsonl"),
                   Need(f"beside-layer rows at {commit} (4x H200)", f"{x4}/{commit}/comm-beside-layer-{model}.jsonl")),
-                 (rows(4),),
+                 (_pair_rows(model, 4),),
                  ((f"{model} TP=4, {commit}'s study, table and layer rows, pair rows",
                    (Need(f"the TP=4 study at {commit}", f"{x4}/{commit}/{model}-tp4.jsonl"),)),),
                  inputs=f", {commit}'s inputs and pair rows (cc4fbeb)", only=how) for commit in ONE_MACHINE_H200]
@@ -320,7 +325,7 @@ def _pair_rows_h200(model: str, tp4_pieces: Need) -> list[Study]:
                      (Need("the 4x H200 all-reduce table", f"{x4}/c1821fe/comm.jsonl"),
                       Need("beside-layer rows (4x H200)", f"{x4}/9ba11d6/comm-beside-layer-{model}.jsonl"),
                       Need("beside-layer rows at 512 tokens (4x H200)", f"{x4}/60ae8af/comm-beside-layer-{model}.jsonl")),
-                     (rows(4),),
+                     (_pair_rows(model, 4),),
                      tuple((f"{model} TP=4, {title}, pair rows", (Need(f"the TP=4 study at {commit}",
                                                                        f"{x4}/{commit}/{model}-tp4.jsonl"),))
                            for commit, title in (("c1821fe", "measured on 4x H200"),
@@ -350,7 +355,7 @@ def _chunks_h200(model: str) -> list[Study]:
                         current=PAIRED),),
                   ((f"{model} TP=2, the copy-engine split over 2 and 4 chunks at 1f96d65, one machine's pieces, pair "
                     f"rows and study", (Need("the chunk study at 1f96d65", f"{CHUNKS_TP2}/chunks-{model}-tp2.jsonl"),)),),
-                  inputs=", 2 and 4 chunks (1f96d65)", only=(DEFAULT, WITHOUT_TERM, WITHOUT_PAIRS, EARLIER))]
+                  inputs=", 2 and 4 chunks (1f96d65)", only=EACH_TERM)]
 
 
 # The long prompts (16K-64K tokens, the copy-engine split over 2, 4 and 8 chunks: docs/long-prompts.md)
@@ -365,32 +370,30 @@ def _long_h200(model: str) -> list[Study]:
     """The long-prompt studies at TP=4 and TP=2, predicted as the 1K-32K studies beside them are
     with the pair rows: predict's defaults, and without the in-layer term, the pairs, or both."""
     x2, x4 = "results/h200x2", "results/h200x4"
-    how = (DEFAULT, WITHOUT_TERM, WITHOUT_PAIRS, EARLIER)
+    how = EACH_TERM
     pieces = lambda tp: Need(f"the long prompts' TP={tp} pieces on one H200",
                              f"{LONG_PIECES}/pieces-long-{model}-tp{tp}-tp{tp}.jsonl")
     more = lambda tp: ((Need(f"the long prompts' TP={tp} pieces at 64K on one H200",
                              f"{LONG_PIECES}/pieces-long-{model}-tp{tp}-64k-tp{tp}.jsonl"),) if model == "llama3-70b" else ())
-    pairs = lambda tp: Need(f"pair rows beside TP={tp}'s layer at cc4fbeb (4x H200)",
-                            f"{PAIR_ROWS}/{'tp2/' if tp == 2 else ''}comm-beside-layer-{model}.jsonl", current=PAIRED)
     study = lambda commit, tp: Need(f"the long-prompt TP={tp} study at {commit}", f"{x4}/{commit}/long-{model}-tp{tp}.jsonl")
     return [Study("h200", model, 4, f"sweeps/long-{model}-tp4.yaml", pieces(4),
                   (Need("the 4x H200 all-reduce table at bfff1d7", f"{x4}/bfff1d7/comm.jsonl"),
                    Need("beside-layer rows at bfff1d7 (4x H200)", f"{x4}/bfff1d7/comm-beside-layer-{model}.jsonl")),
-                  (pairs(4),),
+                  (_pair_rows(model, 4),),
                   ((f"{model} TP=4, long prompts, bfff1d7's study, table and layer rows, pair rows", (study("bfff1d7", 4),)),),
                   inputs=", long prompts, bfff1d7's inputs and pair rows (cc4fbeb)", only=how, more_pieces=more(4)),
             Study("h200", model, 4, f"sweeps/long-{model}-tp4.yaml", pieces(4),
                   (Need("the 4x H200 all-reduce table", f"{x4}/c1821fe/comm.jsonl"),
                    Need("beside-layer rows (4x H200)", f"{x4}/9ba11d6/comm-beside-layer-{model}.jsonl"),
                    Need("beside-layer rows at 512 tokens (4x H200)", f"{x4}/60ae8af/comm-beside-layer-{model}.jsonl")),
-                  (pairs(4),),
+                  (_pair_rows(model, 4),),
                   tuple((f"{model} TP=4, long prompts, measured at {commit}, pair rows", (study(commit, 4),))
                         for commit in ("9ba11d6", "1968c70")),
                   inputs=", long prompts, pair rows (cc4fbeb)", only=how, more_pieces=more(4)),
             Study("h200", model, 2, f"sweeps/long-{model}-tp2.yaml", pieces(2),
                   (Need("the 2x H200 all-reduce table", f"{x2}/bbc1676/comm.jsonl"),
                    Need("beside-layer rows (2x H200)", f"{x2}/{TP2_ROWS[model]}/comm-beside-layer-{model}.jsonl")),
-                  (pairs(2),),
+                  (_pair_rows(model, 2),),
                   ((f"{model} TP=2, long prompts, measured at 2112bbf on GPUs 0 and 1 of a 4x H200, pair rows",
                     (study("2112bbf", 2),)),),
                   inputs=", long prompts, pair rows (cc4fbeb)", only=how, more_pieces=more(2))]
