@@ -81,8 +81,8 @@ def _in_brief() -> dict:
             "m4": bounds(float(v["median"]) for v in tp4), "w4": bounds(float(v["worst"]) for v in tp4)}
 
 
-CHUNKS = ("llama3-8b TP=2, the copy-engine split over 2 and 4 chunks at 1f96d65, one machine's pieces, pair rows "
-          "and study")
+CHUNKS = "llama3-8b TP=2, the copy-engine split over 2 and 4 chunks at 1f96d65, one machine's pieces and study"
+CHUNKS_70B = "llama3-70b TP=2, the copy-engine split over 2 and 4 chunks at b087538, one machine's pieces and study"
 PAIR_ROWS = {2: "results/h200x2/1f96d65/comm-beside-layer-llama3-8b.jsonl",
              4: "results/h200x4/cc4fbeb/comm-beside-layer-llama3-8b.jsonl"}
 
@@ -111,7 +111,7 @@ def _machines_apart() -> dict:
 
 def _chunks() -> dict:
     line = _line(CHUNKS)
-    return {"line": line, "tp2": _pair_shares(2, ("attention", "mlp"), (512, 1024, 2048, 4096, 8192)),
+    return {"line": line, "big": _line(CHUNKS_70B), "tp2": _pair_shares(2, ("attention", "mlp"), (512, 1024, 2048, 4096, 8192)),
             "tp4_attention": _pair_shares(4, ("attention",), (512, 1024, 2048)),
             "tp4_mlp": _pair_shares(4, ("mlp",), (512, 1024, 2048))}
 
@@ -162,6 +162,8 @@ CLAIMS = [
                "{a[llama3-70b][max]:.3f} and {a[llama3-8b][max]:.3f}", lambda: {"a": _machines_apart()}),
     Claim(DOC, "predicted with median {line[median]}, worst {line[worst]}, picks within 0.01 at {line[picks]} token "
                "counts", _chunks),
+    Claim(DOC, "llama3-70b's (b087538, 4K and 16K, with cc4fbeb's pair rows) with median {big[median]}, worst "
+               "{big[worst]}, picks within 0.01 at {big[picks]}", _chunks),
     Claim(DOC, "are {tp2[lo]:+.0f}% to {tp2[hi]:+.0f}% of the block at 512-8192 rows", _chunks),
     Claim(DOC, "{tp4_attention[lo]:+.0f}% to {tp4_attention[hi]:+.0f}% of the attention block and up to "
                "{tp4_mlp[hi]:+.0f}% of the MLP at 512-2048 rows", _chunks),

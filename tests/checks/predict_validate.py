@@ -335,27 +335,28 @@ def _pair_rows_h200(model: str, tp4_pieces: Need) -> list[Study]:
     return [tp2, *tp4, held_out]
 
 
-# llama3-8b's copy-engine split over 2 and 4 chunks at TP=2, its pieces, pair rows and study from one
-# 2x H200 machine at 1f96d65 (the table is bbc1676's): whether the 4-chunk split that TP=4's
-# validation puts 0.08-0.10 too slow is mis-charged at TP=2 too
-CHUNKS_TP2 = "results/h200x2/1f96d65"
+# The copy-engine split over 2 and 4 chunks at TP=2, each study and its pieces from one 2x H200 machine
+# (the table is bbc1676's): llama3-8b's at 1f96d65 with that machine's pair rows, llama3-70b's at
+# b087538 (4K and 16K) with cc4fbeb's. Whether the 4-chunk split that TP=4's validation puts
+# 0.08-0.10 too slow at llama3-8b is mis-charged at TP=2 too
+CHUNKS_TP2 = {"llama3-8b": "results/h200x2/1f96d65", "llama3-70b": "results/h200x2/b087538"}
 
 
 def _chunks_h200(model: str) -> list[Study]:
-    """The 2- and 4-chunk split study at TP=2 (llama3-8b only), predicted from its machine's pieces
-    and pair rows: predict's defaults, and without the in-layer term, the pairs, or both."""
-    if model != "llama3-8b":
-        return []
-    x2 = "results/h200x2"
+    """The 2- and 4-chunk split study at TP=2, predicted from its machine's pieces and the pair rows:
+    predict's defaults, and without the in-layer term, the pairs, or both."""
+    x2, folder = "results/h200x2", CHUNKS_TP2[model]
+    commit = folder.rsplit("/", 1)[1]
+    pairs = (Need(f"pair rows beside TP=2's layer at {commit} (2x H200)", f"{folder}/comm-beside-layer-{model}.jsonl",
+                  current=PAIRED) if model == "llama3-8b" else _pair_rows(model, 2))
     return [Study("h200", model, 2, f"sweeps/chunks-{model}-tp2.yaml",
-                  Need("the chunk study's TP=2 pieces (2x H200, GPU 0)", f"{CHUNKS_TP2}/pieces-chunks-{model}-tp2-tp2.jsonl"),
+                  Need("the chunk study's TP=2 pieces (2x H200, GPU 0)", f"{folder}/pieces-chunks-{model}-tp2-tp2.jsonl"),
                   (Need("the 2x H200 all-reduce table", f"{x2}/bbc1676/comm.jsonl"),
                    Need("beside-layer rows (2x H200)", f"{x2}/{TP2_ROWS[model]}/comm-beside-layer-{model}.jsonl")),
-                  (Need("pair rows beside TP=2's layer at 1f96d65 (2x H200)", f"{CHUNKS_TP2}/comm-beside-layer-{model}.jsonl",
-                        current=PAIRED),),
-                  ((f"{model} TP=2, the copy-engine split over 2 and 4 chunks at 1f96d65, one machine's pieces, pair "
-                    f"rows and study", (Need("the chunk study at 1f96d65", f"{CHUNKS_TP2}/chunks-{model}-tp2.jsonl"),)),),
-                  inputs=", 2 and 4 chunks (1f96d65)", only=EACH_TERM)]
+                  (pairs,),
+                  ((f"{model} TP=2, the copy-engine split over 2 and 4 chunks at {commit}, one machine's pieces and study",
+                    (Need(f"the chunk study at {commit}", f"{folder}/chunks-{model}-tp2.jsonl"),)),),
+                  inputs=f", 2 and 4 chunks ({commit})", only=EACH_TERM)]
 
 
 # The long prompts (16K-64K tokens, the copy-engine split over 2, 4 and 8 chunks: docs/long-prompts.md)
