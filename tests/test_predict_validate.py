@@ -4,6 +4,7 @@ tests/checks/README.md lists it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import statistics
@@ -182,15 +183,15 @@ def test_a_study_whose_compute_is_not_the_pieces_is_flagged(tmp_path, monkeypatc
     folder = tmp_path / "m" / code
     folder.mkdir(parents=True)
     (folder / "study.jsonl").write_text("".join(json.dumps(r) + "\n" for r in measured))
-    study = pv.Study(study.device, study.model, study.tp, study.spec, study.pieces, study.tables, study.contention,
-                     (("a synthetic study", (pv.Need("the study", f"m/{code}/study.jsonl"),)),))
+    study = dataclasses.replace(study, measured=(("a synthetic study", (pv.Need("the study", f"m/{code}/study.jsonl"),)),),
+                                inputs="", only=())
     outcome = pv.run(study, predicted)
     text = pv.report("h200", [outcome])
     (line,) = [line for line in text.splitlines() if line.startswith("| a synthetic study |")]
     cell = line.strip("|").split("|")[-1].strip()
     median = pvn.percent(statistics.median(factor.values()) - 1)
     assert cell.startswith(median)
-    pieces_code = {r["git"] for r in pv.read_rows(ROOT / study.pieces.found())}
+    pieces_code = {r["git"] for need in (study.pieces, *study.more_pieces) for r in pv.read_rows(ROOT / need.found())}
     flagged = [s for s in text.splitlines() if s.startswith("⚠ These errors mix the model's with a compute difference")]
     if off:
         assert cell == f"{median} ⚠ (other code?)"
