@@ -299,39 +299,55 @@ def _pair_rows(model: str, tp: int) -> Need:
                 f"{PAIR_ROWS}/{'tp2/' if tp == 2 else ''}comm-beside-layer-{model}.jsonl", current=PAIRED)
 
 
+def _tp2_inputs(model: str) -> tuple[Need, Need]:
+    """TP=2's table and the beside-layer rows of every path (2x H200), read beside pair rows."""
+    x2 = "results/h200x2"
+    return (Need("the 2x H200 all-reduce table", f"{x2}/bbc1676/comm.jsonl"),
+            Need("beside-layer rows (2x H200)", f"{x2}/{TP2_ROWS[model]}/comm-beside-layer-{model}.jsonl"))
+
+
+def _machine_tp4_inputs(model: str, commit: str) -> tuple[Need, Need]:
+    """One 4x H200 machine's table and beside-layer rows, of `commit`'s run, read beside pair rows."""
+    x4 = f"results/h200x4/{commit}"
+    return (Need(f"the 4x H200 all-reduce table at {commit}", f"{x4}/comm.jsonl"),
+            Need(f"beside-layer rows at {commit} (4x H200)", f"{x4}/comm-beside-layer-{model}.jsonl"))
+
+
+def _held_out_tp4_inputs(model: str) -> tuple[Need, Need, Need]:
+    """The TP=4 inputs of machines that timed none of the studies they predict (c1821fe's table,
+    9ba11d6's beside-layer rows, 60ae8af's at 512 tokens), read beside pair rows."""
+    x4 = "results/h200x4"
+    return (Need("the 4x H200 all-reduce table", f"{x4}/c1821fe/comm.jsonl"),
+            Need("beside-layer rows (4x H200)", f"{x4}/9ba11d6/comm-beside-layer-{model}.jsonl"),
+            Need("beside-layer rows at 512 tokens (4x H200)", f"{x4}/60ae8af/comm-beside-layer-{model}.jsonl"))
+
+
 def _pair_rows_h200(model: str, tp4_pieces: Need) -> list[Study]:
     """Both TPs' studies predicted with the pair rows beside the rows they were validated with:
     predict's defaults, and without the in-layer term, the pairs, or both."""
     x2, x4 = "results/h200x2", "results/h200x4"
-    how = EACH_TERM
-    own_tp2 = Need("beside-layer rows (2x H200)", f"{x2}/{TP2_ROWS[model]}/comm-beside-layer-{model}.jsonl")
     tp2 = Study("h200", model, 2, f"sweeps/{model}-tp2.yaml",
                 Need("the TP=2 pieces on one H200", f"{x2}/bbc1676/pieces-{model}-tp2-tp2.jsonl"),
-                (Need("the 2x H200 all-reduce table", f"{x2}/bbc1676/comm.jsonl"), own_tp2), (_pair_rows(model, 2),),
+                _tp2_inputs(model), (_pair_rows(model, 2),),
                 (*(((f"{model} TP=2, 1K-16K measured at a3860b5, pair rows",
                      (Need("the TP=2 study at a3860b5", f"{x4}/a3860b5/{model}-tp2.jsonl"),)),)
                    if model == "llama3-70b" else ()),
                  (f"{model} TP=2, 1K-32K measured at 60ae8af, pair rows",
                   (Need("the TP=2 study at 60ae8af", f"{x4}/60ae8af/{model}-tp2.jsonl"),))),
-                inputs=", pair rows (cc4fbeb)", only=how)
+                inputs=", pair rows (cc4fbeb)", only=EACH_TERM)
     tp4 = [Study("h200", model, 4, f"sweeps/{model}-tp4.yaml", tp4_pieces,
-                 (Need(f"the 4x H200 all-reduce table at {commit}", f"{x4}/{commit}/comm.jsonl"),
-                  Need(f"beside-layer rows at {commit} (4x H200)", f"{x4}/{commit}/comm-beside-layer-{model}.jsonl")),
-                 (_pair_rows(model, 4),),
+                 _machine_tp4_inputs(model, commit), (_pair_rows(model, 4),),
                  ((f"{model} TP=4, {commit}'s study, table and layer rows, pair rows",
                    (Need(f"the TP=4 study at {commit}", f"{x4}/{commit}/{model}-tp4.jsonl"),)),),
-                 inputs=f", {commit}'s inputs and pair rows (cc4fbeb)", only=how) for commit in ONE_MACHINE_H200]
-    held_out = Study("h200", model, 4, f"sweeps/{model}-tp4.yaml", tp4_pieces,
-                     (Need("the 4x H200 all-reduce table", f"{x4}/c1821fe/comm.jsonl"),
-                      Need("beside-layer rows (4x H200)", f"{x4}/9ba11d6/comm-beside-layer-{model}.jsonl"),
-                      Need("beside-layer rows at 512 tokens (4x H200)", f"{x4}/60ae8af/comm-beside-layer-{model}.jsonl")),
+                 inputs=f", {commit}'s inputs and pair rows (cc4fbeb)", only=EACH_TERM) for commit in ONE_MACHINE_H200]
+    held_out = Study("h200", model, 4, f"sweeps/{model}-tp4.yaml", tp4_pieces, _held_out_tp4_inputs(model),
                      (_pair_rows(model, 4),),
                      tuple((f"{model} TP=4, {title}, pair rows", (Need(f"the TP=4 study at {commit}",
                                                                        f"{x4}/{commit}/{model}-tp4.jsonl"),))
                            for commit, title in (("c1821fe", "measured on 4x H200"),
                                                  ("a3860b5", "measured again on 4x H200"),
                                                  ("1968c70", "measured at 1968c70 on a third 4x H200 machine"))),
-                     inputs=", pair rows (cc4fbeb)", only=how)
+                     inputs=", pair rows (cc4fbeb)", only=EACH_TERM)
     return [tp2, *tp4, held_out]
 
 
@@ -345,15 +361,13 @@ CHUNKS_TP2 = {"llama3-8b": "results/h200x2/1f96d65", "llama3-70b": "results/h200
 def _chunks_h200(model: str) -> list[Study]:
     """The 2- and 4-chunk split study at TP=2, predicted from its machine's pieces and the pair rows:
     predict's defaults, and without the in-layer term, the pairs, or both."""
-    x2, folder = "results/h200x2", CHUNKS_TP2[model]
+    folder = CHUNKS_TP2[model]
     commit = folder.rsplit("/", 1)[1]
     pairs = (Need(f"pair rows beside TP=2's layer at {commit} (2x H200)", f"{folder}/comm-beside-layer-{model}.jsonl",
                   current=PAIRED) if model == "llama3-8b" else _pair_rows(model, 2))
     return [Study("h200", model, 2, f"sweeps/chunks-{model}-tp2.yaml",
                   Need("the chunk study's TP=2 pieces (2x H200, GPU 0)", f"{folder}/pieces-chunks-{model}-tp2-tp2.jsonl"),
-                  (Need("the 2x H200 all-reduce table", f"{x2}/bbc1676/comm.jsonl"),
-                   Need("beside-layer rows (2x H200)", f"{x2}/{TP2_ROWS[model]}/comm-beside-layer-{model}.jsonl")),
-                  (pairs,),
+                  _tp2_inputs(model), (pairs,),
                   ((f"{model} TP=2, the copy-engine split over 2 and 4 chunks at {commit}, one machine's pieces and study",
                     (Need(f"the chunk study at {commit}", f"{folder}/chunks-{model}-tp2.jsonl"),)),),
                   inputs=f", 2 and 4 chunks ({commit})", only=EACH_TERM)]
@@ -370,34 +384,26 @@ LONG_PIECES = "results/h200/a16d055"
 def _long_h200(model: str) -> list[Study]:
     """The long-prompt studies at TP=4 and TP=2, predicted as the 1K-32K studies beside them are
     with the pair rows: predict's defaults, and without the in-layer term, the pairs, or both."""
-    x2, x4 = "results/h200x2", "results/h200x4"
-    how = EACH_TERM
+    x4 = "results/h200x4"
     pieces = lambda tp: Need(f"the long prompts' TP={tp} pieces on one H200",
                              f"{LONG_PIECES}/pieces-long-{model}-tp{tp}-tp{tp}.jsonl")
     more = lambda tp: ((Need(f"the long prompts' TP={tp} pieces at 64K on one H200",
                              f"{LONG_PIECES}/pieces-long-{model}-tp{tp}-64k-tp{tp}.jsonl"),) if model == "llama3-70b" else ())
     study = lambda commit, tp: Need(f"the long-prompt TP={tp} study at {commit}", f"{x4}/{commit}/long-{model}-tp{tp}.jsonl")
     return [Study("h200", model, 4, f"sweeps/long-{model}-tp4.yaml", pieces(4),
-                  (Need("the 4x H200 all-reduce table at bfff1d7", f"{x4}/bfff1d7/comm.jsonl"),
-                   Need("beside-layer rows at bfff1d7 (4x H200)", f"{x4}/bfff1d7/comm-beside-layer-{model}.jsonl")),
-                  (_pair_rows(model, 4),),
+                  _machine_tp4_inputs(model, "bfff1d7"), (_pair_rows(model, 4),),
                   ((f"{model} TP=4, long prompts, bfff1d7's study, table and layer rows, pair rows", (study("bfff1d7", 4),)),),
-                  inputs=", long prompts, bfff1d7's inputs and pair rows (cc4fbeb)", only=how, more_pieces=more(4)),
-            Study("h200", model, 4, f"sweeps/long-{model}-tp4.yaml", pieces(4),
-                  (Need("the 4x H200 all-reduce table", f"{x4}/c1821fe/comm.jsonl"),
-                   Need("beside-layer rows (4x H200)", f"{x4}/9ba11d6/comm-beside-layer-{model}.jsonl"),
-                   Need("beside-layer rows at 512 tokens (4x H200)", f"{x4}/60ae8af/comm-beside-layer-{model}.jsonl")),
+                  inputs=", long prompts, bfff1d7's inputs and pair rows (cc4fbeb)", only=EACH_TERM, more_pieces=more(4)),
+            Study("h200", model, 4, f"sweeps/long-{model}-tp4.yaml", pieces(4), _held_out_tp4_inputs(model),
                   (_pair_rows(model, 4),),
                   tuple((f"{model} TP=4, long prompts, measured at {commit}, pair rows", (study(commit, 4),))
                         for commit in ("9ba11d6", "1968c70")),
-                  inputs=", long prompts, pair rows (cc4fbeb)", only=how, more_pieces=more(4)),
+                  inputs=", long prompts, pair rows (cc4fbeb)", only=EACH_TERM, more_pieces=more(4)),
             Study("h200", model, 2, f"sweeps/long-{model}-tp2.yaml", pieces(2),
-                  (Need("the 2x H200 all-reduce table", f"{x2}/bbc1676/comm.jsonl"),
-                   Need("beside-layer rows (2x H200)", f"{x2}/{TP2_ROWS[model]}/comm-beside-layer-{model}.jsonl")),
-                  (_pair_rows(model, 2),),
+                  _tp2_inputs(model), (_pair_rows(model, 2),),
                   ((f"{model} TP=2, long prompts, measured at 2112bbf on GPUs 0 and 1 of a 4x H200, pair rows",
                     (study("2112bbf", 2),)),),
-                  inputs=", long prompts, pair rows (cc4fbeb)", only=how, more_pieces=more(2))]
+                  inputs=", long prompts, pair rows (cc4fbeb)", only=EACH_TERM, more_pieces=more(2))]
 
 
 STUDIES = {"h100": _h100("llama3-70b", "70b") + _h100("llama3-8b", "8b"),
