@@ -97,6 +97,7 @@ def _pair_shares(tp: int, blocks: tuple[str, ...], rows: tuple[int, ...]) -> dic
     return bounds(shares)
 
 
+@functools.cache
 def _machines_apart() -> dict:
     """How far apart the five TP=4 studies of each model (five 4x H200 machines) measured the
     points they share: the median and 90th percentile of each point's range, and the widest."""
@@ -109,9 +110,11 @@ def _machines_apart() -> dict:
     return out
 
 
+@functools.cache
 def _chunks() -> dict:
-    line = _line(CHUNKS)
-    return {"line": line, "big": _line(CHUNKS_70B), "tp2": _pair_shares(2, ("attention", "mlp"), (512, 1024, 2048, 4096, 8192)),
+    """The TP=2 chunk studies' lines, and the copy engine's pairs as shares of their block at TP=2 and TP=4."""
+    return {"line": _line(CHUNKS), "big": _line(CHUNKS_70B),
+            "tp2": _pair_shares(2, ("attention", "mlp"), (512, 1024, 2048, 4096, 8192)),
             "tp4_attention": _pair_shares(4, ("attention",), (512, 1024, 2048)),
             "tp4_mlp": _pair_shares(4, ("mlp",), (512, 1024, 2048))}
 
@@ -129,6 +132,7 @@ MANY_CHUNKS = tuple(f"token_split split_ratio=balanced comm=copy_engine comm_cta
                     for n in (4, 8))
 
 
+@functools.cache
 def _long() -> dict:
     """The long-prompt lines: every default line's picks, llama3-70b TP=4's medians with and
     without the in-layer term, and llama3-8b TP=4's errors of the many-chunk splits at 16K."""
@@ -141,7 +145,7 @@ def _long() -> dict:
             "w8": bounds(float(_line(s)["worst"]) for s in tp4_8), "w8_neither": bounds(float(v["worst"]) for v in neither),
             "p8_neither": bounds(int(v["picks"].split()[0]) for v in neither),
             "with": bounds(float(_line(s)["median"]) for s in tp4_70),
-            "without": bounds(float(_line(s + ", with --in-layer none")["median"]) for s in tp4_70),
+            "without": bounds(float(_line(s + VARIANTS[1])["median"]) for s in tp4_70),
             "slow": bounds(chunked)}
 
 
