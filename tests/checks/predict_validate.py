@@ -41,7 +41,8 @@ import json
 import os
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -252,7 +253,8 @@ def _h200(model: str) -> list[Study]:
             *(_one_machine_h200(model, commit, tp4_pieces) for commit in ONE_MACHINE_H200),
             *_pair_rows_h200(model, tp4_pieces),
             *_chunks_h200(model),
-            *_long_h200(model)]
+            *_long_h200(model),
+            *_every_input_h200(model, tp4_pieces)]
 
 
 # 4x H200 runs whose table, beside-layer rows (512 tokens to 32K) and TP=4 studies came from one
@@ -381,14 +383,21 @@ def _chunks_h200(model: str) -> list[Study]:
 LONG_PIECES = "results/h200/a16d055"
 
 
+def _long_pieces(model: str, tp: int) -> Need:
+    return Need(f"the long prompts' TP={tp} pieces on one H200", f"{LONG_PIECES}/pieces-long-{model}-tp{tp}-tp{tp}.jsonl")
+
+
+def _long_more_pieces(model: str, tp: int) -> tuple[Need, ...]:
+    """llama3-70b's 64K batch, timed by a run of its own."""
+    return ((Need(f"the long prompts' TP={tp} pieces at 64K on one H200",
+                  f"{LONG_PIECES}/pieces-long-{model}-tp{tp}-64k-tp{tp}.jsonl"),) if model == "llama3-70b" else ())
+
+
 def _long_h200(model: str) -> list[Study]:
     """The long-prompt studies at TP=4 and TP=2, predicted as the 1K-32K studies beside them are
     with the pair rows: predict's defaults, and without the in-layer term, the pairs, or both."""
     x4 = "results/h200x4"
-    pieces = lambda tp: Need(f"the long prompts' TP={tp} pieces on one H200",
-                             f"{LONG_PIECES}/pieces-long-{model}-tp{tp}-tp{tp}.jsonl")
-    more = lambda tp: ((Need(f"the long prompts' TP={tp} pieces at 64K on one H200",
-                             f"{LONG_PIECES}/pieces-long-{model}-tp{tp}-64k-tp{tp}.jsonl"),) if model == "llama3-70b" else ())
+    pieces, more = partial(_long_pieces, model), partial(_long_more_pieces, model)
     study = lambda commit, tp: Need(f"the long-prompt TP={tp} study at {commit}", f"{x4}/{commit}/long-{model}-tp{tp}.jsonl")
     return [Study("h200", model, 4, f"sweeps/long-{model}-tp4.yaml", pieces(4),
                   _machine_tp4_inputs(model, "bfff1d7"), (_pair_rows(model, 4),),
@@ -404,6 +413,28 @@ def _long_h200(model: str) -> list[Study]:
                   ((f"{model} TP=2, long prompts, measured at 2112bbf on GPUs 0 and 1 of a 4x H200, pair rows",
                     (study("2112bbf", 2),)),),
                   inputs=", long prompts, pair rows (cc4fbeb)", only=EACH_TERM, more_pieces=more(2))]
+
+
+# One 4x H200 machine timed everything a TP=4 prediction reads but the pieces, at f461a2e: the
+# table, every path's beside-layer rows (512-16K rows) with the in-layer term and the pair window,
+# and the studies they are held to (the 1K-32K grid and the long prompts): whether the errors of
+# the studies predicted from other machines' pair rows are in this machine's own pairs
+EVERY_INPUT = "f461a2e"
+
+
+def _every_input_h200(model: str, tp4_pieces: Need) -> list[Study]:
+    """The TP=4 grid and the long prompts from the pieces and the table and rows of the machine that
+    timed them: predict's defaults, and without the in-layer term, the pairs, or both."""
+    x4 = f"results/h200x4/{EVERY_INPUT}"
+    table, rows = _machine_tp4_inputs(model, EVERY_INPUT)
+    inputs = f", {EVERY_INPUT}'s inputs with its pair rows"
+    measured = lambda name, what: ((f"{model} TP=4, {what}{EVERY_INPUT}'s study, table, layer and pair rows",
+                                    (Need(f"the {what}TP=4 study at {EVERY_INPUT}", f"{x4}/{name}.jsonl"),)),)
+    return [Study("h200", model, 4, f"sweeps/{model}-tp4.yaml", tp4_pieces, (table,), (replace(rows, current=PAIRED),),
+                  measured(f"{model}-tp4", ""), inputs=inputs, only=EACH_TERM),
+            Study("h200", model, 4, f"sweeps/long-{model}-tp4.yaml", _long_pieces(model, 4), (table,),
+                  (replace(rows, current=PAIRED),), measured(f"long-{model}-tp4", "long prompts, "),
+                  inputs=f", long prompts{inputs}", only=EACH_TERM, more_pieces=_long_more_pieces(model, 4))]
 
 
 STUDIES = {"h100": _h100("llama3-70b", "70b") + _h100("llama3-8b", "8b"),
