@@ -11,6 +11,13 @@
 # study:   (2 GPUs) each spec of $SPECS swept (-o <name>.jsonl)
 # pieces:  (1 GPU) each spec of $PIECES at each TP of $TPS: the shard layer's pieces timed
 #          (`sweep --pieces`)                                                  -> pieces-<name>-tp<K>.jsonl
+# gaps:    (1 GPU) tests/probes/gaps_beside.py on GPU 0: one rank's GEMMs of the llama3-70b TP=4
+#          layer at 16384 tokens back to back, and with an idle _sleep gap after each pass of a
+#          share 0.1/0.2/0.3 of the period, in rounds of a fresh order: the GEMMs' TFLOP/s between
+#          the gaps against back to back, SM clock, power; not in the default STEPS; about 85 s
+#          of GPU time (4 gaps x 5 rounds x (2 s settle + 2 s measured), 3 s warm-up) plus
+#          torch's start, inside GAPS_TIMEOUT (150 s) (GAPS_ARGS: more flags)
+#                                                                     -> gaps/gaps_beside.jsonl, gaps.out
 # Each step's wall time and exit code go to summary.txt.
 set -u
 cd "$(dirname "$0")/../.."
@@ -47,6 +54,10 @@ if [[ $STEPS == *,pieces,* ]]; then
         -o "$WORK/pieces-$name-tp$tp.jsonl" > "$WORK/pieces-$name-tp$tp.out" 2>&1
     done
   done
+fi
+if [[ $STEPS == *,gaps,* ]]; then
+  step gaps "${GAPS_TIMEOUT:-150}" python tests/probes/gaps_beside.py --out "$WORK/gaps" ${GAPS_ARGS:-} > "$WORK/gaps.out" 2>&1
+  tail -n 8 "$WORK/gaps.out" | tee -a "$SUMMARY"
 fi
 
 pack
