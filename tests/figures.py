@@ -16,6 +16,7 @@ import statistics
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from overlapbench.report import profile
 from overlapbench.tuning import analysis, batches, results, tune
 from tests.checks import predict_validation as validation
 
@@ -512,3 +513,88 @@ def profile_figure(report_txt: str, point: str, pattern: str) -> float:
     if found is None:
         raise AssertionError(f"{report_txt}: no '{pattern}' under {point}")
     return float(found.group(1))
+
+
+# -- the baselines' compute against no_comm's, in the studies' own replays (docs/predict.md) ----------
+
+
+def kind_ms(timeline_json: str, kinds: tuple[str, ...]) -> float:
+    """The summed duration (ms) of a committed timeline's kernels of `kinds` (report/profile.py's
+    kinds of kernel)."""
+    timeline = json.loads(path(timeline_json).read_text())
+    names = timeline["names"]
+    return sum(k["dur"] for k in timeline["kernels"] if profile.kind_of(names[k["name"]]) in kinds) / 1e3
+
+
+def baseline_over_no_comm(profile_dir: str, tokens: int, kinds: tuple[str, ...], layers: int = 4) -> list[float]:
+    """For each rank's graph replay in a committed `sweep --profile` folder: the default
+    baseline's kernels of `kinds` over no_comm's at `tokens`, less 1 (-0.04: they ran 4% shorter
+    in the baseline). One list entry per rank whose replays both points hold."""
+    out = []
+    for rank in ("", *(f".rank{r}" for r in range(1, 8))):
+        baseline, no_comm = (f"{profile_dir}/{name}-{tokens}-{layers}layers{rank}.replay.timeline.json"
+                             for name in ("baseline", "no_comm"))
+        if path(baseline).exists() and path(no_comm).exists():
+            out.append(kind_ms(baseline, kinds) / kind_ms(no_comm, kinds) - 1)
+    if not out:
+        raise AssertionError(f"{profile_dir}: no baseline and no_comm replays at {tokens} tokens")
+    return out
+
+
+def pair_share_differences(a: str, b: str) -> list[float]:
+    """Two beside-layer row files' pair extras, each as a share of its block (half the pair graph
+    with the add + norm in the call's place), at every (path, budget, rows, block) both hold:
+    |a - b| in points of the block (0.02: two percent of it)."""
+    def shares(store: str) -> dict[tuple, float]:
+        return {(r["strategy"], str(r["knobs"].get("ctas")), r["bytes"], block):
+                r[f"pair_{block}_extra_ms"] / (r[f"pair_{block}_norm_ms"] / 2)
+                for r in rows(store) if r["status"] == "ok" and r.get("pair_attention_extra_ms") is not None
+                for block in ("attention", "mlp")}
+    first, second = shares(a), shares(b)
+    return [abs(first[key] - second[key]) for key in first.keys() & second.keys()]
+
+
+def stream_spans_us(timeline_json: str, gap_us: float = 10.0, compute_only: bool = False) -> dict[int, list[float]]:
+    """A committed timeline's kernels per stream, cut into runs wherever a stream idles more than
+    `gap_us`: stream -> each run's span (first start to last end, us), in order. `compute_only`:
+    only the streams that ran no communication or norm kernel (report/profile.py's kinds)."""
+    timeline = json.loads(path(timeline_json).read_text())
+    names = timeline["names"]
+    busy = {k["stream"] for k in timeline["kernels"] if profile.kind_of(names[k["name"]]) in ("comm", "norm")}
+    spans: dict[int, list[float]] = {}
+    for stream in sorted({k["stream"] for k in timeline["kernels"]} - (busy if compute_only else set())):
+        kernels = sorted((k["start"], k["start"] + k["dur"]) for k in timeline["kernels"] if k["stream"] == stream)
+        runs = [[kernels[0]]]
+        for start, end in kernels[1:]:
+            if start - runs[-1][-1][1] > gap_us:
+                runs.append([])
+            runs[-1].append((start, end))
+        spans[stream] = [run[-1][1] - run[0][0] for run in runs]
+    return spans
+
+
+def call_spans_us(timeline_json: str) -> list[float]:
+    """In a committed timeline of comm/pair.py's graphs (replays back to back), each copy-engine
+    call's span (us) on its own stream: from its opening barrier to the end of its last kernel
+    before the next call's opening barrier or the stream's next compute kernel; the first call,
+    which waits for the other ranks, left out."""
+    timeline = json.loads(path(timeline_json).read_text())
+    names = timeline["names"]
+    barriers = [k for k in timeline["kernels"] if "barrier_kernel" in names[k["name"]]]
+    stream = barriers[0]["stream"]
+    kernels = sorted((k["start"], k["start"] + k["dur"], names[k["name"]]) for k in timeline["kernels"] if k["stream"] == stream)
+    spans, opened, last_end, barrier_count = [], None, None, 0
+    for start, end, name in kernels:
+        opening = "barrier_kernel" in name and barrier_count % 2 == 0  # each call: two barriers
+        compute = profile.kind_of(name) not in ("comm", "norm", "copy")
+        if (opening or compute) and opened is not None:
+            spans.append(last_end - opened)
+            opened = None
+        if opening:
+            opened = start
+        if "barrier_kernel" in name:
+            barrier_count += 1
+        last_end = end
+    if opened is not None:
+        spans.append(last_end - opened)
+    return spans[1:]

@@ -83,6 +83,7 @@ def _in_brief() -> dict:
 
 CHUNKS = "llama3-8b TP=2, the copy-engine split over 2 and 4 chunks at 1f96d65, one machine's pieces and study"
 CHUNKS_70B = "llama3-70b TP=2, the copy-engine split over 2 and 4 chunks at b087538, one machine's pieces and study"
+PAIR_ROWS_FOLDER = "results/h200x4/cc4fbeb"  # the pair rows the studies of other machines are predicted with
 PAIR_ROWS = {2: "results/h200x2/1f96d65/comm-beside-layer-llama3-8b.jsonl",
              4: "results/h200x4/cc4fbeb/comm-beside-layer-llama3-8b.jsonl"}
 
@@ -149,10 +150,99 @@ def _long() -> dict:
             "slow": bounds(chunked)}
 
 
+EVERY_INPUT = "results/h200x4/f461a2e"
+MODELS = ("llama3-70b", "llama3-8b")
+ONE_MACHINE = {m: f"{m} TP=4, f461a2e's study, table, layer and pair rows" for m in MODELS}
+ONE_MACHINE_LONG = {m: f"{m} TP=4, long prompts, f461a2e's study, table, layer and pair rows" for m in MODELS}
+PAIR_2048 = f"{EVERY_INPUT}/pair-llama3-8b-2048/timelines/copy_engine_norm"
+RANKS = ("", ".rank1", ".rank2", ".rank3")
+
+
+@functools.cache
+def _every_input() -> dict:
+    """f461a2e's one machine: its pair rows against cc4fbeb's, its four default lines, and its
+    pair timelines of llama3-8b at 2048 rows (every rank; each graph's first replay, which waits
+    for the other ranks, left out): the blocks' spans beside the call and beside the add + norm,
+    the call's alone and beside each block."""
+    apart = {m: f.pair_share_differences(f"{PAIR_ROWS_FOLDER}/comm-beside-layer-{m}.jsonl",
+                                         f"{EVERY_INPUT}/comm-beside-layer-{m}.jsonl") for m in MODELS}
+    graph = lambda name, rank: f"{PAIR_2048}/{name}-2048{rank}.replay.timeline.json"
+    block = lambda name: [span for r in RANKS for spans in f.stream_spans_us(graph(name, r), compute_only=True).values()
+                          for span in spans[1:]]  # the lane of the block beside the call (or the add + norm)
+    calls = lambda name: bounds(x for r in RANKS for x in f.call_spans_us(graph(name, r)))
+    return {"n": {m: len(v) for m, v in apart.items()}, "median": {m: statistics.median(v) for m, v in apart.items()},
+            "p90": {m: statistics.quantiles(v, n=10)[-1] for m, v in apart.items()},
+            "max": {m: max(v) for m, v in apart.items()},
+            "grid": {m: _line(s) for m, s in ONE_MACHINE.items()}, "long": {m: _line(s) for m, s in ONE_MACHINE_LONG.items()},
+            "call": calls("op"), "call_attention": calls("pair_attention"), "call_mlp": calls("pair_mlp"),
+            "attention": bounds(block("pair_attention")), "attention_norm": bounds(block("norm_attention")),
+            "mlp": bounds(block("pair_mlp")), "mlp_norm": bounds(block("norm_mlp"))}
+
+
+# Committed CUDA-graph profiles holding the default baseline and no_comm: (folder, token counts)
+TP4_LONG_H200 = (("results/h200x4/2112bbf/profile-order-70b-tp4-16k-32k", (16384, 32768)),
+                 ("results/h200x4/bfff1d7/profile-one-piece-70b-tp4-16k-32k", (16384, 32768)),
+                 ("results/h200x4/a3860b5/profile-70b-tp4", (32768,)), ("results/h200x4/9ba11d6/profile-70b-tp4", (32768,)),
+                 ("results/h200x4/60ae8af/async-tp-32k-tp4", (16384, 32768)))
+TP4_LONG_H100 = (("results/h100x4/414380b/profile-order-70b-tp4-16k-32k", (16384, 32768)),
+                 ("results/h100x4/414380b/profile-70b-tp4", (32768,)))
+TP4_SHORT_H200 = (("results/h200x4/01de86b/profile-order-70b-tp4", (1024, 2048)),
+                  ("results/h200x4/f9d2080/profile-tp4-misses-70b", (2048,)),
+                  ("results/h200x4/f9d2080/profile-tp4-misses-8b", (4096,)), ("results/h200x4/a3860b5/profile-8b-tp4", (2048,)))
+TP2_H200 = (("results/h200x2/eccace6/profile-order-70b-tp2-4k-16k", (4096, 16384)),
+            ("results/h200x2/f320f41/profile-tp2-misses-70b", (32768,)),
+            ("results/h200x2/b241e4c/profile-tp2-misses-70b-8k-64k", (8192, 65536)))
+GEMM, ATTENTION_KINDS = ("gemm",), ("attention", "lse_merge")
+
+
+def _changes(profiles: tuple, kinds: tuple[str, ...]) -> dict:
+    """The baseline's kernels of `kinds` over no_comm's, less 1, in percent: every rank at every
+    token count of `profiles`; their median (and as `less`, its negative) and bounds."""
+    values = [100 * v for folder, tokens in profiles for t in tokens for v in f.baseline_over_no_comm(folder, t, kinds)]
+    return {"median": statistics.median(values), "less": -statistics.median(values), **bounds(values)}
+
+
+@functools.cache
+def _baseline_compute() -> dict:
+    no_comm = f.validation_points(VALIDATION, ONE_MACHINE["llama3-70b"], "no_comm")
+    no_comm_none = f.validation_points(VALIDATION, ONE_MACHINE["llama3-70b"] + VARIANTS[1], "no_comm")
+    return {"gemm": _changes(TP4_LONG_H200, GEMM), "attention": _changes(TP4_LONG_H200, ATTENTION_KINDS),
+            "h100_gemm": _changes(TP4_LONG_H100, GEMM), "h100_attention": _changes(TP4_LONG_H100, ATTENTION_KINDS),
+            "short_gemm": _changes(TP4_SHORT_H200, GEMM), "tp2_gemm": _changes(TP2_H200, GEMM),
+            "comm": bounds(100 * (1 - 1 / no_comm[t][0]) for t in (16384, 32768)),
+            "err": {t: no_comm[t][2] for t in (16384, 32768)}, "err_none": {t: no_comm_none[t][2] for t in (16384, 32768)}}
+
+
 DOC = "docs/predict.md"
 CLAIMS = [
     *[Claim(DOC, "| {label} | {cells} |", lambda label=label, study=study: _table_row(label, study))
       for label, study in LONG],
+    Claim(DOC, "over the {n[llama3-70b]} and {n[llama3-8b]} (path, budget, rows, block) both machines' rows hold, their "
+               "extras differ by {median[llama3-70b]:.3f} and {median[llama3-8b]:.3f} of the block at the median, "
+               "{p90[llama3-70b]:.3f} and {p90[llama3-8b]:.3f} at the 90th percentile, at most {max[llama3-70b]:.3f} and "
+               "{max[llama3-8b]:.3f} (llama3-70b and llama3-8b)", _every_input),
+    Claim(DOC, "llama3-70b TP=4: median {grid[llama3-70b][median]}, worst {grid[llama3-70b][worst]}, picks within 0.01 at "
+               "{grid[llama3-70b][picks]}; llama3-8b TP=4: median {grid[llama3-8b][median]}, worst "
+               "{grid[llama3-8b][worst]}, picks within 0.01 at {grid[llama3-8b][picks]}; the long prompts: "
+               "{long[llama3-70b][median]} / {long[llama3-70b][worst]} / {long[llama3-70b][picks]} and "
+               "{long[llama3-8b][median]} / {long[llama3-8b][worst]} / {long[llama3-8b][picks]}", _every_input),
+    Claim(DOC, "The attention block took {attention[lo]:.0f}-{attention[hi]:.0f} us beside the call and "
+               "{attention_norm[lo]:.0f}-{attention_norm[hi]:.0f} us beside the add + norm, the MLP block "
+               "{mlp[lo]:.0f}-{mlp[hi]:.0f} us and {mlp_norm[lo]:.0f}-{mlp_norm[hi]:.0f} us; the call took "
+               "{call[lo]:.0f}-{call[hi]:.0f} us alone, {call_attention[lo]:.0f}-{call_attention[hi]:.0f} us beside the "
+               "attention block and {call_mlp[lo]:.0f}-{call_mlp[hi]:.0f} us beside the MLP block", _every_input),
+    Claim(DOC, "baseline's GEMMs took a median {gemm[less]:.1f}% less time than `no_comm`'s ({gemm[lo]:+.1f}% to "
+               "{gemm[hi]:+.1f}% over ranks and points) and its attention {attention[less]:.1f}% less "
+               "({attention[lo]:+.1f}% to {attention[hi]:+.1f}%); on 4x H100 (`results/h100x4/414380b/`) "
+               "{h100_gemm[less]:.1f}% and {h100_attention[less]:.1f}% less. At 1K-4K (four 4x H200 folders) the "
+               "baseline's GEMMs took {short_gemm[median]:.1f}% more ({short_gemm[lo]:+.1f}% to {short_gemm[hi]:+.1f}%), "
+               "and at TP=2 (three 2x H200 folders, 4K-64K) {tp2_gemm[less]:.1f}% less ({tp2_gemm[lo]:+.1f}% to "
+               "{tp2_gemm[hi]:+.1f}%)", _baseline_compute),
+    Claim(DOC, "at 16K-32K, {comm[lo]:.0f}-{comm[hi]:.0f}% of its time at f461a2e", _baseline_compute),
+    Claim(DOC, "in the studies' TP=4 profiles at 16K-32K the baseline's GEMMs take a median {gemm[less]:.1f}% less time "
+               "than there", _baseline_compute),
+    Claim(DOC, "`no_comm` at llama3-70b 16K and 32K is predicted {err[16384]} and {err[32768]} (f461a2e; "
+               "{err_none[16384]} and {err_none[32768]} with `--in-layer none`)", _baseline_compute),
     Claim(DOC, "The picks are right at {picks} token counts on every line with the defaults", _long),
     Claim(DOC, "At TP=4 llama3-70b's medians are {with[lo]:.3f}-{with[hi]:.3f} with the in-layer term and "
                "{without[lo]:.3f}-{without[hi]:.3f} without it", _long),
