@@ -1,4 +1,5 @@
 import os
+import random
 
 import pytest
 
@@ -24,3 +25,11 @@ def pytest_collection_modifyitems(config, items):
         needed = 1 if "one_gpu" in item.keywords else 2
         if gpus < needed:
             item.add_marker(pytest.mark.skip(reason=f"needs {needed} CUDA GPU{'s' * (needed > 1)} (runs on the GPU machine)"))
+
+
+@pytest.fixture
+def rng() -> random.Random:
+    """A fresh random generator per test, its seed printed (a failing case can be replayed)."""
+    seed = random.randrange(2**32)
+    print(f"seed {seed}")
+    return random.Random(seed)

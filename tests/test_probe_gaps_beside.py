@@ -6,7 +6,6 @@ passes and gaps (on a simulated device whose passes and gaps take a known time).
 from __future__ import annotations
 
 import json
-import random
 import statistics
 import time
 
@@ -15,13 +14,6 @@ import pytest
 from tests.probes import gaps_beside as gb
 from tests.probes.clock_sampler import window_means
 from tests.probes.power_beside import Lane, hold
-
-
-@pytest.fixture
-def rng() -> random.Random:
-    seed = random.randrange(2**32)
-    print(f"seed {seed}")
-    return random.Random(seed)
 
 
 def test_the_default_pass_is_one_rank_of_the_llama3_70b_tp4_layer(rng):

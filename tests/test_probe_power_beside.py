@@ -16,13 +16,6 @@ from tests.probes import power_beside as pb
 from tests.probes.clock_sampler import POWER_CAP, ClockSampler, window_means
 
 
-@pytest.fixture
-def rng() -> random.Random:
-    seed = random.randrange(2**32)
-    print(f"seed {seed}")
-    return random.Random(seed)
-
-
 def test_conditions_are_taken_in_the_order_named_and_need_the_gemms_alone(rng):
     names = list(pb.CONDITIONS)
     for _ in range(20):

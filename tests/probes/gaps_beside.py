@@ -58,7 +58,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from overlapbench.model.models import PRESETS
 from tests.probes.clock_sampler import window_means
-from tests.probes.power_beside import Lane, hold, paired_ratios, round_orders, span_in_window, spread
+from tests.probes.power_beside import Lane, check_spans, hold, paired_ratios, round_orders, span_in_window, spread
 
 MODEL, TP = "llama3-70b", 4  # the layer whose one rank's GEMMs make a pass
 BASE = 0.0  # the gap fraction every other condition is paired with, round by round: back to back
@@ -242,11 +242,7 @@ def check_numbers(args: argparse.Namespace) -> None:
     for flag, value in (("--tokens", args.tokens), ("--rounds", args.rounds)):
         if value < 1:
             raise ValueError(f"{flag}: {value} is below 1; pass 1 or more")
-    for flag, value, positive in (("--measure-s", args.measure_s, True), ("--ahead-ms", args.ahead_ms, True),
-                                  ("--settle-s", args.settle_s, False), ("--warmup-s", args.warmup_s, False)):
-        if not (value > 0 if positive else value >= 0):
-            fix = "not above 0; pass a positive number" if positive else "negative; pass 0 or more"
-            raise ValueError(f"{flag}: {value} is {fix}")
+    check_spans(args)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -273,6 +273,12 @@ def check_numbers(args: argparse.Namespace) -> None:
     for flag, value, least in (("--tokens", args.tokens, 1), ("--copy-mib", args.copy_mib, 1), ("--rounds", args.rounds, 1)):
         if value < least:
             raise ValueError(f"{flag}: {value} is below {least}; pass {least} or more")
+    check_spans(args)
+
+
+def check_spans(args: argparse.Namespace) -> None:
+    """ValueError naming the flag, for the hold loop's spans (--measure-s, --ahead-ms above 0;
+    --settle-s, --warmup-s not below 0); the probes that hold lanes share it."""
     for flag, value, positive in (("--measure-s", args.measure_s, True), ("--ahead-ms", args.ahead_ms, True),
                                   ("--settle-s", args.settle_s, False), ("--warmup-s", args.warmup_s, False)):
         if not (value > 0 if positive else value >= 0):
