@@ -179,6 +179,14 @@ def _every_input() -> dict:
             "mlp": bounds(block("pair_mlp")), "mlp_norm": bounds(block("norm_mlp"))}
 
 
+def _both_picks() -> tuple[str, str]:
+    """f461a2e's picks within 0.01 (the count of the "N of M"), where both models' agree: 1K-32K, then the long prompts."""
+    data = _every_input()
+    (grid,) = {v["picks"].split()[0] for v in data["grid"].values()}
+    (long,) = {v["picks"].split()[0] for v in data["long"].values()}
+    return grid, long
+
+
 # Committed CUDA-graph profiles holding the default baseline and no_comm: (folder, token counts)
 TP4_LONG_H200 = (("results/h200x4/2112bbf/profile-order-70b-tp4-16k-32k", (16384, 32768)),
                  ("results/h200x4/bfff1d7/profile-one-piece-70b-tp4-16k-32k", (16384, 32768)),
@@ -226,6 +234,8 @@ CLAIMS = [
                "{grid[llama3-8b][worst]}, picks within 0.01 at {grid[llama3-8b][picks]}; the long prompts: "
                "{long[llama3-70b][median]} / {long[llama3-70b][worst]} / {long[llama3-70b][picks]} and "
                "{long[llama3-8b][median]} / {long[llama3-8b][worst]} / {long[llama3-8b][picks]}", _every_input),
+    Claim(DOC, "gives errors like the others' (its 1K-32K picks right at {p[0]} of 6 for both models, its long prompts' at "
+               "{p[1]} of 3)", lambda: {"p": _both_picks()}),
     Claim(DOC, "The attention block took {attention[lo]:.0f}-{attention[hi]:.0f} us beside the call and "
                "{attention_norm[lo]:.0f}-{attention_norm[hi]:.0f} us beside the add + norm, the MLP block "
                "{mlp[lo]:.0f}-{mlp[hi]:.0f} us and {mlp_norm[lo]:.0f}-{mlp_norm[hi]:.0f} us; the call took "
