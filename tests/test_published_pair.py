@@ -179,6 +179,20 @@ def _every_input() -> dict:
             "mlp": bounds(block("pair_mlp")), "mlp_norm": bounds(block("norm_mlp"))}
 
 
+CHUNKS_PROFILE = f"{EVERY_INPUT}/report-profile-chunks-8b-tp4-8k.txt"
+FOUR_CHUNKS = ("token_split-8192-align=256-split_offset=0-split_ratio=balanced-comm=copy_engine-comm_ctas_attn=32-"
+               "comm_ctas_mlp=32-chunks=4-4layers")
+
+
+def _four_chunks() -> dict:
+    """llama3-8b's balanced 4-chunk split at 8K, TP=4, against its twin with no transfers (its
+    `report --profile` summary)."""
+    figure = lambda pattern: f.profile_figure(CHUNKS_PROFILE, FOUR_CHUNKS, pattern)
+    return {"gemm": figure(r"longer by gemm ([+-][\d.]+)"), "attention": figure(r"attention ([+-][\d.]+)"),
+            "other": figure(r"other ([+-][\d.]+) \(GEMM"), "median": figure(r"GEMM median ([+-][\d.]+)%"),
+            "wall": figure(r"twin: wall ([+-][\d.]+) ms per layer"), "exposed": figure(r"exposed ([\d.]+) \(")}
+
+
 def _both_picks() -> tuple[str, str]:
     """f461a2e's picks within 0.01 (the count of the "N of M"), where both models' agree: 1K-32K, then the long prompts."""
     data = _every_input()
@@ -236,6 +250,9 @@ CLAIMS = [
                "{long[llama3-8b][median]} / {long[llama3-8b][worst]} / {long[llama3-8b][picks]}", _every_input),
     Claim(DOC, "gives errors like the others' (its 1K-32K picks right at {p[0]} of 6 for both models, its long prompts' at "
                "{p[1]} of 3)", lambda: {"p": _both_picks()}),
+    Claim(DOC, "its compute kernels took {gemm:+.3f} (GEMMs), {attention:+.3f} (attention) and {other:+.3f} (other) ms per "
+               "layer more, the GEMMs' median {median:+.1f}%, while its wall grew by {wall:+.3f} ms per layer, {exposed:.3f} "
+               "ms of it exposed transfer over the replays", _four_chunks),
     Claim(DOC, "The attention block took {attention[lo]:.0f}-{attention[hi]:.0f} us beside the call and "
                "{attention_norm[lo]:.0f}-{attention_norm[hi]:.0f} us beside the add + norm, the MLP block "
                "{mlp[lo]:.0f}-{mlp[hi]:.0f} us and {mlp_norm[lo]:.0f}-{mlp_norm[hi]:.0f} us; the call took "
