@@ -85,7 +85,7 @@ CHUNKS = "llama3-8b TP=2, the copy-engine split over 2 and 4 chunks at 1f96d65, 
 CHUNKS_70B = "llama3-70b TP=2, the copy-engine split over 2 and 4 chunks at b087538, one machine's pieces and study"
 PAIR_ROWS_FOLDER = "results/h200x4/cc4fbeb"  # the pair rows the studies of other machines are predicted with
 PAIR_ROWS = {2: "results/h200x2/1f96d65/comm-beside-layer-llama3-8b.jsonl",
-             4: "results/h200x4/cc4fbeb/comm-beside-layer-llama3-8b.jsonl"}
+             4: f"{PAIR_ROWS_FOLDER}/comm-beside-layer-llama3-8b.jsonl"}
 
 
 def _pair_shares(tp: int, blocks: tuple[str, ...], rows: tuple[int, ...]) -> dict:
