@@ -266,13 +266,10 @@ ONE_MACHINE_H200 = ("2112bbf", "bfff1d7")
 def _one_machine_h200(model: str, commit: str, pieces: Need) -> Study:
     """The TP=4 grid predicted from the table and the layer's rows of the machine that timed the
     study it is held to, all of one commit's code."""
-    x4 = f"results/h200x4/{commit}"
-    return Study("h200", model, 4, f"sweeps/{model}-tp4.yaml", pieces,
-                 (Need(f"the 4x H200 all-reduce table at {commit}", f"{x4}/comm.jsonl"),),
-                 (Need(f"beside-layer rows at {commit} (4x H200)", f"{x4}/comm-beside-layer-{model}.jsonl",
-                       current=IN_LAYER),),
+    table, rows = _machine_tp4_inputs(model, commit)
+    return Study("h200", model, 4, f"sweeps/{model}-tp4.yaml", pieces, (table,), (replace(rows, current=IN_LAYER),),
                  ((f"{model} TP=4, {commit}'s study, table and layer rows, one machine",
-                   (Need(f"the TP=4 study at {commit}", f"{x4}/{model}-tp4.jsonl"),)),),
+                   (Need(f"the TP=4 study at {commit}", f"results/h200x4/{commit}/{model}-tp4.jsonl"),)),),
                  inputs=f", one machine's inputs ({commit})")
 
 
@@ -309,7 +306,7 @@ def _tp2_inputs(model: str) -> tuple[Need, Need]:
 
 
 def _machine_tp4_inputs(model: str, commit: str) -> tuple[Need, Need]:
-    """One 4x H200 machine's table and beside-layer rows, of `commit`'s run, read beside pair rows."""
+    """One 4x H200 machine's table and beside-layer rows, of `commit`'s run (the studies set the rows' `current`)."""
     x4 = f"results/h200x4/{commit}"
     return (Need(f"the 4x H200 all-reduce table at {commit}", f"{x4}/comm.jsonl"),
             Need(f"beside-layer rows at {commit} (4x H200)", f"{x4}/comm-beside-layer-{model}.jsonl"))
@@ -427,13 +424,14 @@ def _every_input_h200(model: str, tp4_pieces: Need) -> list[Study]:
     timed them: predict's defaults, and without the in-layer term, the pairs, or both."""
     x4 = f"results/h200x4/{EVERY_INPUT}"
     table, rows = _machine_tp4_inputs(model, EVERY_INPUT)
+    pairs = replace(rows, current=PAIRED)
     inputs = f", {EVERY_INPUT}'s inputs with its pair rows"
     measured = lambda name, what: ((f"{model} TP=4, {what}{EVERY_INPUT}'s study, table, layer and pair rows",
                                     (Need(f"the {what}TP=4 study at {EVERY_INPUT}", f"{x4}/{name}.jsonl"),)),)
-    return [Study("h200", model, 4, f"sweeps/{model}-tp4.yaml", tp4_pieces, (table,), (replace(rows, current=PAIRED),),
+    return [Study("h200", model, 4, f"sweeps/{model}-tp4.yaml", tp4_pieces, (table,), (pairs,),
                   measured(f"{model}-tp4", ""), inputs=inputs, only=EACH_TERM),
             Study("h200", model, 4, f"sweeps/long-{model}-tp4.yaml", _long_pieces(model, 4), (table,),
-                  (replace(rows, current=PAIRED),), measured(f"long-{model}-tp4", "long prompts, "),
+                  (pairs,), measured(f"long-{model}-tp4", "long prompts, "),
                   inputs=f", long prompts{inputs}", only=EACH_TERM, more_pieces=_long_more_pieces(model, 4))]
 
 
