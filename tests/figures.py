@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from overlapbench.report import profile
+from overlapbench.report import exposed
 from overlapbench.tuning import analysis, batches, results, tune
 from tests.checks import predict_validation as validation
 
@@ -518,12 +518,16 @@ def profile_figure(report_txt: str, point: str, pattern: str) -> float:
 # -- the baselines' compute against no_comm's, in the studies' own replays (docs/predict.md) ----------
 
 
+@functools.cache
+def timeline(timeline_json: str) -> exposed.Timeline:
+    """A committed `sweep --profile` (or pair-window) timeline as report/exposed.py reads it: its
+    kernels in start order, each with its kind (report/profile.py's); each file read once."""
+    return exposed.read(path(timeline_json))
+
+
 def kind_ms(timeline_json: str, kinds: tuple[str, ...]) -> float:
-    """The summed duration (ms) of a committed timeline's kernels of `kinds` (report/profile.py's
-    kinds of kernel)."""
-    timeline = json.loads(path(timeline_json).read_text())
-    names = timeline["names"]
-    return sum(k["dur"] for k in timeline["kernels"] if profile.kind_of(names[k["name"]]) in kinds) / 1e3
+    """The summed duration (ms) of a committed timeline's kernels of `kinds`."""
+    return sum(k.end - k.start for k in timeline(timeline_json).kernels if k.kind in kinds) / 1e3
 
 
 def baseline_over_no_comm(profile_dir: str, tokens: int, kinds: tuple[str, ...], layers: int = 4) -> list[float]:
@@ -558,18 +562,17 @@ def stream_spans_us(timeline_json: str, gap_us: float = 10.0, compute_only: bool
     """A committed timeline's kernels per stream, cut into runs wherever a stream idles more than
     `gap_us`: stream -> each run's span (first start to last end, us), in order. `compute_only`:
     only the streams that ran no communication or norm kernel (report/profile.py's kinds)."""
-    timeline = json.loads(path(timeline_json).read_text())
-    names = timeline["names"]
-    busy = {k["stream"] for k in timeline["kernels"] if profile.kind_of(names[k["name"]]) in ("comm", "norm")}
+    kernels = timeline(timeline_json).kernels
+    busy = {k.stream for k in kernels if k.kind in ("comm", "norm")}
     spans: dict[int, list[float]] = {}
-    for stream in sorted({k["stream"] for k in timeline["kernels"]} - (busy if compute_only else set())):
-        kernels = sorted((k["start"], k["start"] + k["dur"]) for k in timeline["kernels"] if k["stream"] == stream)
-        runs = [[kernels[0]]]
-        for start, end in kernels[1:]:
-            if start - runs[-1][-1][1] > gap_us:
+    for stream in sorted({k.stream for k in kernels} - (busy if compute_only else set())):
+        on_it = [k for k in kernels if k.stream == stream]
+        runs = [[on_it[0]]]
+        for k in on_it[1:]:
+            if k.start - runs[-1][-1].end > gap_us:
                 runs.append([])
-            runs[-1].append((start, end))
-        spans[stream] = [run[-1][1] - run[0][0] for run in runs]
+            runs[-1].append(k)
+        spans[stream] = [run[-1].end - run[0].start for run in runs]
     return spans
 
 
@@ -578,23 +581,20 @@ def call_spans_us(timeline_json: str) -> list[float]:
     call's span (us) on its own stream: from its opening barrier to the end of its last kernel
     before the next call's opening barrier or the stream's next compute kernel; the first call,
     which waits for the other ranks, left out."""
-    timeline = json.loads(path(timeline_json).read_text())
-    names = timeline["names"]
-    barriers = [k for k in timeline["kernels"] if "barrier_kernel" in names[k["name"]]]
-    stream = barriers[0]["stream"]
-    kernels = sorted((k["start"], k["start"] + k["dur"], names[k["name"]]) for k in timeline["kernels"] if k["stream"] == stream)
+    kernels = timeline(timeline_json).kernels
+    stream = next(k.stream for k in kernels if "barrier_kernel" in k.name)
     spans, opened, last_end, barrier_count = [], None, None, 0
-    for start, end, name in kernels:
-        opening = "barrier_kernel" in name and barrier_count % 2 == 0  # each call: two barriers
-        compute = profile.kind_of(name) not in ("comm", "norm", "copy")
+    for k in (k for k in kernels if k.stream == stream):
+        opening = "barrier_kernel" in k.name and barrier_count % 2 == 0  # each call: two barriers
+        compute = k.kind not in ("comm", "norm", "copy")
         if (opening or compute) and opened is not None:
             spans.append(last_end - opened)
             opened = None
         if opening:
-            opened = start
-        if "barrier_kernel" in name:
+            opened = k.start
+        if "barrier_kernel" in k.name:
             barrier_count += 1
-        last_end = end
+        last_end = k.end
     if opened is not None:
         spans.append(last_end - opened)
     return spans[1:]

@@ -4,7 +4,6 @@ window's timelines and the H200 validation's summary lines (tests/published.py).
 from __future__ import annotations
 
 import functools
-import json
 import statistics
 
 from tests import figures as f
@@ -38,12 +37,10 @@ def _gemm_after_the_call(name: str) -> dict:
     """In a rank-0 timeline: how long after the copy-engine call's first kernel (its opening
     barrier) the next GEMM started (us), and how many of the call's add + norm kernels started
     before that GEMM."""
-    timeline = json.loads(f.path(TIMELINES[name]).read_text())
-    kernels = sorted((k["start"], timeline["names"][k["name"]]) for k in timeline["kernels"])
-    barrier = next(start for start, kernel in kernels if "barrier_kernel" in kernel)
-    gemm = next(start for start, kernel in kernels if start > barrier and kernel.startswith("nvjet"))
-    return {"gap": gemm - barrier, "norms": sum(barrier <= start < gemm and kernel == "_add_norm_kernel"
-                                                for start, kernel in kernels)}
+    kernels = f.timeline(TIMELINES[name]).kernels
+    barrier = next(k.start for k in kernels if "barrier_kernel" in k.name)
+    gemm = next(k.start for k in kernels if k.start > barrier and k.name.startswith("nvjet"))
+    return {"gap": gemm - barrier, "norms": sum(barrier <= k.start < gemm and k.name == "_add_norm_kernel" for k in kernels)}
 
 
 @functools.cache
