@@ -125,6 +125,78 @@ def test_each_round_fills_its_span_in_a_fresh_order_and_the_next_round_is_queued
     assert rounds[:-1] == [candidates_per_round * (r + 2) for r in range(len(rounds) - 1)]
 
 
+class PowerCappedDevice(DriftingDevice):
+    """A device at its power cap whose clock follows the load: each candidate draws a share of the
+    cap (`power`, 1.0 for one that keeps every SM busy, less for one whose step leaves the SMs
+    idle for a while); the device tracks the draw as a moving average with time constant `tau_ms`
+    and runs faster the further that average is below the cap: an iteration of cost c takes
+    c / (1 + boost x (1 - average)). A candidate run on its own for long meets the clock of its
+    own draw; candidates alternated faster than `tau_ms` meet the clock of their mix."""
+
+    def __init__(self, tau_ms: float, boost: float, seed: int) -> None:
+        super().__init__(0.0, noise=0.002, seed=seed)
+        self.tau_ms, self.boost, self.average = tau_ms, boost, 1.0
+
+    def candidate(self, name: str, cost_ms: float, power: float = 1.0):
+        import math
+
+        def run() -> None:
+            took = cost_ms / (1 + self.boost * (1 - self.average)) * (1 + self.rng.gauss(0, self.noise))
+            self.now_ms += took
+            self.average += (power - self.average) * (1 - math.exp(-took / self.tau_ms))
+            self.log.append(("run", name))
+
+        return run
+
+    def own_clock_ms(self, cost_ms: float, power: float) -> float:
+        """An iteration's time at the candidate's own steady draw."""
+        return cost_ms / (1 + self.boost * (1 - power))
+
+
+def test_settling_times_each_candidate_at_its_own_clock_where_short_spans_share_one():
+    """At a power cap, a baseline that idles the SMs (draw 0.7 of the cap) runs at a higher clock
+    than a choice that keeps them busy: on its own it is the faster here, although its work costs
+    more. Alternated every few ms with no settling, the two share one clock and the busy choice
+    reads faster (the pick flips); settled for 10x the clock's time constant, each span is timed
+    at its own clock and the ratio is the one each would show alone."""
+    rng = random.Random()
+    tau, boost = rng.uniform(20.0, 60.0), rng.uniform(0.8, 1.2)
+    costs, powers = (1.0, 0.9), (0.7, 1.0)
+    model = PowerCappedDevice(tau, boost, seed=0)
+    alone = model.own_clock_ms(costs[0], powers[0]) / model.own_clock_ms(costs[1], powers[1])
+    assert alone < 0.95  # the baseline is the faster at its own clock
+
+    def speedup(settle_ms: float, span_ms: float) -> float:
+        device = PowerCappedDevice(tau, boost, seed=rng.randrange(1 << 30))
+        runs = [device.candidate(n, c, p) for n, c, p in zip("RB", costs, powers)]
+        plan = Plan(span_ms=span_ms, max_rounds=30, ci_target=1e-9, settle_ms=settle_ms)
+        return interleave.time_rounds(runs, list(costs), 0, plan, device)[1].speedup
+
+    assert speedup(settle_ms=10 * tau, span_ms=2.0) == pytest.approx(alone, rel=0.01)
+    assert speedup(settle_ms=0.0, span_ms=2.0) > 1.0 > alone  # shared: the busy one reads faster
+
+
+def test_settling_runs_before_each_timed_span_and_is_not_timed():
+    device = DriftingDevice(0.0, seed=9)
+    runs = [device.candidate(n, c) for n, c in (("A", 1.0), ("B", 2.0))]
+    plan = Plan(span_ms=4, max_rounds=3, ci_target=1e-9, min_rounds=3, settle_ms=5)
+    a, b = interleave.time_rounds(runs, [1.0, 2.0], 0, plan, device)
+    runs_before_mark, pending = [], []
+    for kind, value in device.log:
+        if kind == "run":
+            pending.append(value)
+        elif kind == "mark":
+            runs_before_mark.append(pending)
+            pending = []
+    # Each span: its settling (ceil(5 / cost) runs of the same candidate), then the mark that opens it.
+    settles = runs_before_mark[0::2]
+    assert all(s in (["A"] * 5, ["B"] * 3) for s in settles) and len(settles) == 3 * 2
+    assert a.iters == 3 * 4 and b.iters == 3 * 2  # only the timed spans count
+    assert a.samples_ms == pytest.approx([1.0] * 3, rel=0.05) and b.samples_ms == pytest.approx([2.0] * 3, rel=0.05)
+    assert interleave.round_ms([1.0, 2.0], 4, 5) == (5 + 4) * 1.0 + (3 + 2) * 2.0
+    assert interleave.longest_s([1.0, 2.0], plan) * 1e3 >= device.now_ms
+
+
 class SkewedRanks(DriftingDevice):
     """Rank 0's view of two ranks where rank 1 is `lag` slower on work that does not sync them
     (no_comm): the first collective of the next candidate waits out the lag that built up."""

@@ -216,7 +216,7 @@ def test_interleaved_candidates_that_do_not_fit_together_are_timed_in_groups_wit
         "name": "groups", "model": "tiny", "layers": 1, "tokens": [29],
         "strategies": {"baseline": {}, "token_split": {"align": 8},
                        "fault": {"mode": ["oom_once", "raise", "oom_in_warmup"], "at_tokens": 29}},
-        "measure": {"warmup": 0, "timeout_s": 60, "interleave": True, "span_ms": 2, "rounds": 5, "warmup_s": 0},
+        "measure": {"warmup": 0, "timeout_s": 60, "interleave": True, "span_ms": 2, "settle_ms": 2, "rounds": 5, "warmup_s": 0},
     }, sort_keys=False))
     out = tmp_path / "r.jsonl"
     done = sweep(str(path), "--output", str(out))

@@ -147,8 +147,9 @@ def sweep_rows(tmp_path: Path, text: str) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.parametrize("interleave", [False, True])
 def test_a_batch_that_cannot_be_built_fails_its_own_points_and_the_sweep_goes_on(tmp_path: Path, interleave: bool):
+    timing = f"interleave: {str(interleave).lower()}, span_ms: 2, settle_ms: 2, rounds: 4, warmup_s: 0"
     rows = sweep_rows(tmp_path, SPEC.replace("tokens: [16, 29]", f"tokens: [16, {IMPOSSIBLE}, 29]").replace(
-        "timeout_s: 60}", f"timeout_s: 60, interleave: {str(interleave).lower()}, span_ms: 2, rounds: 4, warmup_s: 0}}"))
+        "timeout_s: 60}", f"timeout_s: 60, {timing}}}"))
     assert len(rows) == 9
     assert all(r["status"] == "ok" for r in rows if r["tokens"] == 16)  # written before: kept
     failed = [r for r in rows if r["tokens"] == IMPOSSIBLE]
@@ -177,7 +178,7 @@ def test_weights_that_cannot_be_built_are_failed_rows_not_a_traceback(tmp_path: 
 
 @pytest.mark.slow
 def test_interleaved_rows_carry_paired_speedups_and_resume_retimes_the_reference(tmp_path: Path):
-    interleaved = "timeout_s: 60, interleave: true, span_ms: 3, rounds: 6, warmup_s: 0.02}"
+    interleaved = "timeout_s: 60, interleave: true, span_ms: 3, settle_ms: 4, rounds: 6, warmup_s: 0.02}"
     spec = write(tmp_path, SPEC.replace("timeout_s: 60}", interleaved))
     out = tmp_path / "r.jsonl"
     done = sweep(str(spec), "--output", str(out))
@@ -188,7 +189,7 @@ def test_interleaved_rows_carry_paired_speedups_and_resume_retimes_the_reference
         batch = {r["strategy"]: r for r in rows if r["tokens"] == tokens}
         ref, split = batch["baseline"], batch["token_split"]
         assert ref["speedup"] == 1.0 and ref["speedup_ci"] == [1.0, 1.0]
-        assert len({r["pairing"] for r in batch.values()}) == 1 and ref["span_ms"] == 3
+        assert len({r["pairing"] for r in batch.values()}) == 1 and ref["span_ms"] == 3 and ref["settle_ms"] == 4
         assert split["rel_err"] < 1e-5 and split["speedup_ci"][0] <= split["speedup"] <= split["speedup_ci"][1]
         assert set(split["round_ids"]) <= set(ref["round_ids"]) and len(split["samples_ms"]) == len(split["round_ids"]) >= 5
         ratios = {r: t for r, t in zip(ref["round_ids"], ref["samples_ms"])}
@@ -238,7 +239,7 @@ def test_a_mixed_batch_sweeps_checked_rows_that_say_their_decode_tokens(tmp_path
 def test_two_depths_time_each_point_beside_the_baseline_of_its_own_depth(tmp_path: Path):
     """`layers: [1, 2]`: rows of both depths, each depth's points paired with that depth's
     baseline in rounds of their own; --resume knows both; report adds the per-layer section."""
-    interleaved = "timeout_s: 60, interleave: true, span_ms: 2, rounds: 4, warmup_s: 0}"
+    interleaved = "timeout_s: 60, interleave: true, span_ms: 2, settle_ms: 2, rounds: 4, warmup_s: 0}"
     spec = write(tmp_path, SPEC.replace("layers: 2", "layers: [1, 2]").replace("tokens: [16, 29]", "tokens: [16]").replace(
         "timeout_s: 60}", interleaved))
     out = tmp_path / "r.jsonl"

@@ -176,7 +176,7 @@ def measure_batch(rt: runtime.Runtime, todo: list[Point], work: Workload, spec: 
     name, knobs = reference_setting(todo[0].workload)
     reference = dataclasses.replace(todo[0], strategy=name, knobs=knobs)
     m = spec.measure
-    plan = interleave.Plan(m.span_ms, m.rounds, m.ci_target, m.warmup_s, seed=todo[0].seed,
+    plan = interleave.Plan(m.span_ms, m.rounds, m.ci_target, m.warmup_s, seed=todo[0].seed, settle_ms=m.settle_ms,
                            iters=m.iters, min_time_s=m.min_time_s, budget_factor=m.time_factor)
 
     def prepare(point: Point, crowded: bool):

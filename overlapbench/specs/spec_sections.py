@@ -33,14 +33,16 @@ class Measure:
     graphs: bool = True
     tolerance: float | None = None  # None: by dtype (spec.DEFAULT_TOLERANCE)
     timeout_s: int = 300  # per point, and the process-group timeout: a hung point stops the sweep by then
-    # Interleaved timing (interleave.py): a batch's candidates in rounds, each for `span_ms` per
-    # round, until each speedup's 95% interval is within +-`ci_target` (at most `rounds` rounds,
-    # and at most `time_factor` x the time the sequential mode would time them: iters, min_time_s).
+    # Interleaved timing (interleave.py): a batch's candidates in rounds, each run untimed for
+    # `settle_ms` then timed for `span_ms` per round, until each speedup's 95% interval is within
+    # +-`ci_target` (at most `rounds` rounds, and at most `time_factor` x the time the sequential
+    # mode would time them: iters, min_time_s; settling counts in that time).
     interleave: bool | str = "auto"  # auto: on GPUs; on CPU the sequential mode (fast tests)
-    # On an H200 the paired ratio at spans of 10-25 ms matched 1 s runs within 0.1%, longer spans
-    # strayed by up to 0.8% (results/h200x2/probes/probe_clock.log): with no idle gap the clock
-    # stays in its sustained regime, and short spans pair candidates closer in time.
-    span_ms: float = 20.0
+    # At the power cap the SM clock follows each candidate's load within 0.1-0.2 s; timed in 20 ms
+    # spans with no settling, the candidates shared one clock and speedups over the baseline read
+    # up to 0.09 high against 2 s spans (docs/timing.md, "Each choice at its own clock").
+    settle_ms: float = 300.0
+    span_ms: float = 200.0
     # On 2x H200, rounds' log ratios to the reference spread by 2.4-3.4% at 1-8K tokens (0.8-1.3%
     # above) while the ranks' lag from the candidate before counted in; with it kept out
     # (interleave.py), 1.8-2.7%, and 5x the sequential time, 400 rounds at most, brought every
@@ -92,6 +94,9 @@ class Measure:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= top:
                 raise UserError(f"measure.{name}: must be a number in (0, {top}], got {shown(value)}")
+        settle = self.settle_ms
+        if not isinstance(settle, (int, float)) or isinstance(settle, bool) or not 0 <= settle <= 60_000:
+            raise UserError(f"measure.settle_ms: must be a number in [0, 60000] (0: no settling), got {shown(settle)}")
 
     def checks_against_fp32(self, tp: int, moe: bool, dtype: str, layers: int) -> bool:
         """Whether points of `layers` layers are checked against the fp32 truth (see `check`), not

@@ -2,10 +2,15 @@
 
 GPU clocks wander by a few percent over hundreds of milliseconds. Timed one after the other,
 two candidates meet different clocks; timed in the same round, they meet the same one, and the
-ratio of their times in that round is free of the drift. Each round replays every active
-candidate back to back for about `span_ms` (long enough for the sustained clock regime), in a
-fresh random order that every rank draws alike (one seeded RNG). Before each candidate the ranks
-meet in a device-side barrier (`align`), and its span is timed from there: a candidate that never
+ratio of their times in that round is free of the drift. But the clock also follows the load:
+at the power cap, a candidate that leaves the SMs idle for part of its step (a blocking
+all-reduce) lets the clock rise, one that keeps them busy holds it down, and within 0.1-0.2 s of a
+change of load the clock has moved (docs/timing.md, "Each choice at its own clock"). Timed in
+short spans back to back, a round's candidates share one clock set by the round's mix, which no
+deployment running one of them meets. So each round runs every active candidate, in a fresh
+random order that every rank draws alike (one seeded RNG), first untimed for about `settle_ms`
+(its clock moves to its own load's), then timed for about `span_ms`. Before each timed span the
+ranks meet in a device-side barrier (`align`), and the span is timed from there: a candidate that never
 syncs the ranks (no_comm) leaves them apart by a millisecond or so, and the first collective of
 the next one would otherwise count that wait into its time (on 2x H200 the candidate after
 no_comm came out 2.3-4% slow on average at 1-8K tokens: tests/checks/round_order_effects.py). The host queues round
@@ -52,12 +57,15 @@ from overlapbench.timing.intervals import paired_ci, paired_estimate
 
 @dataclass(frozen=True)
 class Plan:
-    span_ms: float  # per candidate per round
+    span_ms: float  # per candidate per round, timed
     max_rounds: int
     ci_target: float  # a candidate leaves when its interval's half-width is within this share of its speedup
     warmup_s: float = 0.0  # whole rounds, untimed, first: the clock reaches the interleaved regime
     min_rounds: int = 10  # before a candidate may leave: percentile intervals of fewer rounds are too narrow
     seed: int = 0
+    # Before each candidate's timed span, its iterations run untimed for about this long, so the
+    # span is timed at the clock of the candidate's own load (the module says why).
+    settle_ms: float = 0.0
     # The time the sequential mode would time each candidate (max(iters x its iteration,
     # min_time_s)); rounds stop once they have taken `budget_factor` times that, summed over the
     # candidates. The budget is of time, not of rounds: once the quiet candidates have left,
@@ -67,7 +75,8 @@ class Plan:
     budget_factor: float = 3.0
 
     def budget_ms(self, per_iter_ms: Sequence[float]) -> float:
-        """The timed milliseconds the rounds may take (inf where the plan sets no budget)."""
+        """The milliseconds the rounds may take, their settling included (inf where the plan sets
+        no budget)."""
         budget = self.budget_factor * sum(max(self.iters * p, self.min_time_s * 1e3) for p in per_iter_ms)
         return budget if budget > 0 else math.inf
 
@@ -110,15 +119,20 @@ def repetitions(span_ms: float, per_iter_ms: float) -> int:
     return max(1, round(span_ms / max(per_iter_ms, 1e-6)))
 
 
-def round_ms(per_iter_ms: Sequence[float], span_ms: float) -> float:
-    """How long a round of these candidates takes."""
-    return sum(repetitions(span_ms, p) * p for p in per_iter_ms)
+def settling(settle_ms: float, per_iter_ms: float) -> int:
+    """Untimed iterations that fill at least `settle_ms` (none where it is 0)."""
+    return math.ceil(settle_ms / max(per_iter_ms, 1e-6)) if settle_ms > 0 else 0
+
+
+def round_ms(per_iter_ms: Sequence[float], span_ms: float, settle_ms: float = 0.0) -> float:
+    """How long a round of these candidates takes, their settling included."""
+    return sum((settling(settle_ms, p) + repetitions(span_ms, p)) * p for p in per_iter_ms)
 
 
 def longest_s(per_iter_ms: Sequence[float], plan: Plan) -> float:
     """The most seconds time_rounds can take (warm-up, the minimum rounds, the budget, and the
     rounds in flight when it runs out)."""
-    full = round_ms(per_iter_ms, plan.span_ms)
+    full = round_ms(per_iter_ms, plan.span_ms, plan.settle_ms)
     timed = min(plan.budget_ms(per_iter_ms), plan.max_rounds * full)
     return plan.warmup_s + (max(timed, plan.min_rounds * full) + 2 * full) / 1e3
 
@@ -138,7 +152,8 @@ def time_rounds(
     rank calls it at the same moments); `align` queues a barrier of the ranks on the device;
     round ids count from `first_round`."""
     reps = [repetitions(plan.span_ms, p) for p in per_iter_ms]
-    cost = [r * p for r, p in zip(reps, per_iter_ms)]  # ms a candidate adds to a round
+    settle = [settling(plan.settle_ms, p) for p in per_iter_ms]
+    cost = [(s + r) * p for s, r, p in zip(settle, reps, per_iter_ms)]  # ms a candidate adds to a round
     warm = math.ceil(plan.warmup_s * 1e3 / sum(cost)) if plan.warmup_s > 0 else 0
     budget_ms, spent_ms = plan.budget_ms(per_iter_ms), 0.0
     min_rounds = min(plan.min_rounds, plan.max_rounds)
@@ -153,6 +168,8 @@ def time_rounds(
         rng.shuffle(order)
         spans = []
         for i in order:
+            for _ in range(settle[i]):  # queued like the span: the host does not wait
+                runs[i]()
             align()
             spans.append(timed_span(clock, runs[i], reps[i]))
         return order, spans

@@ -31,7 +31,8 @@ HELD_FOR = "OVERLAPBENCH_HELD_LOCK"  # a lock file the launching process holds f
 # `round_ids` which rounds of the batch's timing those are, `pairing` that timing's id (rows of one
 # pairing compare round by round), `speedup` the trimmed geometric mean over rounds of t_reference / t in the same
 # round, `speedup_ci` its 95% interval over rounds [lo, hi] (intervals.paired_interval) (the reference itself: 1.0,
-# [1.0, 1.0]), `span_ms` the time per candidate per round, `iters` the iterations timed in all, and
+# [1.0, 1.0]), `span_ms` the time per candidate per round, `settle_ms` the untimed run before each span
+# (absent from rows made before it, which settled none), `iters` the iterations timed in all, and
 # `rank_ms` each rank's own median ms per layer over the same rounds, in rank order (the ranks need not
 # compute at one speed; samples_ms is the slowest's; rows made before it lack it). Sequential rows carry
 # `rank_ms` too, each rank's median over the timed iterations (older sequential rows hold null).

@@ -66,7 +66,7 @@ FIELDS: dict[str, Kind] = {
     "ms": POSITIVE, "p10_ms": POSITIVE, "p90_ms": POSITIVE, "iqr_ms": NON_NEGATIVE, "cv": NON_NEGATIVE,
     "rel_err": ERROR, "tolerance": NON_NEGATIVE, "checked": FLAG, "graphs": FLAG,
     "samples_ms": SAMPLES, "round_ids": ROUNDS, "speedup": POSITIVE, "speedup_ci": INTERVAL, "span_ms": POSITIVE,
-    "rank_ms": SAMPLES,
+    "settle_ms": NON_NEGATIVE, "rank_ms": SAMPLES,
     "tflops": NON_NEGATIVE, "peak_frac": NON_NEGATIVE, "peak_tflops": POSITIVE,
     # comm rows (report's comm table)
     "bytes": INDEX, "count": INDEX, "algbw": NON_NEGATIVE, "busbw": NON_NEGATIVE, "wrong": INDEX,

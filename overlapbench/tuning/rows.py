@@ -94,6 +94,7 @@ class MeasureSettings:
     min_time_s: float = 0.0
     iters: int = 0
     span_ms: float | None = None
+    settle_ms: float | None = None
 
 
 def make_row(point: Point, result: dict, run_id: str, env: dict, measure: MeasureSettings) -> dict:
@@ -135,6 +136,7 @@ def make_row(point: Point, result: dict, run_id: str, env: dict, measure: Measur
         "min_time_s": measure.min_time_s,
         "iters": result.get("iters") or (len(result["samples_ms"]) if result.get("samples_ms") else measure.iters),
         "span_ms": measure.span_ms if result.get("timing") == "interleaved" else None,
+        "settle_ms": measure.settle_ms if result.get("timing") == "interleaved" else None,
     }
     # checked: the output equals baseline's within tolerance (baseline itself: the reference);
     # check: what rel_err is measured against, "baseline" or "fp32" (measure.check; the truth);
