@@ -25,6 +25,7 @@ from overlapbench.report.sensitivity import sensitivity_view
 from overlapbench.report.steady import emit_steady
 from overlapbench.tuning import analysis
 from overlapbench.tuning.analysis import Store
+from overlapbench.tuning.settling import unsettled_note
 
 FORMATS = ("table", "markdown", "csv", "json")
 PLOT_METRICS = ("ms", "speedup")
@@ -180,7 +181,8 @@ def run(paths: Iterable[Path], fmt: str = "table", console: Console | None = Non
     else:
         grids = [overview_grid(group, points) for group, points in views.items()]
         records = [c.record() for points in views.values() for cells in points.values() for c in cells.values()]
-        emit(grids, records, fmt, console, legend(views), [*card_notes(store.measured), *footer(store)])
+        notes = [*card_notes(store.measured), *filter(None, [unsettled_note(store.rows)]), *footer(store)]
+        emit(grids, records, fmt, console, legend(views), notes)
         emit_steady(store.measured, fmt, console)  # points timed at several depths: what one more layer costs
     if opts.plot_path is not None:
         written = plot(views, opts.plot_path, opts.plot_metric)

@@ -48,6 +48,7 @@ from overlapbench.errors import UserError, shown
 from overlapbench.timing import intervals
 from overlapbench.tuning import analysis, batches, origin
 from overlapbench.tuning.analysis import Group, Measured
+from overlapbench.tuning.settling import unsettled_note
 from overlapbench.tuning.tuned_names import file_names
 
 LEVEL = intervals.LEVEL  # the 95% interval a challenger must clear
@@ -329,7 +330,11 @@ def run(paths: list[Path], out_dir: Path, console: Console, min_gain: float = MI
     if not 0 <= min_gain < 1:
         raise UserError(f"--min-gain: must be a fraction in [0, 1) such as 0.01 for 1%, got {shown(min_gain)}")
     check_out_dir(Path(out_dir))
-    grouped = analysis.by_point(layer_rows(analysis.read(paths), console))
+    store = analysis.read(paths)
+    grouped = analysis.by_point(layer_rows(store, console))
+    note = unsettled_note(store.rows)
+    if note:
+        console.print(Text(note, style="yellow"))
     names = file_names(list(grouped))
     written = []
     for group, points in grouped.items():
