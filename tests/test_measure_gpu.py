@@ -51,9 +51,9 @@ def test_the_paired_ratio_is_the_ratio_of_long_runs():
     for _ in range(2):  # ABBA: a linear drift cancels in the pair
         ta1, tb1, tb2, ta2 = (long_run_ms(r, 1.0, per[n]) for n, r in (("A", a), ("B", b), ("B", b), ("A", a)))
         long += [ta1 / tb1, ta2 / tb2]
-    # The sweep's default span (spec_sections.Measure.span_ms): the span under test. A 200 ms span measured
-    # [1.1348, 1.1476] against long runs at 1.1414-1.1484 on 2x H200 (too wide to decide).
-    plan = Plan(span_ms=Measure.span_ms, max_rounds=100, ci_target=0.002, warmup_s=1.0)
+    # The sweep's default settling and span (spec_sections.Measure): the timing under test. A 200 ms span
+    # with no settling measured [1.1348, 1.1476] against long runs at 1.1414-1.1484 on 2x H200 (too wide to decide).
+    plan = Plan(span_ms=Measure.span_ms, max_rounds=100, ci_target=0.002, warmup_s=1.0, settle_ms=Measure.settle_ms)
     ref, other = interleave.time_rounds([a, b], [per["A"], per["B"]], 0, plan, bench.CudaClock())
     lo, hi = other.speedup_ci
     print(f"paired A/B {other.speedup:.4f} [{lo:.4f}, {hi:.4f}] over {len(other.samples_ms)} rounds; "

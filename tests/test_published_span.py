@@ -1,6 +1,7 @@
 """docs/timing.md's "Each choice at its own clock": the GEMMs between idle gaps, and the same
 points timed in 20 ms and in 2 s spans, each figure computed again from the committed files it
-cites (the mechanism: tests/published.py)."""
+cites (the mechanism: tests/published.py); and where README.md, docs/long-prompts.md and
+docs/predict.md quote them."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ GAPS = (X4 + "7653e37/gaps-4096/gaps_beside.jsonl", X4 + "dbd7f83/gaps-16384/gap
 PAIRS = (("4, 4x H200", X4 + "6b2460e/span-70b-tp4-2k-8k.jsonl", X4 + "6b2460e/span-2s-70b-tp4-2k-8k.jsonl"),
          ("4, 4x H200", X4 + "7653e37/span-70b-tp4-16k-32k.jsonl", X4 + "7653e37/span-2s-70b-tp4-16k-32k.jsonl"),
          ("2, 2x H200", X2 + "5822fc5/span-70b-tp2-2k-8k.jsonl", X2 + "5822fc5/span-2s-70b-tp2-2k-8k.jsonl"))
+PROFILE = X4 + "dbd7f83/profile-order-70b-tp4-16k-32k"
 AGAIN = (X4 + "7653e37/again/span-70b-tp4-16k-32k.jsonl", X4 + "7653e37/again/span-2s-70b-tp4-16k-32k.jsonl")
 PICK, FLASH, NO_COMM, BASELINE = ("token_split", "copy_engine"), ("flash_agrs", "copy_engine"), ("no_comm", ""), ("baseline", "")
 HIDERS = (PICK, FLASH)  # the choices that hide the all-reduce
@@ -124,6 +126,19 @@ def _readme() -> dict:
             "c": _row(tp4_long, tp4_long_2s, 16384), "d": _row(tp2, tp2_2s, 2048), "e": _row(tp2, tp2_2s, 8192)}
 
 
+def _profile_gain() -> dict:
+    """How much less time the baseline's GEMMs took than no_comm's (%) in dbd7f83's 16K/32K profile, every rank."""
+    from tests import figures as f
+    from tests.test_published_pair import GEMM
+
+    gains = [-v for t in (16384, 32768) for v in f.baseline_over_no_comm(PROFILE, t, GEMM)]
+    return {"g": bounds(gains, 100)}
+
+
+def _probe_low() -> dict:
+    return bounds([v for share in (0.1, 0.2) for v in _gaps(share)["g"].values()])
+
+
 CLAIMS = [
     Claim(DOC, "GEMMs at 4K, 16K and 32K rows ran {s1[g][lo]:.1f}-{s1[g][hi]:.1f}%, {s2[g][lo]:.1f}-{s2[g][hi]:.1f}% "
                "and {s3[g][lo]:.1f}-{s3[g][hi]:.1f}% faster with an idle gap of 0.1, 0.2 and 0.3 of the period after "
@@ -144,4 +159,23 @@ CLAIMS = [
           _readme),
 ]
 
-test_claim = claims_test(CLAIMS)
+def _at_16k() -> dict:
+    """The hiding choices' largest 20 ms - 2 s speedup difference at TP=4 16K, over both runs."""
+    runs = ((PAIRS[1][1], PAIRS[1][2]), AGAIN)
+    return {"most": max(v for s, lo in runs for v in _over(s, lo, (16384,), HIDERS))}
+
+
+LONG_CLAIMS = [
+    Claim("docs/long-prompts.md", "at 16K that read the hiding choices' speedups at TP=4 up to {most:.3f} high", _at_16k),
+    Claim("docs/long-prompts.md", "longer than the clock's step, within {most:.3f}", _at_32k),
+]
+
+PREDICT_CLAIMS = [
+    Claim("docs/predict.md", "of llama3-70b TP=4 took {a:.1f}%, {b:.1f}% and {c:.1f}% less time at 2K, 8K and 16K",
+          lambda: {k: 100 * (1 - _rows(lo)[(*BASELINE, t)]["ms"] / _rows(s)[(*BASELINE, t)]["ms"])
+                   for k, (s, lo, t) in zip("abc", ((*PAIRS[0][1:], 2048), (*PAIRS[0][1:], 8192), (*PAIRS[1][1:], 16384)))}),
+    Claim("docs/predict.md", "the baseline's GEMMs gained {g[lo]:.0f}-{g[hi]:.0f}% (dbd7f83's profile)", _profile_gain),
+    Claim("docs/predict.md", "where the probe's idle gaps of 0.1-0.2 gave {lo:.0f}-{hi:.0f}%", _probe_low),
+]
+
+test_claim = claims_test(CLAIMS + LONG_CLAIMS + PREDICT_CLAIMS)

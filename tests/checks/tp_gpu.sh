@@ -26,7 +26,9 @@
 #         ranks (ids ws2-... and ws4-...). TESTS_SELECT, a pytest -k expression, runs a part
 #         of it where the whole does not fit one call: TESTS_SELECT=ws4, then "not ws4".
 # study:  each spec of $SPECS swept on $TP GPUs (--nproc $TP: TP=2 runs on GPUs 0 and 1 of a
-#         4-GPU machine; -o <name>.jsonl), then `overlapbench report` of its rows
+#         4-GPU machine; -o <name>.jsonl), then `overlapbench report` of its rows. A study
+#         longer than one call: RESUME_DIR names a folder of the working tree holding an earlier
+#         call's <name>.jsonl; it is copied in and the sweep continues it (--resume)
 # profile: each spec of $PROFILES swept with --profile (-o <name>.jsonl, kernel tables in <name>/),
 #         then `overlapbench report --profile` of them
 # Each step's wall time and exit code go to summary.txt, and what still holds a GPU after it.
@@ -75,7 +77,11 @@ fi
 if [[ $STEPS == *,study,* ]]; then
   for spec in ${SPECS:-}; do
     name=$(basename "$spec" .yaml)
-    step "$name" "${STUDY_TIMEOUT:-420}" python -m overlapbench sweep "$spec" --nproc "$TP" -o "$WORK/$name.jsonl" > "$WORK/$name.out" 2>&1
+    resume=()
+    if [ -n "${RESUME_DIR:-}" ] && [ -f "$RESUME_DIR/$name.jsonl" ]; then
+      cp "$RESUME_DIR/$name.jsonl" "$WORK/$name.jsonl" && resume=(--resume)
+    fi
+    step "$name" "${STUDY_TIMEOUT:-420}" python -m overlapbench sweep "$spec" --nproc "$TP" -o "$WORK/$name.jsonl" "${resume[@]}" > "$WORK/$name.out" 2>&1
     python -m overlapbench report "$WORK/$name.jsonl" --format markdown > "$WORK/report-$name.md" 2>&1
     pack
   done
