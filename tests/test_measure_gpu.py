@@ -1,7 +1,10 @@
 """On a GPU: the paired (interleaved) ratio of two candidates is the ratio of long runs of each.
 
 If the span per candidate per round were too short for the clock's sustained regime, the paired
-ratio would measure a boosted regime that long runs never see, and this would fail.
+ratio would measure a boosted regime that long runs never see, and this would fail. If the
+candidates were not settled before their spans, one that idles the SMs for part of its step
+would be timed at the clock of the round's mix, not at its own (docs/timing.md, "Each choice at
+its own clock"), and the second test would fail.
 """
 
 from __future__ import annotations
@@ -60,3 +63,53 @@ def test_the_paired_ratio_is_the_ratio_of_long_runs():
           f"long runs {statistics.median(long):.4f} ({', '.join(f'{x:.4f}' for x in long)})")
     assert hi - lo < 0.01
     assert lo <= max(long) and min(long) <= hi, "the paired interval misses every long-run ratio"
+
+
+def gapped_chain(length: int, gap_share: float):
+    """A GEMM chain (gemm_chain(length), m = 8192: at the power cap on an H100 or H200) followed by
+    an idle `_sleep` of `gap_share` of the whole step, as a blocking all-reduce leaves the SMs
+    idle: its replay, and what it keeps alive. The sleep is sized once, at the clock then."""
+    import torch
+
+    replay, keep = gemm_chain(length, m=8192)
+    chain_ms = long_run_ms(replay, 0.5, 10.0)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    end.synchronize()
+    cycles_per_ms = 10_000_000 / start.elapsed_time(end)
+    cycles = int(cycles_per_ms * chain_ms * gap_share / (1 - gap_share))
+
+    def step() -> None:
+        replay()
+        torch.cuda._sleep(cycles)
+
+    return step, keep
+
+
+def test_a_candidate_that_idles_is_timed_at_its_own_clock():
+    """A chain with idle gaps (a baseline's blocking all-reduce) against a busy chain: the paired
+    ratio at the sweep's default settling and span is that of long runs of each (each at its own
+    clock); with no settling in 20 ms spans it is printed beside, for the record."""
+    import torch
+
+    torch.cuda.set_device(0)
+    (idle, _keep_a), (busy, _keep_b) = gapped_chain(6, 0.25), gemm_chain(7, m=8192)
+    per = {name: long_run_ms(run, 1.0, 10.0) for name, run in (("idle", idle), ("busy", busy))}
+    long = []
+    for _ in range(2):  # ABBA, each settled 1 s before its 2 s
+        times = []
+        for name, run in (("idle", idle), ("busy", busy), ("busy", busy), ("idle", idle)):
+            long_run_ms(run, 1.0, per[name])
+            times.append(long_run_ms(run, 2.0, per[name]))
+        long += [times[0] / times[1], times[3] / times[2]]
+    settled = Plan(span_ms=Measure.span_ms, max_rounds=40, ci_target=0.002, warmup_s=1.0, settle_ms=Measure.settle_ms)
+    shared = Plan(span_ms=20.0, max_rounds=200, ci_target=0.002, warmup_s=1.0)
+    (_, got), (_, before) = (interleave.time_rounds([idle, busy], [per["idle"], per["busy"]], 0, plan, bench.CudaClock())
+                             for plan in (settled, shared))
+    lo, hi = got.speedup_ci
+    print(f"idle/busy: long runs {statistics.median(long):.4f} ({', '.join(f'{x:.4f}' for x in long)}); "
+          f"settled {got.speedup:.4f} [{lo:.4f}, {hi:.4f}] over {len(got.samples_ms)} rounds; "
+          f"20 ms spans, no settling {before.speedup:.4f}")
+    assert lo <= max(long) * 1.005 and min(long) * 0.995 <= hi, "the settled interval misses the long runs' ratio"
