@@ -40,7 +40,7 @@ class Measure:
     interleave: bool | str = "auto"  # auto: on GPUs; on CPU the sequential mode (fast tests)
     # At the power cap the SM clock follows each candidate's load within 0.1-0.2 s; timed in 20 ms
     # spans with no settling, the candidates shared one clock and speedups over the baseline read
-    # up to 0.09 high against 2 s spans (docs/timing.md, "Each choice at its own clock").
+    # up to 0.13 high against 2 s spans (docs/timing.md, "Each choice at its own clock").
     settle_ms: float = 300.0
     span_ms: float = 200.0
     # On 2x H200, rounds' log ratios to the reference spread by 2.4-3.4% at 1-8K tokens (0.8-1.3%
