@@ -44,16 +44,27 @@ def long_run_ms(run, seconds: float, per_iter_ms: float) -> float:
     return bench.bench(run, 0.0, 0.0, iters=1, calls_per_sample=count, clock=bench.CudaClock()).samples_ms[0]
 
 
+def long_ratios(a, b, per_a_ms: float, per_b_ms: float, seconds: float, settle_s: float = 0.0) -> list[float]:
+    """A over B from long runs of each, in two ABBA orders (a linear drift cancels in each pair):
+    each run `seconds` long, after `settle_s` of the same run untimed (its own clock's regime)."""
+    ratios = []
+    for _ in range(2):
+        times = []
+        for run, per in ((a, per_a_ms), (b, per_b_ms), (b, per_b_ms), (a, per_a_ms)):
+            if settle_s > 0:
+                long_run_ms(run, settle_s, per)
+            times.append(long_run_ms(run, seconds, per))
+        ratios += [times[0] / times[1], times[3] / times[2]]
+    return ratios
+
+
 def test_the_paired_ratio_is_the_ratio_of_long_runs():
     import torch
 
     torch.cuda.set_device(0)
     (a, _keep_a), (b, _keep_b) = gemm_chain(8), gemm_chain(7)  # the buffers live as long as the test
     per = {name: long_run_ms(run, 0.5, 1.0) for name, run in (("A", a), ("B", b))}  # warm, and the estimate
-    long = []
-    for _ in range(2):  # ABBA: a linear drift cancels in the pair
-        ta1, tb1, tb2, ta2 = (long_run_ms(r, 1.0, per[n]) for n, r in (("A", a), ("B", b), ("B", b), ("A", a)))
-        long += [ta1 / tb1, ta2 / tb2]
+    long = long_ratios(a, b, per["A"], per["B"], seconds=1.0)
     # The sweep's default settling and span (spec_sections.Measure): the timing under test. A 200 ms span
     # with no settling measured [1.1348, 1.1476] against long runs at 1.1414-1.1484 on 2x H200 (too wide to decide).
     plan = Plan(span_ms=Measure.span_ms, max_rounds=100, ci_target=0.002, warmup_s=1.0, settle_ms=Measure.settle_ms)
@@ -97,13 +108,7 @@ def test_a_candidate_that_idles_is_timed_at_its_own_clock():
     torch.cuda.set_device(0)
     (idle, _keep_a), (busy, _keep_b) = gapped_chain(6, 0.25), gemm_chain(7, m=8192)
     per = {name: long_run_ms(run, 1.0, 10.0) for name, run in (("idle", idle), ("busy", busy))}
-    long = []
-    for _ in range(2):  # ABBA, each settled 1 s before its 2 s
-        times = []
-        for name, run in (("idle", idle), ("busy", busy), ("busy", busy), ("idle", idle)):
-            long_run_ms(run, 1.0, per[name])
-            times.append(long_run_ms(run, 2.0, per[name]))
-        long += [times[0] / times[1], times[3] / times[2]]
+    long = long_ratios(idle, busy, per["idle"], per["busy"], seconds=2.0, settle_s=1.0)
     settled = Plan(span_ms=Measure.span_ms, max_rounds=40, ci_target=0.002, warmup_s=1.0, settle_ms=Measure.settle_ms)
     shared = Plan(span_ms=20.0, max_rounds=200, ci_target=0.002, warmup_s=1.0)
     (_, got), (_, before) = (interleave.time_rounds([idle, busy], [per["idle"], per["busy"]], 0, plan, bench.CudaClock())
