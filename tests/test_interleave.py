@@ -3,6 +3,7 @@ one where timing one candidate after the other does not; ranks agree; the device
 
 from __future__ import annotations
 
+import math
 import random
 from types import SimpleNamespace
 
@@ -138,8 +139,6 @@ class PowerCappedDevice(DriftingDevice):
         self.tau_ms, self.boost, self.average = tau_ms, boost, 1.0
 
     def candidate(self, name: str, cost_ms: float, power: float = 1.0):
-        import math
-
         def run() -> None:
             took = cost_ms / (1 + self.boost * (1 - self.average)) * (1 + self.rng.gauss(0, self.noise))
             self.now_ms += took
