@@ -417,6 +417,9 @@ def _long_h200(model: str) -> list[Study]:
 # and the studies they are held to (the 1K-32K grid and the long prompts): whether the errors of
 # the studies predicted from other machines' pair rows are in this machine's own pairs
 EVERY_INPUT = "f461a2e"
+# The TP=4 grids timed again with each candidate settled before its span (each choice at its own
+# clock, docs/timing.md), on another 4x H200 machine: what the same predictions miss against them
+SETTLED = {"llama3-70b": "168d2b0"}
 
 
 def _every_input_h200(model: str, tp4_pieces: Need) -> list[Study]:
@@ -428,8 +431,11 @@ def _every_input_h200(model: str, tp4_pieces: Need) -> list[Study]:
     inputs = f", {EVERY_INPUT}'s inputs with its pair rows"
     measured = lambda name, what: ((f"{model} TP=4, {what}{EVERY_INPUT}'s study, table, layer and pair rows",
                                     (Need(f"the {what}TP=4 study at {EVERY_INPUT}", f"{x4}/{name}.jsonl"),)),)
+    settled = ((f"{model} TP=4, {SETTLED[model]}'s study at each choice's own clock, {EVERY_INPUT}'s table, layer and pair rows",
+                (Need(f"the settled TP=4 study at {SETTLED[model]}", f"results/h200x4/{SETTLED[model]}/{model}-tp4.jsonl"),)),
+               ) if model in SETTLED else ()
     return [Study("h200", model, 4, f"sweeps/{model}-tp4.yaml", tp4_pieces, (table,), (pairs,),
-                  measured(f"{model}-tp4", ""), inputs=inputs, only=EACH_TERM),
+                  measured(f"{model}-tp4", "") + settled, inputs=inputs, only=EACH_TERM),
             Study("h200", model, 4, f"sweeps/long-{model}-tp4.yaml", _long_pieces(model, 4), (table,),
                   (pairs,), measured(f"long-{model}-tp4", "long prompts, "),
                   inputs=f", long prompts{inputs}", only=EACH_TERM, more_pieces=_long_more_pieces(model, 4))]
