@@ -19,7 +19,7 @@ from overlapbench.comm.beside_layer import BesideStreams, LayerStream
 from overlapbench.comm.cases import DEFAULT_LAYER_TOKENS, BesideLayer
 from overlapbench.comm.contention import GemmStream, compute_loss
 from overlapbench.comm.in_layer import FIELDS as IN_LAYER_FIELDS
-from overlapbench.comm.in_layer import InLayer
+from overlapbench.comm.in_layer import SPAN_MS, InLayer
 from overlapbench.comm.pair import FIELDS as PAIR_FIELDS
 from overlapbench.comm.pair import Pairs
 from overlapbench.comm.paired_loss import LAYER, PairedLoss, one_call_fields, paired_fields
@@ -54,7 +54,19 @@ def test_the_sizes_are_the_reductions_of_the_tokens_rows_and_forward_to_the_rank
     assert parse(beside_layer=model).tokens == DEFAULT_LAYER_TOKENS
     layer = opts.layer(world=4)
     assert layer == BesideLayer(model, opts.layer_tp or 4, hidden)
+    assert (layer.settle_ms, layer.span_ms) == (0.0, SPAN_MS)  # the rounds' graphs share a clock unless told
     assert [layer.rows(b, "bf16") for b in opts.sizes(cuda=True)] == tokens
+
+
+def test_the_windows_settling_and_span_forward_to_the_ranks_and_the_layer():
+    rng = random.Random()
+    settle, span = rng.choice([0.0, rng.uniform(1, 1000)]), rng.uniform(1, 3000)
+    opts = parse(beside_layer="llama3-8b", settle_ms=settle, span_ms=span)
+    again = command.Plan.parse(**_back(opts.argv(cuda=True, output=Path("o.jsonl"))))
+    assert (again.settle_ms, again.span_ms) == (settle, span)
+    assert (again.layer(world=2).settle_ms, again.layer(world=2).span_ms) == (settle, span)
+    assert again.layer(world=2).label() == f"llama3-8b tp=2 settle_ms={settle:g} span_ms={span:g}"
+    assert parse(beside_layer="llama3-8b").layer(world=2).label() == "llama3-8b tp=2"  # keys of earlier rows
 
 
 def _back(argv: list[str]) -> dict:
@@ -75,7 +87,9 @@ def _back(argv: list[str]) -> dict:
                 output=Path(flags["--output"]), resume="--resume" in flags, nproc=None,
                 beside_gemm="--beside-gemm" in flags, ce_chunks=flags["--ce-chunks"],
                 beside_layer=flags.get("--beside-layer"), tokens=flags.get("--tokens"),
-                layer_tp=int(flags["--tp"]) if "--tp" in flags else None)
+                layer_tp=int(flags["--tp"]) if "--tp" in flags else None,
+                settle_ms=float(flags["--settle-ms"]) if "--settle-ms" in flags else None,
+                span_ms=float(flags["--span-ms"]) if "--span-ms" in flags else None)
 
 
 @pytest.mark.parametrize("given, field", [
@@ -91,6 +105,11 @@ def _back(argv: list[str]) -> dict:
     (dict(beside_layer="llama3-8b", tokens="0"), "--tokens: '0' is not a whole number >= 1"),
     (dict(tokens="512"), "--tokens: the layer shard beside the paths; give it with --beside-layer"),
     (dict(layer_tp=2), "--tp: the layer shard beside the paths"),
+    (dict(settle_ms=300.0), "--settle-ms: the layer shard beside the paths"),
+    (dict(span_ms=200.0), "--span-ms: the layer shard beside the paths"),
+    (dict(beside_layer="llama3-8b", settle_ms=-1.0), "--settle-ms: must be in [0, 60000]"),
+    (dict(beside_layer="llama3-8b", span_ms=0.0), "--span-ms: must be in (0, 60000]"),
+    (dict(beside_layer="llama3-8b", span_ms=float("nan")), "--span-ms: must be in (0, 60000]"),
 ])
 def test_bad_beside_layer_options_are_one_line(given, field):
     with pytest.raises(UserError) as e:

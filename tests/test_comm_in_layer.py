@@ -23,7 +23,7 @@ from overlapbench.comm.in_layer import (
     time_paired,
 )
 from overlapbench.timing.interleave import Timed, repetitions
-from tests.test_interleave import DriftingDevice
+from tests.test_interleave import DriftingDevice, PowerCappedDevice
 
 
 def _trimmed_mean(values: list[float]) -> float:
@@ -142,3 +142,29 @@ def test_fewer_iters_than_the_minimum_still_time_the_minimum_rounds():
     device = DriftingDevice(0.0, noise=0.001, seed=rng.randrange(1000))
     found = time_paired(_graphs(device, 2.0, 0.3, 0.05), 2.4, rng.randrange(1, MIN_ROUNDS), device)
     assert len(found.extras()) == MIN_ROUNDS
+
+
+def test_settled_rounds_give_the_in_line_pass_its_own_clock_where_shared_ones_do_not():
+    """At a power cap the in-line pass, whose SMs idle through its all-reduces (a draw below the
+    cap), runs its compute faster than the pass does back to back: at their own clocks its extra is
+    below zero. In 2 ms spans with no settling the three graphs share one clock and the extra reads
+    what the all-reduces cost at that clock; settled for 10x the clock's time constant, each graph
+    is timed at its own and the extra is the one they show alone."""
+    rng = random.Random()
+    tau, boost = rng.uniform(20.0, 60.0), rng.uniform(0.8, 1.2)
+    pass_ms, ops_ms, extra_ms = rng.uniform(4, 8), rng.uniform(0.5, 1.5), rng.uniform(0.02, 0.08)
+    inline_ms = pass_ms + ops_ms + 2 * extra_ms
+    power = {"inline": 0.8, "pass": 1.0, "ops": 0.3}
+    model = PowerCappedDevice(tau, boost, seed=0)
+    own = extra_per_all_reduce(model.own_clock_ms(inline_ms, power["inline"]), model.own_clock_ms(pass_ms, power["pass"]),
+                               model.own_clock_ms(ops_ms, power["ops"]))
+    assert own < 0, "at their own clocks the in-line pass gains more than its all-reduces cost"
+
+    def term(settle_ms: float) -> float:
+        device = PowerCappedDevice(tau, boost, seed=rng.randrange(1 << 30))
+        graphs = [device.candidate(n, ms, power[n]) for n, ms in (("inline", inline_ms), ("pass", pass_ms), ("ops", ops_ms))]
+        return time_paired(graphs, inline_ms, 12, device, span_ms=2.0, settle_ms=settle_ms).fields()[TERM]
+
+    assert term(settle_ms=10 * tau) == pytest.approx(own, abs=0.02 * pass_ms)
+    assert term(settle_ms=0.0) > 0 > own  # shared: the extra reads as a cost
+

@@ -197,6 +197,23 @@ def test_a_lane_that_runs_dry_is_counted(rng):
     assert lane.starved >= len(lane.events) - 1 > 0  # one unit queued: each completion leaves it empty
 
 
+def test_a_collective_lane_queues_what_even_asks_before_the_wait(rng):
+    """Each rank's loop stops after its own count; `even` hears that count and its extra units
+    are queued and waited for, so every rank can end with as many collectives queued."""
+    device = SimulatedDevice({"ar": rng.uniform(0.002, 0.004)})
+    lane = pb.Lane("ar", device.enqueue("ar"), "ar", 1.0, depth=3)
+    heard, extra = [], rng.randint(1, 5)
+
+    def even(it: pb.Lane) -> int:
+        heard.append(it.enqueued)
+        return extra
+
+    pb.hold([lane], 0.0, 0.05, mark=device.mark, even=even)
+    assert heard and heard[0] >= lane.depth, "even heard the loop's count"
+    assert lane.enqueued == heard[0] + extra
+    assert time.perf_counter() >= device.end["ar"], "the extra units were waited for"
+
+
 def test_bad_flags_end_in_one_line_and_write_nothing(tmp_path, capsys):
     cases = [(["--conditions", "gemm,nope"], "--conditions: unknown 'nope'"),
              (["--conditions", "gemm+local"], "--conditions: the GEMM conditions are paired with 'gemm'"),
@@ -221,3 +238,4 @@ def test_the_sampler_without_a_gpu_says_why_and_takes_nothing():
     sampler.stop()
     assert sampler.samples == [] and sampler.error
     assert sampler.between(0, time.perf_counter())["samples"] == 0
+    assert sampler.power_limit_w() is None

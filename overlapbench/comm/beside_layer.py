@@ -41,7 +41,7 @@ import torch
 
 from overlapbench.comm.cases import BesideLayer, Case
 from overlapbench.comm.contention import compute_loss, time_alone
-from overlapbench.comm.in_layer import INLINE, OPS, PASS, InLayer, time_paired
+from overlapbench.comm.in_layer import INLINE, OPS, PASS, SPAN_MS, InLayer, time_paired
 from overlapbench.comm.pair import GRAPHS, PAIR_ATTENTION, PAIR_MLP, PAIR_TIMELINES, Pairs, time_pairs
 from overlapbench.comm.paired_loss import LAYER
 from overlapbench.model.chunks import rope_positions, token_range
@@ -115,7 +115,7 @@ class LayerStream:
         self.mlp()
         run()
 
-    def in_layer(self, rt: Runtime, run, iters: int) -> InLayer:
+    def in_layer(self, rt: Runtime, run, iters: int, span_ms: float = SPAN_MS, settle_ms: float = 0.0) -> InLayer:
         """The in-line pass, the pass alone (its graph from `prepare`) and the two all-reduces
         alone, captured alike (all three graphs, or all three eager where one fails to capture) and
         timed in the same interleaved rounds, each replayed as often per round (comm/in_layer.py).
@@ -138,9 +138,9 @@ class LayerStream:
         clock = bench.CudaClock()
         per_replay = interleave.ranks_max(rt)([bench.warm_up(runs[INLINE], 2, 0.0, clock)])[0]
         return time_paired(runs, per_replay, iters, clock, interleave.ranks_gather(rt), interleave.ranks_barrier(rt),
-                           graphs, error)
+                           graphs, error, span_ms, settle_ms)
 
-    def pairs(self, rt: Runtime, run, iters: int) -> Pairs:
+    def pairs(self, rt: Runtime, run, iters: int, span_ms: float = SPAN_MS, settle_ms: float = 0.0) -> Pairs:
         """The pair window (comm/pair.py), per block: the block, then one call of `run` forked onto
         a high-priority side stream (as a split's communication lane) and the block again on this
         stream, released together when the first block ends, then joined; the same with the
@@ -192,7 +192,7 @@ class LayerStream:
         longest = max(bench.warm_up(runs[i], 2, 0.0, clock) for i in (PAIR_ATTENTION, PAIR_MLP))
         per_replay = interleave.ranks_max(rt)([longest])[0]
         found = time_pairs(runs, per_replay, iters, clock, interleave.ranks_gather(rt), interleave.ranks_barrier(rt),
-                           graphs, error)
+                           graphs, error, span_ms, settle_ms)
         if timelines:
             for name, fn in zip(GRAPHS, runs):
                 recorded = timeline.record(lambda fn=fn: [fn() for _ in range(4)], True, rt.rank, rt.world_size, rt.in_step)
@@ -230,8 +230,10 @@ def layer_fields(rt: Runtime, case: Case, run, op_ms: float, stream: LayerStream
     (comm/in_layer.py's fields)."""
     from overlapbench.comm.contention import measure_beside
 
+    layer: BesideLayer = case.beside_layer
+    windows = dict(span_ms=layer.span_ms, settle_ms=layer.settle_ms)
     stream.prepare(rt, max(5, iters))
     beside_ms, compute_ms, paired = measure_beside(rt, run, op_ms, stream, iters)
     return {"beside_ms": beside_ms, **stream.fields(compute_ms), **paired.fields(stream.prefix),
-            **stream.in_layer(rt, run, iters).fields(), **stream.pairs(rt, run, iters).fields(),
-            "beside_layer": {"model": case.beside_layer.model, "tp": case.beside_layer.tp, "tokens": stream.tokens}}
+            **stream.in_layer(rt, run, iters, **windows).fields(), **stream.pairs(rt, run, iters, **windows).fields(),
+            "beside_layer": {"model": layer.model, "tp": layer.tp, "tokens": stream.tokens, **windows}}

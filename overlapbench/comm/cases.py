@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from overlapbench.comm.in_layer import SPAN_MS
 from overlapbench.comm.sizes import DTYPE_BYTES
 from overlapbench.distributed.nccl_windows import layout
 
@@ -29,9 +30,17 @@ class BesideLayer:
     model: str  # a preset of model/models.py
     tp: int
     hidden: int  # the model's: a case's bytes are rows x hidden x dtype bytes
+    # The in-layer term's and the pair window's rounds (comm/in_layer.py): each graph untimed for
+    # settle_ms before each span of span_ms. 0 and 20: the graphs of a round share one clock, which
+    # at a power cap is none of theirs (docs/timing.md, "Each choice at its own clock").
+    settle_ms: float = 0.0
+    span_ms: float = SPAN_MS
 
     def label(self) -> str:
-        return f"{self.model} tp={self.tp}"
+        """The layer in a case's key; the windows' timing where it is not the default, so that rows
+        timed otherwise are other cases (--resume does not take one for the other)."""
+        windows = (self.settle_ms, self.span_ms) != (0.0, SPAN_MS)
+        return f"{self.model} tp={self.tp}" + (f" settle_ms={self.settle_ms:g} span_ms={self.span_ms:g}" if windows else "")
 
     def rows(self, nbytes: int, dtype: str) -> int:
         """The rows of the layer beside an all-reduce of `nbytes`."""

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from overlapbench.comm.cases import DEFAULT_LAYER_TOKENS, BesideLayer
+from overlapbench.comm.in_layer import SPAN_MS
 from overlapbench.comm.output import FORMATS, render, totals
 from overlapbench.comm.paths import DEFAULT_PATHS, OPS, make_cases
 from overlapbench.comm.run import RunInfo, run_cases
@@ -58,6 +59,8 @@ class Options:
     beside_layer: Annotated[str | None, typer.Option("--beside-layer", metavar="MODEL", help="Also time each all-reduce beside one rank's shard of MODEL's layer (a preset: its attention, then its MLP, on the rows the all-reduce carries): the compute's loss, the transfer's stretch, and the all-reduce's extra cost in line with the layer. The sizes come from --tokens. GPUs only.")] = None
     layer_tp: Annotated[int | None, typer.Option("--tp", help="With --beside-layer: the TP degree of the layer shard. Default: the world size.")] = None
     tokens: Annotated[str | None, typer.Option("--tokens", help="With --beside-layer: comma list of the layer's row counts; each case's all-reduce carries that many rows (rows x hidden x 2 bytes). Default: 512,1024,...,32768.")] = None
+    settle_ms: Annotated[float | None, typer.Option("--settle-ms", help="With --beside-layer: each graph of the in-layer term's and the pair window's rounds runs untimed this long before its span, so it is timed at its own clock where the GPU runs at its power cap (sweep's measure.settle_ms; 300 there). Default: 0, the graphs of a round sharing one clock.")] = None
+    span_ms: Annotated[float | None, typer.Option("--span-ms", help="With --beside-layer: each graph's timed span per round, ms. Default: 20.")] = None
 
 
 def main(options: Options) -> int:
@@ -92,13 +95,16 @@ class Plan:
     beside_layer: str | None = None
     layer_tp: int | None = None
     tokens: tuple[int, ...] = ()
+    settle_ms: float = 0.0  # the beside-layer windows' settling and span (comm/cases.BesideLayer)
+    span_ms: float = SPAN_MS
 
     @classmethod
     def parse(cls, *, min_bytes: str | None, max_bytes: str | None, factor: int, ops: str | None,
               paths: str | None, dtype: str, nccl_max_ctas: str, comm_ctas: str, hidden: int | None,
               iters: int, warmup: int, graphs: bool, fmt: str, output: Path | None, resume: bool,
               nproc: int | None, beside_gemm: bool = False, ce_chunks: str | None = None,
-              beside_layer: str | None = None, layer_tp: int | None = None, tokens: str | None = None) -> Plan:
+              beside_layer: str | None = None, layer_tp: int | None = None, tokens: str | None = None,
+              settle_ms: float | None = None, span_ms: float | None = None) -> Plan:
         if fmt not in FORMATS:
             raise UserError(f"--format: {shown(fmt)} is not one of {', '.join(FORMATS)}")
         if dtype not in DTYPES:
@@ -113,9 +119,17 @@ class Plan:
             raise UserError(f"--output: must be a path ending in .jsonl, got {shown(str(output))}")
         if beside_layer is not None:
             ops, hidden = _beside_layer_checks(beside_layer, beside_gemm, ops, min_bytes, max_bytes, dtype, hidden, layer_tp)
-        elif layer_tp is not None or tokens is not None:
-            raise UserError(f"{'--tp' if layer_tp is not None else '--tokens'}: the layer shard beside the paths; "
-                            f"give it with --beside-layer MODEL, or drop it")
+        else:
+            given = [flag for flag, value in (("--tp", layer_tp), ("--tokens", tokens), ("--settle-ms", settle_ms),
+                                              ("--span-ms", span_ms)) if value is not None]
+            if given:
+                raise UserError(f"{given[0]}: the layer shard beside the paths; give it with --beside-layer MODEL, or drop it")
+        settle_ms = 0.0 if settle_ms is None else settle_ms
+        span_ms = SPAN_MS if span_ms is None else span_ms
+        if not 0 <= settle_ms <= 60_000:
+            raise UserError(f"--settle-ms: must be in [0, 60000] (0: no settling), got {settle_ms:g}")
+        if not 0 < span_ms <= 60_000:
+            raise UserError(f"--span-ms: must be in (0, 60000], got {span_ms:g}")
         hidden = 8192 if hidden is None else hidden
         lists = CommSpec.build(
             ops=ops or OPS, paths=paths or DEFAULT_PATHS, sizes=(), hidden=hidden,
@@ -131,6 +145,7 @@ class Plan:
             output=output, resume=resume, nproc=nproc, beside_gemm=beside_gemm,
             ce_chunks=(None,) if ce_chunks is None else parse_chunks(ce_chunks), beside_layer=beside_layer,
             layer_tp=layer_tp, tokens=() if beside_layer is None else parse_tokens(tokens),
+            settle_ms=float(settle_ms), span_ms=float(span_ms),
         )
         opts.sizes(cuda=False)  # validates -b -e -f now, in one line
         return opts
@@ -141,7 +156,7 @@ class Plan:
             return None
         tp = self.layer_tp or world
         _check_tp(self.beside_layer, tp)
-        return BesideLayer(self.beside_layer, tp, self.hidden)
+        return BesideLayer(self.beside_layer, tp, self.hidden, self.settle_ms, self.span_ms)
 
     def sizes(self, cuda: bool) -> tuple[int, ...]:
         """The ladder; a bound not given is the device's default, moved to meet the other. With
@@ -172,7 +187,8 @@ class Plan:
         ]
         args += ["--ce-chunks", ",".join("auto" if c is None else str(c) for c in self.ce_chunks)]
         if self.beside_layer is not None:
-            args += ["--beside-layer", self.beside_layer, "--tokens", ",".join(map(str, self.tokens))]
+            args += ["--beside-layer", self.beside_layer, "--tokens", ",".join(map(str, self.tokens)),
+                     "--settle-ms", repr(self.settle_ms), "--span-ms", repr(self.span_ms)]
             args += [] if self.layer_tp is None else ["--tp", str(self.layer_tp)]
         return args + (["--resume"] if self.resume else []) + (["--beside-gemm"] if self.beside_gemm else [])
 

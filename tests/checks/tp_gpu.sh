@@ -15,12 +15,17 @@
 #         layer at TP=$TP on the rows it carries ($LAYER_TOKENS, default 512-32768): the compute's
 #         loss, the transfer's stretch, the in-line extra in paired rounds, each block's pair with
 #         one call (`predict`'s contention and in-layer term); LAYER_PATHS, LAYER_NCCL_CTAS and
-#         LAYER_COMM_CTAS narrow the paths and budgets  -> comm-beside-layer-<model>.{jsonl,csv,out}
+#         LAYER_COMM_CTAS narrow the paths and budgets, LAYER_ARGS adds flags (--settle-ms 300
+#         --span-ms 200: the windows at each graph's own clock)  -> comm-beside-layer-<model>.{jsonl,csv,out}
 # power:  tests/probes/power_beside.py on GPUs 0 and 1 (whatever TP is): the llama3-70b TP=2 MLP
 #         GEMMs at 16384 tokens on GPU 0 alone and beside copy-engine copies (GPU 0 pulling from
 #         GPU 1, GPU 1 pushing into GPU 0, GPU 0 copying locally; no SM kernel), in rounds of a
 #         fresh order: TFLOP/s, SM clock, power; about 75 s (POWER_ARGS: more flags)
 #                                                                     -> power/power_beside.jsonl, power.out
+# arpower: tests/probes/allreduce_power.py on $TP GPUs (torchrun): the board power of NCCL's
+#         all-reduce of the llama3-70b layer's message at 1K-32K tokens, held back to back, beside
+#         an idle `_sleep` and the layer's GEMMs; each all-reduce's idle equivalence under the cap;
+#         about 100 s (ARPOWER_ARGS: more flags)            -> arpower/allreduce_power.jsonl, arpower.out
 # tests:  the whole GPU test suite (pytest -m gpu), with the 25 slowest tests  -> gpu-tests.log
 #         listed: on 4 GPUs the cases whose subject depends on the world size run at 2 and 4
 #         ranks (ids ws2-... and ws4-...). TESTS_SELECT, a pytest -k expression, runs a part
@@ -60,7 +65,7 @@ if [[ $STEPS == *,beside-layer,* ]]; then
     step "beside-layer-$model" "${BESIDE_LAYER_TIMEOUT:-290}" "${LAYER[@]}" --beside-layer "$model" \
       --tokens "${LAYER_TOKENS:-512,1024,2048,4096,8192,16384,32768}" \
       --paths "${LAYER_PATHS:-nccl,nccl_symm,symm_one_shot,symm_two_shot,fused_norm,copy_engine_norm,copy_engine_norm_kernel}" \
-      --nccl-max-ctas "${LAYER_NCCL_CTAS:-default,16}" --comm-ctas "${LAYER_COMM_CTAS:-16,32,64}" \
+      --nccl-max-ctas "${LAYER_NCCL_CTAS:-default,16}" --comm-ctas "${LAYER_COMM_CTAS:-16,32,64}" ${LAYER_ARGS:-} \
       --output "$WORK/comm-beside-layer-$model.jsonl" > "$WORK/comm-beside-layer-$model.csv" 2> "$WORK/comm-beside-layer-$model.out"
     pack
   done
@@ -68,6 +73,11 @@ fi
 if [[ $STEPS == *,power,* ]]; then
   step power "${POWER_TIMEOUT:-150}" python tests/probes/power_beside.py --out "$WORK/power" ${POWER_ARGS:-} > "$WORK/power.out" 2>&1
   tail -n 9 "$WORK/power.out" | tee -a "$SUMMARY"
+fi
+if [[ $STEPS == *,arpower,* ]]; then
+  step arpower "${ARPOWER_TIMEOUT:-200}" python -m torch.distributed.run --standalone --nproc-per-node "$TP" \
+    tests/probes/allreduce_power.py --out "$WORK/arpower" ${ARPOWER_ARGS:-} > "$WORK/arpower.out" 2>&1
+  tail -n 10 "$WORK/arpower.out" | tee -a "$SUMMARY"
 fi
 if [[ $STEPS == *,tests,* ]]; then
   step tests "${TESTS_TIMEOUT:-360}" python -m pytest -q -m gpu -rfEs -p no:cacheprovider --durations=25 \

@@ -89,6 +89,16 @@ class ClockSampler:
             self.samples.append((time.perf_counter(), float(mhz), float(watts), reasons))
             time.sleep(self._every)
 
+    def power_limit_w(self) -> float | None:
+        """The GPU's enforced power limit (W), the cap its clocks are held to; None without NVML."""
+        if self._nvml is None:
+            return None
+        try:
+            return self._nvml.nvmlDeviceGetEnforcedPowerLimit(self._handle) / 1e3
+        except Exception as e:
+            self.error = f"{type(e).__name__}: {e}"
+            return None
+
     def between(self, t0: float, t1: float) -> dict:
         """window_means of this sampler's samples in [t0, t1] (perf_counter seconds)."""
         return window_means(self.samples, t0, t1)

@@ -177,6 +177,7 @@ class Lane:
     work: float  # FLOPs or bytes of one unit
     depth: int = 2  # units kept queued
     events: list = field(default_factory=list)  # completion events, in order
+    enqueued: int = 0  # units queued so far
     seen: list[float] = field(default_factory=list)  # host time each completion was first seen
     starved: int = 0  # polls inside the measured span that found nothing queued
 
@@ -190,13 +191,22 @@ def cuda_mark(stream):
     return event
 
 
-def hold(lanes: list[Lane], settle_s: float, measure_s: float, mark: Callable = cuda_mark) -> tuple[float, float]:
+def hold(lanes: list[Lane], settle_s: float, measure_s: float, mark: Callable = cuda_mark,
+         even: Callable[[Lane], int] | None = None) -> tuple[float, float]:
     """Keep every lane `depth` units ahead for settle_s + measure_s of host time, noting when each
     unit's completion (`mark(stream)`'s event) is first seen; then let the queued units finish
-    (not counted). Returns the measured span of host time."""
+    (not counted). Where a lane's units are collectives, each rank's loop stops after its own
+    count: `even(lane)` says how many more units this rank queues first so that every rank has
+    queued as many (its ranks agree on the largest count). Returns the measured span of host time."""
     start = time.perf_counter()
     t0, t1 = start + settle_s, start + settle_s + measure_s
     queued = {lane.name: deque() for lane in lanes}
+
+    def enqueue(lane: Lane) -> None:
+        lane.enqueue()
+        lane.enqueued += 1
+        queued[lane.name].append(mark(lane.stream))
+
     while True:
         for lane in lanes:
             q = queued[lane.name]
@@ -211,9 +221,11 @@ def hold(lanes: list[Lane], settle_s: float, measure_s: float, mark: Callable = 
             if not q and now >= t0:
                 lane.starved += 1
             while len(q) < lane.depth:
-                lane.enqueue()
-                q.append(mark(lane.stream))
+                enqueue(lane)
         time.sleep(1e-4)
+    for lane in lanes:
+        for _ in range(even(lane) if even else 0):
+            enqueue(lane)
     for q in queued.values():
         for event in q:
             event.synchronize()
