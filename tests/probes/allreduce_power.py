@@ -16,11 +16,13 @@ counts as (cap - P) / (cap - P_sleep) of an idle one, P_sleep the power of the p
 Loads, each on every rank at once, held back to back: `sleep` (one `_sleep` kernel after another,
 about 1 ms each: the idle gap of the gaps probe), `gemm` (one rank's llama3-70b TP=4 layer GEMMs
 at --gemm-tokens rows: the cap's regime) and `ar-<tokens>` for each of --tokens: NCCL's all-reduce
-on the default group (its ring at its default CTAs: the default baseline's) of tokens x hidden
-bf16, the message a llama3-70b layer's all-reduce carries. Each load is held for --settle-s (NVML's
-power is a one-second average) and measured for --measure-s; rounds run every load once in an
-order every rank draws alike (one seed). A collective load's host loop stops on each rank after
-its own count; the ranks then agree on the largest and even up before waiting (power_beside.hold).
+on the default group at NCCL's default algorithm and CTAs (the default baseline's) of tokens x
+hidden bf16, the message a llama3-70b layer's all-reduce carries; averaged, so that its values stay
+those of random data call after call, as an activation's do (NCCL sums and scales once). Each load
+is held for --settle-s (NVML's power is a one-second average) and measured for --measure-s; rounds
+run every load once in an order every rank draws alike (one seed). A collective load's host loop
+stops on each rank after its own count; the ranks then agree on the largest and even up before
+waiting (power_beside.hold).
 
 Per window and rank: mean board power, SM clock and the share of samples held by the power cap
 (tests/probes/clock_sampler.py), and the load's rate (GB/s of the message, or TFLOP/s). Per load:
@@ -176,8 +178,9 @@ def main(argv: list[str] | None = None) -> None:
             return lambda: torch.cuda._sleep(sleep_cycles), 0.0
         if name == GEMM:
             return gemms.run, gemms.flops
-        buffer = messages[int(name[len(AR):])]
-        return (lambda: dist.all_reduce(buffer)), float(buffer.numel() * BF16)
+        buffer = messages[int(name[len(AR):])]  # averaged, not summed: the values stay random-looking (a sum
+        # repeated overflows bf16 within a hundred calls, and constant bits draw less power than an activation's)
+        return (lambda: dist.all_reduce(buffer, op=dist.ReduceOp.AVG)), float(buffer.numel() * BF16)
 
     def unit_ms(name: str, count: int) -> float:
         run, _ = unit(name)
