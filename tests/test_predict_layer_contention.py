@@ -62,6 +62,29 @@ def test_layer_rows_win_over_gemm_rows_per_path_and_say_what_they_are():
     assert "beside llama3-70b TP=2's layer for nccl_symm 16" in contention.described()
 
 
+def test_a_point_timed_both_ways_takes_its_settled_rows_and_says_so():
+    """Rows of one point (path, CTAs, bytes) timed at a shared clock and with each graph settled
+    (`comm --settle-ms`): the settled ones give its terms; a point timed one way keeps its rows."""
+    rng = random.Random()
+    sizes = SIZES[::2]
+    shared = [layer_row("nccl", None, b, rng.uniform(0.05, 1), rng.uniform(0.02, 0.4), rng.uniform(1.05, 3.0),
+                        rng.uniform(0.005, 0.05)) for b in sizes]
+    own_extras = {b: rng.uniform(-0.05, 0.0) for b in sizes[:2]}
+    settled = [layer_row("nccl", None, b, rng.uniform(0.05, 1), rng.uniform(0.02, 0.4), rng.uniform(1.05, 3.0), extra)
+               for b, extra in own_extras.items()]
+    for row in settled:
+        row["beside_layer"] |= {"settle_ms": 300.0, "span_ms": 200.0}
+    rows = shared + settled
+    rng.shuffle(rows)
+    contention = Contention.from_rows(rows, "rows", model="llama3-70b", tp=2)
+    for b in sizes:
+        expected = own_extras.get(b, next(r["in_layer_extra_ms"] for r in shared if r["bytes"] == b))
+        assert contention.in_layer("nccl", None, b)[0] == pytest.approx(expected)
+    (note,) = contention.notes
+    assert note.kind == SUBSTITUTED and note.text.startswith(f"{len(own_extras)} beside-layer point(s) timed both")
+    assert not Contention.from_rows(shared, "rows", model="llama3-70b", tp=2).notes  # one way: nothing said
+
+
 def test_another_layers_rows_are_used_with_a_note_where_the_predicted_ones_are_missing():
     rng = random.Random()
     _, rows = _rows(rng)

@@ -127,11 +127,12 @@ class Contention:
             raise UserError(f"{source}: no ok all_reduce rows timed beside compute; run `overlapbench comm "
                             f"--beside-layer MODEL` (or --beside-gemm) for them")
         layer_of, notes = _chosen_layer(sorted(layers), model, tp)
-        notes = left_out + notes
+        chosen, settled_over = _settled_first(layers.get(layer_of, []))
+        notes = left_out + notes + settled_over
         pairs, inline, one_call, one_call_stretch = (defaultdict(lambda: defaultdict(list)) for _ in range(4))
         paired_blocks = {block: defaultdict(lambda: defaultdict(list)) for block in PAIR_BLOCKS}
         stale = []
-        for row in layers.get(layer_of, []):
+        for row in chosen:
             path, ctas, _ = point_key(row)
             pairs[(path, ctas)][row["bytes"]].append((loss_of(row, LAYER_STREAM), row["beside_ms"] / row["ms"]))
             if row.get(IN_LAYER_TERM) is not None:
@@ -274,6 +275,32 @@ def _chosen_layer(held: list[tuple[str, int]], model: str | None, tp: int | None
         return used, []
     said = f"contention measured beside {used[0]} TP={used[1]}'s layer, not {model} TP={tp}'s: used as it is"
     return used, [Note(SUBSTITUTED, said)]
+
+
+def settled(row: dict) -> bool:
+    """Whether a beside-layer row's windows (the in-layer term's, the pair window's) ran each graph
+    untimed before its span (`comm --settle-ms`), each at its own clock; rows without the field
+    settled none."""
+    return (row["beside_layer"].get("settle_ms") or 0) > 0
+
+
+def _settled_first(rows: list[dict]) -> tuple[list[dict], list[Note]]:
+    """The rows to use: where one point (path, CTAs, bytes) was timed both at a shared clock and
+    with each graph settled, the settled rows alone (at a power cap the shared clock reads the
+    in-line pass's extra high: docs/predict.md), said in a note; else every row."""
+    by_point: dict[tuple, list[dict]] = defaultdict(list)
+    for row in rows:
+        by_point[(*point_key(row)[:2], row["bytes"])].append(row)
+    kept, replaced = [], 0
+    for same in by_point.values():
+        own = [r for r in same if settled(r)]
+        kept += own or same
+        replaced += bool(own) and len(own) < len(same)
+    if not replaced:
+        return kept, []
+    said = (f"{replaced} beside-layer point(s) timed both at a shared clock and with each graph at its own "
+            f"(comm --settle-ms): the settled rows used")
+    return kept, [Note(SUBSTITUTED, said)]
 
 
 def _beside_gemm(row: dict) -> bool:
