@@ -72,6 +72,10 @@ CALLS = {
     "h200-pieces": ("nvidia-h200", f'{GIT} STEPS=pieces PIECES="sweeps/llama3-70b-tp4.yaml sweeps/llama3-8b-tp4.yaml" '
                                    f'TPS="4 8" PIECES_TIMEOUT=150 bash tests/checks/predict_gpu.sh'),
     "h200x4-layer": ("nvidia-h200-x4", f"{GIT} TP=4 STEPS=beside-layer bash tests/checks/tp_gpu.sh"),
+    "h200x4-settled-layer": ("nvidia-h200-x4", f'{GIT} TP=4 STEPS=beside-layer LAYER_MODELS=llama3-70b LAYER_PATHS=nccl '
+                                               f'LAYER_NCCL_CTAS=default LAYER_TOKENS=1024,2048,4096,8192,16384,32768 '
+                                               f'LAYER_ARGS="--settle-ms 300 --span-ms 200" LAYER_SUFFIX=-settled '
+                                               f'BESIDE_LAYER_TIMEOUT=380 bash tests/checks/tp_gpu.sh'),
 }
 GPU_NAMES = {"h100": "H100", "h200": "H200"}
 IN_LAYER = (IN_LAYER_TERM, "the in-layer term timed in paired rounds")  # beside-layer rows' current field
@@ -154,6 +158,9 @@ class Study:
     more_pieces: tuple[Need, ...] = ()  # pieces of further batches (a pieces run its call's limit cut off, finished by another)
     inputs: str = ""  # which inputs, where a model and TP are validated from two sets (", ..." or "")
     only: tuple[Variant, ...] = ()  # the predictions made, where not those `variants` finds the rows hold
+    # beside-layer rows read with the contention's: where they time a point again with each graph
+    # settled (comm --settle-ms), predict takes theirs (predict/contention.py)
+    settled_rows: tuple[Need, ...] = ()
 
     @property
     def title(self) -> str:
@@ -434,8 +441,17 @@ def _every_input_h200(model: str, tp4_pieces: Need) -> list[Study]:
     settled = ((f"{model} TP=4, {SETTLED[model]}'s study at each choice's own clock, {EVERY_INPUT}'s table, layer and pair rows",
                 (Need(f"the settled TP=4 study at {SETTLED[model]}", f"results/h200x4/{SETTLED[model]}/{model}-tp4.jsonl"),)),
                ) if model in SETTLED else ()
+    with_settled_rows = [Study(
+        "h200", model, 4, f"sweeps/{model}-tp4.yaml", tp4_pieces, (table,), (pairs,),
+        ((f"{model} TP=4, {SETTLED[model]}'s study at each choice's own clock, {EVERY_INPUT}'s rows, the baseline's settled",
+          settled[0][1]),),
+        inputs=f", {EVERY_INPUT}'s inputs with the default baseline's beside-layer rows settled",
+        only=(DEFAULT, WITHOUT_PAIRS),
+        settled_rows=(Need("the default baseline's beside-layer rows with each graph settled (4x H200)",
+                           f"results/h200x4/*/comm-beside-layer-{model}-settled.jsonl", call="h200x4-settled-layer"),))
+    ] if model in SETTLED else []
     return [Study("h200", model, 4, f"sweeps/{model}-tp4.yaml", tp4_pieces, (table,), (pairs,),
-                  measured(f"{model}-tp4", "") + settled, inputs=inputs, only=EACH_TERM),
+                  measured(f"{model}-tp4", "") + settled, inputs=inputs, only=EACH_TERM), *with_settled_rows,
             Study("h200", model, 4, f"sweeps/long-{model}-tp4.yaml", _long_pieces(model, 4), (table,),
                   (pairs,), measured(f"long-{model}-tp4", "long prompts, "),
                   inputs=f", long prompts{inputs}", only=EACH_TERM, more_pieces=_long_more_pieces(model, 4))]
@@ -487,7 +503,7 @@ def run(study: Study, rows_dir: Path, how: Variant = DEFAULT) -> Outcome:
     found = {n: n.found() for n in needs}
     contention = study.contention_found()
     pieces = [found[n] for n in (study.pieces, *study.more_pieces)]
-    used = pieces + [found[n] for n in (*study.tables, contention) if n is not None and found[n] is not None]
+    used = pieces + [found[n] for n in (*study.tables, contention, *study.settled_rows) if n is not None and found[n] is not None]
     measured = [(title, [found[n] for n in ns if found[n] is not None]) for title, ns in study.measured]
     if not study.diagnostic:
         out.refused = _other_device(study.device, used + [p for _, ps in measured for p in ps])
@@ -497,7 +513,8 @@ def run(study: Study, rows_dir: Path, how: Variant = DEFAULT) -> Outcome:
     out.pieces_code = ", ".join(sorted({r["git"] for p in pieces for r in read_rows(ROOT / p) if r.get("git")})) or None
     predicted = rows_dir / f"predicted-{study.model}-tp{study.tp}-{how.name}.jsonl"
     predicted.unlink(missing_ok=True)
-    comm = [found[n] for n in study.tables if found[n] is not None] + ([found[contention]] if contention else [])
+    comm = ([found[n] for n in study.tables if found[n] is not None] + ([found[contention]] if contention else [])
+            + [found[n] for n in study.settled_rows if found[n] is not None])
     _, out.summary = command.run(command.Options(spec=ROOT / study.spec, tp=study.tp, comm=comm, compute=pieces,
                                                  output=predicted, in_layer=how.in_layer,
                                                  transfer_beside=how.transfer_beside))
@@ -639,7 +656,8 @@ def _wanted(study: Study) -> Outcome:
 
 
 def _needs(study: Study) -> list[Need]:
-    return [study.pieces, *study.more_pieces, *study.tables, *study.contention, *(n for _, ns in study.measured for n in ns)]
+    return [study.pieces, *study.more_pieces, *study.tables, *study.contention, *study.settled_rows,
+            *(n for _, ns in study.measured for n in ns)]
 
 
 if __name__ == "__main__":

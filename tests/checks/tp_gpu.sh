@@ -16,7 +16,8 @@
 #         loss, the transfer's stretch, the in-line extra in paired rounds, each block's pair with
 #         one call (`predict`'s contention and in-layer term); LAYER_PATHS, LAYER_NCCL_CTAS and
 #         LAYER_COMM_CTAS narrow the paths and budgets, LAYER_ARGS adds flags (--settle-ms 300
-#         --span-ms 200: the windows at each graph's own clock)  -> comm-beside-layer-<model>.{jsonl,csv,out}
+#         --span-ms 200: the windows at each graph's own clock), LAYER_SUFFIX ends the files' names
+#         (-settled)                                -> comm-beside-layer-<model><suffix>.{jsonl,csv,out}
 # power:  tests/probes/power_beside.py on GPUs 0 and 1 (whatever TP is): the llama3-70b TP=2 MLP
 #         GEMMs at 16384 tokens on GPU 0 alone and beside copy-engine copies (GPU 0 pulling from
 #         GPU 1, GPU 1 pushing into GPU 0, GPU 0 copying locally; no SM kernel), in rounds of a
@@ -66,7 +67,8 @@ if [[ $STEPS == *,beside-layer,* ]]; then
       --tokens "${LAYER_TOKENS:-512,1024,2048,4096,8192,16384,32768}" \
       --paths "${LAYER_PATHS:-nccl,nccl_symm,symm_one_shot,symm_two_shot,fused_norm,copy_engine_norm,copy_engine_norm_kernel}" \
       --nccl-max-ctas "${LAYER_NCCL_CTAS:-default,16}" --comm-ctas "${LAYER_COMM_CTAS:-16,32,64}" ${LAYER_ARGS:-} \
-      --output "$WORK/comm-beside-layer-$model.jsonl" > "$WORK/comm-beside-layer-$model.csv" 2> "$WORK/comm-beside-layer-$model.out"
+      --output "$WORK/comm-beside-layer-$model${LAYER_SUFFIX:-}.jsonl" > "$WORK/comm-beside-layer-$model${LAYER_SUFFIX:-}.csv" \
+      2> "$WORK/comm-beside-layer-$model${LAYER_SUFFIX:-}.out"
     pack
   done
 fi
