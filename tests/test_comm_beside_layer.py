@@ -252,13 +252,16 @@ def test_the_layer_stream_runs_the_shards_attention_then_mlp():
                                   "compute_loss": pytest.approx(1 - stream.alone_ms / 2.5), "compute_graphs": False}
 
 
-def test_the_in_layer_rounds_run_the_three_graphs_eagerly_on_cpu(monkeypatch):
+@pytest.mark.parametrize("settled", [False, True])
+def test_the_in_layer_rounds_run_the_three_graphs_eagerly_on_cpu(monkeypatch, settled):
     """The in-layer term's wiring, on CPU: no graphs (all three eager), one rank. Attention, MLP and
     the all-reduce stand in as pieces of known lengths that move a clock of their own (fake_time), which the
     timing reads for the host's time too (bench's perf_counter: warm_up and the wall clock's marks),
     so every time is exact whatever else the machine runs: the in-line pass runs the all-reduce
     twice, the two all-reduces alone twice, the pass never, each as often per round; the term is 0
-    (the in-line pass is the pass and its two all-reduces), not +-d/2 (one missed or doubled)."""
+    (the in-line pass is the pass and its two all-reduces), not +-d/2 (one missed or doubled).
+    Settled (`comm --settle-ms`), each graph also runs untimed before its span, as often as the
+    settling fills with in-line passes, and the term is the same."""
     from overlapbench.comm.in_layer import MIN_ROUNDS, SPAN_MS, TERM
     from overlapbench.timing import bench, interleave
 
@@ -270,13 +273,16 @@ def test_the_in_layer_rounds_run_the_three_graphs_eagerly_on_cpu(monkeypatch):
     stream.attention, stream.mlp = clock.piece(attention_ms), clock.piece(mlp_ms)
     rt = SimpleNamespace(world_size=1, rank=0, device=torch.device("cpu"))
     all_reduce = clock.piece(wait_ms, then=lambda: calls.append(1))
-    fields = stream.in_layer(rt, all_reduce, iters=rng.randrange(1, MIN_ROUNDS)).fields()
+    span_ms, settle_ms = (rng.uniform(10, 40), rng.uniform(20, 60)) if settled else (SPAN_MS, 0.0)
+    fields = stream.in_layer(rt, all_reduce, iters=rng.randrange(1, MIN_ROUNDS), span_ms=span_ms, settle_ms=settle_ms).fields()
     assert not fields["in_layer_graphs"] and fields["in_layer_rounds"] == MIN_ROUNDS
     assert fields[TERM] == pytest.approx(0, abs=1e-6), fields
     assert fields["in_layer_pass_ms"] == pytest.approx(attention_ms + mlp_ms)
     assert fields["in_layer_ops_ms"] == pytest.approx(2 * wait_ms)
     assert fields["in_layer_inline_ms"] == pytest.approx(attention_ms + mlp_ms + 2 * wait_ms)
-    replays = fields["in_layer_replays"]
-    assert replays == interleave.repetitions(SPAN_MS, attention_ms + mlp_ms + 2 * wait_ms)
+    replays, per_replay = fields["in_layer_replays"], attention_ms + mlp_ms + 2 * wait_ms
+    assert replays == interleave.repetitions(span_ms, per_replay)
+    runs = replays + interleave.settling(settle_ms, per_replay)  # each graph's replays in a round, settling first
     warm = 2  # bench.warm_up's calls of the in-line pass, before the rounds
-    assert (len(calls) - 2 * warm) % (4 * replays) == 0  # per round: 2 all-reduces x replays, in line and alone
+    assert (len(calls) - 2 * warm) % (4 * runs) == 0  # per round: 2 all-reduces x runs, in line and alone
+    assert (len(calls) - 2 * warm) // (4 * runs) >= MIN_ROUNDS
