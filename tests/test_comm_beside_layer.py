@@ -260,8 +260,8 @@ def test_the_in_layer_rounds_run_the_three_graphs_eagerly_on_cpu(monkeypatch, se
     so every time is exact whatever else the machine runs: the in-line pass runs the all-reduce
     twice, the two all-reduces alone twice, the pass never, each as often per round; the term is 0
     (the in-line pass is the pass and its two all-reduces), not +-d/2 (one missed or doubled).
-    Settled (`comm --settle-ms`), each graph also runs untimed before its span, as often as the
-    settling fills with in-line passes, and the term is the same."""
+    Settled (`comm --settle-ms`), each graph is warmed up too and runs untimed before its span,
+    as often as the settling fills with its own replays, and the term is the same."""
     from overlapbench.comm.in_layer import MIN_ROUNDS, SPAN_MS, TERM
     from overlapbench.timing import bench, interleave
 
@@ -282,7 +282,11 @@ def test_the_in_layer_rounds_run_the_three_graphs_eagerly_on_cpu(monkeypatch, se
     assert fields["in_layer_inline_ms"] == pytest.approx(attention_ms + mlp_ms + 2 * wait_ms)
     replays, per_replay = fields["in_layer_replays"], attention_ms + mlp_ms + 2 * wait_ms
     assert replays == interleave.repetitions(span_ms, per_replay)
-    runs = replays + interleave.settling(settle_ms, per_replay)  # each graph's replays in a round, settling first
-    warm = 2  # bench.warm_up's calls of the in-line pass, before the rounds
-    assert (len(calls) - 2 * warm) % (4 * runs) == 0  # per round: 2 all-reduces x runs, in line and alone
-    assert (len(calls) - 2 * warm) // (4 * runs) >= MIN_ROUNDS
+    # per round, 2 all-reduces per replay of the in-line pass and of the all-reduces alone, each
+    # graph settled for its own replays first; before the rounds, bench.warm_up's 2 replays of each
+    # graph timed (the in-line pass; settled, the all-reduces alone too)
+    inline_runs = replays + interleave.settling(settle_ms, per_replay)
+    ops_runs = replays + interleave.settling(settle_ms, 2 * wait_ms)
+    warm = 2 * 2 * (2 if settled else 1)
+    per_round = 2 * (inline_runs + ops_runs)
+    assert (len(calls) - warm) % per_round == 0 and (len(calls) - warm) // per_round >= MIN_ROUNDS

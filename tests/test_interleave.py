@@ -196,6 +196,30 @@ def test_settling_runs_before_each_timed_span_and_is_not_timed():
     assert interleave.longest_s([1.0, 2.0], plan) * 1e3 >= device.now_ms
 
 
+def test_settling_counts_each_runs_own_iterations_where_the_spans_share_one():
+    """Runs replayed as often as one of them fills a span (comm's in-layer rounds) settle for as
+    many of their own iterations as fill `settle_ms`: a short run settles more often."""
+    rng = random.Random()
+    costs = (rng.uniform(1.5, 3.0), rng.uniform(0.2, 0.6))
+    device = DriftingDevice(0.0, seed=rng.randrange(1000))
+    runs = [device.candidate(n, c) for n, c in zip("AB", costs)]
+    settle = rng.uniform(5, 15)
+    plan = Plan(span_ms=4, max_rounds=3, ci_target=1e-9, min_rounds=3, settle_ms=settle)
+    interleave.time_rounds(runs, [costs[0]] * 2, 0, plan, device, own_iter_ms=costs)
+    runs_before_mark, pending = [], []
+    for kind, value in device.log:
+        if kind == "run":
+            pending.append(value)
+        elif kind == "mark":
+            runs_before_mark.append(pending)
+            pending = []
+    settles = runs_before_mark[0::2]
+    expected = {n: [n] * interleave.settling(settle, c) for n, c in zip("AB", costs)}
+    assert sorted(map(tuple, settles)) == sorted([tuple(expected["A"])] * 3 + [tuple(expected["B"])] * 3)
+    spans = runs_before_mark[1::2]  # each span's replays, as many for both: the first run's cost sets them
+    assert {len(s) for s in spans} == {interleave.repetitions(4, costs[0])}
+
+
 class SkewedRanks(DriftingDevice):
     """Rank 0's view of two ranks where rank 1 is `lag` slower on work that does not sync them
     (no_comm): the first collective of the next candidate waits out the lag that built up."""

@@ -136,9 +136,10 @@ class LayerStream:
             graphs, error = graphs and used, error or why
         runs = [captured[i] if graphs else eager[i] for i in (INLINE, PASS, OPS)]
         clock = bench.CudaClock()
-        per_replay = interleave.ranks_max(rt)([bench.warm_up(runs[INLINE], 2, 0.0, clock)])[0]
-        return time_paired(runs, per_replay, iters, clock, interleave.ranks_gather(rt), interleave.ranks_barrier(rt),
-                           graphs, error, span_ms, settle_ms)
+        warmed = [INLINE, PASS, OPS] if settle_ms > 0 else [INLINE]  # settling counts each graph's own replays
+        own = interleave.ranks_max(rt)([bench.warm_up(runs[i], 2, 0.0, clock) for i in warmed])
+        return time_paired(runs, own[0], iters, clock, interleave.ranks_gather(rt), interleave.ranks_barrier(rt),
+                           graphs, error, span_ms, settle_ms, own if settle_ms > 0 else None)
 
     def pairs(self, rt: Runtime, run, iters: int, span_ms: float = SPAN_MS, settle_ms: float = 0.0) -> Pairs:
         """The pair window (comm/pair.py), per block: the block, then one call of `run` forked onto
@@ -189,10 +190,11 @@ class LayerStream:
             graphs, error = graphs and used, error or why
         runs = captured if graphs else eager
         clock = bench.CudaClock()
-        longest = max(bench.warm_up(runs[i], 2, 0.0, clock) for i in (PAIR_ATTENTION, PAIR_MLP))
-        per_replay = interleave.ranks_max(rt)([longest])[0]
+        warmed = range(len(runs)) if settle_ms > 0 else (PAIR_ATTENTION, PAIR_MLP)  # settling counts each graph's own
+        own = dict(zip(warmed, interleave.ranks_max(rt)([bench.warm_up(runs[i], 2, 0.0, clock) for i in warmed])))
+        per_replay = max(own[PAIR_ATTENTION], own[PAIR_MLP])
         found = time_pairs(runs, per_replay, iters, clock, interleave.ranks_gather(rt), interleave.ranks_barrier(rt),
-                           graphs, error, span_ms, settle_ms)
+                           graphs, error, span_ms, settle_ms, [own[i] for i in range(len(runs))] if settle_ms > 0 else None)
         if timelines:
             for name, fn in zip(GRAPHS, runs):
                 recorded = timeline.record(lambda fn=fn: [fn() for _ in range(4)], True, rt.rank, rt.world_size, rt.in_step)

@@ -51,9 +51,8 @@ LEVEL = 0.95
 # (SPAN_MS by default), whole rounds for WARMUP_S untimed first, then max(--iters, MIN_ROUNDS)
 # rounds, none left early. By default nothing settles a graph before its span: the three share
 # one clock, which at a power cap is not the in-line pass's own (docs/timing.md, "Each choice at
-# its own clock"); `comm --settle-ms` settles each (comm/cases.BesideLayer). The settling is
-# counted, as the spans are, in replays of the in-line pass's length: the all-reduces alone, the
-# shortest graph, settle for that many of their own replays, a shorter time.
+# its own clock"); `comm --settle-ms` settles each (comm/cases.BesideLayer), for as many of its
+# own replays as fill the settling.
 SPAN_MS = 20.0
 WARMUP_S = 0.2
 MIN_ROUNDS = 10
@@ -62,30 +61,33 @@ MIN_ROUNDS = 10
 def time_paired(runs: Sequence[Callable[[], object]], per_replay_ms: float, iters: int, clock: Clock,
                 gather: Callable[[list[float]], list[list[float]]] = lambda values: [values],
                 align: Callable[[], None] = lambda: None, graphs: bool = True, graph_error: str | None = None,
-                span_ms: float = SPAN_MS, settle_ms: float = 0.0) -> InLayer:
+                span_ms: float = SPAN_MS, settle_ms: float = 0.0, own_replay_ms: Sequence[float] | None = None) -> InLayer:
     """Time the three graphs `runs` (INLINE, PASS, OPS) in interleaved rounds, each replayed as
     often per round as the in-line pass (`per_replay_ms`, the same on every rank) fills a span of
-    `span_ms`, after `settle_ms` of untimed replays; `gather` and `align` as interleave.time_rounds
-    takes them."""
-    timed, replays = time_every_round(runs, per_replay_ms, iters, PASS, clock, gather, align, span_ms, settle_ms)
+    `span_ms`, after `settle_ms` of untimed replays (counted in each graph's `own_replay_ms`);
+    `gather` and `align` as interleave.time_rounds takes them."""
+    timed, replays = time_every_round(runs, per_replay_ms, iters, PASS, clock, gather, align, span_ms, settle_ms,
+                                      own_replay_ms)
     return InLayer.from_rounds(timed, replays, graphs, graph_error)
 
 
 def time_every_round(runs: Sequence[Callable[[], object]], per_replay_ms: float, iters: int, reference: int,
                      clock: Clock, gather: Callable[[list[float]], list[list[float]]] = lambda values: [values],
                      align: Callable[[], None] = lambda: None, span_ms: float = SPAN_MS,
-                     settle_ms: float = 0.0) -> tuple[list[Timed], int]:
+                     settle_ms: float = 0.0, own_replay_ms: Sequence[float] | None = None) -> tuple[list[Timed], int]:
     """These rounds for any graphs `runs` (the in-layer term's, the pair window's: comm/pair.py):
     every graph in every one of max(`iters`, MIN_ROUNDS) rounds, each run untimed for `settle_ms`
-    then replayed as often as `per_replay_ms` fills `span_ms`, after WARMUP_S of whole rounds;
-    `reference` the candidate the others' speedups are taken over. Returns
-    interleave.time_rounds' result and the replays per round."""
+    (as many of its replays as `own_replay_ms`, each graph's replay time the same on every rank,
+    says fill it; default `per_replay_ms`) then replayed as often as `per_replay_ms` fills
+    `span_ms`, after WARMUP_S of whole rounds; `reference` the candidate the others' speedups are
+    taken over. Returns interleave.time_rounds' result and the replays per round."""
     from overlapbench.timing.interleave import Plan, repetitions, time_rounds
 
     rounds = max(iters, MIN_ROUNDS)
     plan = Plan(span_ms, rounds, ci_target=0.0, warmup_s=WARMUP_S, min_rounds=rounds,  # every graph in every round
                 settle_ms=settle_ms)
-    timed = time_rounds(runs, [per_replay_ms] * len(runs), reference, plan, clock, gather, align=align)
+    timed = time_rounds(runs, [per_replay_ms] * len(runs), reference, plan, clock, gather, align=align,
+                        own_iter_ms=own_replay_ms)
     return timed, repetitions(span_ms, per_replay_ms)
 
 

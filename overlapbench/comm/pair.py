@@ -72,12 +72,13 @@ FIELDS = (*fields_of(ATTENTION), *fields_of(MLP), "pair_op_ms", "pair_rounds", "
 def time_pairs(runs: Sequence[Callable[[], object]], per_replay_ms: float, iters: int, clock: Clock,
                gather: Callable[[list[float]], list[list[float]]] = lambda values: [values],
                align: Callable[[], None] = lambda: None, graphs: bool = True, graph_error: str | None = None,
-               span_ms: float = SPAN_MS, settle_ms: float = 0.0) -> Pairs:
+               span_ms: float = SPAN_MS, settle_ms: float = 0.0, own_replay_ms: Sequence[float] | None = None) -> Pairs:
     """Time the five graphs `runs` (in the order PAIR_ATTENTION .. OP_ALONE) in the in-layer term's
     interleaved rounds, each replayed as often per round as the longest pair (`per_replay_ms`, the
-    same on every rank) fills a span of `span_ms` after `settle_ms` untimed; `gather` and `align`
-    as interleave.time_rounds takes them."""
-    timed, replays = time_every_round(runs, per_replay_ms, iters, PAIR_MLP, clock, gather, align, span_ms, settle_ms)
+    same on every rank) fills a span of `span_ms` after `settle_ms` untimed (counted in each
+    graph's `own_replay_ms`); `gather` and `align` as interleave.time_rounds takes them."""
+    timed, replays = time_every_round(runs, per_replay_ms, iters, PAIR_MLP, clock, gather, align, span_ms, settle_ms,
+                                      own_replay_ms)
     return Pairs.from_rounds(timed, replays, graphs, graph_error)
 
 

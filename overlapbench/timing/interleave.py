@@ -146,14 +146,18 @@ def time_rounds(
     gather: Callable[[list[float]], list[list[float]]] = lambda values: [values],
     first_round: int = 0,
     align: Callable[[], None] = lambda: None,
+    own_iter_ms: Sequence[float] | None = None,
 ) -> list[Timed]:
     """Time `runs` interleaved; one Timed per run, in order. `per_iter_ms` (one estimate per run)
     must be the same on every rank; `gather` returns every rank's values, in rank order (every
     rank calls it at the same moments); `align` queues a barrier of the ranks on the device;
-    round ids count from `first_round`."""
+    round ids count from `first_round`. `own_iter_ms` (default `per_iter_ms`, the same on every
+    rank too): each run's own time per iteration, which its settling is counted in, where
+    `per_iter_ms` sets the spans otherwise (runs replayed as often as one of them fills a span)."""
     reps = [repetitions(plan.span_ms, p) for p in per_iter_ms]
-    settle = [settling(plan.settle_ms, p) for p in per_iter_ms]
-    cost = [(s + r) * p for s, r, p in zip(settle, reps, per_iter_ms)]  # ms a candidate adds to a round
+    own = list(own_iter_ms if own_iter_ms is not None else per_iter_ms)
+    settle = [settling(plan.settle_ms, p) for p in own]
+    cost = [s * o + r * p for s, r, o, p in zip(settle, reps, own, per_iter_ms)]  # ms a candidate adds to a round
     warm = math.ceil(plan.warmup_s * 1e3 / sum(cost)) if plan.warmup_s > 0 else 0
     budget_ms, spent_ms = plan.budget_ms(per_iter_ms), 0.0
     min_rounds = min(plan.min_rounds, plan.max_rounds)
