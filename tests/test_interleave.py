@@ -175,18 +175,25 @@ def test_settling_times_each_candidate_at_its_own_clock_where_short_spans_share_
     assert speedup(settle_ms=0.0, span_ms=2.0) > 1.0 > alone  # shared: the busy one reads faster
 
 
+def _runs_between_marks(device: DriftingDevice) -> list[list[str]]:
+    """The candidates run before each clock mark, since the mark before it, from the device's log:
+    at even places a span's settling, at odd places its timed replays."""
+    out, pending = [], []
+    for kind, value in device.log:
+        if kind == "run":
+            pending.append(value)
+        elif kind == "mark":
+            out.append(pending)
+            pending = []
+    return out
+
+
 def test_settling_runs_before_each_timed_span_and_is_not_timed():
     device = DriftingDevice(0.0, seed=9)
     runs = [device.candidate(n, c) for n, c in (("A", 1.0), ("B", 2.0))]
     plan = Plan(span_ms=4, max_rounds=3, ci_target=1e-9, min_rounds=3, settle_ms=5)
     a, b = interleave.time_rounds(runs, [1.0, 2.0], 0, plan, device)
-    runs_before_mark, pending = [], []
-    for kind, value in device.log:
-        if kind == "run":
-            pending.append(value)
-        elif kind == "mark":
-            runs_before_mark.append(pending)
-            pending = []
+    runs_before_mark = _runs_between_marks(device)
     # Each span: its settling (ceil(5 / cost) runs of the same candidate), then the mark that opens it.
     settles = runs_before_mark[0::2]
     assert all(s in (["A"] * 5, ["B"] * 3) for s in settles) and len(settles) == 3 * 2
@@ -206,13 +213,7 @@ def test_settling_counts_each_runs_own_iterations_where_the_spans_share_one():
     settle = rng.uniform(5, 15)
     plan = Plan(span_ms=4, max_rounds=3, ci_target=1e-9, min_rounds=3, settle_ms=settle)
     interleave.time_rounds(runs, [costs[0]] * 2, 0, plan, device, own_iter_ms=costs)
-    runs_before_mark, pending = [], []
-    for kind, value in device.log:
-        if kind == "run":
-            pending.append(value)
-        elif kind == "mark":
-            runs_before_mark.append(pending)
-            pending = []
+    runs_before_mark = _runs_between_marks(device)
     settles = runs_before_mark[0::2]
     expected = {n: [n] * interleave.settling(settle, c) for n, c in zip("AB", costs)}
     assert sorted(map(tuple, settles)) == sorted([tuple(expected["A"])] * 3 + [tuple(expected["B"])] * 3)
