@@ -136,10 +136,9 @@ class LayerStream:
             graphs, error = graphs and used, error or why
         runs = [captured[i] if graphs else eager[i] for i in (INLINE, PASS, OPS)]
         clock = bench.CudaClock()
-        warmed = [INLINE, PASS, OPS] if settle_ms > 0 else [INLINE]  # settling counts each graph's own replays
-        own = interleave.ranks_max(rt)([bench.warm_up(runs[i], 2, 0.0, clock) for i in warmed])
-        return time_paired(runs, own[0], iters, clock, interleave.ranks_gather(rt), interleave.ranks_barrier(rt),
-                           graphs, error, span_ms, settle_ms, own if settle_ms > 0 else None)
+        per_replay, own = replay_times(rt, runs, (INLINE,), settle_ms, clock)
+        return time_paired(runs, per_replay, iters, clock, interleave.ranks_gather(rt), interleave.ranks_barrier(rt),
+                           graphs, error, span_ms, settle_ms, own)
 
     def pairs(self, rt: Runtime, run, iters: int, span_ms: float = SPAN_MS, settle_ms: float = 0.0) -> Pairs:
         """The pair window (comm/pair.py), per block: the block, then one call of `run` forked onto
@@ -190,16 +189,27 @@ class LayerStream:
             graphs, error = graphs and used, error or why
         runs = captured if graphs else eager
         clock = bench.CudaClock()
-        warmed = range(len(runs)) if settle_ms > 0 else (PAIR_ATTENTION, PAIR_MLP)  # settling counts each graph's own
-        own = dict(zip(warmed, interleave.ranks_max(rt)([bench.warm_up(runs[i], 2, 0.0, clock) for i in warmed])))
-        per_replay = max(own[PAIR_ATTENTION], own[PAIR_MLP])
+        per_replay, own = replay_times(rt, runs, (PAIR_ATTENTION, PAIR_MLP), settle_ms, clock)
         found = time_pairs(runs, per_replay, iters, clock, interleave.ranks_gather(rt), interleave.ranks_barrier(rt),
-                           graphs, error, span_ms, settle_ms, [own[i] for i in range(len(runs))] if settle_ms > 0 else None)
+                           graphs, error, span_ms, settle_ms, own)
         if timelines:
             for name, fn in zip(GRAPHS, runs):
                 recorded = timeline.record(lambda fn=fn: [fn() for _ in range(4)], True, rt.rank, rt.world_size, rt.in_step)
                 timeline.write(recorded, Path(timelines) / timeline.file_name(f"{name}-{self.tokens}", True, rt.rank))
         return found
+
+
+def replay_times(rt: Runtime, runs: list[Callable[[], object]], spans_by: tuple[int, ...], settle_ms: float,
+                 clock) -> tuple[float, list[float] | None]:
+    """What the windows' rounds count in, each graph warmed up with two replays and the max over
+    the ranks taken: the replay time every graph's span is counted in (the longest of the graphs
+    `spans_by` names), and, where they settle, each graph's own replay time, which its settling is
+    counted in (None without settling: only `spans_by`'s graphs are warmed up). Collective."""
+    from overlapbench.timing import bench, interleave
+
+    warmed = range(len(runs)) if settle_ms > 0 else spans_by
+    own = dict(zip(warmed, interleave.ranks_max(rt)([bench.warm_up(runs[i], 2, 0.0, clock) for i in warmed])))
+    return max(own[i] for i in spans_by), ([own[i] for i in range(len(runs))] if settle_ms > 0 else None)
 
 
 @dataclass
