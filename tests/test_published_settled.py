@@ -9,7 +9,7 @@ import re
 
 from tests import figures as f
 from tests.published import ROOT, Claim, bounds, claims_test
-from tests.test_published_span import GAPS, PICK, _rows
+from tests.test_published_span import GAPS, PICK, _rows, gap_conditions
 
 RUN = "results/h200x4/168d2b0/"
 TWO_SECONDS = RUN + "span-2s-70b-tp4-2k-8k.jsonl"
@@ -79,16 +79,10 @@ def _cards() -> dict:
 def _idle_rate() -> float:
     """How much less time the probe's GEMMs took per unit of idle gap share: the median over its
     files and gap shares of (1 - back to back's TFLOP/s / the gap's) / the share got."""
-    import json
     import statistics
 
-    rates = []
-    for gaps in GAPS:  # probe rows, not results rows
-        rows = [json.loads(line) for line in (ROOT / gaps).read_text().splitlines() if line.strip()]
-        for r in rows:
-            if r["kind"] == "condition" and r["gap"] > 0:
-                rates.append((1 - 1 / (1 + r["gemm_tflops_vs_back_to_back"]["median"])) / r["gap_share"]["median"])
-    return statistics.median(rates)
+    return statistics.median((1 - 1 / (1 + r["gemm_tflops_vs_back_to_back"]["median"])) / r["gap_share"]["median"]
+                             for path in GAPS for r in gap_conditions(path) if r["gap"] > 0)
 
 
 def _settled_against_predicted() -> dict:

@@ -38,17 +38,23 @@ def _rows(path: str) -> dict[tuple[str, str, int], dict]:
     return out
 
 
+@cache
+def gap_conditions(path: str) -> list[dict]:
+    """A gaps probe file's condition rows (probe rows, not results rows: read as they are)."""
+    rows = [json.loads(line) for line in (ROOT / path).read_text().splitlines() if line.strip()]
+    return [r for r in rows if r["kind"] == "condition"]
+
+
 def _gaps(share: float) -> dict:
     """The GEMMs' and the SM clock's gain over back to back (%) at one gap share, over the three
     token counts (each the median over rounds of the round's paired ratio), and whether every
     window of every condition ran at the power cap."""
     gemm, clock = [], []
-    for path in GAPS:  # probe rows, not results rows: read as they are
-        rows = [json.loads(line) for line in (ROOT / path).read_text().splitlines() if line.strip()]
-        (row,) = [r for r in rows if r["kind"] == "condition" and r["gap"] == share]
+    for path in GAPS:
+        (row,) = [r for r in gap_conditions(path) if r["gap"] == share]
         gemm.append(row["gemm_tflops_vs_back_to_back"]["median"])
         clock.append(row["sm_mhz_vs_back_to_back"]["median"])
-        assert all(r["power_capped"]["min"] == 1.0 for r in rows if r["kind"] == "condition"), path
+        assert all(r["power_capped"]["min"] == 1.0 for r in gap_conditions(path)), path
     return {"g": bounds(gemm, 100), "c": bounds(clock, 100)}
 
 
