@@ -438,18 +438,18 @@ def _every_input_h200(model: str, tp4_pieces: Need) -> list[Study]:
     inputs = f", {EVERY_INPUT}'s inputs with its pair rows"
     measured = lambda name, what: ((f"{model} TP=4, {what}{EVERY_INPUT}'s study, table, layer and pair rows",
                                     (Need(f"the {what}TP=4 study at {EVERY_INPUT}", f"{x4}/{name}.jsonl"),)),)
-    settled = ((f"{model} TP=4, {SETTLED[model]}'s study at each choice's own clock, {EVERY_INPUT}'s table, layer and pair rows",
-                (Need(f"the settled TP=4 study at {SETTLED[model]}", f"results/h200x4/{SETTLED[model]}/{model}-tp4.jsonl"),)),
-               ) if model in SETTLED else ()
-    with_settled_rows = [Study(
-        "h200", model, 4, f"sweeps/{model}-tp4.yaml", tp4_pieces, (table,), (pairs,),
-        ((f"{model} TP=4, {SETTLED[model]}'s study at each choice's own clock, {EVERY_INPUT}'s rows, the baseline's settled",
-          settled[0][1]),),
-        inputs=f", {EVERY_INPUT}'s inputs with the default baseline's beside-layer rows settled",
-        only=(DEFAULT, WITHOUT_PAIRS),
-        settled_rows=(Need("the default baseline's beside-layer rows with each graph settled (4x H200)",
-                           f"results/h200x4/*/comm-beside-layer-{model}-settled.jsonl", call="h200x4-settled-layer"),))
-    ] if model in SETTLED else []
+    settled, with_settled_rows = (), []
+    if model in SETTLED:
+        study = (Need(f"the settled TP=4 study at {SETTLED[model]}", f"results/h200x4/{SETTLED[model]}/{model}-tp4.jsonl"),)
+        own_clock = f"{model} TP=4, {SETTLED[model]}'s study at each choice's own clock, {EVERY_INPUT}'s"
+        settled = ((f"{own_clock} table, layer and pair rows", study),)
+        with_settled_rows = [Study(
+            "h200", model, 4, f"sweeps/{model}-tp4.yaml", tp4_pieces, (table,), (pairs,),
+            ((f"{own_clock} rows, the baseline's settled", study),),
+            inputs=f", {EVERY_INPUT}'s inputs with the default baseline's beside-layer rows settled",
+            only=(DEFAULT, WITHOUT_PAIRS),
+            settled_rows=(Need("the default baseline's beside-layer rows with each graph settled (4x H200)",
+                               f"results/h200x4/*/comm-beside-layer-{model}-settled.jsonl", call="h200x4-settled-layer"),))]
     return [Study("h200", model, 4, f"sweeps/{model}-tp4.yaml", tp4_pieces, (table,), (pairs,),
                   measured(f"{model}-tp4", "") + settled, inputs=inputs, only=EACH_TERM), *with_settled_rows,
             Study("h200", model, 4, f"sweeps/long-{model}-tp4.yaml", _long_pieces(model, 4), (table,),
