@@ -45,7 +45,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from overlapbench.model.models import PRESETS
-from tests.probes.gaps_beside import MODEL, NCCL_ENV, TP, layer_gemms, out_folder
+from tests.probes.gaps_beside import MODEL, NCCL_ENV, TP, layer_gemms, out_folder, sleep_calibration
 from tests.probes.power_beside import check_spans, round_orders, spread
 
 SLEEP, GEMM, AR = "sleep", "gemm", "ar-"
@@ -194,12 +194,8 @@ def main(argv: list[str] | None = None) -> None:
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=host)
         return int(agreed)
 
-    with torch.cuda.stream(stream):  # _sleep's cycles per ms, in the clock regime after GEMMs
-        gemms.run(2)
-        trial = 1_500_000
-        span = timed_span(clock, lambda: torch.cuda._sleep(trial))
-    span[1].synchronize()
-    sleep_cycles = round(trial / clock.elapsed_ms(*span) * SLEEP_MS)
+    trial = 1_500_000  # about 1 ms at the cap's clock
+    sleep_cycles = round(trial / statistics.median(sleep_calibration(gemms, stream, clock, trial)) * SLEEP_MS)
     per_ms = {name: unit_ms(name, 3) for name in loads(tokens)}
 
     def lane_for(name: str) -> Lane:

@@ -144,6 +144,23 @@ def gap_cycles(fraction: float, pass_ms: float, cycles_per_ms: float) -> int:
     return round(gap_ms(fraction, pass_ms) * cycles_per_ms)
 
 
+def sleep_calibration(gemms, stream, clock, trial_cycles: int, trials: int = 5) -> list[float]:
+    """The ms `torch.cuda._sleep(trial_cycles)` took, `trials` times, each queued on `stream` right
+    after a pass of `gemms` (comm.contention.GemmStream), in the clock regime a gap meets: its
+    cycles count SM clock cycles, so a gap's cycles per ms come from these."""
+    import torch
+
+    from overlapbench.timing.bench import timed_span
+
+    sleeps = []
+    with torch.cuda.stream(stream):
+        for _ in range(trials):
+            gemms.run(1)
+            sleeps.append(timed_span(clock, lambda: torch.cuda._sleep(trial_cycles)))
+    sleeps[-1][1].synchronize()
+    return [clock.elapsed_ms(*span) for span in sleeps]
+
+
 def gemm_window(lane: Lane, spans: list[tuple], t0: float, t1: float, flops: float) -> dict:
     """What the passes completed inside [t0, t1] say (the host saw the first and last complete
     there; those after the first up to the last ran in between): the GEMMs' TFLOP/s by the events
@@ -297,13 +314,7 @@ def main(argv: list[str] | None = None) -> None:
     pass_ms = passes_ms(max(5, math.ceil(300 / rough_ms)))  # about 0.3 s back to back: the pass alone
 
     trial = round(max(1.0, max(gap_ms(g, pass_ms) for g in gaps)) * CALIBRATION_MHZ * 1e3)
-    sleeps = []
-    with torch.cuda.stream(stream):
-        for _ in range(5):  # each _sleep right after a pass, as a gap comes
-            gemms.run(1)
-            sleeps.append(timed_span(clock, lambda: torch.cuda._sleep(trial)))
-    sleeps[-1][1].synchronize()
-    sleep_ms = [clock.elapsed_ms(*span) for span in sleeps]
+    sleep_ms = sleep_calibration(gemms, stream, clock, trial)
     cycles_per_ms = trial / statistics.median(sleep_ms)
     cycles = {g: gap_cycles(g, pass_ms, cycles_per_ms) for g in gaps}
     depths = {g: depth(g) for g in gaps}
