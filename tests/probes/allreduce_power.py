@@ -14,15 +14,15 @@ counts as (cap - P) / (cap - P_sleep) of an idle one, P_sleep the power of the p
 (torch.cuda._sleep on one SM). This probe measures both powers.
 
 Loads, each on every rank at once, held back to back: `sleep` (one `_sleep` kernel after another,
-about 1 ms each: the idle gap of the gaps probe), `gemm` (one rank's llama3-70b TP=4 layer GEMMs
-at --gemm-tokens rows: the cap's regime) and `ar-<tokens>` for each of --tokens: NCCL's all-reduce
-on the default group at NCCL's default algorithm and CTAs (the default baseline's) of tokens x
-hidden bf16, the message a llama3-70b layer's all-reduce carries; averaged, so that its values stay
-those of random data call after call, as an activation's do (NCCL sums and scales once). Each load
-is held for --settle-s (NVML's power is a one-second average) and measured for --measure-s; rounds
-run every load once in an order every rank draws alike (one seed). A collective load's host loop
-stops on each rank after its own count; the ranks then agree on the largest and even up before
-waiting (power_beside.hold).
+about 1 ms each: the idle gap of the gaps probe), `gemm` (one rank's llama3-70b layer GEMMs, the
+shard at TP = the ranks launched, at --gemm-tokens rows: the cap's regime) and `ar-<tokens>` for
+each of --tokens: NCCL's all-reduce on the default group at NCCL's default algorithm and CTAs (the
+default baseline's) of tokens x hidden bf16, the message a llama3-70b layer's all-reduce carries;
+averaged, so that its values stay those of random data call after call, as an activation's do (NCCL
+sums and scales once). Each load is held for --settle-s (NVML's power is a one-second average) and
+measured for --measure-s; rounds run every load once in an order every rank draws alike (one seed).
+A collective load's host loop stops on each rank after its own count; the ranks then agree on the
+largest and even up before waiting (power_beside.hold).
 
 Per window and rank: mean board power, SM clock and the share of samples held by the power cap
 (tests/probes/clock_sampler.py), and the load's rate (GB/s of the message, or TFLOP/s). Per load:
@@ -45,7 +45,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from overlapbench.model.models import PRESETS
-from tests.probes.gaps_beside import MODEL, NCCL_ENV, TP, layer_gemms, out_folder, sleep_calibration
+from tests.probes.gaps_beside import MODEL, NCCL_ENV, layer_gemms, out_folder, sleep_calibration
 from tests.probes.power_beside import check_spans, round_orders, spread
 
 SLEEP, GEMM, AR = "sleep", "gemm", "ar-"
@@ -119,7 +119,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, help="folder for allreduce_power.jsonl (appended to); default $OUT")
     p.add_argument("--tokens", default=DEFAULT_TOKENS, help=f"the {MODEL} layer's token counts whose all-reduce is a load")
-    p.add_argument("--gemm-tokens", type=int, default=16384, help=f"rows of the {MODEL} TP={TP} GEMMs of the `gemm` load")
+    p.add_argument("--gemm-tokens", type=int, default=16384, help="rows of the `gemm` load's GEMMs (a rank's shard)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--settle-s", type=float, default=2.0, help="seconds each load runs before it is measured")
     p.add_argument("--measure-s", type=float, default=2.0, help="seconds each load is measured")
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     host = dist.new_group(backend="gloo")  # the hosts' agreements, off the GPUs
     rank, world = dist.get_rank(), dist.get_world_size()
     stream, clock = torch.cuda.Stream(dev), CudaClock()
-    gemms = GemmStream.make(dev, [g.mkn for g in layer_gemms(args.gemm_tokens).values()])
+    gemms = GemmStream.make(dev, [g.mkn for g in layer_gemms(args.gemm_tokens, tp=world).values()])
     messages = {t: torch.randn(message_bytes(t) // BF16, device=dev, dtype=torch.bfloat16) for t in tokens}
 
     def unit(name: str):
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     if log:
         log.write({"kind": "setup", "device": torch.cuda.get_device_name(dev), "world": world, "torch": torch.__version__,
                    "nccl": str(torch.cuda.nccl.version()), "model": MODEL, "tokens": tokens,
-                   "message_bytes": {t: message_bytes(t) for t in tokens}, "gemm_tokens": args.gemm_tokens,
+                   "message_bytes": {t: message_bytes(t) for t in tokens}, "gemm_tokens": args.gemm_tokens, "gemm_tp": world,
                    "cap_w": caps, "unit_ms": per_ms, "sleep_cycles": sleep_cycles, "orders": orders,
                    "settle_s": args.settle_s, "measure_s": args.measure_s, "env": {k: os.environ.get(k) for k in NCCL_ENV},
                    "nvml_error": sampler.error})
