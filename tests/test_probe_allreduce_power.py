@@ -81,3 +81,29 @@ def test_without_torchrun_it_says_how_to_launch_it(tmp_path, capsys, monkeypatch
     err = capsys.readouterr().err
     assert "torch.distributed.run" in err and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_a_host_bound_window_is_counted_and_left_out_of_the_idle_equivalence(rng):
+    """A window whose host loop let a queue run empty mixes the all-reduce's power with idle time
+    (2x H200, 552cfa4: the 1K all-reduce's lane sized by NCCL's first call starved in 22% of its
+    units and read 195 W); it is flagged, and the idle equivalence comes from the other windows."""
+    cap, world = 700.0, 2
+    names = ap.loads([1024])
+    starved_round = rng.randrange(3)
+
+    def window(name: str, r: int) -> list[dict]:
+        units = rng.randint(2000, 30000)
+        hungry = name == "ar-1024" and r == starved_round
+        power = {"sleep": 130.0, "gemm": 693.0, "ar-1024": 195.0 if hungry else 330.0}[name]
+        return [{"power_w": power + rng.uniform(-2, 2), "units": units,
+                 "starved": round(units * rng.uniform(0.05, 0.3)) if hungry else rng.randint(0, units // 200)}
+                for _ in range(world)]
+
+    rounds = [{n: window(n, r) for n in names} for r in range(3)]
+    row = {r["load"]: r for r in ap.summarize(rounds, names, cap)}["ar-1024"]
+    assert row["host_bound"] == 1 and row["rounds"] == 3
+    kept = [(cap - a["power_w"]) / (cap - s["power_w"])
+            for r, w in enumerate(rounds) if r != starved_round for a, s in zip(w["ar-1024"], w["sleep"])]
+    assert row["idle_equivalence"]["each"] == pytest.approx(kept)
+    line = next(x for x in ap.table([row], cap) if x.startswith("ar-1024"))
+    assert line.split()[-1] == "1"

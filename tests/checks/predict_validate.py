@@ -328,6 +328,17 @@ def _held_out_tp4_inputs(model: str) -> tuple[Need, Need, Need]:
             Need("beside-layer rows at 512 tokens (4x H200)", f"{x4}/60ae8af/comm-beside-layer-{model}.jsonl"))
 
 
+# The TP=2 grids timed again with each candidate settled before its span (each choice at its own
+# clock), on one 2x H200 machine (llama3-8b's at 1K-16K: its 32K did not fit the session's device
+# time), and the default baseline's beside-layer rows of llama3-70b with each graph settled
+SETTLED_TP2 = "552cfa4"
+SETTLED_TP2_ROWS = ("llama3-70b",)
+
+
+def _settled_tp2(model: str) -> tuple[Need, ...]:
+    return (Need(f"the settled TP=2 study at {SETTLED_TP2}", f"results/h200x2/{SETTLED_TP2}/{model}-tp2.jsonl"),)
+
+
 def _pair_rows_h200(model: str, tp4_pieces: Need) -> list[Study]:
     """Both TPs' studies predicted with the pair rows beside the rows they were validated with:
     predict's defaults, and without the in-layer term, the pairs, or both."""
@@ -339,8 +350,16 @@ def _pair_rows_h200(model: str, tp4_pieces: Need) -> list[Study]:
                      (Need("the TP=2 study at a3860b5", f"{x4}/a3860b5/{model}-tp2.jsonl"),)),)
                    if model == "llama3-70b" else ()),
                  (f"{model} TP=2, 1K-32K measured at 60ae8af, pair rows",
-                  (Need("the TP=2 study at 60ae8af", f"{x4}/60ae8af/{model}-tp2.jsonl"),))),
+                  (Need("the TP=2 study at 60ae8af", f"{x4}/60ae8af/{model}-tp2.jsonl"),)),
+                 (f"{model} TP=2, {SETTLED_TP2}'s study at each choice's own clock, pair rows", _settled_tp2(model))),
                 inputs=", pair rows (cc4fbeb)", only=EACH_TERM)
+    settled_rows = Study("h200", model, 2, tp2.spec, tp2.pieces, tp2.tables, tp2.contention,
+                         ((f"{model} TP=2, {SETTLED_TP2}'s study at each choice's own clock, pair rows, the baseline's "
+                           "settled", _settled_tp2(model)),),
+                         inputs=", pair rows (cc4fbeb) with the default baseline's beside-layer rows settled",
+                         only=(DEFAULT, WITHOUT_PAIRS),
+                         settled_rows=(Need("the default baseline's beside-layer rows with each graph settled (2x H200)",
+                                            f"{x2}/{SETTLED_TP2}/comm-beside-layer-{model}-settled.jsonl"),))
     tp4 = [Study("h200", model, 4, f"sweeps/{model}-tp4.yaml", tp4_pieces,
                  _machine_tp4_inputs(model, commit), (_pair_rows(model, 4),),
                  ((f"{model} TP=4, {commit}'s study, table and layer rows, pair rows",
@@ -354,7 +373,7 @@ def _pair_rows_h200(model: str, tp4_pieces: Need) -> list[Study]:
                                                  ("a3860b5", "measured again on 4x H200"),
                                                  ("1968c70", "measured at 1968c70 on a third 4x H200 machine"))),
                      inputs=", pair rows (cc4fbeb)", only=EACH_TERM)
-    return [tp2, *tp4, held_out]
+    return [tp2, *([settled_rows] if model in SETTLED_TP2_ROWS else []), *tp4, held_out]
 
 
 # The copy-engine split over 2 and 4 chunks at TP=2, each study and its pieces from one 2x H200 machine

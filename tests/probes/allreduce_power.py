@@ -27,7 +27,9 @@ largest and even up before waiting (power_beside.hold).
 Per window and rank: mean board power, SM clock and the share of samples held by the power cap
 (tests/probes/clock_sampler.py), and the load's rate (GB/s of the message, or TFLOP/s). Per load:
 the median over rounds of the ranks' mean power, and for each all-reduce its idle equivalence
-(cap - P) / (cap - P_sleep), the cap NVML's enforced power limit, per round and rank. Rows (setup,
+(cap - P) / (cap - P_sleep), the cap NVML's enforced power limit, per round and rank, from the
+windows that kept their queues full (a host-bound window, whose queue ran empty in over 1% of its
+units, is counted and left out). Rows (setup,
 window, load; each with run_id and git) go to $OUT/allreduce_power.jsonl on rank 0; a table is
 printed last. The defaults (8 loads x 3 rounds x (2 s + 2 s)) take about 100 s with the start.
 """
@@ -51,6 +53,7 @@ from tests.probes.power_beside import check_spans, round_orders, spread
 SLEEP, GEMM, AR = "sleep", "gemm", "ar-"
 DEFAULT_TOKENS = "1024,2048,4096,8192,16384,32768"
 SLEEP_MS = 1.0  # one _sleep unit
+STARVED_SHARE = 0.01  # of a window's units: above it, the window is host-bound
 BF16 = 2
 
 
@@ -80,20 +83,28 @@ def idle_equivalence(cap_w: float, load_w: float, sleep_w: float) -> float | Non
     return (cap_w - load_w) / (cap_w - sleep_w) if cap_w > sleep_w else None
 
 
+def host_bound(window: list[dict]) -> bool:
+    """Whether a window's host loop let some rank's queue run empty in more than STARVED_SHARE of
+    its units: its power then mixes the load's with idle time, and says nothing of the load."""
+    return any(x.get("starved", 0) > STARVED_SHARE * max(x.get("units") or 0, 1) for x in window)
+
+
 def summarize(rounds: list[dict[str, list[dict]]], names: list[str], cap_w: float) -> list[dict]:
     """One row per load: the median over rounds of its ranks' mean power, SM clock, capped share
-    and rate; for an all-reduce also its idle equivalence per round and rank against `sleep` in
-    the same round and on the same rank, and their median."""
+    and rate, and how many of its windows were host-bound; for an all-reduce also its idle
+    equivalence per round and rank against `sleep` in the same round and on the same rank, from
+    the windows that were not host-bound, and their median."""
     rows = []
     for name in names:
         windows = [r[name] for r in rounds if name in r]
-        row: dict = {"kind": "load", "load": name, "rounds": len(windows)}
+        row: dict = {"kind": "load", "load": name, "rounds": len(windows),
+                     "host_bound": sum(host_bound(w) for w in windows)}
         for key in ("power_w", "sm_mhz", "power_capped", "rate"):
             means = [statistics.fmean(v) for w in windows if (v := [x[key] for x in w if x.get(key) is not None])]
             row[key] = spread(means)
         if name.startswith(AR):
             each = [idle_equivalence(cap_w, mine["power_w"], theirs["power_w"])
-                    for r in rounds if name in r and SLEEP in r
+                    for r in rounds if name in r and SLEEP in r and not host_bound(r[name])
                     for mine, theirs in zip(r[name], r[SLEEP]) if mine.get("power_w") and theirs.get("power_w")]
             each = [e for e in each if e is not None]
             row["idle_equivalence"] = spread(each) | {"each": each}
@@ -104,14 +115,17 @@ def summarize(rounds: list[dict[str, list[dict]]], names: list[str], cap_w: floa
 def table(rows: list[dict], cap_w: float) -> list[str]:
     num = lambda v, f: "-" if v is None else format(v, f)
     lines = [f"cap {cap_w:.0f} W; idle equivalence (cap - W) / (cap - sleep's W), median [min, max] over rounds and ranks",
+             f"host-bound: windows whose host loop let a queue run empty in over {STARVED_SHARE:.0%} of its units "
+             "(left out of the idle equivalence)",
              f"{'load':<10} {'rounds':>6} {'power W':>8} {'SM MHz':>7} {'capped':>6} {'rate':>9} "
-             f"{'idle equiv.':>11} {'[min, max]':>14}"]
+             f"{'idle equiv.':>11} {'[min, max]':>14} {'host-bound':>10}"]
     for r in rows:
         eq = r.get("idle_equivalence", {})
         span = "" if eq.get("min") is None else f"[{eq['min']:.2f}, {eq['max']:.2f}]"
         lines.append(f"{r['load']:<10} {r['rounds']:>6} {num(r['power_w']['median'], '.0f'):>8} "
                      f"{num(r['sm_mhz']['median'], '.0f'):>7} {num(r['power_capped']['median'], '.0%'):>6} "
-                     f"{num(r['rate']['median'], '.1f'):>9} {num(eq.get('median'), '.2f'):>11} {span:>14}")
+                     f"{num(r['rate']['median'], '.1f'):>9} {num(eq.get('median'), '.2f'):>11} {span:>14} "
+                     f"{r.get('host_bound') or '':>10}")
     return lines
 
 
@@ -183,8 +197,11 @@ def main(argv: list[str] | None = None) -> None:
         return (lambda: dist.all_reduce(buffer, op=dist.ReduceOp.AVG)), float(buffer.numel() * BF16)
 
     def unit_ms(name: str, count: int) -> float:
+        """One unit's time, after one untimed unit: the first all-reduce of a size sets NCCL up
+        (tens of ms), and a lane sized by that time queues too little to keep the GPU busy."""
         run, _ = unit(name)
         with torch.cuda.stream(stream):
+            run()
             span = timed_span(clock, run, count)
         span[1].synchronize()
         return clock.elapsed_ms(*span) / count
