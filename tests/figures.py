@@ -345,7 +345,8 @@ def _how(knobs: dict) -> str:
 
 def picks_by_tokens(*stores: str) -> dict[int, dict]:
     """Per token count of the stores' one layer group: tune's pick there, as the README's table
-    prints it: the reference's and no_comm's ms, the pick's strategy and its comm/CTA knobs, its
+    prints it: the reference's and no_comm's ms, the pick's strategy and its comm/CTA knobs (a
+    baseline's, as `knob_text` writes them), its
     speedup over the reference with the paired interval's half width, and the share of the
     exposed communication it hides (analysis.hidden, the figure report prints); the reference's
     fastest setting there (`best_*`) and the pick's speedup over it (`vs_best`)."""
@@ -356,7 +357,7 @@ def picks_by_tokens(*stores: str) -> dict[int, dict]:
         ref, free, m = analysis.reference(rows_at), analysis.bound(rows_at), chosen.chosen
         ci = analysis.speedup_ci(m, ref)
         speedup = analysis.speedup(m, ref)
-        how = _how(m.knobs)
+        how = _how(m.knobs) or (f"`{m.knob_text()}`" if m.knob_text() else "")  # a baseline picked: its knobs
         best = analysis.best_reference(rows_at)
         out[tokens] = {"ref_ms": ref.ms, "free_ms": free.ms, "strategy": m.strategy, "how": how, "speedup": speedup,
                        "pm": 0.0 if ci is None else (ci[1] - ci[0]) / 2 / speedup * 100,

@@ -107,3 +107,25 @@ def test_a_host_bound_window_is_counted_and_left_out_of_the_idle_equivalence(rng
     assert row["idle_equivalence"]["each"] == pytest.approx(kept)
     line = next(x for x in ap.table([row], cap) if x.startswith("ar-1024"))
     assert line.split()[-1] == "1"
+
+
+def test_a_committed_file_is_summed_up_again_from_its_windows(tmp_path, rng):
+    """summarize_file reads back what main wrote: the setup row, the windows by round, and gives
+    summarize's rows for them (here a file written as main writes one, with random powers)."""
+    import json
+
+    cap, tokens = 700.0, [2048, 8192]
+    names = ap.loads(tokens)
+    power = {n: rng.uniform(100, 690) for n in names}
+    lines = [{"kind": "setup", "tokens": tokens, "cap_w": [cap, cap + 5]}]
+    for r in range(3):
+        for position, n in enumerate(rng.sample(names, len(names))):
+            lines.append({"kind": "window", "load": n, "round": r, "position": position,
+                          "ranks": [{"power_w": power[n] + rng.uniform(-1, 1), "units": 1000, "starved": 0}] * 2})
+    path = tmp_path / "allreduce_power.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    rows, got_cap = ap.summarize_file(path)
+    assert got_cap == cap and [r["load"] for r in rows] == names
+    by = {r["load"]: r for r in rows}
+    expected = (cap - power["ar-8192"]) / (cap - power["sleep"])
+    assert by["ar-8192"]["idle_equivalence"]["median"] == pytest.approx(expected, abs=0.01)

@@ -29,6 +29,11 @@ README_70B = ("results/h100x2/331cb63/llama3-70b-tp2.jsonl",)  # the TP=2 run on
 # The README's TP=4 tables: llama3-70b at each choice's own clock (settled), llama3-8b in 20 ms spans
 README_TP4 = {"llama3-70b": ("results/h200x4/168d2b0/llama3-70b-tp4.jsonl",),
               "llama3-8b": ("results/h200x4/bfff1d7/llama3-8b-tp4.jsonl",)}
+# The README's TP=2 tables on 2x H200, each choice at its own clock (llama3-8b at 1K-16K), and the
+# same grid's llama3-70b study in 20 ms spans they are compared with
+README_TP2_SETTLED = {"llama3-70b": ("results/h200x2/552cfa4/llama3-70b-tp2.jsonl",),
+                     "llama3-8b": ("results/h200x2/552cfa4/llama3-8b-tp2.jsonl",)}
+README_TP2_SPANS = ("results/h200x4/60ae8af/llama3-70b-tp2.jsonl",)
 
 
 def _table_row(tokens: int) -> dict:
@@ -43,6 +48,12 @@ README_ROWS = [
 ] + [
     Claim("README.md", ROW.format(tokens=tokens), lambda stores=stores, tokens=tokens: f.picks_by_tokens(*stores)[tokens])
     for stores in README_TP4.values() for tokens in f.TOKENS
+] + [
+    Claim("README.md", ROW.format(tokens=tokens), lambda stores=stores, tokens=tokens: f.picks_by_tokens(*stores)[tokens])
+    for stores in README_TP2_SETTLED.values() for tokens in f.picks_by_tokens(*stores)
+] + [
+    Claim("README.md", "4x H200 machine: the Llama-3-70B pick {t1k:.3f}, {t2k:.3f}, {t4k:.3f} and {t8k:.3f}x), and at 1K",
+          lambda: {f"t{t // 1024}k": p["speedup"] for t, p in f.picks_by_tokens(*README_TP2_SPANS).items()}),
 ]
 
 

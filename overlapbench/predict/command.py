@@ -26,6 +26,7 @@ from overlapbench import printing, strategies
 from overlapbench.errors import UserError, shown
 from overlapbench.launch import environment
 from overlapbench.predict.estimate import (
+    AUTO_IN_LAYER,
     DEFAULT_IN_LAYER,
     DEFAULT_TRANSFER_BESIDE,
     IN_LAYER,
@@ -39,6 +40,7 @@ from overlapbench.predict.estimate import (
     MissingPiece,
     Skip,
     estimate,
+    in_layer_for,
 )
 from overlapbench.predict.summary import Summary
 from overlapbench.run.piece_keys import batch_of
@@ -68,7 +70,7 @@ class Options:
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Where the predicted rows go (.jsonl). Default: results/{name}-predicted-tp{K}.jsonl.")] = None
     busbw: Annotated[float | None, typer.Option("--busbw", metavar="GB/S", help="Rescale the tables of other world sizes to this all-reduce bus bandwidth at 1 GiB at --tp's world size (a table measured on fewer GPUs, to predict more). Default: match them to a --tp table's NCCL ring.")] = None
     transfer_beside: Annotated[str, typer.Option("--transfer-beside", help="auto | alone | measured | one-call | pair (the default): a transfer beside compute runs as slowed as measured beside the layer (--beside-layer rows), as fast as alone where only --beside-gemm rows measured it, and a copy-engine one as fast as alone taking nothing from the compute (auto); always as fast as alone; as slowed as either measured it; or as slowed as one call issued as a split issues it, taking from the compute exactly the beside-layer rows' extra beside that call per transfer (compute_one_call_op_ms, compute_one_call_extra_ms; auto's where the rows lack them) (one-call); or ending as late after the block beside it as one call and that block released together did in the beside-layer rows (pair_attention_extra_ms, pair_mlp_extra_ms; auto's where the rows lack them, said) (pair, the default).")] = DEFAULT_TRANSFER_BESIDE
-    in_layer: Annotated[str, typer.Option("--in-layer", help="measured | none: a serial plan's blocking all-reduce costs its time in the table plus the in-layer term of the --beside-layer rows (measured, the default; none where the rows lack it, said), or its time in the table alone (none) (docs/predict.md).")] = DEFAULT_IN_LAYER
+    in_layer: Annotated[str, typer.Option("--in-layer", help="auto | measured | none: a serial plan's blocking all-reduce costs its time in the table plus the in-layer term of the --beside-layer rows (measured; none where the rows lack it, said), or its time in the table alone (none); auto, the default: measured where the spec times its choices in shared spans (measure.settle_ms 0), none where each settles at its own clock, as sweep's default does (docs/predict.md).")] = DEFAULT_IN_LAYER
     error: Annotated[float | None, typer.Option("--error", metavar="ABS", help="The error of a predicted speedup, absolute: the rows' interval. Default: what the TP=2 validation supports (docs/predict.md).")] = None
 
 
@@ -104,8 +106,14 @@ def run(options: Options) -> tuple[Path, list[str]]:
     if out.exists() and out.stat().st_size > 0:
         raise UserError(f"--output: {out} already holds rows; give a new file (-o NEW.jsonl) or delete that one")
     summary = Summary()
-    inputs = load_inputs(comm, compute, transfer_beside, tp, busbw, loaded.model, in_layer)
+    charged = in_layer_for(in_layer, loaded.measure.settle_ms)
+    inputs = load_inputs(comm, compute, transfer_beside, tp, busbw, loaded.model, charged)
     predict(loaded, tp, inputs, out, ERROR if error is None else error, summary)
+    if in_layer == AUTO_IN_LAYER and charged == NO_IN_LAYER:
+        summary.in_layer = (f"not charged (--in-layer auto: the spec settles each choice for {loaded.measure.settle_ms:g} ms "
+                            "before timing it, and at its own clock the baseline's compute gains about what the term "
+                            "charges): blocking all-reduces cost their time in the table; --in-layer measured charges "
+                            "the --beside-layer rows' term")
     return out, summary.lines()
 
 
@@ -114,7 +122,8 @@ def load_inputs(comm: list[Path], compute: list[Path], stretch: str, tp: int, bu
     """The prediction's inputs: `comm` files are `overlapbench comm` stores (their rows timed
     beside compute give the contention) or nccl-tests text output, of any world sizes
     (predict/comm_inputs.py: tables of other world sizes rescaled, by `busbw` where given);
-    `model`: the layer predicted, whose beside-layer rows are chosen; `in_layer`: one of IN_LAYER."""
+    `model`: the layer predicted, whose beside-layer rows are chosen; `in_layer`: one of
+    CHARGED_IN_LAYER (`auto` resolved by the spec: estimate.in_layer_for)."""
     from overlapbench.predict import comm_inputs
 
     table, contention = comm_inputs.read(comm, tp, busbw, model)
@@ -197,7 +206,7 @@ def _in_layer_said(inputs: Inputs, summary: Summary) -> str:
     asked for, what reading it flagged goes into the summary's inputs."""
     if inputs.in_layer != MEASURED_IN_LAYER:
         return ("not charged (--in-layer none): blocking all-reduces cost their time in the table; "
-                "--in-layer measured (the default) charges the --beside-layer rows' term")
+                "--in-layer measured charges the --beside-layer rows' term")
     if inputs.contention is None:
         return "none (no --beside-layer rows): blocking all-reduces cost their time in the table"
     summary.inputs += inputs.contention.in_layer_notes

@@ -135,14 +135,34 @@ COPY_ENGINE_PATHS = frozenset(p for m in comm_methods.METHODS if m.chunked for p
 # TP=4 baselines pay at 1K-4K but up to 385 us per all-reduce more than they pay from 8K at
 # llama3-70b; with the splits charged their pairs (PAIR), it narrows every validation's worst
 # point (docs/predict.md, The pair window).
-NO_IN_LAYER, MEASURED_IN_LAYER = "none", "measured"
-IN_LAYER = (NO_IN_LAYER, MEASURED_IN_LAYER)
+# The term is timed with the layer's graphs sharing one clock (rounds of short spans), as `sweep`
+# timed every choice before it settled each: studies timed so are what it was validated against.
+# At each choice's own clock (sweep's default now: measure.settle_ms > 0) the baseline's compute
+# runs faster beside its all-reduces, which draw a third to a half of the power cap, and at every
+# study timed so the term made predict worse (llama3-70b at TP=2, median and worst 0.015 and 0.077
+# with it, 0.006 and 0.040 without; llama3-8b at TP=2 0.028 and 0.141 against 0.018 and 0.082;
+# llama3-70b at TP=4 0.040 and 0.138 against 0.028 and 0.099: docs/predict.md, "At each choice's
+# own clock"). AUTO_IN_LAYER, the default, charges the term where the spec predicted is timed in
+# shared spans (measure.settle_ms 0) and not where each choice settles (in_layer_for).
+NO_IN_LAYER, MEASURED_IN_LAYER, AUTO_IN_LAYER = "none", "measured", "auto"
+CHARGED_IN_LAYER = (NO_IN_LAYER, MEASURED_IN_LAYER)  # what a prediction charges, `auto` resolved
+IN_LAYER = (AUTO_IN_LAYER, *CHARGED_IN_LAYER)
 
-# predict's defaults: the pairs and the in-layer term, both from the beside-layer rows (where the
-# rows lack a field, each says what it charged instead). Against every H200 study with the pair
-# rows, these two together gave the smallest worst errors at TP=2 and TP=4 and the most picks at
-# TP=4 (docs/predict.md, The pair window); the Inputs below default to the plain model.
-DEFAULT_TRANSFER_BESIDE, DEFAULT_IN_LAYER = PAIR, MEASURED_IN_LAYER
+
+def in_layer_for(choice: str, settle_ms: float) -> str:
+    """What `--in-layer choice` charges for a spec whose choices settle for `settle_ms` before their
+    spans: `auto` is `measured` where they share one clock (0 ms), else `none`."""
+    if choice != AUTO_IN_LAYER:
+        return choice
+    return MEASURED_IN_LAYER if settle_ms == 0 else NO_IN_LAYER
+
+
+# predict's defaults: the pairs from the beside-layer rows (where the rows lack a field, each says
+# what it charged instead), and the in-layer term as the spec's timing asks (AUTO_IN_LAYER). Against
+# every H200 study with the pair rows timed in shared spans, the pairs and the term together gave
+# the smallest worst errors at TP=2 and TP=4 and the most picks at TP=4 (docs/predict.md, The pair
+# window); the Inputs below default to the plain model.
+DEFAULT_TRANSFER_BESIDE, DEFAULT_IN_LAYER = PAIR, AUTO_IN_LAYER
 
 # Knobs whose effect no input holds, one record each: (the knob, why). A point that sets one off
 # its default is a skipped row naming it; predicted as if the knob did nothing, it would be a
@@ -163,7 +183,7 @@ class Inputs:
     """What a prediction is made from: compute pieces, a comm table, contention (beside the
     layer or the GEMMs, and the in-layer term of blocking all-reduces), the transfer model
     (`stretch`: one of TRANSFER_BESIDE) and whether the in-layer term is charged (`in_layer`:
-    one of IN_LAYER)."""
+    one of CHARGED_IN_LAYER)."""
 
     compute: ComputePieces
     comm: object  # predict.comm_table.CommTable

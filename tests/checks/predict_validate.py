@@ -15,8 +15,11 @@ missing and the device call that makes them; `--missing` prints the same. An inp
 from an older measurement (its rows lack a field it has now: the beside-layer rows before the
 in-layer term's paired rounds) is used as predict uses it, and listed as one to make again.
 
-Each study is predicted with predict's defaults (`--in-layer measured --transfer-beside pair`),
-then from the same inputs without each term its contention rows hold: `--in-layer none` where they
+Each study is predicted with the pairs and the measured in-layer term (`--in-layer measured
+--transfer-beside pair`, predict's defaults where the spec is timed in shared spans, as most studies
+here were; for a spec that settles each choice, as the sweeps do now, predict's `--in-layer auto`
+charges no term, the `--in-layer none` lines), then from the same inputs without each term its
+contention rows hold: `--in-layer none` where they
 carry the in-layer term of the paired rounds, `--transfer-beside auto` where they carry the pairs,
 both where they carry both, and `--in-layer none --transfer-beside one-call` where they carry the
 extra beside one call (Variant; a study's `only` names its own), each reported after the default,
@@ -53,8 +56,8 @@ from overlapbench.comm.pair import ATTENTION  # noqa: E402
 from overlapbench.predict.contention import ONE_CALL_EXTRA, PAIR_EXTRA  # noqa: E402
 from overlapbench.predict.estimate import (  # noqa: E402
     AUTO,
-    DEFAULT_IN_LAYER,
     DEFAULT_TRANSFER_BESIDE,
+    MEASURED_IN_LAYER,
     NO_IN_LAYER,
     ONE_CALL,
 )
@@ -116,16 +119,18 @@ class Need:
 
 @dataclass(frozen=True)
 class Variant:
-    """How a study is predicted: predict's `--in-layer` and `--transfer-beside` (its defaults
-    unless said)."""
+    """How a study is predicted: predict's `--in-layer` and `--transfer-beside`, its default pairs
+    and the measured in-layer term unless said. The term is named, never left to `auto`: the
+    specs predicted settle each choice now, which `auto` would read as `none`, while most studies
+    held here were timed in shared spans, where the term is charged."""
 
-    in_layer: str = DEFAULT_IN_LAYER
+    in_layer: str = MEASURED_IN_LAYER
     transfer_beside: str = DEFAULT_TRANSFER_BESIDE
 
     @property
     def title(self) -> str:
-        """What a prediction's titles add: the options set where not the defaults."""
-        said = ([f"--in-layer {self.in_layer}"] if self.in_layer != DEFAULT_IN_LAYER else []) + (
+        """What a prediction's titles add: the options set where not the pairs and the measured term."""
+        said = ([f"--in-layer {self.in_layer}"] if self.in_layer != MEASURED_IN_LAYER else []) + (
             [f"--transfer-beside {self.transfer_beside}"] if self.transfer_beside != DEFAULT_TRANSFER_BESIDE else [])
         return f", with {' and '.join(said)}" if said else ""
 
@@ -139,7 +144,7 @@ DEFAULT = Variant()
 WITHOUT_TERM = Variant(in_layer=NO_IN_LAYER)  # the pairs alone
 WITHOUT_PAIRS = Variant(transfer_beside=AUTO)  # the in-layer term alone
 EARLIER = Variant(in_layer=NO_IN_LAYER, transfer_beside=AUTO)  # neither: predict's defaults before the pair window
-EACH_TERM = (DEFAULT, WITHOUT_TERM, WITHOUT_PAIRS, EARLIER)  # the defaults, then without the term, the pairs, both
+EACH_TERM = (DEFAULT, WITHOUT_TERM, WITHOUT_PAIRS, EARLIER)  # the pairs and the term, then without the term, the pairs, both
 
 
 @dataclass(frozen=True)
@@ -171,7 +176,7 @@ class Study:
         return next((n for n in self.contention if n.found() is not None), None)
 
     def variants(self) -> tuple[Variant, ...]:
-        """How to predict the study, predict's defaults first (the in-layer term and the pairs),
+        """How to predict the study, the pairs and the measured in-layer term first,
         then without each of the two that the contention rows used hold (`--in-layer none` where
         they carry the in-layer term of the paired rounds, `--transfer-beside auto` where they carry
         the pairs, and without both), and `--in-layer none --transfer-beside one-call` where they
@@ -341,7 +346,7 @@ def _settled_tp2(model: str) -> tuple[Need, ...]:
 
 def _pair_rows_h200(model: str, tp4_pieces: Need) -> list[Study]:
     """Both TPs' studies predicted with the pair rows beside the rows they were validated with:
-    predict's defaults, and without the in-layer term, the pairs, or both."""
+    the pairs and the measured in-layer term, and without the term, the pairs, or both."""
     x2, x4 = "results/h200x2", "results/h200x4"
     tp2 = Study("h200", model, 2, f"sweeps/{model}-tp2.yaml",
                 Need("the TP=2 pieces on one H200", f"{x2}/bbc1676/pieces-{model}-tp2-tp2.jsonl"),
@@ -385,7 +390,7 @@ CHUNKS_TP2 = {"llama3-8b": "results/h200x2/1f96d65", "llama3-70b": "results/h200
 
 def _chunks_h200(model: str) -> list[Study]:
     """The 2- and 4-chunk split study at TP=2, predicted from its machine's pieces and the pair rows:
-    predict's defaults, and without the in-layer term, the pairs, or both."""
+    the pairs and the measured in-layer term, and without the term, the pairs, or both."""
     folder = CHUNKS_TP2[model]
     commit = folder.rsplit("/", 1)[1]
     pairs = (Need(f"pair rows beside TP=2's layer at {commit} (2x H200)", f"{folder}/comm-beside-layer-{model}.jsonl",
@@ -418,7 +423,7 @@ def _long_more_pieces(model: str, tp: int) -> tuple[Need, ...]:
 
 def _long_h200(model: str) -> list[Study]:
     """The long-prompt studies at TP=4 and TP=2, predicted as the 1K-32K studies beside them are
-    with the pair rows: predict's defaults, and without the in-layer term, the pairs, or both."""
+    with the pair rows: the pairs and the measured in-layer term, and without the term, the pairs, or both."""
     x4 = "results/h200x4"
     pieces, more = partial(_long_pieces, model), partial(_long_more_pieces, model)
     study = lambda commit, tp: Need(f"the long-prompt TP={tp} study at {commit}", f"{x4}/{commit}/long-{model}-tp{tp}.jsonl")
@@ -450,7 +455,7 @@ SETTLED = {"llama3-70b": "168d2b0"}
 
 def _every_input_h200(model: str, tp4_pieces: Need) -> list[Study]:
     """The TP=4 grid and the long prompts from the pieces and the table and rows of the machine that
-    timed them: predict's defaults, and without the in-layer term, the pairs, or both."""
+    timed them: the pairs and the measured in-layer term, and without the term, the pairs, or both."""
     x4 = f"results/h200x4/{EVERY_INPUT}"
     table, rows = _machine_tp4_inputs(model, EVERY_INPUT)
     pairs = replace(rows, current=PAIRED)
@@ -500,7 +505,7 @@ class Outcome:
 
     @property
     def variant(self) -> str:
-        """What the prediction's titles add: its options where not the defaults."""
+        """What the prediction's titles add: its options where not the pairs and the measured term."""
         return self.how.title
 
 

@@ -112,6 +112,21 @@ def summarize(rounds: list[dict[str, list[dict]]], names: list[str], cap_w: floa
     return rows
 
 
+def summarize_file(path: Path) -> tuple[list[dict], float]:
+    """A committed allreduce_power.jsonl's loads summed up again by today's `summarize` (its
+    setup and window rows; the file's own load rows are those of the code that ran), and the cap."""
+    import json
+
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    (setup,) = [r for r in rows if r["kind"] == "setup"]
+    windows = [r for r in rows if r["kind"] == "window"]
+    rounds: list[dict[str, list[dict]]] = [{} for _ in range(1 + max(w["round"] for w in windows))]
+    for w in windows:
+        rounds[w["round"]][w["load"]] = w["ranks"]
+    cap = min(setup["cap_w"])
+    return summarize(rounds, loads(setup["tokens"]), cap), cap
+
+
 def table(rows: list[dict], cap_w: float) -> list[str]:
     num = lambda v, f: "-" if v is None else format(v, f)
     lines = [f"cap {cap_w:.0f} W; idle equivalence (cap - W) / (cap - sleep's W), median [min, max] over rounds and ranks",
