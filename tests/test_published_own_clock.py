@@ -155,3 +155,25 @@ def test_the_settled_terms_intervals_are_wider_than_the_term():
 
 
 test_claim = claims_test(CLAIMS)
+
+
+TP8 = "results/predicted-h200/predicted-llama3-70b-tp8-{}.jsonl"
+TP8_TEXT = """`tune`'s rule picks
+the same settings at every token count, at {auto[lo]:.3f}-{auto[hi]:.3f}x over NCCL's default ring
+where the pair file reads {pair[lo]:.3f}-{pair[hi]:.3f}x"""
+
+
+def _tp8() -> dict:
+    """The TP=8 predictions with today's defaults and with those of the pair window: the same pick
+    at every token count (asserted), and the picks' predicted speedups."""
+    picks = {name: f.picks_by_tokens(TP8.format(name)) for name in ("auto", "pair")}
+    same = lambda p: {t: (x["strategy"], x["how"]) for t, x in p.items()}
+    assert same(picks["auto"]) == same(picks["pair"]), "the text says the picks are the same"
+    return {name: bounds(x["speedup"] for x in p.values()) for name, p in picks.items()}
+
+
+def test_the_tp8_predictions_figures():
+    from tests.published import flat
+
+    text = flat((ROOT / PREDICT).read_text())
+    assert flat(TP8_TEXT.format(**_tp8())) in text
