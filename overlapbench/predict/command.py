@@ -110,10 +110,7 @@ def run(options: Options) -> tuple[Path, list[str]]:
     inputs = load_inputs(comm, compute, transfer_beside, tp, busbw, loaded.model, charged)
     predict(loaded, tp, inputs, out, ERROR if error is None else error, summary)
     if in_layer == AUTO_IN_LAYER and charged == NO_IN_LAYER:
-        summary.in_layer = (f"not charged (--in-layer auto: the spec settles each choice for {loaded.measure.settle_ms:g} ms "
-                            "before timing it, and at its own clock the baseline's compute gains about what the term "
-                            "charges): blocking all-reduces cost their time in the table; --in-layer measured charges "
-                            "the --beside-layer rows' term")
+        summary.in_layer = _auto_left_out_said(loaded.measure.settle_ms)
     return out, summary.lines()
 
 
@@ -211,6 +208,13 @@ def _in_layer_said(inputs: Inputs, summary: Summary) -> str:
         return "none (no --beside-layer rows): blocking all-reduces cost their time in the table"
     summary.inputs += inputs.contention.in_layer_notes
     return inputs.contention.in_layer_described()
+
+
+def _auto_left_out_said(settle_ms: float) -> str:
+    """The summary's line on the in-layer term where `--in-layer auto` left it out: why."""
+    return (f"not charged (--in-layer auto: the spec settles each choice for {settle_ms:g} ms before timing it, and at "
+            "its own clock the baseline's compute gains about what the term charges): blocking all-reduces cost their "
+            "time in the table; --in-layer measured charges the --beside-layer rows' term")
 
 
 def _row(point, found, ref, inputs: Inputs, run_id: str, env: dict, error: float) -> dict:

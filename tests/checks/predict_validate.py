@@ -19,11 +19,10 @@ Each study is predicted with the pairs and the measured in-layer term (`--in-lay
 --transfer-beside pair`, predict's defaults where the spec is timed in shared spans, as most studies
 here were; for a spec that settles each choice, as the sweeps do now, predict's `--in-layer auto`
 charges no term, the `--in-layer none` lines), then from the same inputs without each term its
-contention rows hold: `--in-layer none` where they
-carry the in-layer term of the paired rounds, `--transfer-beside auto` where they carry the pairs,
-both where they carry both, and `--in-layer none --transfer-beside one-call` where they carry the
-extra beside one call (Variant; a study's `only` names its own), each reported after the default,
-so the file shows what each term does.
+contention rows hold: `--in-layer none` where they carry the in-layer term of the paired rounds,
+`--transfer-beside auto` where they carry the pairs, both where they carry both, and `--in-layer
+none --transfer-beside one-call` where they carry the extra beside one call (Variant; a study's
+`only` names its own), each reported after the first, so the file shows what each term does.
 
 The device calls that make what is missing are CALLS below (each inside one 600 s call; OUT is
 the call's output folder, <commit> the code's; commit what comes back under
