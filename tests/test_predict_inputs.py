@@ -218,7 +218,7 @@ def test_auto_charges_the_in_layer_term_only_where_the_spec_shares_one_clock(tmp
     from typer.testing import CliRunner
 
     from overlapbench.cli import app
-    from overlapbench.predict.estimate import in_layer_for
+    from overlapbench.predict.in_layer_choice import in_layer_for
     from tests.results_readme import ROOT
 
     assert in_layer_for("auto", 0) == "measured" and in_layer_for("auto", rng.uniform(1, 2000)) == "none"

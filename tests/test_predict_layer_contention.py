@@ -12,7 +12,8 @@ import random
 import pytest
 
 from overlapbench.predict.contention import GEMM, LAYER, NONE, Contention
-from overlapbench.predict.estimate import ALONE, AUTO, MEASURED, MEASURED_IN_LAYER, NO_IN_LAYER
+from overlapbench.predict.estimate import ALONE, AUTO, MEASURED
+from overlapbench.predict.in_layer_choice import MEASURED_IN_LAYER, NO_IN_LAYER
 from overlapbench.predict.notes import ASSUMED, FLAGGED, SUBSTITUTED
 from overlapbench.predict.notes import MEASURED as MEASURED_NOTE
 from tests.test_predict_comm import SIZES, comm_row

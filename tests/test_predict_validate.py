@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from overlapbench.predict.estimate import MEASURED_IN_LAYER, NO_IN_LAYER, ONE_CALL, PAIR
+from overlapbench.predict.estimate import ONE_CALL, PAIR
+from overlapbench.predict.in_layer_choice import MEASURED_IN_LAYER, NO_IN_LAYER
 from overlapbench.tuning.results import SCHEMA
 from tests.checks import predict_validate as pv
 from tests.checks import predict_validation as pvn

@@ -26,12 +26,7 @@ from overlapbench import printing, strategies
 from overlapbench.errors import UserError, shown
 from overlapbench.launch import environment
 from overlapbench.predict.estimate import (
-    AUTO_IN_LAYER,
-    DEFAULT_IN_LAYER,
     DEFAULT_TRANSFER_BESIDE,
-    IN_LAYER,
-    MEASURED_IN_LAYER,
-    NO_IN_LAYER,
     PAIR,
     TRANSFER_BESIDE,
     ComputePieces,
@@ -40,6 +35,13 @@ from overlapbench.predict.estimate import (
     MissingPiece,
     Skip,
     estimate,
+)
+from overlapbench.predict.in_layer_choice import (
+    AUTO_IN_LAYER,
+    DEFAULT_IN_LAYER,
+    IN_LAYER,
+    MEASURED_IN_LAYER,
+    NO_IN_LAYER,
     in_layer_for,
 )
 from overlapbench.predict.summary import Summary

@@ -56,10 +56,9 @@ from overlapbench.predict.contention import ONE_CALL_EXTRA, PAIR_EXTRA  # noqa: 
 from overlapbench.predict.estimate import (  # noqa: E402
     AUTO,
     DEFAULT_TRANSFER_BESIDE,
-    MEASURED_IN_LAYER,
-    NO_IN_LAYER,
     ONE_CALL,
 )
+from overlapbench.predict.in_layer_choice import MEASURED_IN_LAYER, NO_IN_LAYER  # noqa: E402
 from overlapbench.tuning.results import read_rows  # noqa: E402
 from tests.checks.predict_validation import COMPUTE_OFF, compare, compute_cell, markdown  # noqa: E402
 
