@@ -122,7 +122,7 @@ def load_inputs(comm: list[Path], compute: list[Path], stretch: str, tp: int, bu
     beside compute give the contention) or nccl-tests text output, of any world sizes
     (predict/comm_inputs.py: tables of other world sizes rescaled, by `busbw` where given);
     `model`: the layer predicted, whose beside-layer rows are chosen; `in_layer`: one of
-    CHARGED_IN_LAYER (`auto` resolved by the spec: estimate.in_layer_for)."""
+    CHARGED_IN_LAYER (`auto` resolved by the spec: in_layer_choice.in_layer_for)."""
     from overlapbench.predict import comm_inputs
 
     table, contention = comm_inputs.read(comm, tp, busbw, model)

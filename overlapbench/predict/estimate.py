@@ -154,7 +154,7 @@ class Inputs:
     """What a prediction is made from: compute pieces, a comm table, contention (beside the
     layer or the GEMMs, and the in-layer term of blocking all-reduces), the transfer model
     (`stretch`: one of TRANSFER_BESIDE) and whether the in-layer term is charged (`in_layer`:
-    one of CHARGED_IN_LAYER)."""
+    one of in_layer_choice.CHARGED_IN_LAYER)."""
 
     compute: ComputePieces
     comm: object  # predict.comm_table.CommTable
