@@ -342,6 +342,13 @@ def _settled_tp2(model: str) -> tuple[Need, ...]:
     return (Need(f"the settled TP=2 study at {SETTLED_TP2}", f"results/h200x2/{SETTLED_TP2}/{model}-tp2.jsonl"),)
 
 
+def _with_settled_rows(base: Study, title: str, study: tuple[Need, ...], rows: Need, inputs: str) -> Study:
+    """`base`'s inputs with `rows`, the default baseline's beside-layer rows with each graph settled,
+    read beside them (predict takes them over the shared-clock ones), held to `study`, timed at each
+    choice's own clock: with the pairs and the measured term, and without the pairs."""
+    return replace(base, measured=((title, study),), inputs=inputs, only=(DEFAULT, WITHOUT_PAIRS), settled_rows=(rows,))
+
+
 def _pair_rows_h200(model: str, tp4_pieces: Need) -> list[Study]:
     """Both TPs' studies predicted with the pair rows beside the rows they were validated with:
     the pairs and the measured in-layer term, and without the term, the pairs, or both."""
@@ -356,13 +363,11 @@ def _pair_rows_h200(model: str, tp4_pieces: Need) -> list[Study]:
                   (Need("the TP=2 study at 60ae8af", f"{x4}/60ae8af/{model}-tp2.jsonl"),)),
                  (f"{model} TP=2, {SETTLED_TP2}'s study at each choice's own clock, pair rows", _settled_tp2(model))),
                 inputs=", pair rows (cc4fbeb)", only=EACH_TERM)
-    settled_rows = Study("h200", model, 2, tp2.spec, tp2.pieces, tp2.tables, tp2.contention,
-                         ((f"{model} TP=2, {SETTLED_TP2}'s study at each choice's own clock, pair rows, the baseline's "
-                           "settled", _settled_tp2(model)),),
-                         inputs=", pair rows (cc4fbeb) with the default baseline's beside-layer rows settled",
-                         only=(DEFAULT, WITHOUT_PAIRS),
-                         settled_rows=(Need("the default baseline's beside-layer rows with each graph settled (2x H200)",
-                                            f"{x2}/{SETTLED_TP2}/comm-beside-layer-{model}-settled.jsonl"),))
+    with_settled_rows = [_with_settled_rows(
+        tp2, f"{model} TP=2, {SETTLED_TP2}'s study at each choice's own clock, pair rows, the baseline's settled",
+        _settled_tp2(model), Need("the default baseline's beside-layer rows with each graph settled (2x H200)",
+                                  f"{x2}/{SETTLED_TP2}/comm-beside-layer-{model}-settled.jsonl"),
+        ", pair rows (cc4fbeb) with the default baseline's beside-layer rows settled")] if model in SETTLED_TP2_ROWS else []
     tp4 = [Study("h200", model, 4, f"sweeps/{model}-tp4.yaml", tp4_pieces,
                  _machine_tp4_inputs(model, commit), (_pair_rows(model, 4),),
                  ((f"{model} TP=4, {commit}'s study, table and layer rows, pair rows",
@@ -376,7 +381,7 @@ def _pair_rows_h200(model: str, tp4_pieces: Need) -> list[Study]:
                                                  ("a3860b5", "measured again on 4x H200"),
                                                  ("1968c70", "measured at 1968c70 on a third 4x H200 machine"))),
                      inputs=", pair rows (cc4fbeb)", only=EACH_TERM)
-    return [tp2, *([settled_rows] if model in SETTLED_TP2_ROWS else []), *tp4, held_out]
+    return [tp2, *with_settled_rows, *tp4, held_out]
 
 
 # The copy-engine split over 2 and 4 chunks at TP=2, each study and its pieces from one 2x H200 machine
@@ -460,20 +465,19 @@ def _every_input_h200(model: str, tp4_pieces: Need) -> list[Study]:
     inputs = f", {EVERY_INPUT}'s inputs with its pair rows"
     measured = lambda name, what: ((f"{model} TP=4, {what}{EVERY_INPUT}'s study, table, layer and pair rows",
                                     (Need(f"the {what}TP=4 study at {EVERY_INPUT}", f"{x4}/{name}.jsonl"),)),)
-    settled, with_settled_rows = (), []
+    settled, own_clock, study = (), "", ()
     if model in SETTLED:
         study = (Need(f"the settled TP=4 study at {SETTLED[model]}", f"results/h200x4/{SETTLED[model]}/{model}-tp4.jsonl"),)
         own_clock = f"{model} TP=4, {SETTLED[model]}'s study at each choice's own clock, {EVERY_INPUT}'s"
         settled = ((f"{own_clock} table, layer and pair rows", study),)
-        with_settled_rows = [Study(
-            "h200", model, 4, f"sweeps/{model}-tp4.yaml", tp4_pieces, (table,), (pairs,),
-            ((f"{own_clock} rows, the baseline's settled", study),),
-            inputs=f", {EVERY_INPUT}'s inputs with the default baseline's beside-layer rows settled",
-            only=(DEFAULT, WITHOUT_PAIRS),
-            settled_rows=(Need("the default baseline's beside-layer rows with each graph settled (4x H200)",
-                               f"results/h200x4/*/comm-beside-layer-{model}-settled.jsonl", call="h200x4-settled-layer"),))]
-    return [Study("h200", model, 4, f"sweeps/{model}-tp4.yaml", tp4_pieces, (table,), (pairs,),
-                  measured(f"{model}-tp4", "") + settled, inputs=inputs, only=EACH_TERM), *with_settled_rows,
+    grid = Study("h200", model, 4, f"sweeps/{model}-tp4.yaml", tp4_pieces, (table,), (pairs,),
+                 measured(f"{model}-tp4", "") + settled, inputs=inputs, only=EACH_TERM)
+    with_settled_rows = [_with_settled_rows(
+        grid, f"{own_clock} rows, the baseline's settled", study,
+        Need("the default baseline's beside-layer rows with each graph settled (4x H200)",
+             f"results/h200x4/*/comm-beside-layer-{model}-settled.jsonl", call="h200x4-settled-layer"),
+        f", {EVERY_INPUT}'s inputs with the default baseline's beside-layer rows settled")] if model in SETTLED else []
+    return [grid, *with_settled_rows,
             Study("h200", model, 4, f"sweeps/long-{model}-tp4.yaml", _long_pieces(model, 4), (table,),
                   (pairs,), measured(f"long-{model}-tp4", "long prompts, "),
                   inputs=f", long prompts{inputs}", only=EACH_TERM, more_pieces=_long_more_pieces(model, 4))]
