@@ -82,3 +82,38 @@ def test_pieces_are_timed_in_the_sweeps_rounds(monkeypatch):
     samples = pieces.time_in_rounds([small, large], [0.01, 1.0], WallClock())
     assert [len(s) for s in samples] == [pieces.ROUNDS, pieces.ROUNDS]
     assert sorted(samples[1])[pieces.ROUNDS // 2] > sorted(samples[0])[pieces.ROUNDS // 2]
+
+
+def test_chains_are_timed_each_at_its_own_clock_where_the_spec_settles(monkeypatch):
+    """Where the spec settles each choice, a chain is settled before each of its CHAIN_ROUNDS spans
+    (its run called more often than a span alone calls it) while the pieces keep their shared
+    rounds; where it does not, the chains are timed with the pieces. On CPU, by the wall clock."""
+    from overlapbench.run import pieces
+    from overlapbench.specs.spec_sections import Measure
+    from overlapbench.timing import interleave
+    from overlapbench.timing.bench import WallClock
+
+    monkeypatch.setattr(pieces, "WARMUP_S", 0.0)
+    a, b = torch.randn(64, 64), torch.randn(128, 128)
+    calls = {"piece": 0, "chain": 0}
+
+    def counted(key, fn):
+        def run():
+            calls[key] += 1
+            return fn()
+        return run
+
+    runs = {"piece": counted("piece", lambda: a @ a), "chain": counted("chain", lambda: [b @ b for _ in range(3)])}
+    estimates = {"piece": 0.05, "chain": 0.2}
+    settled = Measure(settle_ms=2.0, span_ms=1.0)
+    samples = pieces.time_batch(runs, estimates, {"chain"}, settled, WallClock())
+    assert len(samples["piece"]) == pieces.ROUNDS and len(samples["chain"]) == pieces.CHAIN_ROUNDS
+    per_round = interleave.settling(2.0, 0.2) + interleave.repetitions(1.0, 0.2)
+    assert calls["chain"] == pieces.CHAIN_ROUNDS * per_round and per_round > interleave.repetitions(1.0, 0.2)
+    assert pieces.own_clock(settled) == {"settle_ms": 2.0, "span_ms": 1.0}
+
+    calls.update(piece=0, chain=0)
+    shared = Measure(settle_ms=0.0, span_ms=1.0)
+    samples = pieces.time_batch(runs, estimates, {"chain"}, shared, WallClock())
+    assert len(samples["chain"]) == len(samples["piece"]) == pieces.ROUNDS and calls["chain"] == pieces.ROUNDS
+    assert pieces.own_clock(shared) is None

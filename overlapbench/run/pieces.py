@@ -16,6 +16,15 @@ so one GPU times what `predict` needs of compute. The pieces are those the sched
 
 Each distinct piece is timed once per batch, however many strategies use it. A piece is timed as
 a CUDA graph of enough repetitions to last about a millisecond, so launch gaps do not inflate it.
+
+Where the spec settles each choice before its spans (`measure.settle_ms` > 0, the default), the
+chains are timed so too, each at the clock its own load sets: a plan's chain and the studies'
+timings then share a clock, and estimate.py's in-context scale carries it into every phase. The
+isolated pieces are timed in shared rounds either way (settling each of a batch's dozens of pieces
+would take minutes), so the chain alone says what a plan's own clock adds. On one H200, llama3-70b
+TP=4's shard split at 2048 tokens (`token_split comm: none`) ran 4.2% over `no_comm` each at its
+own clock and 0.3% in shared 20 ms spans (results/h200/4746a2d): the chain timed in shared rounds
+said 0.4%, the 4x H200 study at each choice's own clock 4.3%.
 """
 
 from __future__ import annotations
@@ -52,6 +61,9 @@ TARGET_MS = 1.0  # one timed sample lasts about this long (repetitions of the pi
 # a whole batch's MLP and its two halves came out of different clock states: the split looked up
 # to 7% cheaper than no split, where the two-GPU run measured it 0.3-2% dearer.
 WARMUP_S, ROUNDS = 2.0, 30
+# Rounds of the chains at their own clock (settle_ms, then span_ms, per chain and round): a chain's
+# 200 ms spans vary by about 0.5%, so a few rounds place its median well inside the gaps it decides
+CHAIN_ROUNDS = 6
 
 
 def _chunk(chunk: Rows | SequenceParts, seq_lens, device, decode):
@@ -137,6 +149,32 @@ def time_in_rounds(runs: list, estimates_ms: list[float], clock: bench.Clock) ->
     return [t.samples_ms for t in interleave.time_rounds(runs, estimates_ms, 0, plan, clock)]
 
 
+SHARED_CLOCK = {"settle_ms": 0.0, "span_ms": 0.0}  # a row timed in shared rounds: one sample a round, no settling
+
+
+def own_clock(measure_spec) -> dict | None:
+    """How the spec times each choice, where it settles each before its spans (the chains are
+    timed so too), else None: settle_ms and span_ms, as its rows record them."""
+    if measure_spec.settle_ms <= 0:
+        return None
+    return {"settle_ms": measure_spec.settle_ms, "span_ms": measure_spec.span_ms}
+
+
+def time_batch(runs: dict, estimates_ms: dict, chains: set, measure_spec, clock: bench.Clock) -> dict:
+    """Samples (ms) of each of one batch's `runs` by key: the pieces in shared rounds
+    (time_in_rounds); the `chains` too, or, where the spec settles each choice, each chain at its
+    own clock: settled, then timed for a span, in every one of CHAIN_ROUNDS shuffled rounds."""
+    own = own_clock(measure_spec)
+    settled = [key for key in runs if own and key in chains]
+    shared = [key for key in runs if key not in settled]
+    samples = dict(zip(shared, time_in_rounds([runs[k] for k in shared], [estimates_ms[k] for k in shared], clock)))
+    if settled:
+        plan = interleave.Plan(max_rounds=CHAIN_ROUNDS, ci_target=0.0, min_rounds=CHAIN_ROUNDS, **own)
+        timed = interleave.time_rounds([runs[k] for k in settled], [estimates_ms[k] for k in settled], 0, plan, clock)
+        samples.update(zip(settled, (t.samples_ms for t in timed)))
+    return samples
+
+
 def run(spec: SweepSpec, output: Path, tp: int) -> int:
     """Every piece of every batch of the spec at TP=tp, on this one GPU; returns rows written."""
     spec = dataclasses.replace(spec, tp=tp)
@@ -146,6 +184,7 @@ def run(spec: SweepSpec, output: Path, tp: int) -> int:
         console = printing.console()
         env = environment.run_environment(rt)
         points = [p for p in spec.points(tp, cuda=True) if p.workload == "layer"]
+        own = own_clock(spec.measure)
         store = results.ResultStore(output)
         store.open(resume=False, study=spec.name)
         run_id, written = results.new_run_id(), 0
@@ -156,15 +195,18 @@ def run(spec: SweepSpec, output: Path, tp: int) -> int:
                 batch = BatchPieces(first, rt)
                 steps = {key: _repeated(batch.run(*what)) for key, what in wanted.items()}
                 runs = {key: measure.runner(step, batch.x, True) for key, (step, _, _) in steps.items()}
-                samples = time_in_rounds([run for run, _, _ in runs.values()], [ms for _, _, ms in steps.values()],
-                                         bench.CudaClock())
-                for (key, (piece, rows, _, _)), (_, reps, _), (_, graphs, error), taken in zip(
-                        wanted.items(), steps.values(), runs.values(), samples):
-                    per_piece = [t / reps for t in taken]
-                    timing = bench.Timing(per_piece, graphs, error)
-                    store.append(_row(first, key, piece, rows, per_piece, timing, run_id, env, reps))
+                chains = {key for key, (piece, *_) in wanted.items() if piece == "chain"}
+                samples = time_batch({key: run for key, (run, _, _) in runs.items()},
+                                     {key: ms for key, (_, _, ms) in steps.items()}, chains, spec.measure, bench.CudaClock())
+                for key, (piece, rows, _, _) in wanted.items():
+                    (_, reps, _), (_, graphs, error) = steps[key], runs[key]
+                    per_piece = [t / reps for t in samples[key]]
+                    clock = (own or SHARED_CLOCK) if key in chains else SHARED_CLOCK
+                    store.append(_row(first, key, piece, rows, per_piece, bench.Timing(per_piece, graphs, error),
+                                      run_id, env, reps, clock))
                     written += 1
-                console.print(f"{first.tokens} tokens: {len(wanted)} pieces timed")
+                console.print(f"{first.tokens} tokens: {len(wanted)} pieces timed"
+                              + (f" (its {len(chains)} chains each at its own clock)" if own else ""))
                 del batch, steps, runs
                 torch.cuda.empty_cache()
         finally:
@@ -173,7 +215,8 @@ def run(spec: SweepSpec, output: Path, tp: int) -> int:
         return written
 
 
-def _row(point, key: str, piece: str, rows: int, samples: list[float], timing, run_id: str, env: dict, reps: int) -> dict:
+def _row(point, key: str, piece: str, rows: int, samples: list[float], timing, run_id: str, env: dict, reps: int,
+         clock: dict) -> dict:
     import datetime as dt
 
     return {
@@ -184,6 +227,6 @@ def _row(point, key: str, piece: str, rows: int, samples: list[float], timing, r
         "dtype": point.dtype, "batch": list(point.batch), "decode": point.decode.as_dict() if point.decode else None,
         "tokens": point.tokens, "seed": point.seed, "world_size": 1, "device": env["device"],
         "versions": env["versions"], "git": env["git"], "multicast_env": env["multicast_env"],
-        "graphs": timing.graphs, "graph_error": timing.graph_error, "repetitions": reps,
+        "graphs": timing.graphs, "graph_error": timing.graph_error, "repetitions": reps, **clock,
         **bench.summarize(samples), "samples_ms": [round(s, 6) for s in samples],
     }
