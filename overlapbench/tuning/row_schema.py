@@ -65,7 +65,8 @@ FIELDS: dict[str, Kind] = {
     "tokens": COUNT, "tp": COUNT, "world_size": COUNT, "layers": COUNT, "iters": INDEX, "batch": COUNTS,
     "ms": POSITIVE, "p10_ms": POSITIVE, "p90_ms": POSITIVE, "iqr_ms": NON_NEGATIVE, "cv": NON_NEGATIVE,
     "rel_err": ERROR, "tolerance": NON_NEGATIVE, "checked": FLAG, "graphs": FLAG,
-    "samples_ms": SAMPLES, "round_ids": ROUNDS, "speedup": POSITIVE, "speedup_ci": INTERVAL, "span_ms": POSITIVE,
+    "samples_ms": SAMPLES, "round_ids": ROUNDS, "speedup": POSITIVE, "speedup_ci": INTERVAL,
+    "span_ms": NON_NEGATIVE,  # 0: one iteration a round, no span (the shared rounds of `sweep --pieces`)
     "settle_ms": NON_NEGATIVE, "rank_ms": SAMPLES,
     "tflops": NON_NEGATIVE, "peak_frac": NON_NEGATIVE, "peak_tflops": POSITIVE,
     # comm rows (report's comm table)
