@@ -219,6 +219,24 @@ def _h100(model: str, short: str) -> list[Study]:
     ]
 
 
+# The TP=4 pieces every TP=4 study's lines read (one H200, 2026-11-26)
+PIECES_H200 = "a9c1a0e"
+# The pieces timed again on one H200 (2026-11-28) on the layer code of the studies timed at each
+# choice's own clock, which each predicts in lines of its own (_on_pieces): d35db99's with every
+# chain in the shared rounds (as the pieces above), 01cb04c's with each chain at its own clock
+# (`sweep --pieces` since e36175a, where the spec settles each choice)
+SAME_CODE_PIECES = ("d35db99", "01cb04c")
+
+
+def _on_pieces(base: Study, title: str, study: tuple[Need, ...], commit: str) -> Study:
+    """`base`'s inputs with `commit`'s pieces (one of SAME_CODE_PIECES), held to `study` (timed at each
+    choice's own clock): with the measured in-layer term and without it (what `--in-layer auto` charges there)."""
+    tp = base.tp
+    pieces = Need(f"the TP={tp} pieces at {commit} on one H200", f"results/h200/{commit}/pieces-{base.model}-tp{tp}-tp{tp}.jsonl")
+    return replace(base, pieces=pieces, measured=((f"{title}, {commit}'s pieces", study),),
+                   inputs=f"{base.inputs}, {commit}'s pieces", only=(DEFAULT, WITHOUT_TERM))
+
+
 # The TP=2 beside-layer rows of every path on 2x H200, with the in-layer term of the paired rounds
 # (the later 2x H200 rows, of the pair window, hold only the splits' paths: _pair_rows_h200)
 TP2_ROWS = {"llama3-70b": "b7896f4", "llama3-8b": "bbc1676"}
@@ -228,7 +246,8 @@ def _h200(model: str) -> list[Study]:
     x2, x4 = "results/h200x2", "results/h200x4"
     tp2 = (f"{x2}/9f356d8/{model}-tp2-1k-4k.jsonl", f"{x2}/9f356d8/{model}-tp2-8k-32k.jsonl") if model == "llama3-70b" \
         else (f"{x2}/9f356d8/{model}-tp2.jsonl",)
-    tp4_pieces = Need("the TP=4 pieces on one H200", f"results/h200/*/pieces-{model}-tp4-tp4.jsonl", "h200-pieces")
+    tp4_pieces = Need("the TP=4 pieces on one H200", f"results/h200/{PIECES_H200}/pieces-{model}-tp4-tp4.jsonl",
+                      "h200-pieces")
     return [Study("h200", model, 2, f"sweeps/{model}-tp2.yaml",
                   Need("the TP=2 pieces on one H200", f"{x2}/bbc1676/pieces-{model}-tp2-tp2.jsonl"),
                   (Need("the 2x H200 all-reduce table", f"{x2}/bbc1676/comm.jsonl"),),
@@ -381,7 +400,9 @@ def _pair_rows_h200(model: str, tp4_pieces: Need) -> list[Study]:
                                                  ("a3860b5", "measured again on 4x H200"),
                                                  ("1968c70", "measured at 1968c70 on a third 4x H200 machine"))),
                      inputs=", pair rows (cc4fbeb)", only=EACH_TERM)
-    return [tp2, *with_settled_rows, *tp4, held_out]
+    on_same_code = [_on_pieces(tp2, f"{model} TP=2, {SETTLED_TP2}'s study at each choice's own clock, pair rows",
+                               _settled_tp2(model), commit) for commit in SAME_CODE_PIECES]
+    return [tp2, *with_settled_rows, *on_same_code, *tp4, held_out]
 
 
 # The copy-engine split over 2 and 4 chunks at TP=2, each study and its pieces from one 2x H200 machine
@@ -477,7 +498,9 @@ def _every_input_h200(model: str, tp4_pieces: Need) -> list[Study]:
         Need("the default baseline's beside-layer rows with each graph settled (4x H200)",
              f"results/h200x4/*/comm-beside-layer-{model}-settled.jsonl", call="h200x4-settled-layer"),
         f", {EVERY_INPUT}'s inputs with the default baseline's beside-layer rows settled")] if model in SETTLED else []
-    return [grid, *with_settled_rows,
+    on_same_code = [_on_pieces(grid, f"{own_clock} table, layer and pair rows", study, commit)
+                    for commit in SAME_CODE_PIECES] if model in SETTLED else []
+    return [grid, *with_settled_rows, *on_same_code,
             Study("h200", model, 4, f"sweeps/long-{model}-tp4.yaml", _long_pieces(model, 4), (table,),
                   (pairs,), measured(f"long-{model}-tp4", "long prompts, "),
                   inputs=f", long prompts{inputs}", only=EACH_TERM, more_pieces=_long_more_pieces(model, 4))]
