@@ -188,6 +188,8 @@ def test_the_command_prints_the_summary_after_the_rows(tmp_path, monkeypatch):
     assert "fused_norm hidden 4096 not measured: 8192 used (12 points)" in said
     assert "copy_engine_norm hidden 4096 not measured: 8192 used (24 points)" in said
     assert lines[-2].startswith("contention: beside the GEMM stream for")
+    flagged = next(x for x in lines if x.startswith("flagged: "))  # pieces of d604491: every chain in shared rounds
+    assert "the pieces' chains were timed in shared rounds, where the spec settles each choice" in flagged
     assert lines[-1].startswith("in-layer term: not charged (--in-layer auto: the spec settles each choice for 300 ms "
                                 "before timing it")
     assert {r["predicted"]["in_layer"] for r in rows} == {"none"}  # auto, for a spec timed at each choice's own clock
@@ -254,3 +256,25 @@ def test_auto_charges_the_in_layer_term_only_where_the_spec_shares_one_clock(tmp
     assert sorted(plain) == sorted(charged) == spec["tokens"]
     for tokens, ms in plain.items():
         assert charged[tokens] > ms  # the term, charged where the spec shares one clock
+
+
+def test_pieces_whose_chains_ran_at_their_own_clock_are_not_flagged(tmp_path, monkeypatch):
+    """The committed pieces of 01cb04c timed each chain at its own clock (their rows' settle_ms): a
+    spec that settles each choice predicted from them says nothing of the chains; the same spec
+    predicted from pieces whose chains shared the rounds (d35db99's, the same layer code) says so."""
+    from typer.testing import CliRunner
+
+    from overlapbench.cli import app
+    from tests.results_readme import ROOT
+
+    monkeypatch.chdir(ROOT)
+    said = {}
+    for commit in ("01cb04c", "d35db99"):
+        pieces = f"results/h200/{commit}/pieces-llama3-8b-tp2-tp2.jsonl"
+        if not (ROOT / pieces).exists():
+            pytest.skip("the committed pieces are not on this branch")
+        result = CliRunner().invoke(app, ["predict", "sweeps/llama3-8b-tp2.yaml", "--tp", "2", "--compute", pieces,
+                                          "--comm", "results/h200x2/bbc1676/comm.jsonl", "-o", str(tmp_path / f"{commit}.jsonl")])
+        assert result.exit_code == 0, result.output
+        said[commit] = any("chains were timed in shared rounds" in x for x in result.output.splitlines())
+    assert said == {"01cb04c": False, "d35db99": True}

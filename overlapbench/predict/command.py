@@ -44,6 +44,7 @@ from overlapbench.predict.in_layer_choice import (
     NO_IN_LAYER,
     in_layer_for,
 )
+from overlapbench.predict.notes import FLAGGED, Note
 from overlapbench.predict.summary import Summary
 from overlapbench.run.piece_keys import batch_of
 from overlapbench.specs.spec import SweepSpec
@@ -58,6 +59,11 @@ from overlapbench.tuning.rows import MeasureSettings, make_row
 # it is 0.058 (llama3-70b) and 0.091 (llama3-8b), and a prediction is mostly made for a TP above
 # the GPUs at hand: so the default stays at 0.07, wider than TP=2 alone supports.
 ERROR = 0.07
+# Said where the spec settles each choice but a piece row's chain was timed in the shared rounds:
+# there a chain read 1-10% faster than at its own clock on one H200 (docs/predict.md, "Each chain
+# at its own clock"), and the compute of every phase is scaled by it
+SHARED_CHAINS = Note(FLAGGED, "the pieces' chains were timed in shared rounds, where the spec settles each choice: "
+                              "its compute may read fast; time them again with `overlapbench sweep SPEC --pieces`")
 
 
 @dataclass(kw_only=True)
@@ -110,6 +116,8 @@ def run(options: Options) -> tuple[Path, list[str]]:
     summary = Summary()
     charged = in_layer_for(in_layer, loaded.measure.settle_ms)
     inputs = load_inputs(comm, compute, transfer_beside, tp, busbw, loaded.model, charged)
+    if loaded.measure.settle_ms > 0 and inputs.compute.shared_chains:
+        summary.inputs.append(SHARED_CHAINS)
     predict(loaded, tp, inputs, out, ERROR if error is None else error, summary)
     if in_layer == AUTO_IN_LAYER and charged == NO_IN_LAYER:
         summary.in_layer = _auto_left_out_said(loaded.measure.settle_ms)

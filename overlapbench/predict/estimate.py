@@ -35,10 +35,13 @@ class ComputePieces:
     sources: list[str] = field(default_factory=list)
     runs: set[str] = field(default_factory=set)
     specs: set[str] = field(default_factory=set)  # the studies the pieces were timed for (their rows' `spec`)
+    # whether a chain was timed in the shared rounds (no `settle_ms`: pieces before e36175a, or a
+    # spec timed in shared spans), not at its own clock
+    shared_chains: bool = False
 
     @classmethod
     def load(cls, paths: list[Path]) -> ComputePieces:
-        table, devices, tps, runs, specs = {}, set(), set(), set(), set()
+        table, devices, tps, runs, specs, shared_chains = {}, set(), set(), set(), set(), False
         for path in paths:
             if not Path(path).exists():
                 raise UserError(f"--compute: {path}: no such file; time the pieces on one GPU with "
@@ -52,13 +55,14 @@ class ComputePieces:
                 tps.add(row["tp"])
                 runs.add(row["run_id"])
                 specs.add(row.get("spec") or "")
+                shared_chains |= row.get("piece") == "chain" and not row.get("settle_ms")
         if not table:
             raise UserError(f"--compute: {', '.join(map(str, paths))} holds no piece rows; make them with "
                             f"`overlapbench sweep SPEC --pieces --tp K` on one GPU")
         if len(devices) > 1 or len(tps) > 1:
             raise UserError(f"--compute: the piece rows mix devices {sorted(devices)} or TP degrees {sorted(tps)}; "
                             f"give the rows of one device and one TP")
-        return cls(table, devices.pop(), tps.pop(), [str(p) for p in paths], runs, specs - {""})
+        return cls(table, devices.pop(), tps.pop(), [str(p) for p in paths], runs, specs - {""}, shared_chains)
 
     def find(self, batch: Batch, key: str) -> float | None:
         return self.ms.get((tuple(batch.seq_lens), batch.decode if batch.decode[0] else None, key))
