@@ -401,6 +401,13 @@ def _section_cells(validation_md: str, section: str) -> Iterator[list[str]]:
             yield [c.strip() for c in line.strip().strip("|").split("|")]
 
 
+def validation_predictions(validation_md: str, section: str) -> list[tuple[int, str, float]]:
+    """(token count, prediction label, signed error) of every prediction in the validation's section
+    whose heading starts with `section`."""
+    return [(int(c[0]), c[1], float(c[4])) for c in _section_cells(validation_md, section)
+            if len(c) == 5 and c[0].isdigit()]
+
+
 def validation_points(validation_md: str, section: str, what: str) -> dict[int, tuple[float, float, str]]:
     """Token count -> (measured, predicted, signed error as printed, "+0.010") of one prediction
     (its label, e.g. "no_comm") in the validation's section whose heading starts with `section`."""

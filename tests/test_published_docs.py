@@ -32,7 +32,7 @@ README_TP4 = {"llama3-70b": ("results/h200x4/168d2b0/llama3-70b-tp4.jsonl",),
 # The README's TP=2 tables on 2x H200, each choice at its own clock (llama3-8b at 1K-16K), and the
 # same grid's llama3-70b study in 20 ms spans they are compared with
 README_TP2_SETTLED = {"llama3-70b": ("results/h200x2/552cfa4/llama3-70b-tp2.jsonl",),
-                     "llama3-8b": ("results/h200x2/552cfa4/llama3-8b-tp2.jsonl",)}
+                     "llama3-8b": ("results/h200x2/8555ef9/llama3-8b-tp2.jsonl",)}  # 552cfa4's, its 32K resumed
 README_TP2_SPANS = ("results/h200x4/60ae8af/llama3-70b-tp2.jsonl",)
 
 

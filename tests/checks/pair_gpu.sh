@@ -6,6 +6,8 @@
 # rows:      for each model of $LAYER_MODELS, the paths and budgets the studies' splits send
 #            (nccl_symm 16, the fused kernel and the copy engine's two writers on 16 and 32 CTAs)
 #            beside the layer at 512-16384 rows       -> comm-beside-layer-<model>.{jsonl,csv,out}
+#            (ROWS_ARGS: more flags, e.g. "--settle-ms 300 --span-ms 200" to settle each graph
+#            before its spans; ROWS_SUFFIX: appended to the files' names, e.g. -settled)
 # timelines: $TIMELINE_MODEL (default llama3-70b) at $TIMELINE_ROWS rows (default 4096), each
 #            path of $TIMELINE_PATHS (default the copy engine's `copy` writer on 32 CTAs and
 #            nccl_symm on 16): every rank's timelines of the five pair graphs
@@ -29,7 +31,8 @@ if [[ $STEPS == *,rows,* ]]; then
     step "beside-layer-$model" "${ROWS_TIMEOUT:-190}" "${LAYER[@]}" --beside-layer "$model" \
       --tokens "${LAYER_TOKENS:-512,1024,2048,4096,8192,16384}" \
       --paths nccl_symm,fused_norm,copy_engine_norm,copy_engine_norm_kernel --nccl-max-ctas 16 --comm-ctas 16,32 \
-      --output "$WORK/comm-beside-layer-$model.jsonl" > "$WORK/comm-beside-layer-$model.csv" 2> "$WORK/comm-beside-layer-$model.out"
+      ${ROWS_ARGS:-} --output "$WORK/comm-beside-layer-$model${ROWS_SUFFIX:-}.jsonl" \
+      > "$WORK/comm-beside-layer-$model${ROWS_SUFFIX:-}.csv" 2> "$WORK/comm-beside-layer-$model${ROWS_SUFFIX:-}.out"
   done
 fi
 if [[ $STEPS == *,timelines,* ]]; then

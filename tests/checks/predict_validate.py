@@ -351,14 +351,23 @@ def _held_out_tp4_inputs(model: str) -> tuple[Need, Need, Need]:
 
 
 # The TP=2 grids timed again with each candidate settled before its span (each choice at its own
-# clock), on one 2x H200 machine (llama3-8b's at 1K-16K: its 32K did not fit the session's device
-# time), and the default baseline's beside-layer rows of llama3-70b with each graph settled
+# clock), on one 2x H200 machine, and the default baseline's beside-layer rows of llama3-70b with
+# each graph settled. llama3-8b's 32K batch was timed by a later run that resumed the file on
+# another 2x H200 (8555ef9): its file holds the whole grid, each row naming its run
 SETTLED_TP2 = "552cfa4"
 SETTLED_TP2_ROWS = ("llama3-70b",)
+SETTLED_TP2_FILES = {"llama3-70b": "552cfa4", "llama3-8b": "8555ef9"}
+
+
+def _settled_tp2_name(model: str) -> str:
+    """The settled TP=2 study's name in titles: where a later run timed its 32K batch, that run's too."""
+    folder = SETTLED_TP2_FILES[model]
+    return f"{SETTLED_TP2}'s study" + ("" if folder == SETTLED_TP2 else f" with its 32K at {folder}")
 
 
 def _settled_tp2(model: str) -> tuple[Need, ...]:
-    return (Need(f"the settled TP=2 study at {SETTLED_TP2}", f"results/h200x2/{SETTLED_TP2}/{model}-tp2.jsonl"),)
+    folder = SETTLED_TP2_FILES[model]
+    return (Need(f"the settled TP=2 study at {folder}", f"results/h200x2/{folder}/{model}-tp2.jsonl"),)
 
 
 def _with_settled_rows(base: Study, title: str, study: tuple[Need, ...], rows: Need, inputs: str) -> Study:
@@ -380,7 +389,7 @@ def _pair_rows_h200(model: str, tp4_pieces: Need) -> list[Study]:
                    if model == "llama3-70b" else ()),
                  (f"{model} TP=2, 1K-32K measured at 60ae8af, pair rows",
                   (Need("the TP=2 study at 60ae8af", f"{x4}/60ae8af/{model}-tp2.jsonl"),)),
-                 (f"{model} TP=2, {SETTLED_TP2}'s study at each choice's own clock, pair rows", _settled_tp2(model))),
+                 (f"{model} TP=2, {_settled_tp2_name(model)} at each choice's own clock, pair rows", _settled_tp2(model))),
                 inputs=", pair rows (cc4fbeb)", only=EACH_TERM)
     with_settled_rows = [_with_settled_rows(
         tp2, f"{model} TP=2, {SETTLED_TP2}'s study at each choice's own clock, pair rows, the baseline's settled",
@@ -400,7 +409,7 @@ def _pair_rows_h200(model: str, tp4_pieces: Need) -> list[Study]:
                                                  ("a3860b5", "measured again on 4x H200"),
                                                  ("1968c70", "measured at 1968c70 on a third 4x H200 machine"))),
                      inputs=", pair rows (cc4fbeb)", only=EACH_TERM)
-    on_same_code = [_on_pieces(tp2, f"{model} TP=2, {SETTLED_TP2}'s study at each choice's own clock, pair rows",
+    on_same_code = [_on_pieces(tp2, f"{model} TP=2, {_settled_tp2_name(model)} at each choice's own clock, pair rows",
                                _settled_tp2(model), commit) for commit in SAME_CODE_PIECES]
     return [tp2, *with_settled_rows, *on_same_code, *tp4, held_out]
 
