@@ -408,6 +408,15 @@ def validation_predictions(validation_md: str, section: str) -> list[tuple[int, 
             if len(c) == 5 and c[0].isdigit()]
 
 
+def validation_compute(validation_md: str, section: str) -> dict[int, float]:
+    """Token count -> the measured `no_comm` over the pieces' chain (%), as the validation's section
+    whose heading starts with `section` prints it ("Compute against the pieces")."""
+    text = path(validation_md).read_text()
+    after = text[text.index(f"## {section} ("):]
+    line = next(x for x in after.splitlines() if x.startswith("Compute against the pieces"))
+    return {int(t): float(v) for v, t in re.findall(r"([+-]?\d+)% at (\d+)", line.split("chain): ")[1].split(";")[0])}
+
+
 def validation_points(validation_md: str, section: str, what: str) -> dict[int, tuple[float, float, str]]:
     """Token count -> (measured, predicted, signed error as printed, "+0.010") of one prediction
     (its label, e.g. "no_comm") in the validation's section whose heading starts with `section`."""

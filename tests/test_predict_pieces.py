@@ -106,7 +106,7 @@ def test_chains_are_timed_each_at_its_own_clock_where_the_spec_settles(monkeypat
     runs = {"piece": counted("piece", lambda: a @ a), "chain": counted("chain", lambda: [b @ b for _ in range(3)])}
     estimates = {"piece": 0.05, "chain": 0.2}
     settled = Measure(settle_ms=2.0, span_ms=1.0)
-    samples = pieces.time_batch(runs, estimates, {"chain"}, settled, WallClock())
+    samples = pieces.time_batch(runs, estimates, {"chain"}, pieces.own_clock(settled), WallClock())
     assert len(samples["piece"]) == pieces.ROUNDS and len(samples["chain"]) == pieces.CHAIN_ROUNDS
     per_round = interleave.settling(2.0, 0.2) + interleave.repetitions(1.0, 0.2)
     assert calls["chain"] == pieces.CHAIN_ROUNDS * per_round and per_round > interleave.repetitions(1.0, 0.2)
@@ -114,6 +114,6 @@ def test_chains_are_timed_each_at_its_own_clock_where_the_spec_settles(monkeypat
 
     calls.update(piece=0, chain=0)
     shared = Measure(settle_ms=0.0, span_ms=1.0)
-    samples = pieces.time_batch(runs, estimates, {"chain"}, shared, WallClock())
+    samples = pieces.time_batch(runs, estimates, {"chain"}, pieces.own_clock(shared), WallClock())
     assert len(samples["chain"]) == len(samples["piece"]) == pieces.ROUNDS and calls["chain"] == pieces.ROUNDS
     assert pieces.own_clock(shared) is None

@@ -50,10 +50,7 @@ def _no_comm() -> dict:
 
 def _compute_8b_1k() -> float:
     """How far llama3-8b's `no_comm` at 1K is off the pieces' chain (%), as the validation's section says."""
-    text = f.path(VALIDATION).read_text()
-    section = text[text.index(f"## {_study('llama3-8b')}{NONE} ("):]
-    line = next(x for x in section.splitlines() if x.startswith("Compute against the pieces"))
-    return float(line.split("chain): ")[1].split("%")[0])
+    return f.validation_compute(VALIDATION, _study("llama3-8b") + NONE)[1024]
 
 
 def _in_layer_us(path: str) -> dict[int, tuple[float, float, float]]:

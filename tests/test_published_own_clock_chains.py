@@ -52,20 +52,15 @@ def _tp4_misses() -> dict:
     return {"nc": bounds(no_comm), "sp": bounds(splits), "worst": worst}
 
 
-def _rows(path: str) -> list[dict]:
-    return [json.loads(x) for x in (ROOT / path).read_text().splitlines() if x.strip()]
-
-
 def _ms(path: str, tokens: int, strategy: str, **knobs) -> float:
-    """A row's ms per layer: the first ok row of the strategy at that token count whose knobs include `knobs`."""
-    return next(r["ms"] for r in _rows(path) if r.get("status") == "ok" and r["tokens"] == tokens
-                and r["strategy"] == strategy and all(r["knobs"].get(k) == v for k, v in knobs.items()))
+    """The ms per layer of the one ok row of the strategy at that token count whose knobs hold `knobs`."""
+    return f.the_row([r for r in f.rows(path) if r.get("status") == "ok" and r["tokens"] == tokens], strategy, **knobs)["ms"]
 
 
 def _chains(path: str) -> dict[int, dict[int, float]]:
     """Token count -> chunk count -> the sequential plans' chain ms (rows split in chunks; iso's parts left out)."""
     out: dict[int, dict[int, float]] = {}
-    for r in _rows(path):
+    for r in f.rows(path):
         key = json.loads(r["key"])
         if r["piece"] == "chain" and "rows" in key["chunks"][0]:
             out.setdefault(r["tokens"], {})[len(key["chunks"])] = r["ms"]
@@ -75,15 +70,13 @@ def _chains(path: str) -> dict[int, dict[int, float]]:
 def _shard() -> dict:
     """The one-GPU shard runs against the pieces and the studies (%, ms a layer)."""
     own, shared = SHARD + "clock-split-shard-70b-tp4.jsonl", SHARD + "clock-split-shard-70b-tp4-shared.jsonl"
-    split = lambda path: 100 * (_ms(path, 2048, "token_split", comm="none") / _ms(path, 2048, "no_comm") - 1)
+    split = lambda path: 100 * (_ms(path, 2048, "token_split", comm="none", chunks=None) / _ms(path, 2048, "no_comm") - 1)
     chain = _chains(f"results/h200/{SHARED_CHAINS}/pieces-llama3-70b-tp4-tp4.jsonl")[2048]
-    compute = f.path(VALIDATION).read_text()
-    section = compute[compute.index(f"## {_title('8', SHARED_CHAINS)} ("):]
-    off = next(x for x in section.splitlines() if x.startswith("Compute against the pieces")).split("chain): ")[1]
     return {"own": split(own), "shared": split(shared), "chain": 100 * (chain[2] / chain[1] - 1),
-            "study": 100 * (_ms(STUDY_FILES["4"], 2048, "token_split", comm="none") / _ms(STUDY_FILES["4"], 2048, "no_comm") - 1),
+            "study": 100 * (_ms(STUDY_FILES["4"], 2048, "token_split", comm="none", chunks=None)
+                            / _ms(STUDY_FILES["4"], 2048, "no_comm") - 1),
             "one": _ms(SHARD + "clock-split-shard-8b-tp2.jsonl", 1024, "no_comm"), "two": _ms(STUDY_FILES["8"], 1024, "no_comm"),
-            "off": float(off.split("%")[0])}
+            "off": f.validation_compute(VALIDATION, _title("8", SHARED_CHAINS))[1024]}
 
 
 def _pieces() -> dict:
@@ -91,7 +84,7 @@ def _pieces() -> dict:
     names = ("llama3-70b-tp4-tp4", "llama3-8b-tp2-tp2", "llama3-70b-tp2-tp2")
     counts, slower = [], []
     for name in names:
-        rows = _rows(f"results/h200/{OWN_CHAINS}/pieces-{name}.jsonl")
+        rows = f.rows(f"results/h200/{OWN_CHAINS}/pieces-{name}.jsonl")
         counts += [sum(r["tokens"] == t for r in rows) for t in {r["tokens"] for r in rows}]
         own, shared = (_chains(f"results/h200/{c}/pieces-{name}.jsonl") for c in (OWN_CHAINS, SHARED_CHAINS))
         slower += [100 * (own[t][1] / shared[t][1] - 1) for t in own]

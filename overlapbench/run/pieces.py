@@ -160,11 +160,11 @@ def own_clock(measure_spec) -> dict | None:
     return {"settle_ms": measure_spec.settle_ms, "span_ms": measure_spec.span_ms}
 
 
-def time_batch(runs: dict, estimates_ms: dict, chains: set, measure_spec, clock: bench.Clock) -> dict:
+def time_batch(runs: dict, estimates_ms: dict, chains: set, own: dict | None, clock: bench.Clock) -> dict:
     """Samples (ms) of each of one batch's `runs` by key: the pieces in shared rounds
-    (time_in_rounds); the `chains` too, or, where the spec settles each choice, each chain at its
-    own clock: settled, then timed for a span, in every one of CHAIN_ROUNDS shuffled rounds."""
-    own = own_clock(measure_spec)
+    (time_in_rounds); the `chains` too, or, where the spec settles each choice (`own`: own_clock's),
+    each chain at its own clock: settled, then timed for a span, in every one of CHAIN_ROUNDS
+    shuffled rounds."""
     settled = [key for key in runs if own and key in chains]
     shared = [key for key in runs if key not in settled]
     samples = dict(zip(shared, time_in_rounds([runs[k] for k in shared], [estimates_ms[k] for k in shared], clock)))
@@ -197,7 +197,7 @@ def run(spec: SweepSpec, output: Path, tp: int) -> int:
                 runs = {key: measure.runner(step, batch.x, True) for key, (step, _, _) in steps.items()}
                 chains = {key for key, (piece, *_) in wanted.items() if piece == "chain"}
                 samples = time_batch({key: run for key, (run, _, _) in runs.items()},
-                                     {key: ms for key, (_, _, ms) in steps.items()}, chains, spec.measure, bench.CudaClock())
+                                     {key: ms for key, (_, _, ms) in steps.items()}, chains, own, bench.CudaClock())
                 for key, (piece, rows, _, _) in wanted.items():
                     (_, reps, _), (_, graphs, error) = steps[key], runs[key]
                     per_piece = [t / reps for t in samples[key]]
