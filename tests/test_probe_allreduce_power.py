@@ -116,7 +116,10 @@ def test_a_committed_file_is_summed_up_again_from_its_windows(tmp_path, rng):
 
     cap, tokens = 700.0, [2048, 8192]
     names = ap.loads(tokens)
-    power = {n: rng.uniform(100, 690) for n in names}
+    # an idle rank draws least: the loads between it and the cap, so the idle gap's balance
+    # (the denominator) is never within the windows' noise of zero
+    sleep = rng.uniform(80, 250)
+    power = {n: rng.uniform(sleep, cap - 10) for n in names} | {"sleep": sleep}
     lines = [{"kind": "setup", "tokens": tokens, "cap_w": [cap, cap + 5]}]
     for r in range(3):
         for position, n in enumerate(rng.sample(names, len(names))):
