@@ -159,11 +159,13 @@ def test_beside_layer_rows_without_the_paired_term_are_listed_to_make_again(tmp_
                          f"{need.found()} lacks the in-layer term timed in paired rounds (`in_layer_extra_ms`)"]
 
 
+@pytest.mark.parametrize("own_clock", [True, False])
 @pytest.mark.parametrize("slower", ["every token count", "one token count", "none"])
-def test_a_study_whose_compute_is_not_the_pieces_is_flagged(tmp_path, monkeypatch, slower):
+def test_a_study_whose_compute_is_not_the_pieces_is_flagged(tmp_path, monkeypatch, slower, own_clock):
     """A synthetic study of the predicted rows, its `no_comm` ~20% slower than the pieces' chain at
-    every token count or at one, is flagged in the summary and its section names both commits; one
-    within 3% everywhere is not."""
+    every token count or at one, is flagged in the summary and its section names both commits and
+    clocks: the chains' clock the likely cause where the study timed each choice at its own clock
+    and the pieces' chains shared rounds, else other code; one within 3% everywhere is not flagged."""
     rng = random.Random()
     # a TP=4 study whose required inputs are committed (one waits on rows a device call makes)
     study = rng.choice([s for s in pv.STUDIES["h200"] if s.tp == 4 and not any(n.required for n in pv._wanted(s).missing)])
@@ -179,7 +181,8 @@ def test_a_study_whose_compute_is_not_the_pieces_is_flagged(tmp_path, monkeypatc
     off = {"every token count": tokens, "one token count": [rng.choice(tokens)], "none": []}[slower]
     factor = {t: rng.uniform(1.17, 1.25) if t in off else rng.uniform(0.97, 1.03) for t in tokens}
     code = f"{rng.randrange(1 << 28):07x}"
-    measured = [r | {"git": code, "timing": "measured", "speedup": r["speedup"] * rng.uniform(0.97, 1.03),
+    settle = rng.choice([100.0, 300.0]) if own_clock else 0.0
+    measured = [r | {"git": code, "timing": "measured", "settle_ms": settle, "speedup": r["speedup"] * rng.uniform(0.97, 1.03),
                      "ms": r["ms"] * (factor[r["tokens"]] if r["strategy"] == "no_comm" else rng.uniform(0.9, 1.1))}
                 for r in rows]
     folder = tmp_path / "m" / code
@@ -193,12 +196,17 @@ def test_a_study_whose_compute_is_not_the_pieces_is_flagged(tmp_path, monkeypatc
     cell = line.strip("|").split("|")[-1].strip()
     median = pvn.percent(statistics.median(factor.values()) - 1)
     assert cell.startswith(median)
-    pieces_code = {r["git"] for need in (study.pieces, *study.more_pieces) for r in pv.read_rows(ROOT / need.found())}
+    pieces_rows = [r for need in (study.pieces, *study.more_pieces) for r in pv.read_rows(ROOT / need.found())]
+    pieces_code = ", ".join(sorted({r["git"] for r in pieces_rows}))
+    chains_own_clock = any(r.get("settle_ms") for r in pieces_rows)
     flagged = [s for s in text.splitlines() if s.startswith("⚠ These errors mix the model's with a compute difference")]
     if off:
-        assert cell == f"{median} ⚠ (other code?)"
+        why = "chains in shared rounds" if own_clock and not chains_own_clock else "other code?"
+        assert cell == f"{median} ⚠ ({why})"
         assert len(flagged) == 1 and f"at {len(off)} of {len(tokens)} token counts" in flagged[0]
-        assert f"rows are of {code}, the pieces' of {', '.join(sorted(pieces_code))})" in flagged[0]
+        study_clock = "each choice at its own clock" if own_clock else "in shared spans"
+        chains = "each at its own clock" if chains_own_clock else "in shared rounds"
+        assert f"rows are of {code}, {study_clock}; the pieces' of {pieces_code}, their chains {chains})" in flagged[0]
     else:
         assert cell == median and not flagged
 

@@ -60,7 +60,7 @@ from overlapbench.predict.estimate import (  # noqa: E402
 )
 from overlapbench.predict.in_layer_choice import MEASURED_IN_LAYER, NO_IN_LAYER  # noqa: E402
 from overlapbench.tuning.results import read_rows  # noqa: E402
-from tests.checks.predict_validation import COMPUTE_OFF, compare, compute_cell, markdown  # noqa: E402
+from tests.checks.predict_validation import COMPUTE_OFF, compare, compute_cell, compute_why, markdown  # noqa: E402
 
 GIT = "OUT=$OUT OVERLAPBENCH_GIT=<commit>"
 CALLS = {
@@ -531,11 +531,12 @@ class Outcome:
     contention: str = "none"
     how: Variant = DEFAULT  # predict's options
     pieces_code: str | None = None  # the commit(s) the pieces' rows name
+    chains_own_clock: bool | None = None  # whether the pieces' chains were timed each at its own clock
 
-    @property
-    def compute_differs(self) -> str:
-        """What a flagged compute difference likely is: another GPU in the diagnostic, else other code."""
-        return "other GPU" if self.study.diagnostic else "other code?"
+    def compute_differs(self, compute: dict) -> str:
+        """What a flagged compute difference likely is: another GPU in the diagnostic, else the
+        chains' clock or other code (predict_validation.compute_why)."""
+        return "other GPU" if self.study.diagnostic else compute_why(compute, self.chains_own_clock)
 
     @property
     def variant(self) -> str:
@@ -568,7 +569,9 @@ def run(study: Study, rows_dir: Path, how: Variant = DEFAULT) -> Outcome:
         if out.refused:
             return out
     out.contention = "none" if contention is None else contention.what
-    out.pieces_code = ", ".join(sorted({r["git"] for p in pieces for r in read_rows(ROOT / p) if r.get("git")})) or None
+    pieces_rows = [r for p in pieces for r in read_rows(ROOT / p)]
+    out.pieces_code = ", ".join(sorted({r["git"] for r in pieces_rows if r.get("git")})) or None
+    out.chains_own_clock = any((r.get("settle_ms") or 0) > 0 for r in pieces_rows)
     predicted = rows_dir / f"predicted-{study.model}-tp{study.tp}-{how.name}.jsonl"
     predicted.unlink(missing_ok=True)
     comm = ([found[n] for n in study.tables if found[n] is not None] + ([found[contention]] if contention else [])
@@ -663,7 +666,7 @@ def report(device: str, outcomes: list[Outcome], diagnostic: Path | None = None)
             out.append(f"| {title.split(' (')[0]}{o.variant} | {len(r['points'])} | {r['median_abs_error']:.3f} | "
                        f"{r['p90_abs_error']:.3f} | {r['max_abs_error']:.3f} | {r['picks_within']} of {r['token_counts']} | "
                        f"{r['picks_same']} | {r['picks_agree']} | {o.contention} | "
-                       f"{compute_cell(r['compute'], o.compute_differs)} |")
+                       f"{compute_cell(r['compute'], o.compute_differs(r['compute']))} |")
     lines = missing_lines(outcomes)
     if lines and not diagnostic:
         out += ["", "## Inputs not committed yet, or to make again", "",
@@ -672,7 +675,7 @@ def report(device: str, outcomes: list[Outcome], diagnostic: Path | None = None)
         if o.summary:
             out += ["", f"## {o.study.title}{o.variant}: what `predict` said", "", "```", *o.summary, "```"]
         for title, sources, r in o.sections:
-            out += ["", markdown(f"{title}{o.variant} ({sources})", r, o.pieces_code).rstrip()]
+            out += ["", markdown(f"{title}{o.variant} ({sources})", r, o.pieces_code, o.chains_own_clock).rstrip()]
     return "\n".join(out) + "\n"
 
 

@@ -103,11 +103,21 @@ def over(measured: dict[int, float], reference: dict[int, float]) -> dict[int, f
 
 def compute_vs_pieces(measured: list[dict], predicted: list[dict]) -> dict:
     """The measured `no_comm` per layer over the predicted one (the pieces' chain) per token
-    count, their median, the token counts off by more than COMPUTE_OFF, and the measured rows' code."""
+    count, their median, the token counts off by more than COMPUTE_OFF, the measured rows' code,
+    and whether they were timed each at its own clock (settled before its span, docs/timing.md)."""
     ratios = over(layer_ms(measured, "no_comm", {}), layer_ms(predicted, "no_comm", {}))
-    code = sorted({r["git"] for r in measured if r["strategy"] == "no_comm" and r["status"] == "ok" and r.get("git")})
+    no_comm = [r for r in measured if r["strategy"] == "no_comm" and r["status"] == "ok"]
     return {"by_tokens": ratios, "median": statistics.median(ratios.values()) if ratios else None,
-            "off": [t for t, v in ratios.items() if abs(v) > COMPUTE_OFF], "code": code}
+            "off": [t for t, v in ratios.items() if abs(v) > COMPUTE_OFF],
+            "code": sorted({r["git"] for r in no_comm if r.get("git")}),
+            "own_clock": any((r.get("settle_ms") or 0) > 0 for r in no_comm)}
+
+
+def compute_why(compute: dict, chains_own_clock: bool | None) -> str:
+    """What a flagged compute difference likely is: the clock where the study timed each choice at
+    its own clock and the pieces' chains shared rounds (they run at the round's mean clock, above
+    a heavy chain's own at the power cap: docs/predict.md), else other code."""
+    return "chains in shared rounds" if compute["own_clock"] and chains_own_clock is False else "other code?"
 
 
 def percent(fraction: float) -> str:
@@ -122,31 +132,35 @@ def compute_cell(compute: dict, why: str = "other code?") -> str:
     return percent(compute["median"]) + (f" ⚠ ({why})" if compute["off"] else "")
 
 
-def compute_lines(compute: dict, pieces_code: str | None = None) -> list[str]:
+def compute_lines(compute: dict, pieces_code: str | None = None, chains_own_clock: bool | None = None) -> list[str]:
     """A section's account of its compute against the pieces: the ratio per token count, and where
-    flagged, one sentence naming the study's and the pieces' code."""
+    flagged, one sentence naming the study's and the pieces' code and clocks (`chains_own_clock`:
+    whether the pieces' chains were timed each at its own clock; None where not known)."""
     ratios = compute["by_tokens"]
     if not ratios:
         return ["No `no_comm` both measured and predicted: the compute is not compared with the pieces'."]
     out = ["Compute against the pieces: the measured `no_comm` ms per layer over the predicted (the pieces' chain): "
            + ", ".join(f"{percent(v)} at {t}" for t, v in ratios.items()) + f"; median {percent(compute['median'])}."]
     if compute["off"]:
-        pieces = f", the pieces' of {pieces_code}" if pieces_code else ""
+        study_clock = ", each choice at its own clock" if compute["own_clock"] else ", in shared spans"
+        chains = {None: "", True: ", their chains each at its own clock", False: ", their chains in shared rounds"}
+        pieces = f"; the pieces' of {pieces_code}{chains[chains_own_clock]}" if pieces_code else ""
         out += ["", f"⚠ These errors mix the model's with a compute difference: the study's `no_comm` is more than "
                 f"{COMPUTE_OFF:.0%} off the pieces' chain at {len(compute['off'])} of {len(ratios)} token counts (the "
-                f"study's rows are of {', '.join(compute['code']) or 'no named commit'}{pieces})."]
+                f"study's rows are of {', '.join(compute['code']) or 'no named commit'}{study_clock}{pieces})."]
     return out
 
 
-def markdown(name: str, result: dict, pieces_code: str | None = None) -> str:
+def markdown(name: str, result: dict, pieces_code: str | None = None, chains_own_clock: bool | None = None) -> str:
     """A comparison in full: its errors and picks, its compute against the pieces (`pieces_code`:
-    the commit the pieces' rows name), every point."""
+    the commit the pieces' rows name; `chains_own_clock`: whether their chains were timed each at
+    its own clock), every point."""
     out = [f"## {name}", "",
            f"{len(result['points'])} points; |predicted - measured| speedup: median {result['median_abs_error']:.4f}, "
            f"90th percentile {result['p90_abs_error']:.4f}, worst {result['max_abs_error']:.4f}. "
            f"Picks: within 0.01 of the measured best at {result['picks_within']} of {result['token_counts']} token "
            f"counts, the same at {result['picks_same']}, within the measured noise at {result['picks_agree']}.", "",
-           *compute_lines(result["compute"], pieces_code), "",
+           *compute_lines(result["compute"], pieces_code, chains_own_clock), "",
            "| tokens | measured pick | speedup | predicted pick | its measured speedup | agrees |",
            "|---:|---|---:|---|---:|---|"]
     for p in result["picks"]:
