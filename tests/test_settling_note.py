@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from overlapbench.tuning.settling import OWN_CLOCK_SPAN_MS, unsettled_note
+from overlapbench.tuning.settling import OWN_CLOCK_SPAN_MS, at_own_clock, unsettled_note
 
 
 def _row(timing: str, span_ms: float | None, settle_ms: float | None, status: str = "ok") -> dict:
@@ -32,3 +32,12 @@ def test_settled_rows_long_spans_and_sequential_rows_need_no_note(rng):
     rows += [_row("interleaved", OWN_CLOCK_SPAN_MS * rng.uniform(1, 3), 0.0), _row("sequential", None, None)]
     assert unsettled_note(rows) is None
     assert unsettled_note([]) is None
+
+
+def test_a_row_is_at_its_own_clock_where_settled_or_timed_in_long_spans(rng):
+    """The one reading of a row's clock that report, tune, predict and the validation share."""
+    short = rng.uniform(0, OWN_CLOCK_SPAN_MS - 1)
+    assert at_own_clock(_row("interleaved", short, rng.uniform(1, 900)))
+    assert at_own_clock(_row("interleaved", OWN_CLOCK_SPAN_MS * rng.uniform(1, 3), rng.choice([None, 0.0])))
+    assert not at_own_clock(_row("interleaved", short, rng.choice([None, 0.0])))
+    assert not at_own_clock(_row("interleaved", None, None))  # pieces before the fields: shared rounds

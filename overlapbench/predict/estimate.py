@@ -22,6 +22,7 @@ from overlapbench.predict.timeline import NORM, TRANSFER, Phase, Played, play
 from overlapbench.run import piece_keys
 from overlapbench.strategies.knobs import CE_CHUNKS, GEMM_CARVEOUT, REDUCE_START
 from overlapbench.tuning.results import read_rows
+from overlapbench.tuning.settling import at_own_clock
 
 
 @dataclass
@@ -55,7 +56,7 @@ class ComputePieces:
                 tps.add(row["tp"])
                 runs.add(row["run_id"])
                 specs.add(row.get("spec") or "")
-                shared_chains |= row.get("piece") == "chain" and not row.get("settle_ms")
+                shared_chains |= row.get("piece") == "chain" and not at_own_clock(row)
         if not table:
             raise UserError(f"--compute: {', '.join(map(str, paths))} holds no piece rows; make them with "
                             f"`overlapbench sweep SPEC --pieces --tp K` on one GPU")

@@ -18,10 +18,16 @@ SECTION = 'docs/timing.md, "Each choice at its own clock"'
 OWN_CLOCK_SPAN_MS = 2000.0
 
 
+def at_own_clock(row: dict) -> bool:
+    """Whether a row was timed at its own clock: settled before its spans, or in spans of
+    OWN_CLOCK_SPAN_MS or more (rows without the fields were timed at a shared clock)."""
+    return (row.get("settle_ms") or 0) > 0 or (row.get("span_ms") or 0) >= OWN_CLOCK_SPAN_MS
+
+
 def unsettled_note(rows: Iterable[dict]) -> str | None:
     """One line where some ok interleaved rows were timed with no settling; None where none were."""
     interleaved = [r for r in rows if r.get("status") == "ok" and r.get("timing") == "interleaved"]
-    unsettled = [r for r in interleaved if not r.get("settle_ms") and (r.get("span_ms") or 0) < OWN_CLOCK_SPAN_MS]
+    unsettled = [r for r in interleaved if not at_own_clock(r)]
     if not unsettled:
         return None
     spans = sorted({r["span_ms"] for r in unsettled if r.get("span_ms")})

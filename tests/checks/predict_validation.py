@@ -24,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from overlapbench.tuning.results import read_rows
+from overlapbench.tuning.settling import at_own_clock
 
 PICK_WITHIN = 0.01  # a predicted pick within this much speedup of the measured best counts as right
 # A study's no_comm more than this fraction off its pieces' chain at some token count is flagged: a
@@ -110,7 +111,7 @@ def compute_vs_pieces(measured: list[dict], predicted: list[dict]) -> dict:
     return {"by_tokens": ratios, "median": statistics.median(ratios.values()) if ratios else None,
             "off": [t for t, v in ratios.items() if abs(v) > COMPUTE_OFF],
             "code": sorted({r["git"] for r in no_comm if r.get("git")}),
-            "own_clock": any((r.get("settle_ms") or 0) > 0 for r in no_comm)}
+            "own_clock": any(at_own_clock(r) for r in no_comm)}
 
 
 def compute_why(compute: dict, chains_own_clock: bool | None) -> str:
