@@ -57,10 +57,10 @@ from overlapbench.predict.estimate import (  # noqa: E402
     AUTO,
     DEFAULT_TRANSFER_BESIDE,
     ONE_CALL,
+    ComputePieces,
 )
 from overlapbench.predict.in_layer_choice import MEASURED_IN_LAYER, NO_IN_LAYER  # noqa: E402
 from overlapbench.tuning.results import read_rows  # noqa: E402
-from overlapbench.tuning.settling import at_own_clock  # noqa: E402
 from tests.checks.predict_validation import COMPUTE_OFF, compare, compute_cell, compute_why, markdown  # noqa: E402
 
 GIT = "OUT=$OUT OVERLAPBENCH_GIT=<commit>"
@@ -572,7 +572,7 @@ def run(study: Study, rows_dir: Path, how: Variant = DEFAULT) -> Outcome:
     out.contention = "none" if contention is None else contention.what
     pieces_rows = [r for p in pieces for r in read_rows(ROOT / p)]
     out.pieces_code = ", ".join(sorted({r["git"] for r in pieces_rows if r.get("git")})) or None
-    out.chains_own_clock = any(at_own_clock(r) for r in pieces_rows if r.get("piece") == "chain")
+    out.chains_own_clock = not ComputePieces.load([ROOT / p for p in pieces]).shared_chains  # as predict reads them
     predicted = rows_dir / f"predicted-{study.model}-tp{study.tp}-{how.name}.jsonl"
     predicted.unlink(missing_ok=True)
     comm = ([found[n] for n in study.tables if found[n] is not None] + ([found[contention]] if contention else [])
